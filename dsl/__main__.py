@@ -1,0 +1,5 @@
+import sys
+
+from dsl.cli import main
+
+sys.exit(main())

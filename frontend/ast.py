@@ -1,0 +1,441 @@
+"""The abstract syntax tree: small frozen dataclasses, each carrying its source span.
+
+Every node has `span` as its last field. Sequences are tuples so that nodes are hashable.
+Dimension expressions in types are ordinary expressions (`Name`, `Int`, `BinOp`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from frontend.diagnostics import Span
+
+
+# ---------------------------------------------------------------- expressions
+
+@dataclass(frozen=True)
+class Name:
+    id: str
+    span: Span
+
+
+@dataclass(frozen=True)
+class QualName:
+    """`a/b/c` written without spaces: a qualified name or a chain of divisions.
+
+    The resolver decides: `Act/Relu` (a type's constructor), `nn/linear` (a module's member),
+    or `h/d` (a division, when `h` is neither a type nor a module)."""
+    parts: tuple[str, ...]
+    span: Span
+
+
+@dataclass(frozen=True)
+class Int:
+    value: int
+    span: Span
+
+
+@dataclass(frozen=True)
+class Float:
+    value: float
+    span: Span
+
+
+@dataclass(frozen=True)
+class Bool:
+    value: bool
+    span: Span
+
+
+@dataclass(frozen=True)
+class Str:
+    value: str
+    span: Span
+
+
+@dataclass(frozen=True)
+class BinOp:
+    """`left op right`; op is the operator's text: + - * / % // ** @ == != < <= > >= << >> & | ^ and or."""
+    op: str
+    left: Expr
+    right: Expr
+    op_span: Span
+    span: Span
+
+
+@dataclass(frozen=True)
+class UnaryOp:
+    """`-x` or `not x`."""
+    op: str
+    operand: Expr
+    span: Span
+
+
+@dataclass(frozen=True)
+class Keyword:
+    name: str
+    value: Expr
+    span: Span
+
+
+@dataclass(frozen=True)
+class Call:
+    func: Expr
+    args: tuple[Expr, ...]
+    kwargs: tuple[Keyword, ...]
+    span: Span
+
+
+@dataclass(frozen=True)
+class Slice:
+    """`lo:hi:step` inside an index; absent parts are None."""
+    lo: Expr | None
+    hi: Expr | None
+    step: Expr | None
+    span: Span
+
+
+@dataclass(frozen=True)
+class EllipsisIndex:
+    span: Span
+
+
+@dataclass(frozen=True)
+class Index:
+    """`value[i, a:b, ...]`."""
+    value: Expr
+    items: tuple[Expr | Slice | EllipsisIndex, ...]
+    span: Span
+
+
+@dataclass(frozen=True)
+class Attr:
+    """`value.name`: a record field."""
+    value: Expr
+    name: str
+    name_span: Span
+    span: Span
+
+
+@dataclass(frozen=True)
+class FieldInit:
+    name: str
+    value: Expr
+    span: Span
+
+
+@dataclass(frozen=True)
+class RecordLit:
+    """`Params { W: w, b: b }` or `Shape/Rect { w: 2, h: 3 }` (type is the written name, parts split on '/')."""
+    type: tuple[str, ...]
+    fields: tuple[FieldInit, ...]
+    type_span: Span
+    span: Span
+
+
+@dataclass(frozen=True)
+class Lambda:
+    params: tuple[str, ...]
+    body: Expr
+    span: Span
+
+
+@dataclass(frozen=True)
+class ListLit:
+    """`[a, b, c]`: a static list, or a tensor literal where a tensor is expected."""
+    items: tuple[Expr, ...]
+    span: Span
+
+
+@dataclass(frozen=True)
+class TupleLit:
+    """`(a, b)` or `a, b` where a tuple is allowed (return values, right-hand sides)."""
+    items: tuple[Expr, ...]
+    span: Span
+
+
+Expr = (Name | QualName | Int | Float | Bool | Str | BinOp | UnaryOp | Call | Index | Attr
+        | RecordLit | Lambda | ListLit | TupleLit)
+
+
+# ---------------------------------------------------------------- types
+
+@dataclass(frozen=True)
+class TensorTypeExpr:
+    """`f32[B, 4 * C]` or `bool[]`; dims are expressions over dimension variables."""
+    dtype: str
+    dims: tuple[Expr, ...]
+    span: Span
+
+
+@dataclass(frozen=True)
+class NamedType:
+    """`int`, `f32` (a scalar), `Key`, `Params`, `Shape/Rect`-style qualified names, `List(Block)`."""
+    name: tuple[str, ...]
+    args: tuple[TypeExpr, ...]
+    span: Span
+
+
+@dataclass(frozen=True)
+class TupleTypeExpr:
+    items: tuple[TypeExpr, ...]
+    span: Span
+
+
+TypeExpr = TensorTypeExpr | NamedType | TupleTypeExpr
+
+
+# ---------------------------------------------------------------- statements
+
+@dataclass(frozen=True)
+class NameTarget:
+    name: str
+    span: Span
+
+
+@dataclass(frozen=True)
+class TupleTarget:
+    """`a, b = e` or `(a, (b, c)) = e`."""
+    items: tuple[Target, ...]
+    span: Span
+
+
+Target = NameTarget | TupleTarget
+
+
+@dataclass(frozen=True)
+class Assign:
+    target: Target
+    value: Expr
+    span: Span
+
+
+@dataclass(frozen=True)
+class AugAssign:
+    """`x += e`; op is the binary operator without '=' (+ - * / @)."""
+    target: NameTarget
+    op: str
+    value: Expr
+    op_span: Span
+    span: Span
+
+
+@dataclass(frozen=True)
+class Use:
+    """Bend's `use x = e`: an inlined alias."""
+    name: str
+    value: Expr
+    span: Span
+
+
+@dataclass(frozen=True)
+class Return:
+    value: Expr | None
+    span: Span
+
+
+@dataclass(frozen=True)
+class ExprStmt:
+    value: Expr
+    span: Span
+
+
+@dataclass(frozen=True)
+class IfBranch:
+    cond: Expr
+    body: tuple[Stmt, ...]
+    span: Span
+
+
+@dataclass(frozen=True)
+class If:
+    """`if c: … elif c: … else: …`; orelse is None without an else."""
+    branches: tuple[IfBranch, ...]
+    orelse: tuple[Stmt, ...] | None
+    span: Span
+
+
+@dataclass(frozen=True)
+class SwitchCase:
+    """`case 0:` (value 0) or `case _:` (value None)."""
+    value: int | None
+    body: tuple[Stmt, ...]
+    span: Span
+
+
+@dataclass(frozen=True)
+class Switch:
+    """`switch n:` or Bend's `switch n = e:` (bind is then 'n')."""
+    bind: str | None
+    subject: Expr
+    cases: tuple[SwitchCase, ...]
+    span: Span
+
+
+@dataclass(frozen=True)
+class MatchCase:
+    """`case Act/Relu:` (ctor ('Act', 'Relu')), `case Relu:` (('Relu',)) or `case _:` (None)."""
+    ctor: tuple[str, ...] | None
+    body: tuple[Stmt, ...]
+    span: Span
+
+
+@dataclass(frozen=True)
+class Match:
+    """`match v:` or `match v = e:`."""
+    bind: str | None
+    subject: Expr
+    cases: tuple[MatchCase, ...]
+    span: Span
+
+
+@dataclass(frozen=True)
+class StateInit:
+    """One `name = e` of a `with` clause or a `bend` header."""
+    name: str
+    value: Expr
+    span: Span
+
+
+@dataclass(frozen=True)
+class Fold:
+    """`[target =] fold x in xs with h = e, …: body`: a scan over a tensor's leading axis or a
+    static list; `return e` in the body emits one value per step."""
+    result: Target | None
+    var: str
+    var_span: Span
+    iterable: Expr
+    state: tuple[StateInit, ...]
+    body: tuple[Stmt, ...]
+    span: Span
+
+
+@dataclass(frozen=True)
+class AdtFold:
+    """Bend's recursive fold over a static ADT value: `fold t [= e] [with s = e, …]: case …`;
+    inside a case the `~` fields of the subject are already folded."""
+    bind: str | None
+    subject: Expr
+    state: tuple[StateInit, ...]
+    cases: tuple[MatchCase, ...]
+    span: Span
+
+
+@dataclass(frozen=True)
+class Bend:
+    """`bend d = 0, x = x0: when c: … else: …`; `fork(…)` in the `when` branch recurses."""
+    state: tuple[StateInit, ...]
+    cond: Expr
+    when_body: tuple[Stmt, ...]
+    else_body: tuple[Stmt, ...]
+    span: Span
+
+
+@dataclass(frozen=True)
+class Assert:
+    cond: Expr
+    message: Expr | None
+    span: Span
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    type: TypeExpr | None
+    default: Expr | None
+    span: Span
+
+
+@dataclass(frozen=True)
+class Def:
+    """A function, at top level or local; doc is the text of a `#{ … #}` comment directly above."""
+    name: str
+    params: tuple[Param, ...]
+    ret: TypeExpr | None
+    body: tuple[Stmt, ...]
+    doc: str | None
+    name_span: Span
+    span: Span
+
+
+Stmt = (Assign | AugAssign | Use | Return | ExprStmt | If | Switch | Match | Fold | AdtFold
+        | Bend | Assert | Def)
+
+
+# ---------------------------------------------------------------- top level
+
+@dataclass(frozen=True)
+class Field:
+    name: str
+    type: TypeExpr
+    span: Span
+
+
+@dataclass(frozen=True)
+class ObjectDef:
+    """`object Name { field: Type, … }`; its free dimension names make it generic."""
+    name: str
+    fields: tuple[Field, ...]
+    doc: str | None
+    name_span: Span
+    span: Span
+
+
+@dataclass(frozen=True)
+class CtorField:
+    """A constructor field: `~left` is recursive; the type is optional."""
+    name: str
+    type: TypeExpr | None
+    recursive: bool
+    span: Span
+
+
+@dataclass(frozen=True)
+class Ctor:
+    name: str
+    fields: tuple[CtorField, ...]
+    span: Span
+
+
+@dataclass(frozen=True)
+class TypeDef:
+    """`type Name:` (or `type Name(T):`) with one constructor per indented line."""
+    name: str
+    params: tuple[str, ...]
+    ctors: tuple[Ctor, ...]
+    doc: str | None
+    name_span: Span
+    span: Span
+
+
+@dataclass(frozen=True)
+class ImportName:
+    name: str
+    alias: str | None
+    span: Span
+
+
+@dataclass(frozen=True)
+class FromImport:
+    """`from nn import linear, relu as r`; module parts split on '/' or '.'."""
+    module: tuple[str, ...]
+    names: tuple[ImportName, ...]
+    module_span: Span
+    span: Span
+
+
+@dataclass(frozen=True)
+class Import:
+    """`import nn` or `import nn as n`."""
+    module: tuple[str, ...]
+    alias: str | None
+    module_span: Span
+    span: Span
+
+
+Item = Def | ObjectDef | TypeDef | FromImport | Import
+
+
+@dataclass(frozen=True)
+class Module:
+    items: tuple[Item, ...]
+    span: Span

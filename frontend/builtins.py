@@ -1,0 +1,23 @@
+"""The names every program starts with: primitives, function transforms, dtypes, built-in types."""
+from __future__ import annotations
+
+from ir import ops
+from ir.types import BEND_ONLY_DTYPES, DTYPES
+
+# Function transforms and structure helpers the checker implements itself (they take functions).
+SPECIAL_FORMS = ("grad", "value_and_grad", "map", "checkpoint")
+
+STATIC_TYPES = ("int", "float", "bool")
+BUILTIN_TYPES = STATIC_TYPES + ("Key", "List") + DTYPES
+
+
+def is_builtin_value(name: str) -> bool:
+    """A name usable as a value without a definition: a primitive, a transform, a dtype."""
+    return name in SPECIAL_FORMS or name in DTYPES or bool(ops.lookup(name))
+
+
+def unsupported_dtype(name: str) -> str | None:
+    """The message for Bend's 24-bit numbers, which dslc does not have."""
+    if name in BEND_ONLY_DTYPES:
+        return f"'{name}' is not supported; use {BEND_ONLY_DTYPES[name]}"
+    return None

@@ -1,0 +1,131 @@
+"""Source positions and user-facing errors, rendered as `file:line:col: error: ...` (LANGUAGE.md §10)."""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+from functools import cached_property
+
+
+@dataclass(frozen=True, eq=False)
+class Source:
+    """A source text and the path it is reported under."""
+    path: str
+    text: str
+
+    @cached_property
+    def line_starts(self) -> list[int]:
+        return [0] + [i + 1 for i, ch in enumerate(self.text) if ch == "\n"]
+
+    def position(self, offset: int) -> tuple[int, int]:
+        """1-based (line, column) of a character offset."""
+        line = bisect.bisect_right(self.line_starts, offset) - 1
+        return line + 1, offset - self.line_starts[line] + 1
+
+    def line_text(self, line: int) -> str:
+        start = self.line_starts[line - 1]
+        end = self.text.find("\n", start)
+        return self.text[start:] if end < 0 else self.text[start:end]
+
+
+@dataclass(frozen=True)
+class Span:
+    """The characters [start, end) of a source."""
+    source: Source = field(compare=False, repr=False)
+    start: int
+    end: int
+
+    @property
+    def line(self) -> int:
+        return self.source.position(self.start)[0]
+
+    @property
+    def col(self) -> int:
+        return self.source.position(self.start)[1]
+
+    def to(self, other: Span) -> Span:
+        """The span from the start of this one to the end of another."""
+        return Span(self.source, self.start, max(self.end, other.end))
+
+    def where(self) -> str:
+        return f"{self.source.path}:{self.line}"
+
+    def __str__(self) -> str:
+        return f"{self.source.path}:{self.line}:{self.col}"
+
+
+@dataclass(frozen=True)
+class Note:
+    """A secondary message, optionally pointing at the place it speaks of."""
+    message: str
+    span: Span | None = None
+
+    def render(self) -> str:
+        return f"note: {self.message}" + (f" ({self.span.where()})" if self.span else "")
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    span: Span | None
+    message: str
+    notes: tuple[Note, ...] = ()
+
+    def render(self) -> str:
+        if self.span is None:
+            head = [f"error: {self.message}"]
+        else:
+            head = [f"{self.span}: error: {self.message}", *excerpt(self.span)]
+        return "\n".join(head + [n.render() for n in self.notes])
+
+
+def excerpt(span: Span) -> list[str]:
+    """The source line of a span and a caret line under it (`^` then `~` to the span's end)."""
+    line, col = span.line, span.col
+    text = span.source.line_text(line).replace("\t", " ")
+    width = max(1, min(span.end - span.start, len(text) - col + 1))
+    gutter = f"{line:>5}"
+    return [f"{gutter} | {text}", f"{' ' * len(gutter)} | {' ' * (col - 1)}^{'~' * (width - 1)}"]
+
+
+class DslError(Exception):
+    """A user error: one or more diagnostics; `str()` is their rendering."""
+
+    def __init__(self, span: Span | None, message: str, notes: list[Note] | tuple[Note, ...] = ()):
+        self.diagnostics: tuple[Diagnostic, ...] = (Diagnostic(span, message, tuple(notes)),)
+        super().__init__(message)
+
+    @classmethod
+    def collect(cls, errors: list[DslError]) -> DslError:
+        """One error carrying the diagnostics of several, in source order."""
+        err = cls.__new__(cls)
+        diags = [d for e in errors for d in e.diagnostics]
+        diags.sort(key=lambda d: (d.span.source.path, d.span.start) if d.span else ("", 0))
+        err.diagnostics = tuple(diags)
+        Exception.__init__(err, diags[0].message)
+        return err
+
+    @property
+    def span(self) -> Span | None:
+        return self.diagnostics[0].span
+
+    @property
+    def message(self) -> str:
+        return self.diagnostics[0].message
+
+    def __str__(self) -> str:
+        return "\n".join(d.render() for d in self.diagnostics)
+
+
+class ParseError(DslError):
+    """Text that is not a program of the grammar (lexical structure included)."""
+
+
+class ResolveError(DslError):
+    """An unknown name, a bad import, an import cycle."""
+
+
+class CheckError(DslError):
+    """A type, shape or static-evaluation error."""
+
+
+class ShapeError(CheckError):
+    """Shapes that do not agree."""

@@ -1,0 +1,231 @@
+"""Annotations meet values: dimension variables bound by unification, weak literals given dtypes.
+
+One `Binder` serves one function call (or one record construction): its dimension names form
+one namespace, so `x: f32[B, T]` and `y: i32[B]` must agree on B. Constraints that cannot be
+solved at once (`T * E` before E is known) wait until the others have bound what they need.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from frontend import ast
+from frontend.builtins import unsupported_dtype
+from frontend.diagnostics import CheckError
+from frontend.resolve import ModuleInfo, lookup_type
+from frontend.values import (AdtV, KeyV, ListV, RecordV, StaticV, TensorV, TupleV,
+                             UnknownV, describe)
+from ir.dims import Dim, solve
+from ir.types import DTYPES, FLOAT_DTYPES, TensorType
+
+
+class Mismatch(Exception):
+    """A value does not fit an annotation; the caller says which argument or field."""
+
+
+_DIMS: dict[int, tuple[ast.Expr, Dim]] = {}     # id(node) -> (node, its Dim), bounded below
+
+
+def eval_dim(e: ast.Expr) -> Dim:
+    """A dimension expression of an annotation, over its (unbound) dimension names."""
+    cached = _DIMS.get(id(e))
+    if cached is None or cached[0] is not e:
+        if len(_DIMS) > 100_000:
+            _DIMS.clear()
+        cached = _DIMS[id(e)] = (e, _eval_dim(e))
+    return cached[1]
+
+
+def _eval_dim(e: ast.Expr) -> Dim:
+    match e:
+        case ast.Int(value=v):
+            return Dim.const(v)
+        case ast.Name(id=n):
+            return Dim.var(n)
+        case ast.UnaryOp(op="-"):
+            return -eval_dim(e.operand)
+        case ast.BinOp(op="+" | "-" | "*" | "//" as op):
+            a, b = eval_dim(e.left), eval_dim(e.right)
+            if op == "//" and b.value == 0:
+                raise CheckError(e.right.span, "division by zero in a dimension")
+            return {"+": a.__add__, "-": a.__sub__, "*": a.__mul__, "//": a.__floordiv__}[op](b)
+        case ast.QualName(parts=parts):
+            out = Dim.var(parts[0])
+            for p in parts[1:]:
+                out = out // Dim.var(p)
+            return out
+    raise CheckError(e.span, "a dimension is an integer or a name, combined with + - * //")
+
+
+def literal_shape(v) -> tuple[tuple[int, ...], str] | None:
+    """The shape and kind ('int' or 'float') of a nested static list of numbers, if it is one."""
+    if isinstance(v, StaticV) and v.kind in ("int", "float"):
+        return (), v.kind
+    if isinstance(v, ListV) and v.items:
+        parts = [literal_shape(i) for i in v.items]
+        if any(p is None for p in parts) or len({p[0] for p in parts}) != 1:
+            return None
+        kind = "float" if any(p[1] == "float" for p in parts) else "int"
+        return (len(v.items),) + parts[0][0], kind
+    return None
+
+
+def as_tensor(v) -> TensorType | None:
+    """A value where a tensor is expected: tensors, and numbers or number lists as weak literals."""
+    if isinstance(v, TensorV):
+        return v.type
+    if isinstance(v, StaticV) and v.kind == "bool":
+        return TensorType("bool", (), weak=False)
+    lit = literal_shape(v)
+    if lit is None:
+        return None
+    shape, kind = lit
+    return TensorType("f32" if kind == "float" else "i32", tuple(map(Dim.const, shape)), weak=True)
+
+
+def adopt_dtype(t: TensorType, dtype: str) -> TensorType:
+    """A weak literal type taking a tensor's dtype; raises Mismatch when it cannot."""
+    if t.dtype == dtype:
+        return TensorType(dtype, t.shape)
+    if not t.weak:
+        raise Mismatch(f"expected {dtype}, got {t.dtype}")
+    if dtype == "bool" or t.dtype == "f32" and dtype not in FLOAT_DTYPES:
+        raise Mismatch(f"a {'float' if t.dtype == 'f32' else 'number'} literal cannot take the dtype {dtype}")
+    return TensorType(dtype, t.shape)
+
+
+@dataclass
+class Binder:
+    env: dict[str, Dim] = field(default_factory=dict)
+    pending: list[tuple[Dim, Dim, ast.TensorTypeExpr, TensorType]] = field(default_factory=list)
+
+    def match(self, t: ast.TypeExpr, v, mod: ModuleInfo):
+        """v checked against annotation t (dimensions recorded, solved by `finish`); returns v
+        with weak literals converted to the declared dtype."""
+        if isinstance(v, UnknownV):
+            return v
+        match t:
+            case ast.TensorTypeExpr():
+                return self.tensor(t, t.dtype, t.dims, v)
+            case ast.TupleTypeExpr():
+                if not isinstance(v, TupleV) or len(v.items) != len(t.items):
+                    raise Mismatch(f"expected a tuple of {len(t.items)}, got {describe(v)}")
+                return TupleV(tuple(self.match(a, b, mod) for a, b in zip(t.items, v.items)))
+        name = "/".join(t.name)
+        if name in DTYPES and name != "bool":
+            return self.tensor(t, name, (), v)
+        if name in ("int", "float", "bool"):
+            if isinstance(v, StaticV) and (v.kind == name or name == "float" and v.kind == "int"):
+                if name == "float" and v.kind == "int":
+                    return StaticV("float", float(v.python) if v.known else None)
+                return v
+            raise Mismatch(f"expected a static {name}, got {describe(v)}")
+        if name == "Key":
+            if isinstance(v, KeyV):
+                return v
+            raise Mismatch(f"expected a Key, got {describe(v)}")
+        if name == "List":
+            if not isinstance(v, ListV) or len(t.args) != 1:
+                raise Mismatch(f"expected a List, got {describe(v)}")
+            if v.items is None:
+                return ListV(None, self.match(t.args[0], v.elem, mod), v.length)
+            return ListV.of(self.match(t.args[0], i, mod) for i in v.items)
+        entity = lookup_type(t.name, mod)
+        if entity is None:
+            raise CheckError(t.span, unsupported_dtype(name) or f"unknown type '{name}'")
+        if entity.kind == "object":
+            if not isinstance(v, RecordV) or v.decl is not entity:
+                raise Mismatch(f"expected {name}, got {describe(v)}")
+            fields = []
+            for f in entity.node.fields:
+                try:
+                    fields.append((f.name, self.match(f.type, v.get(f.name), entity.module)))
+                except Mismatch as m:
+                    raise Mismatch(f"field '{f.name}' of {name}: {m}") from None
+            return RecordV(v.name, tuple(fields), entity)
+        if not isinstance(v, AdtV) or v.decl is not entity:
+            raise Mismatch(f"expected {name}, got {describe(v)}")
+        return v
+
+    def tensor(self, t: ast.TypeExpr, dtype: str, dims: tuple[ast.Expr, ...], v):
+        if msg := unsupported_dtype(dtype):
+            raise CheckError(t.span, msg)
+        if dtype not in DTYPES:
+            raise CheckError(t.span, f"unknown dtype '{dtype}'")
+        got = as_tensor(v)
+        declared = [eval_dim(d) for d in dims]
+        shown = TensorType(dtype, tuple(d.subst(self.env) for d in declared))
+        if got is None or got.rank != len(dims):
+            raise Mismatch(f"expected {shown}, got {describe(v)}")
+        try:
+            got = adopt_dtype(got, dtype)
+        except Mismatch:
+            raise Mismatch(f"expected {shown}, got {got}") from None
+        for d, actual in zip(declared, got.shape):
+            self.pending.append((d, actual, t, got))
+        self.solve()
+        return TensorV(got, v.origin if isinstance(v, TensorV) else None)
+
+    def bind_static(self, name: str, value: Dim) -> None:
+        """A static int parameter: its name is also a dimension of the signature."""
+        bound = self.env.setdefault(name, value)
+        if not bound.agrees(value):
+            raise Mismatch(f"'{name}' is {value} here but the other arguments make it {bound}")
+
+    def solve(self) -> None:
+        """Bind what the pending constraints determine; raise Mismatch on a contradiction."""
+        progress = True
+        while progress:
+            progress = False
+            for c in list(self.pending):
+                declared, actual, t, got = c
+                found = solve(declared, actual, self.env)
+                if found is None:
+                    continue
+                self.pending.remove(c)
+                progress = progress or bool(found)
+                self.env.update(found)
+                if not declared.subst(self.env).agrees(actual):
+                    raise Mismatch(f"expected {self.show(t)}, got {got}")
+
+    def finish(self) -> None:
+        """Give every dimension no constraint could determine an unknown value."""
+        for declared, _, _, _ in self.pending:
+            for name in declared.free_vars() - self.env.keys():
+                self.env[name] = Dim.unknown()
+        self.pending.clear()
+
+    def show(self, t: ast.TypeExpr) -> str:
+        """An annotation with the dimensions bound so far substituted."""
+        if isinstance(t, ast.TensorTypeExpr):
+            return str(TensorType(t.dtype, tuple(eval_dim(d).subst(self.env) for d in t.dims)))
+        if isinstance(t, ast.TupleTypeExpr):
+            return "(" + ", ".join(self.show(i) for i in t.items) + ")"
+        return "/".join(t.name)
+
+    def instantiate(self, t: ast.TypeExpr, mod: ModuleInfo, hint: str = "_"):
+        """The abstract value an annotation describes, unbound dimensions left symbolic."""
+        match t:
+            case ast.TensorTypeExpr():
+                return TensorV(TensorType(t.dtype, tuple(eval_dim(d).subst(self.env) for d in t.dims)))
+            case ast.TupleTypeExpr():
+                return TupleV(tuple(self.instantiate(i, mod, f"{hint}[{k}]") for k, i in enumerate(t.items)))
+        name = "/".join(t.name)
+        if name in DTYPES and name != "bool":
+            return TensorV(TensorType(name, ()))
+        if name == "int":
+            return StaticV("int", self.env.get(hint, Dim.var(hint)))
+        if name in ("float", "bool"):
+            return StaticV(name, None)
+        if name == "Key":
+            return KeyV()
+        if name == "List" and len(t.args) == 1:
+            return ListV(None, self.instantiate(t.args[0], mod, f"{hint}[i]"), Dim.var(f"len({hint})"))
+        entity = lookup_type(t.name, mod)
+        if entity is None:
+            raise CheckError(t.span, unsupported_dtype(name) or f"unknown type '{name}'")
+        if entity.kind == "object":
+            return RecordV(entity.node.name, tuple(
+                (f.name, self.instantiate(f.type, entity.module, f"{hint}.{f.name}"))
+                for f in entity.node.fields), entity)
+        return AdtV(entity.node.name, None, (), entity)
+

@@ -1,0 +1,239 @@
+"""Abstract values: what the checker knows about a value at compile time.
+
+Static values (ints, floats, bools, strings, ADT values, lists) are known exactly when the
+checker is specialising, and may be symbolic or unknown when it checks a generic function.
+Runtime values (tensors, keys) are known only by their type.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from frontend import ast
+from frontend.diagnostics import Span
+from ir.dims import Dim
+from ir.types import (AdtType, DTypeType, FunctionType, KeyType, ListType, RecordType, StaticType,
+                      TensorType, TupleType, Type, UnknownType)
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a tensor's type was declared, for notes: `p.W1 is f32[T * E, H] (model.bend:4)`."""
+    what: str
+    declared: ast.TypeExpr
+    span: Span
+
+
+@dataclass(frozen=True)
+class TensorV:
+    type: TensorType
+    origin: Origin | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class StaticV:
+    """kind 'int' (value a Dim), 'float' (float | None), 'bool' (bool | None) or 'str'."""
+    kind: str
+    value: Any
+
+    @property
+    def known(self) -> bool:
+        return not (self.value is None or isinstance(self.value, Dim) and self.value.value is None)
+
+    @property
+    def python(self) -> Any:
+        """The plain Python value (an int for ints); only when known."""
+        return self.value.value if isinstance(self.value, Dim) else self.value
+
+
+@dataclass(frozen=True)
+class KeyV:
+    pass
+
+
+@dataclass(frozen=True)
+class DTypeV:
+    name: str
+
+
+@dataclass(frozen=True)
+class TupleV:
+    items: tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class ListV:
+    """A static list: its items, or (when its length is symbolic) one abstract element."""
+    items: tuple[Any, ...] | None
+    elem: Any = None
+    length: Dim = Dim.const(0)
+
+    @staticmethod
+    def of(items) -> ListV:
+        items = tuple(items)
+        return ListV(items, None, Dim.const(len(items)))
+
+
+@dataclass(frozen=True)
+class RecordV:
+    name: str
+    fields: tuple[tuple[str, Any], ...]
+    decl: Any = field(compare=False, repr=False)      # the resolve.Entity of its object
+
+    def get(self, name: str):
+        return dict(self.fields).get(name)
+
+
+@dataclass(frozen=True)
+class AdtV:
+    """A value of a `type`; ctor None when the checker does not know which constructor."""
+    type_name: str
+    ctor: str | None
+    fields: tuple[tuple[str, Any], ...]
+    decl: Any = field(compare=False, repr=False)      # the resolve.Entity of its type
+
+
+@dataclass(frozen=True, eq=False)
+class FuncV:
+    """A def; env is the enclosing function's variables for a local def, else None."""
+    node: ast.Def
+    module: Any
+    env: dict | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class LambdaV:
+    node: ast.Lambda
+    module: Any
+    env: dict
+
+
+@dataclass(frozen=True)
+class PrimV:
+    name: str
+
+
+@dataclass(frozen=True)
+class SpecialV:
+    name: str
+
+
+@dataclass(frozen=True, eq=False)
+class GradV:
+    """grad(f, wrt=…) or value_and_grad(f, wrt=…): a function of f's arguments."""
+    f: Any
+    wrt: tuple[str, ...]
+    wrt_spans: tuple[Span, ...]
+    wrt_tuple: bool
+    has_aux: bool
+    with_value: bool
+    f_span: Span
+
+
+@dataclass(frozen=True, eq=False)
+class CheckpointV:
+    f: Any
+
+
+@dataclass(frozen=True, eq=False)
+class CtorV:
+    """A constructor with fields, waiting to be called: Tree/Node(l, r)."""
+    entity: Any
+    ctor: ast.Ctor
+
+
+@dataclass(frozen=True, eq=False)
+class ForkV:
+    """`fork` inside a bend: recurses into the bend with new state."""
+    run: Callable
+    arity: int
+
+
+@dataclass(frozen=True, eq=False)
+class ModuleV:
+    module: Any
+
+
+@dataclass(frozen=True, eq=False)
+class TypeV:
+    entity: Any
+
+
+@dataclass(frozen=True)
+class UnknownV:
+    pass
+
+
+UNKNOWN = UnknownV()
+
+
+def type_of(v) -> Type:
+    """The type of an abstract value, for messages and for comparing results."""
+    match v:
+        case TensorV():
+            return v.type
+        case StaticV():
+            return StaticType(v.kind)
+        case KeyV():
+            return KeyType()
+        case DTypeV():
+            return DTypeType()
+        case TupleV():
+            return TupleType(tuple(type_of(i) for i in v.items))
+        case ListV():
+            elem = type_of(v.items[0]) if v.items else type_of(v.elem) if v.elem is not None else UnknownType()
+            return ListType(elem, v.length)
+        case RecordV():
+            return RecordType(v.name, tuple((n, type_of(f)) for n, f in v.fields))
+        case AdtV():
+            return AdtType(v.type_name)
+        case UnknownV():
+            return UnknownType()
+        case FuncV():
+            return FunctionType(v.node.name)
+        case _:
+            return FunctionType(type(v).__name__.removesuffix("V").lower())
+
+
+def describe(v) -> str:
+    """A value's type as users read it."""
+    return str(type_of(v))
+
+
+def signature(v) -> Any:
+    """A hashable summary of what the checker knows of a value: calls are specialised on it."""
+    match v:
+        case TensorV() | StaticV() | KeyV() | DTypeV() | UnknownV() | PrimV() | SpecialV():
+            return v
+        case TupleV():
+            return ("tuple", tuple(signature(i) for i in v.items))
+        case ListV():
+            items = None if v.items is None else tuple(signature(i) for i in v.items)
+            return ("list", items, signature(v.elem) if v.elem is not None else None, v.length)
+        case RecordV():
+            return ("record", v.name, tuple((n, signature(f)) for n, f in v.fields))
+        case AdtV():
+            return ("adt", v.type_name, v.ctor, tuple((n, signature(f)) for n, f in v.fields))
+        case _:
+            return ("object", id(v))
+
+
+def abstract(t: Type):
+    """An abstract value of a type: what a parameter is known to be in a generic check."""
+    match t:
+        case TensorType():
+            return TensorV(t)
+        case StaticType(kind="int"):
+            return StaticV("int", Dim.unknown())
+        case StaticType():
+            return StaticV(t.kind, None)
+        case KeyType():
+            return KeyV()
+        case TupleType():
+            return TupleV(tuple(abstract(i) for i in t.items))
+        case ListType():
+            n = t.length.value
+            elem = abstract(t.elem)
+            return ListV.of([elem] * n) if n is not None else ListV(None, elem, t.length)
+        case _:
+            return UNKNOWN

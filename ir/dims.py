@@ -1,0 +1,179 @@
+"""Symbolic dimensions: integer polynomials over dimension variables.
+
+`T * E` and `E * T` are the same dimension; `2 * C + C` is `3 * C`. Floor division that is
+not exact becomes an opaque atom (`(T + 1) // 2`). `Dim.unknown()` stands for a dimension the
+checker cannot know before specialisation; it agrees with every dimension.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import reduce
+
+Monomial = tuple[str, ...]          # sorted atom names, with repetition: ('E', 'T') is E*T
+
+
+@dataclass(frozen=True)
+class Dim:
+    terms: tuple[tuple[Monomial, int], ...]     # sorted, no zero coefficients
+    unknown_: bool = False
+
+    @staticmethod
+    def const(n: int) -> Dim:
+        return Dim((((), n),) if n else ())
+
+    @staticmethod
+    def var(name: str) -> Dim:
+        return Dim((((name,), 1),))
+
+    @staticmethod
+    def unknown() -> Dim:
+        return Dim((), True)
+
+    @staticmethod
+    def of(x: int | str | Dim) -> Dim:
+        return x if isinstance(x, Dim) else Dim.var(x) if isinstance(x, str) else Dim.const(x)
+
+    @property
+    def is_unknown(self) -> bool:
+        return self.unknown_
+
+    @property
+    def value(self) -> int | None:
+        """The integer this dimension is, when it is a constant."""
+        if self.unknown_:
+            return None
+        if not self.terms:
+            return 0
+        (mono, c), *rest = self.terms
+        return c if mono == () and not rest else None
+
+    def free_vars(self) -> frozenset[str]:
+        return frozenset(a for mono, _ in self.terms for a in mono if not a.startswith("("))
+
+    def __add__(self, other: Dim | int) -> Dim:
+        return _combine(self, Dim.of(other), 1)
+
+    def __sub__(self, other: Dim | int) -> Dim:
+        return _combine(self, Dim.of(other), -1)
+
+    def __neg__(self) -> Dim:
+        return Dim(tuple((m, -c) for m, c in self.terms), self.unknown_)
+
+    def __mul__(self, other: Dim | int) -> Dim:
+        other = Dim.of(other)
+        if self.unknown_ or other.unknown_:
+            return Dim.unknown()
+        acc: dict[Monomial, int] = {}
+        for m1, c1 in self.terms:
+            for m2, c2 in other.terms:
+                m = tuple(sorted(m1 + m2))
+                acc[m] = acc.get(m, 0) + c1 * c2
+        return _normal(acc)
+
+    __radd__ = __add__
+    __rmul__ = __mul__
+
+    def __rsub__(self, other: Dim | int) -> Dim:
+        return Dim.of(other) - self
+
+    def __floordiv__(self, other: Dim | int) -> Dim:
+        other = Dim.of(other)
+        if self.unknown_ or other.unknown_:
+            return Dim.unknown()
+        exact = self.divide_exactly(other)
+        if exact is not None:
+            return exact
+        a, b = self.value, other.value
+        if a is not None and b is not None and b != 0:
+            return Dim.const(a // b)
+        return Dim.var(f"({self}) // {_paren(other)}")
+
+    def divide_exactly(self, other: Dim) -> Dim | None:
+        """self / other when other is a monomial that divides every term exactly, else None."""
+        if self.unknown_ or other.unknown_ or len(other.terms) != 1:
+            return None
+        (dm, dc), = other.terms
+        acc: dict[Monomial, int] = {}
+        for m, c in self.terms:
+            rest = list(m)
+            for atom in dm:
+                if atom not in rest:
+                    return None
+                rest.remove(atom)
+            if dc == 0 or c % dc:
+                return None
+            acc[tuple(rest)] = c // dc
+        return _normal(acc)
+
+    def subst(self, env: dict[str, Dim]) -> Dim:
+        """Replace variables bound in env."""
+        if self.unknown_ or not any(a in env for mono, _ in self.terms for a in mono):
+            return self
+        total = Dim.const(0)
+        for mono, c in self.terms:
+            total = total + reduce(lambda acc, a: acc * env.get(a, Dim.var(a)), mono, Dim.const(c))
+        return total
+
+    def agrees(self, other: Dim) -> bool:
+        """Equal, or one side unknown."""
+        return self.unknown_ or other.unknown_ or self == other
+
+    def __str__(self) -> str:
+        if self.unknown_:
+            return "?"
+        if not self.terms:
+            return "0"
+        out = ""
+        for i, (mono, c) in enumerate(sorted(self.terms, key=lambda t: (-len(t[0]), t[0]))):
+            factors = ([str(abs(c))] if abs(c) != 1 or not mono else []) + list(mono)
+            text = " * ".join(factors)
+            out += (("- " if c < 0 else "+ ") if i else ("-" if c < 0 else "")) + text + " "
+        return out.strip()
+
+
+def _paren(d: Dim) -> str:
+    s = str(d)
+    return s if len(d.terms) <= 1 and " " not in s else f"({s})"
+
+
+def _normal(acc: dict[Monomial, int]) -> Dim:
+    return Dim(tuple(sorted((m, c) for m, c in acc.items() if c)))
+
+
+def _combine(a: Dim, b: Dim, sign: int) -> Dim:
+    if a.unknown_ or b.unknown_:
+        return Dim.unknown()
+    acc = dict(a.terms)
+    for m, c in b.terms:
+        acc[m] = acc.get(m, 0) + sign * c
+    return _normal(acc)
+
+
+def solve(declared: Dim, actual: Dim, env: dict[str, Dim]) -> dict[str, Dim] | None:
+    """Bindings for the one unbound variable of `declared` (linear in it) that make it `actual`.
+
+    Returns {} when declared has no unbound variable, None when it cannot be solved (yet)."""
+    d = declared.subst(env)
+    unbound = sorted(declared.free_vars() - env.keys())
+    if not unbound:
+        return {}
+    if len(unbound) != 1 or actual.is_unknown:
+        return None
+    u = unbound[0]
+    coeff, rest = Dim.const(0), Dim.const(0)
+    for mono, c in d.terms:
+        n = mono.count(u)
+        if n > 1:
+            return None
+        term = Dim(((mono, c),))
+        if n:
+            coeff = coeff + Dim(((tuple(a for a in mono if a != u), c),))
+        else:
+            rest = rest + term
+    value = (actual - rest).divide_exactly(coeff)
+    if value is None:
+        a, b = (actual - rest).value, coeff.value
+        if a is None or not b or a % b:
+            return None
+        value = Dim.const(a // b)
+    return {u: value}

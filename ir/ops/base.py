@@ -1,0 +1,204 @@
+"""What a primitive is: its call signature and its shape rule (later stages add evaluation,
+VJP and a loop-IR body in the same class), and the registry the front end looks names up in."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ir.dims import Dim
+from ir.types import FLOAT_DTYPES, INT_DTYPES, TensorType, Type
+
+
+class Kind(Enum):
+    """How the checker prepares one argument before calling a shape rule."""
+    TENSOR = "a tensor"                  # TensorType; numbers and static number lists arrive weak
+    TENSORS = "a list of tensors"        # tuple[TensorType, ...]
+    KEY = "a random key"                 # KeyType
+    DIM = "a static int"                 # Dim (possibly symbolic)
+    SHAPE = "a static list of ints"      # tuple[Dim, ...]
+    INT = "a known static int"           # int
+    INTS = "a static list of known ints" # tuple[int, ...]
+    AXES = "an axis or a tuple of axes"  # None | int | tuple[int, ...]
+    BOOL = "a static bool"               # bool
+    NUMBER = "a static number"           # int | float
+    DTYPE = "a dtype"                    # str, one of ir.types.DTYPES
+    STR = "a string"                     # str
+    STATIC = "a static value"            # passed as it is: int | Dim | float | bool | str | None
+                                         #   | Ellipsis | SliceSpec | a tuple of these
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    kind: Kind
+    default: Any = ...                   # ... means required
+    variadic: bool = False               # collects the remaining positional arguments
+
+    @property
+    def required(self) -> bool:
+        return self.default is ... and not self.variadic
+
+
+class OpError(Exception):
+    """A shape or dtype rule failed; `arg` names the offending parameter (None: the whole call).
+
+    The checker turns it into a diagnostic at that argument's span."""
+
+    def __init__(self, message: str, arg: str | None = None):
+        super().__init__(message)
+        self.message, self.arg = message, arg
+
+
+class Primitive:
+    """Base of every primitive. Subclasses set `name`, `params`, and define `infer`."""
+    name: ClassVar[str]                  # the IR op name, unique
+    surface: ClassVar[str | None] = None # the name users call it by, if any (several may share one)
+    params: ClassVar[tuple[Param, ...]] = ()
+    differentiable: ClassVar[bool] = True
+
+    def infer(self, **args: Any) -> Type:
+        """The result type for bound, prepared arguments; raises OpError."""
+        raise NotImplementedError
+
+
+REGISTRY: dict[str, Primitive] = {}
+SURFACE: dict[str, list[Primitive]] = {}
+
+
+def primitive(cls: type[Primitive]) -> type[Primitive]:
+    """Class decorator: register one instance under its IR name and its surface name."""
+    if cls.name in REGISTRY:
+        raise ValueError(f"primitive {cls.name!r} registered twice")
+    inst = cls()
+    REGISTRY[cls.name] = inst
+    if cls.surface:
+        SURFACE.setdefault(cls.surface, []).append(inst)
+    return cls
+
+
+# ---------------------------------------------------------------- helpers shared by the families
+
+NUMERIC = FLOAT_DTYPES + INT_DTYPES
+NUMPY_DTYPES = {"f32": np.float32, "f16": np.float16, "f64": np.float64,
+                "i32": np.int32, "i64": np.int64, "u32": np.uint32, "bool": np.bool_}
+_DTYPE_NAMES = {np.dtype(v): k for k, v in NUMPY_DTYPES.items()}
+_LITERAL_DTYPES = {"b": "bool", "i": "i32", "u": "i32", "f": "f32"}
+_KIND_WORDS = ("boolean", "integer", "float")
+
+
+def np_dtype(dtype: str) -> np.dtype:
+    """The NumPy dtype of a dslc dtype; the reference evaluation has no bf16."""
+    if dtype not in NUMPY_DTYPES:
+        raise NotImplementedError(f"the NumPy reference evaluation has no {dtype}")
+    return np.dtype(NUMPY_DTYPES[dtype])
+
+
+def type_of(value: Any) -> TensorType:
+    """The type of a reference value: arrays are strong; Python numbers and lists are weak
+    literals (f32, i32 or bool), as the checker types them."""
+    arr = np.asarray(value)
+    shape = tuple(Dim.const(n) for n in arr.shape)
+    if isinstance(value, (np.ndarray, np.generic)):
+        return TensorType(_DTYPE_NAMES[arr.dtype], shape)
+    return TensorType(_LITERAL_DTYPES[arr.dtype.kind], shape, weak=True)
+
+
+def _kind(dtype: str) -> int:
+    return 2 if dtype in FLOAT_DTYPES else 1 if dtype in INT_DTYPES else 0
+
+
+def _a(word: str) -> str:
+    return ("an " if word[0] in "aeiou" else "a ") + word
+
+
+def common_dtype(op: str, operands: list[tuple[str, TensorType]]) -> tuple[str, bool]:
+    """The dtype that operands (parameter name, type) share, and whether it is weak.
+
+    Strong operands must agree; a weak literal takes their dtype unless that would lose its
+    kind (a float literal cannot become i32). Weak operands alone give the widest kind."""
+    strong = [t for _, t in operands if not t.weak]
+    if not strong:
+        return max((t.dtype for _, t in operands), key=_kind), True
+    first = strong[0]
+    for t in strong[1:]:
+        if t.dtype != first.dtype:
+            raise OpError(f"cannot mix {first} and {t} in '{op}'; use cast() to convert one")
+    for name, t in operands:
+        if t.weak and _kind(t.dtype) > _kind(first.dtype):
+            raise OpError(f"{_a(_KIND_WORDS[_kind(t.dtype)])} literal cannot take the "
+                          f"{_KIND_WORDS[_kind(first.dtype)]} dtype {first.dtype}", name)
+    return first.dtype, False
+
+
+def need(t: TensorType, dtypes: tuple[str, ...], message: str, arg: str | None) -> TensorType:
+    """t when its dtype is one of dtypes; a weak integer literal becomes a weak f32 where a
+    float is needed (sqrt(T * E)); otherwise OpError(message)."""
+    if t.dtype in dtypes:
+        return t
+    if t.weak and t.is_int and "f32" in dtypes:
+        return TensorType("f32", t.shape, True)
+    raise OpError(message, arg)
+
+
+def check_fill(value: int | float, dtype: str, arg: str) -> None:
+    """A static fill value must fit the tensor's kind: no float into an integer tensor."""
+    if isinstance(value, float) and dtype not in FLOAT_DTYPES:
+        raise OpError(f"the value {value} cannot become {dtype}", arg)
+
+
+def merge_dims(a: Dim, b: Dim) -> Dim:
+    """Of two agreeing dimensions, the one that is known."""
+    return b if a.is_unknown else a
+
+
+def broadcast_shapes(*types: TensorType) -> tuple[Dim, ...]:
+    """NumPy broadcasting over symbolic shapes; an unknown dimension agrees with any."""
+    out: list[Dim] = []
+    for i in range(max(t.rank for t in types), 0, -1):
+        dim, source = Dim.const(1), None
+        for t in types:
+            d = t.shape[-i] if t.rank >= i else Dim.const(1)
+            if d.value == 1:
+                continue
+            if source is not None and not dim.agrees(d):
+                raise OpError(f"cannot broadcast {source} with {t}")
+            if source is None or dim.is_unknown:
+                dim, source = d, t
+        out.append(dim)
+    return tuple(out)
+
+
+def normalize_axes(axes: None | int | tuple[int, ...], rank: int, what: str,
+                   arg: str = "axis") -> tuple[int, ...]:
+    """Axes counted from 0, in the order given; None means all of them."""
+    if axes is None:
+        return tuple(range(rank))
+    given = (axes,) if isinstance(axes, int) else tuple(axes)
+    out: list[int] = []
+    for a in given:
+        if not -rank <= a < rank:
+            raise OpError(f"axis {a} is out of range for {what} of rank {rank}", arg)
+        if a % rank in out:
+            raise OpError(f"axis {a} is repeated in {axes}", arg)
+        out.append(a % rank)
+    return tuple(out)
+
+
+def format_shape(shape: tuple[Dim, ...]) -> str:
+    return "[" + ", ".join(map(str, shape)) + "]"
+
+
+def check_shape(shape: tuple[Dim, ...], arg: str) -> None:
+    """A shape given as an argument has no negative dimensions."""
+    if any(d.value is not None and d.value < 0 for d in shape):
+        raise OpError(f"shape {format_shape(shape)} has a negative dimension", arg)
+
+
+def range_length(lo: Dim, hi: Dim, step: int) -> Dim:
+    """len(range(lo, hi, step)) for symbolic bounds (step nonzero)."""
+    span = hi - lo if step > 0 else lo - hi
+    n = (span + (abs(step) - 1)) // abs(step)
+    return Dim.const(max(n.value, 0)) if n.value is not None else n

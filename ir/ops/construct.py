@@ -1,0 +1,101 @@
+"""Tensors made from nothing: `zeros ones full arange eye`."""
+from __future__ import annotations
+
+from typing import ClassVar
+
+import numpy as np
+
+from ir.dims import Dim
+from ir.ops.base import (Kind, OpError, Param, Primitive, check_fill, check_shape, np_dtype,
+                         primitive, range_length)
+from ir.types import TensorType
+
+
+class Filled(Primitive):
+    """A tensor of `shape` holding one value everywhere."""
+    params = (Param("shape", Kind.SHAPE), Param("dtype", Kind.DTYPE, "f32"))
+    fill: ClassVar[int]
+    differentiable = False
+
+    def infer(self, shape: tuple[Dim, ...], dtype: str = "f32") -> TensorType:
+        check_shape(shape, "shape")
+        return TensorType(dtype, tuple(shape))
+
+    def evaluate(self, shape: tuple[int, ...], dtype: str = "f32") -> np.ndarray:
+        return np.full(shape, self.fill, np_dtype(dtype))
+
+
+@primitive
+class Zeros(Filled):
+    """Zeros (False for bool)."""
+    name = surface = "zeros"
+    fill = 0
+
+
+@primitive
+class Ones(Filled):
+    """Ones (True for bool)."""
+    name = surface = "ones"
+    fill = 1
+
+
+@primitive
+class Full(Filled):
+    """`value` everywhere; a float value needs a float dtype."""
+    name = surface = "full"
+    params = (Param("shape", Kind.SHAPE), Param("value", Kind.NUMBER),
+              Param("dtype", Kind.DTYPE, "f32"))
+
+    def infer(self, shape: tuple[Dim, ...], value: int | float,
+              dtype: str = "f32") -> TensorType:
+        check_fill(value, dtype, "value")
+        return super().infer(shape, dtype)
+
+    def evaluate(self, shape: tuple[int, ...], value: int | float,
+                 dtype: str = "f32") -> np.ndarray:
+        return np.full(shape, value, np_dtype(dtype))
+
+
+def _range(start: Dim | int, stop: Dim | int | None) -> tuple[Dim | int, Dim | int]:
+    """arange's bounds: arange(n) is arange(0, n)."""
+    return (0, start) if stop is None else (start, stop)
+
+
+@primitive
+class Arange(Primitive):
+    """The integers start, start + step, … before stop, as in range(); arange(n) counts 0 to
+    n - 1. The bounds are static ints; dtype may be a float dtype."""
+    name = surface = "arange"
+    params = (Param("start", Kind.DIM), Param("stop", Kind.DIM, None), Param("step", Kind.INT, 1),
+              Param("dtype", Kind.DTYPE, "i32"))
+    differentiable = False
+
+    def infer(self, start: Dim, stop: Dim | None = None, step: int = 1,
+              dtype: str = "i32") -> TensorType:
+        if step == 0:
+            raise OpError("arange's step cannot be zero", "step")
+        if dtype == "bool":
+            raise OpError("arange makes numbers, not bool; compare them to get bools", "dtype")
+        lo, hi = map(Dim.of, _range(start, stop))
+        return TensorType(dtype, (range_length(lo, hi, step),))
+
+    def evaluate(self, start: int, stop: int | None = None, step: int = 1,
+                 dtype: str = "i32") -> np.ndarray:
+        return np.arange(*_range(start, stop), step, dtype=np_dtype(dtype))
+
+
+@primitive
+class Eye(Primitive):
+    """The n × m identity matrix (m defaults to n)."""
+    name = surface = "eye"
+    params = (Param("n", Kind.DIM), Param("m", Kind.DIM, None), Param("dtype", Kind.DTYPE, "f32"))
+    differentiable = False
+
+    def infer(self, n: Dim, m: Dim | None = None, dtype: str = "f32") -> TensorType:
+        m = n if m is None else m
+        check_shape((n,), "n")
+        check_shape((m,), "m")
+        return TensorType(dtype, (n, m))
+
+    def evaluate(self, n: int, m: int | None = None, dtype: str = "f32") -> np.ndarray:
+        return np.eye(n, m, dtype=np_dtype(dtype))

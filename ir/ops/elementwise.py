@@ -1,0 +1,378 @@
+"""Elementwise primitives: unary math, binary arithmetic with NumPy broadcasting, comparisons,
+bitwise logic, shifts, `where` and `cast`.
+
+Operands share one dtype; a weak operand (a literal) takes the other's (`x * 2` keeps x's
+dtype). Each class's `reference` is the NumPy function of its meaning; the checker also applies
+it to plain Python numbers for static arithmetic."""
+from __future__ import annotations
+
+from typing import Any, Callable, ClassVar
+
+import numpy as np
+
+from ir.ops.base import (NUMERIC, Kind, OpError, Param, Primitive, broadcast_shapes,
+                         common_dtype, need, np_dtype, primitive, type_of)
+from ir.types import DTYPES, FLOAT_DTYPES, INT_DTYPES, TensorType
+
+_FLOAT_HINT = "; use cast(x, f32)"
+
+
+class Elementwise(Primitive):
+    """Evaluates `reference` on the arguments, in the dtype the shape rule gives."""
+    reference: ClassVar[Callable[..., Any]]
+
+    def evaluate(self, **args: Any) -> np.ndarray:
+        out = self.infer(**{name: type_of(v) for name, v in args.items()})
+        result = self.reference(*(args[p.name] for p in self.params))
+        return np.asarray(result, dtype=np_dtype(out.dtype))
+
+
+# ---------------------------------------------------------------- unary
+
+class Unary(Elementwise):
+    """f(x) for each element; by default float tensors only."""
+    params = (Param("x", Kind.TENSOR),)
+    accepts: ClassVar[tuple[str, ...]] = FLOAT_DTYPES
+    needs: ClassVar[str] = "a float"
+    hint: ClassVar[str] = _FLOAT_HINT
+
+    @property
+    def symbol(self) -> str:
+        return self.surface or self.name
+
+    def infer(self, x: TensorType) -> TensorType:
+        return need(x, self.accepts, f"'{self.symbol}' needs {self.needs} tensor, got {x}"
+                    f"{self.hint}", "x")
+
+
+class SignedUnary(Unary):
+    """A unary primitive that also works on integers."""
+    accepts = NUMERIC
+    needs = "a numeric"
+    hint = ""
+
+
+def _sigmoid(x: Any) -> Any:
+    with np.errstate(over="ignore"):
+        return 1 / (1 + np.exp(-x))
+
+
+def _rsqrt(x: Any) -> Any:
+    with np.errstate(divide="ignore"):
+        return 1 / np.sqrt(x)
+
+
+@primitive
+class Neg(SignedUnary):
+    """-x."""
+    name, symbol = "neg", "-"
+    reference = staticmethod(np.negative)
+
+
+@primitive
+class Abs(SignedUnary):
+    """|x|."""
+    name = surface = "abs"
+    reference = staticmethod(np.abs)
+
+
+@primitive
+class Sign(SignedUnary):
+    """-1, 0 or 1 by the sign of x (NaN stays NaN)."""
+    name = surface = "sign"
+    reference = staticmethod(np.sign)
+    differentiable = False
+
+
+@primitive
+class Exp(Unary):
+    """e ** x."""
+    name = surface = "exp"
+    reference = staticmethod(np.exp)
+
+
+@primitive
+class Log(Unary):
+    """The natural logarithm."""
+    name = surface = "log"
+    reference = staticmethod(np.log)
+
+
+@primitive
+class Exp2(Unary):
+    """2 ** x."""
+    name = surface = "exp2"
+    reference = staticmethod(np.exp2)
+
+
+@primitive
+class Log2(Unary):
+    """The base-2 logarithm."""
+    name = surface = "log2"
+    reference = staticmethod(np.log2)
+
+
+@primitive
+class Sqrt(Unary):
+    """The square root."""
+    name = surface = "sqrt"
+    reference = staticmethod(np.sqrt)
+
+
+@primitive
+class Rsqrt(Unary):
+    """1 / sqrt(x)."""
+    name = surface = "rsqrt"
+    reference = staticmethod(_rsqrt)
+
+
+@primitive
+class Tanh(Unary):
+    """The hyperbolic tangent."""
+    name = surface = "tanh"
+    reference = staticmethod(np.tanh)
+
+
+@primitive
+class Sigmoid(Unary):
+    """1 / (1 + exp(-x))."""
+    name = surface = "sigmoid"
+    reference = staticmethod(_sigmoid)
+
+
+@primitive
+class Sin(Unary):
+    """The sine (radians)."""
+    name = surface = "sin"
+    reference = staticmethod(np.sin)
+
+
+@primitive
+class Cos(Unary):
+    """The cosine (radians)."""
+    name = surface = "cos"
+    reference = staticmethod(np.cos)
+
+
+@primitive
+class Floor(Unary):
+    """The largest integer not above x, as a float."""
+    name = surface = "floor"
+    reference = staticmethod(np.floor)
+    differentiable = False
+
+
+# ---------------------------------------------------------------- binary
+
+class Binary(Elementwise):
+    """a op b with NumPy broadcasting; by default numeric operands, result in their dtype."""
+    params = (Param("a", Kind.TENSOR), Param("b", Kind.TENSOR))
+    symbol: ClassVar[str]                          # the operator or function name, for messages
+    accepts: ClassVar[tuple[str, ...]] = NUMERIC
+    needs: ClassVar[str] = "numeric"
+    hint: ClassVar[str] = "; use cast()"
+    result_dtype: ClassVar[str | None] = None      # None: the operands' dtype
+
+    def infer(self, a: TensorType, b: TensorType) -> TensorType:
+        dtype, weak = common_dtype(self.symbol, [("a", a), ("b", b)])
+        message = f"'{self.symbol}' needs {self.needs} operands, got {a} and {b}{self.hint}"
+        dtype = need(TensorType(dtype, (), weak), self.accepts, message, None).dtype
+        return TensorType(self.result_dtype or dtype, broadcast_shapes(a, b), weak)
+
+
+@primitive
+class Add(Binary):
+    """a + b."""
+    name, symbol = "add", "+"
+    reference = staticmethod(np.add)
+
+
+@primitive
+class Sub(Binary):
+    """a - b."""
+    name, symbol = "sub", "-"
+    reference = staticmethod(np.subtract)
+
+
+@primitive
+class Mul(Binary):
+    """a * b."""
+    name, symbol = "mul", "*"
+    reference = staticmethod(np.multiply)
+
+
+@primitive
+class Div(Binary):
+    """a / b, true division of floats."""
+    name, symbol = "div", "/"
+    reference = staticmethod(np.true_divide)
+    accepts = FLOAT_DTYPES
+    needs = "float"
+    hint = "; use '//' for integer division, or cast() to a float dtype"
+
+
+@primitive
+class Mod(Binary):
+    """a % b with Python's sign rule (the result takes b's sign)."""
+    name, symbol = "mod", "%"
+    reference = staticmethod(np.mod)
+
+
+@primitive
+class FloorDiv(Binary):
+    """a // b, rounding toward minus infinity as in Python."""
+    name, symbol = "floordiv", "//"
+    reference = staticmethod(np.floor_divide)
+    differentiable = False
+
+
+@primitive
+class Pow(Binary):
+    """a ** b (NumPy's power: integers to negative integer powers are an error)."""
+    name, symbol = "pow", "**"
+    reference = staticmethod(np.power)
+
+
+@primitive
+class Maximum(Binary):
+    """The larger of a and b; NaN if either is NaN."""
+    name = surface = symbol = "maximum"
+    reference = staticmethod(np.maximum)
+
+
+@primitive
+class Minimum(Binary):
+    """The smaller of a and b; NaN if either is NaN."""
+    name = surface = symbol = "minimum"
+    reference = staticmethod(np.minimum)
+
+
+class Comparison(Binary):
+    """a compared with b, a bool tensor."""
+    accepts = DTYPES
+    result_dtype = "bool"
+    differentiable = False
+
+
+@primitive
+class Eq(Comparison):
+    """a == b."""
+    name, symbol = "eq", "=="
+    reference = staticmethod(np.equal)
+
+
+@primitive
+class Ne(Comparison):
+    """a != b."""
+    name, symbol = "ne", "!="
+    reference = staticmethod(np.not_equal)
+
+
+@primitive
+class Lt(Comparison):
+    """a < b."""
+    name, symbol = "lt", "<"
+    reference = staticmethod(np.less)
+
+
+@primitive
+class Le(Comparison):
+    """a <= b."""
+    name, symbol = "le", "<="
+    reference = staticmethod(np.less_equal)
+
+
+@primitive
+class Gt(Comparison):
+    """a > b."""
+    name, symbol = "gt", ">"
+    reference = staticmethod(np.greater)
+
+
+@primitive
+class Ge(Comparison):
+    """a >= b."""
+    name, symbol = "ge", ">="
+    reference = staticmethod(np.greater_equal)
+
+
+class Bitwise(Binary):
+    """Logic on bool tensors, bit by bit on integers."""
+    accepts = INT_DTYPES + ("bool",)
+    needs = "bool or integer"
+    hint = ""
+    differentiable = False
+
+
+@primitive
+class And(Bitwise):
+    """a & b."""
+    name, symbol = "and", "&"
+    reference = staticmethod(np.bitwise_and)
+
+
+@primitive
+class Or(Bitwise):
+    """a | b."""
+    name, symbol = "or", "|"
+    reference = staticmethod(np.bitwise_or)
+
+
+@primitive
+class Xor(Bitwise):
+    """a ^ b."""
+    name, symbol = "xor", "^"
+    reference = staticmethod(np.bitwise_xor)
+
+
+class Shift(Bitwise):
+    """A bit shift of integers."""
+    accepts = INT_DTYPES
+    needs = "integer"
+
+
+@primitive
+class Shl(Shift):
+    """a << b."""
+    name, symbol = "shl", "<<"
+    reference = staticmethod(np.left_shift)
+
+
+@primitive
+class Shr(Shift):
+    """a >> b (arithmetic for signed dtypes)."""
+    name, symbol = "shr", ">>"
+    reference = staticmethod(np.right_shift)
+
+
+# ---------------------------------------------------------------- where, cast
+
+@primitive
+class Where(Elementwise):
+    """a where cond holds, else b; all three broadcast together."""
+    name = surface = "where"
+    params = (Param("cond", Kind.TENSOR), Param("a", Kind.TENSOR), Param("b", Kind.TENSOR))
+    reference = staticmethod(np.where)
+
+    def infer(self, cond: TensorType, a: TensorType, b: TensorType) -> TensorType:
+        if cond.dtype != "bool":
+            raise OpError(f"where needs a bool condition, got {cond}; compare to make one, "
+                          "as in where(x > 0, x, 0.0)", "cond")
+        dtype, weak = common_dtype("where", [("a", a), ("b", b)])
+        return TensorType(dtype, broadcast_shapes(cond, a, b), weak)
+
+
+def _cast(x: Any, dtype: str) -> np.ndarray:
+    return np.asarray(x).astype(np_dtype(dtype))
+
+
+@primitive
+class Cast(Primitive):
+    """x converted to dtype (floats to integers truncate toward zero; nonzero is True)."""
+    name = surface = "cast"
+    params = (Param("x", Kind.TENSOR), Param("dtype", Kind.DTYPE))
+    reference = staticmethod(_cast)
+    evaluate = staticmethod(_cast)
+
+    def infer(self, x: TensorType, dtype: str) -> TensorType:
+        return x.with_dtype(dtype)

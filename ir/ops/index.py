@@ -1,0 +1,86 @@
+"""Indexing by integer tensors: `take` (a gather, also written `E[idx]`), its transpose
+`scatter_add`, and `one_hot`.
+
+Indices count from 0; the reference evaluation, like NumPy, also takes negative ones from the
+end and raises on any out of range (one_hot gives a zero row for those)."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ir.dims import Dim
+from ir.ops.base import (NUMERIC, Kind, OpError, Param, Primitive, check_shape, common_dtype,
+                         format_shape, normalize_axes, np_dtype, primitive, type_of)
+from ir.types import TensorType
+
+
+def _indices(op: str, indices: TensorType) -> None:
+    if not indices.is_int:
+        raise OpError(f"{op} needs integer indices, got {indices}; use cast(i, i32)", "indices")
+
+
+def _gathered(x: TensorType, indices: TensorType, axis: int) -> tuple[Dim, ...]:
+    """The shape of take(x, indices, axis)."""
+    ax = normalize_axes(axis, x.rank, str(x))[0]
+    return x.shape[:ax] + indices.shape + x.shape[ax + 1:]
+
+
+@primitive
+class Take(Primitive):
+    """The slices of x at `indices` along axis: x.shape[:axis] + indices.shape +
+    x.shape[axis + 1:]."""
+    name = surface = "take"
+    params = (Param("x", Kind.TENSOR), Param("indices", Kind.TENSOR), Param("axis", Kind.INT, 0))
+
+    def infer(self, x: TensorType, indices: TensorType, axis: int = 0) -> TensorType:
+        _indices("take", indices)
+        return x.with_shape(_gathered(x, indices, axis))
+
+    def evaluate(self, x: np.ndarray, indices: Any, axis: int = 0) -> np.ndarray:
+        return np.take(x, indices, axis)
+
+
+@primitive
+class OneHot(Primitive):
+    """indices.shape + [n]: 1 at each index's position, 0 elsewhere."""
+    name = surface = "one_hot"
+    params = (Param("indices", Kind.TENSOR), Param("n", Kind.DIM),
+              Param("dtype", Kind.DTYPE, "f32"))
+    differentiable = False
+
+    def infer(self, indices: TensorType, n: Dim, dtype: str = "f32") -> TensorType:
+        _indices("one_hot", indices)
+        check_shape((n,), "n")
+        return TensorType(dtype, indices.shape + (n,))
+
+    def evaluate(self, indices: Any, n: int, dtype: str = "f32") -> np.ndarray:
+        return (np.asarray(indices)[..., None] == np.arange(n)).astype(np_dtype(dtype))
+
+
+@primitive
+class ScatterAdd(Primitive):
+    """A copy of x with each slice of `updates` added at its index along axis; repeated
+    indices accumulate. The transpose of take: updates has take(x, indices, axis)'s shape."""
+    name = surface = "scatter_add"
+    params = (Param("x", Kind.TENSOR), Param("indices", Kind.TENSOR), Param("updates", Kind.TENSOR),
+              Param("axis", Kind.INT, 0))
+
+    def infer(self, x: TensorType, indices: TensorType, updates: TensorType,
+              axis: int = 0) -> TensorType:
+        _indices("scatter_add", indices)
+        dtype, weak = common_dtype("scatter_add", [("x", x), ("updates", updates)])
+        if dtype not in NUMERIC:
+            raise OpError(f"scatter_add needs numeric tensors, got {x}; use cast()", "x")
+        want = _gathered(x, indices, axis)
+        if updates.rank != len(want) or not all(map(Dim.agrees, updates.shape, want)):
+            raise OpError(f"scatter_add needs updates of shape {format_shape(want)} "
+                          f"(x.shape[:axis] + indices.shape + x.shape[axis + 1:]), got {updates}",
+                          "updates")
+        return TensorType(dtype, x.shape, weak)
+
+    def evaluate(self, x: Any, indices: Any, updates: Any, axis: int = 0) -> np.ndarray:
+        t = self.infer(type_of(x), type_of(indices), type_of(updates), axis)
+        out = np.array(x, dtype=np_dtype(t.dtype))
+        np.add.at(out, (slice(None),) * (axis % out.ndim) + (np.asarray(indices),), updates)
+        return out
