@@ -1292,8 +1292,8 @@ def _origin_note(v: TensorV) -> Note:
     o = v.origin
     note = f"{o.what} is {_text(o.declared)}"
     if isinstance(o.declared, ast.TensorTypeExpr):
-        pairs = [(_source(d), str(actual)) for d, actual in zip(o.declared.dims, v.type.shape)]
-        differing = [f"{d} = {a}" for d, a in pairs if d != a]
+        differing = [f"{_source(d)} = {actual}" for d, actual in zip(o.declared.dims, v.type.shape)
+                     if eval_dim(d) != actual]
         if differing:
             note += " with " + ", ".join(differing)
     return Note(note, o.span)

@@ -31,7 +31,10 @@ def eval_dim(e: ast.Expr) -> Dim:
     if cached is None or cached[0] is not e:
         if len(_DIMS) > 100_000:
             _DIMS.clear()
-        cached = _DIMS[id(e)] = (e, _eval_dim(e))
+        dim = _eval_dim(e)
+        if isinstance(e, ast.BinOp):
+            dim = dim.spelled(" ".join(e.span.source.text[e.span.start:e.span.end].split()))
+        cached = _DIMS[id(e)] = (e, dim)
     return cached[1]
 
 

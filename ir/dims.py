@@ -6,7 +6,7 @@ checker cannot know before specialisation; it agrees with every dimension.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from functools import reduce
 
 Monomial = tuple[str, ...]          # sorted atom names, with repetition: ('E', 'T') is E*T
@@ -16,6 +16,11 @@ Monomial = tuple[str, ...]          # sorted atom names, with repetition: ('E', 
 class Dim:
     terms: tuple[tuple[Monomial, int], ...]     # sorted, no zero coefficients
     unknown_: bool = False
+    spelling: str | None = field(default=None, compare=False)   # as the user wrote it
+
+    def spelled(self, text: str) -> Dim:
+        """The same dimension, shown in messages as the user wrote it (`T * E`, not `E * T`)."""
+        return replace(self, spelling=text)
 
     @staticmethod
     def const(n: int) -> Dim:
@@ -119,6 +124,8 @@ class Dim:
         return self.unknown_ or other.unknown_ or self == other
 
     def __str__(self) -> str:
+        if self.spelling is not None:
+            return self.spelling
         if self.unknown_:
             return "?"
         if not self.terms:
