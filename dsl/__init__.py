@@ -1,4 +1,6 @@
-"""dslc's Python API (LANGUAGE.md §12)."""
+"""dslc's Python API (LANGUAGE.md §12): load a .bend program, call its functions on NumPy
+arrays, differentiate them, read their gradient programs."""
+from dsl.program import Key, Program, Record, key, load, loads
 from frontend.diagnostics import DslError
 
-__all__ = ["DslError"]
+__all__ = ["DslError", "Key", "Program", "Record", "key", "load", "loads"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import sys
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -20,14 +21,18 @@ from frontend import ast
 from frontend.builtins import SPECIAL_FORMS
 from frontend.diagnostics import CheckError, DslError, Note, ShapeError, Span
 from frontend.resolve import Entity, ModuleInfo, Program, bound_names, load_program, lookup_type
-from frontend.unify import Binder, Mismatch, as_tensor, eval_dim, literal_shape
+from frontend.lower import (LoweringError, close_over, emit_primitive, flatten, fresh_params,
+                            leaf_values, materialize, rebuild)
+from frontend.unify import Binder, Mismatch, as_tensor, eval_dim
 from frontend.values import (UNKNOWN, AdtV, CheckpointV, CtorV, DTypeV, ForkV, FuncV, GradV, KeyV,
                              LambdaV, ListV, ModuleV, Origin, PrimV, RecordV, SpecialV, StaticV,
                              TensorV, TupleV, TypeV, UnknownV, describe, signature, type_of)
 from ir import ops
+from ir.ad import b_scan, grad_function, inline
+from ir.core import Builder, Op, Value
 from ir.dims import Dim
 from ir.ops.base import Kind, OpError, Primitive
-from ir.types import (DTYPES, KeyType, ListType, TensorType, TupleType, Type, UnknownType,
+from ir.types import (DTYPES, FLOAT_DTYPES, KeyType, ListType, TensorType, TupleType, Type, UnknownType,
                       types_agree)
 
 MAX_DEPTH = 256          # static recursion (switch, bend, recursive helpers) deeper than this is an error
@@ -70,12 +75,27 @@ class Frame:
 
 
 class Checker:
-    def __init__(self, program: Program):
+    """Checks a program; with a Builder it also lowers what it checks to IR (frontend/lower.py)."""
+
+    def __init__(self, program: Program, builder: Builder | None = None):
         self.program = program
+        self.builder = builder
         self.errors: list[DslError] = []
         self.memo: dict = {}
         self.active: set = set()
         self.depth = 0
+
+    def binder(self) -> Binder:
+        return Binder(builder=self.builder)
+
+    @contextmanager
+    def emitting(self, builder: Builder | None):
+        """Emit into another builder for a while (a function being traced), or into none."""
+        outer, self.builder = self.builder, builder
+        try:
+            yield builder
+        finally:
+            self.builder = outer
 
     # ------------------------------------------------------------ entry points
 
@@ -115,6 +135,8 @@ class Checker:
             case GradV():
                 return self.call_grad(f, args, kwargs, spans)
             case CheckpointV():
+                if self.builder is not None:
+                    return self.lowered_checkpoint(f, args, kwargs, spans)
                 return self.call_value(f.f, args, kwargs, spans)
             case CtorV():
                 return self.construct(f.entity, f.ctor, args, kwargs, spans)
@@ -185,7 +207,7 @@ class Checker:
     def run_def(self, f: FuncV, values: list, spans: Spans):
         d, mod = f.node, f.module
         names = [p.name for p in d.params]
-        binder = Binder()
+        binder = self.binder()
         env = dict(f.env or {})
         order = sorted(range(len(d.params)), key=lambda i: not _is_static_int(d.params[i].type))
         for i in order:
@@ -199,7 +221,7 @@ class Checker:
                     raise ShapeError(spans.param(names, p.name), f"argument '{p.name}' of '{d.name}': {m}",
                                      [Note(f"'{p.name}' is declared here", p.span)]) from None
                 if isinstance(v, TensorV):
-                    v = TensorV(v.type, Origin(p.name, p.type, p.span))
+                    v = TensorV(v.type, Origin(p.name, p.type, p.span), v.ir)
             env[p.name] = v
         binder.finish()
         for name, dim in binder.env.items():
@@ -244,7 +266,13 @@ class Checker:
         if unknown:
             return UNKNOWN
         try:
-            return value_of(prim.infer(**prepared))
+            result = prim.infer(**prepared)
+            if self.builder is None:
+                return value_of(result)
+            raw = {p.name: v for p, v in zip(positional, values)}
+            if variadic is not None:
+                raw[variadic.name] = tuple(rest)
+            return emit_primitive(self.builder, prim, raw, prepared, result)
         except OpError as e:
             where = span if e.arg is None else where_is(e.arg)
             if "shape" in e.message or "broadcast" in e.message:
@@ -390,6 +418,8 @@ class Checker:
             if problem:
                 raise CheckError(wrt_span, f"cannot differentiate with respect to '{name}': {problem}")
             grads.append(_strip_origin(v))
+        if self.builder is not None:
+            value, aux, grads = self.lowered_grad(g, args, kwargs, spans, value, aux)
         grad = TupleV(tuple(grads)) if g.wrt_tuple else grads[0]
         if g.with_value:
             return TupleV((TupleV((value, aux)) if g.has_aux else value, grad))
@@ -418,7 +448,7 @@ class Checker:
         names = [f.name for f in ctor.fields]
         span = spans.call
         values = self.bind_args(names, [None] * len(names), args, kwargs, spans, f"'{ctor.name}'")
-        binder = Binder()
+        binder = self.binder()
         fields = []
         for f, v in zip(ctor.fields, values):
             if f.type is not None and not f.recursive and not _names_type_param(f.type, entity.node):
@@ -446,7 +476,7 @@ class Checker:
             if all(df.name != name for df in decl.fields):
                 raise CheckError(f.span, f"'{decl.name}' has no field '{name}'",
                                  [Note(f"{decl.name} is declared here", decl.name_span)])
-        binder = Binder()
+        binder = self.binder()
         fields = []
         for df in decl.fields:
             if df.name not in given:
@@ -656,10 +686,14 @@ class Checker:
                 item, n = seq.elem, seq.length
             else:
                 item, n = UNKNOWN, Dim.unknown()
-            state = self.scan_state(s, frame, item, state)
-            state, emits = self.fold_step(s, frame, item, state)
-            emit = self.one_emit(emits)
-            result = stack(emit[0], n) if emit is not None else None
+            with self.emitting(None):
+                state = self.scan_state(s, frame, item, state)
+            if self.builder is not None and isinstance(seq, TensorV):
+                state, result = self.trace_scan(s, frame, seq, state)
+            else:
+                state, emits = self.fold_step(s, frame, item, state)
+                emit = self.one_emit(emits)
+                result = stack(emit[0], n) if emit is not None else None
         else:
             raise CheckError(s.iterable.span, f"fold walks a tensor's leading axis or a static list; "
                                               f"got {describe(seq)}")
@@ -688,6 +722,97 @@ class Checker:
                 raise ShapeError(_last_assignment(s.body, st.name) or st.span, f"the fold state '{st.name}' changes type in the body: "
                                           f"{before} before a step, {new} after")
         return fixed
+
+    def trace_scan(self, s: ast.Fold, frame: Frame, seq: TensorV, state: dict) -> tuple[dict, object]:
+        """Lower a fold over a tensor to one scan op: the body traced once into a function of
+        (state, element, captured values) -> (new state, emitted values)."""
+        outer = self.builder
+        names = list(state)
+        init = [self.realize(state[n]) for n in names]
+        body = Builder(f"fold_{s.var}")
+        params = [fresh_params(body, v) for v in init]
+        x = body.param(seq.ir.type.with_shape(seq.ir.type.shape[1:]))
+        with self.emitting(body):
+            after, emits = self.fold_step(s, frame, TensorV(x.type, ir=x), dict(zip(names, params)))
+            emit = self.one_emit(emits)
+            emitted = self.realize(emit[0]) if emit is not None else TupleV(())
+            new = [self.realize(after[n], like=v) for n, v in zip(names, init)]
+        results = [v for a in new for v in leaf_values(a)] + leaf_values(emitted)
+        fn, captured = close_over(body, results)
+        inputs = [v for a in init for v in leaf_values(a)]
+        outs = b_scan(outer, fn, inputs + [seq.ir] + captured,
+                      {"n_state": len(inputs), "n_xs": 1, "length": seq.type.shape[0].value})
+        final = [rebuild(v, outs) for v in init]          # consumes the state outputs
+        result = rebuild(stack(emitted, seq.type.shape[0]), outs) if emit is not None else None
+        return dict(zip(names, final)), result
+
+    def realize(self, v, like=None):
+        """v with every static number that stands for a tensor made a constant (lowering);
+        `like` gives the tensor type a state must have (a literal 0.0 initial state)."""
+        if isinstance(like, TensorV) and not isinstance(v, TensorV):
+            c = materialize(self.builder, v, like.type.dtype)
+            if c.shape != like.ir.shape:
+                c = self.builder.emit("broadcast_to", c, shape=like.ir.shape)
+            return TensorV(c.type, ir=c)
+        if isinstance(v, TensorV) and v.ir is None:
+            raise LoweringError(f"a value of type {v.type} has no IR")
+        if isinstance(v, TupleV):
+            return TupleV(tuple(self.realize(i) for i in v.items))
+        if isinstance(v, StaticV) and v.kind in ("int", "float") and not isinstance(like, StaticV):
+            c = materialize(self.builder, v, None)
+            return TensorV(c.type, ir=c)
+        return v
+
+    def trace(self, f, args: list, kwargs: dict, spans: Spans, name: str):
+        """Trace a call of f on fresh parameters of the same structure as the arguments into
+        its own function; returns (builder, result, the arguments' IR leaves)."""
+        body = Builder(name)
+        fresh_args = [fresh_params(body, a) for a in args]
+        fresh_kwargs = {k: fresh_params(body, v) for k, v in kwargs.items()}
+        with self.emitting(body):
+            out = self.call_value(f, fresh_args, fresh_kwargs, spans)
+        actual = [v for a in list(args) + list(kwargs.values()) for v in leaf_values(a)]
+        return body, out, actual
+
+    def lowered_grad(self, g: GradV, args: list, kwargs: dict, spans: Spans, value, aux):
+        """The gradient as IR: f traced to a function, differentiated, inlined here."""
+        body, out, actual = self.trace(g.f, args, kwargs, spans, "grad_body")
+        if g.has_aux:
+            fvalue, faux = out.items
+        else:
+            fvalue, faux = out, TupleV(())
+        with self.emitting(body):
+            faux = self.realize(faux)
+        aux_leaves = leaf_values(faux)
+        fn, captured = close_over(body, [fvalue.ir] + aux_leaves)
+        params = _param_names(g.f)
+        owners = [name for name, a in zip(params, args) for _ in leaf_values(a)]
+        owners += [k for k, a in kwargs.items() for _ in leaf_values(a)]
+        wrt = [i for i, (o, p) in enumerate(zip(owners, fn.params)) if o in g.wrt and p.dtype in FLOAT_DTYPES]
+        gfn = grad_function(fn, wrt, with_value=True)
+        outs = inline(self.builder, gfn, actual + captured)
+        value_out = TensorV(outs[0].type, ir=outs[0])
+        aux_out = rebuild(faux, outs[1:1 + len(aux_leaves)])
+        grads = list(outs[1 + len(aux_leaves):])
+        bound = dict(zip(params, args)) | kwargs
+        result = []
+        for name in g.wrt:
+            leaves = []
+            for leaf in leaf_values(bound[name]):
+                leaves.append(grads.pop(0) if leaf.dtype in FLOAT_DTYPES else
+                              self.builder.emit("zeros", shape=leaf.shape, dtype=leaf.dtype))
+            result.append(rebuild(_strip_origin(bound[name]), leaves))
+        return value_out, aux_out, result
+
+    def lowered_checkpoint(self, c: CheckpointV, args: list, kwargs: dict, spans: Spans):
+        """A checkpointed call: one op whose body the backward pass recomputes."""
+        body, out, actual = self.trace(c.f, args, kwargs, spans, "checkpoint_body")
+        with self.emitting(body):
+            out = self.realize(out)
+        fn, captured = close_over(body, leaf_values(out))
+        outputs = tuple(Value(v.type) for v in fn.results)
+        self.builder.add(Op("checkpoint", tuple(actual + captured), (), outputs, fn))
+        return rebuild(out, list(outputs))
 
     def fold_step(self, s: ast.Fold, frame: Frame, item, state: dict) -> tuple[dict, list]:
         step = frame.child(**{s.var: item}, **state)
@@ -962,7 +1087,11 @@ class Checker:
         if any(i is UNKNOWN for i in items):
             return UNKNOWN
         try:
-            return value_of(ops.REGISTRY["index"].infer(x=base.type, items=tuple(items)))
+            result = ops.REGISTRY["index"].infer(x=base.type, items=tuple(items))
+            if self.builder is None:
+                return value_of(result)
+            return emit_primitive(self.builder, ops.REGISTRY["index"], {"x": base},
+                                  {"x": base.type, "items": tuple(items)}, result)
         except OpError as err:
             raise CheckError(e.items[0].span.to(e.items[-1].span) if e.items else e.span, err.message) from None
 
@@ -982,7 +1111,7 @@ class Checker:
             field_value = v.get(e.name)
             if isinstance(field_value, TensorV):
                 decl = next(f for f in v.decl.node.fields if f.name == e.name)
-                return TensorV(field_value.type, Origin(_source(e), decl.type, decl.span))
+                return TensorV(field_value.type, Origin(_source(e), decl.type, decl.span), field_value.ir)
             return field_value
         if isinstance(v, AdtV):
             if v.ctor is None:
@@ -1185,7 +1314,7 @@ def _not_differentiable(v) -> str | None:
 
 
 def _strip_origin(v):
-    return TensorV(v.type) if isinstance(v, TensorV) else v
+    return TensorV(v.type, None, v.ir) if isinstance(v, TensorV) else v
 
 
 def _is_static_int(t: ast.TypeExpr | None) -> bool:

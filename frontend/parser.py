@@ -1,8 +1,10 @@
 """The parser: source text to frontend.ast, by lark's LALR(1) parser over grammar.lark."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import gc
 import re
 import threading
 from pathlib import Path
@@ -16,14 +18,16 @@ from frontend import ast
 from frontend.diagnostics import Note, ParseError, Source, Span
 
 # Binary operators by precedence, loosest (1) to tightest (LANGUAGE.md §5); `**` is right-associative.
-BINARY = {"or": 1, "and": 2, "==": 4, "!=": 4, "<": 4, "<=": 4, ">": 4, ">=": 4, "|": 5, "^": 6,
-          "&": 7, "<<": 8, ">>": 8, "+": 9, "-": 9, "*": 10, "/": 10, "%": 10, "//": 10, "@": 10,
+BINARY = {"or": 1, "and": 2, "|": 4, "^": 5, "&": 6, "==": 7, "!=": 7, "<": 7, "<=": 7, ">": 7,
+          ">=": 7, "<<": 8, ">>": 8, "+": 9, "-": 9, "*": 10, "/": 10, "%": 10, "//": 10, "@": 10,
           "**": 12}
 PREFIX = {"not": 3, "-": 11, "+": 11}
-COMPARISON = 4
+COMPARISON = 7
 
 ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "0": "\0", "\\": "\\", '"': '"', "'": "'"}
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+NUMBER_LIKE = re.compile(r"\.?\d[\w.]*")
+CLOSERS = {"(": ")", "[": "]", "{": "}"}
 
 # How a message names the tokens it expected; the others are named by their quoted text.
 TOKEN_WORDS = {"NAME": "a name", "QUALNAME": "a name", "INT": "a number", "FLOAT": "a number",
@@ -36,39 +40,59 @@ STATEMENT_KEYWORDS = {"def", "object", "type", "from", "import", "use", "return"
                       "elif", "else", "switch", "match", "case", "fold", "bend", "when"}
 
 
+class Lexeme(Token):
+    """A lark Token, made without the keyword handling of Token.__new__ (a tenth of the lexing time)."""
+    __slots__ = ()
+
+    def __new__(cls, type, value, start_pos=None, line=None, column=None, end_line=None,
+                end_column=None, end_pos=None):
+        token = str.__new__(cls, value)
+        token.type, token.value, token.start_pos, token.end_pos = type, value, start_pos, end_pos
+        token.line, token.column, token.end_line, token.end_column = line, column, end_line, end_column
+        return token
+
+
 class Lexer(BasicLexer):
-    """lark's basic lexer with a leaner loop (lark's own takes a third of the parse time): one
-    regular expression for all terminals, and keywords found by a dictionary lookup on names."""
+    """lark's basic lexer with a leaner loop: one regex, which also skips blanks; keywords by lookup."""
     __future_interface__ = 2
 
-    def __init__(self, conf, comparator=None):
-        super().__init__(conf, comparator)
+    def __init__(self, conf):
+        super().__init__(conf)
         self.keywords = {t.pattern.value: t.name for t in self.terminals
                          if t.pattern.type == "str" and NAME.fullmatch(t.pattern.value)}
-        self.regex = re.compile("|".join(f"(?P<{t.name}>{t.pattern.to_regexp()})"
-                                         for t in self.terminals if t.name not in self.keywords.values()))
+        blanks = [t for t in self.terminals if t.name in self.ignore_types
+                  and t.name not in self.user_callbacks and t.name not in self.newline_types]
+        tokens = [t for t in self.terminals if t not in blanks and t.name not in self.keywords.values()]
+        self.blanks = re.compile("(?:%s)*+" % "|".join(t.pattern.to_regexp() for t in blanks))
+        self.regex = re.compile(self.blanks.pattern + "(?:%s)" % "|".join(
+            f"(?P<{t.name}>{t.pattern.to_regexp()})" for t in tokens))
 
     def lex(self, state, parser_state):
         text, pos, line, line_start = state.text.text, 0, 1, 0
-        match, keywords, ignore, callbacks = self.regex.match, self.keywords, self.ignore_types, self.user_callbacks
+        match, keywords, newline_types = self.regex.match, self.keywords, self.newline_types
+        ignore, callbacks = self.ignore_types, self.user_callbacks
         while pos < len(text):
             m = match(text, pos)
-            if m is None:
-                raise UnexpectedCharacters(text, pos, line, pos - line_start + 1)
-            kind, value, end = m.lastgroup, m.group(), m.end()
+            if m is None:                               # only blanks left, or no token fits
+                pos = self.blanks.match(text, pos).end()
+                if pos < len(text):
+                    raise UnexpectedCharacters(text, pos, line, pos - line_start + 1)
+                return
+            kind = m.lastgroup
+            pos, end = m.span(kind)
+            value = text[pos:end]
             if kind == "NAME":
                 kind = keywords.get(value, kind)
             end_line, end_line_start = line, line_start
-            if kind in self.newline_types and "\n" in value:
+            if kind in newline_types and "\n" in value:
                 end_line += value.count("\n")
                 end_line_start = pos + value.rindex("\n") + 1
-            if kind not in ignore or kind in callbacks:
-                token = Token(kind, value, pos, line, pos - line_start + 1, end_line,
-                              end - end_line_start + 1, end)
-                if kind in callbacks:
-                    token = callbacks[kind](token)
-                if kind not in ignore:
-                    yield token
+            token = Lexeme(kind, value, pos, line, pos - line_start + 1, end_line,
+                           end - end_line_start + 1, end)
+            if kind in callbacks:
+                token = callbacks[kind](token)
+            if kind not in ignore:
+                yield token
             pos, line, line_start = end, end_line, end_line_start
 
 
@@ -81,8 +105,7 @@ class LayoutError(LarkError):
 
 
 class Layout(Indenter):
-    """lark's Indenter, extended: the first token of a line sets its indentation (so comment lines
-    between two line breaks do not count), and a tab or a bad dedent raises a LayoutError."""
+    """lark's Indenter, taking a line's indentation from its first token; reports tabs and bad dedents."""
     NL_type = "_NL"
     OPEN_PAREN_types = ("LPAR", "LSQB", "LBRACE")
     CLOSE_PAREN_types = ("RPAR", "RSQB", "RBRACE")
@@ -113,8 +136,7 @@ class Layout(Indenter):
             yield from self.line_start(line_break, None)
 
     def line_start(self, line_break: Token | None, token: Token | None):
-        """Yield the line break, then the _INDENT or _DEDENTs that take the indentation to the
-        column of `token`, the first token of the line (to 0 at the end of the file)."""
+        """Yield the line break, then _INDENT or _DEDENTs to the column of `token` (0 at the end)."""
         if line_break is not None:
             yield line_break
             indentation = line_break.value[line_break.value.rfind("\n") + 1:]
@@ -167,8 +189,7 @@ class Builder(Transformer):
         raise ParseError(expr.span, f"cannot assign to {what}")
 
     def _group(self, items, i: int, min_level: int):
-        """Group the chain of operands and operators items[i:] by precedence, taking operators of
-        at least `min_level`; returns the expression and the index of the item after it."""
+        """Group items[i:] by precedence, down to `min_level`; returns (expression, next i)."""
         first = items[i]
         if isinstance(first, Token):                                  # a prefix operator
             level = PREFIX[first]
@@ -184,7 +205,7 @@ class Builder(Transformer):
         while i < len(items) and BINARY[items[i]] >= min_level:
             op, level = items[i], BINARY[items[i]]
             if level == COMPARISON and compared:
-                raise ParseError(self._span(op), "comparisons cannot be chained; join them with 'and'")
+                raise ParseError(self._span(op), "comparisons cannot be chained; use 'and'")
             compared = level == COMPARISON
             right, i = self._group(items, i + 1, level if op == "**" else level + 1)
             left = ast.BinOp(str(op), left, right, self._span(op), self._span(left, right))
@@ -233,7 +254,8 @@ class Builder(Transformer):
     def import_(self, kw, module, alias):
         parts, module_span = module
         end = alias.end_pos if alias else module_span.end
-        return ast.Import(parts, alias and str(alias), module_span, Span(self.source, kw.start_pos, end))
+        return ast.Import(parts, alias and str(alias), module_span,
+                          Span(self.source, kw.start_pos, end))
 
     def module_path(self, *names):
         return tuple(p for name in names for p in name.split("/")), self._span(names[0], names[-1])
@@ -305,7 +327,8 @@ class Builder(Transformer):
                         self._span(target or kw, body[-1]))
 
     def adt_fold(self, kw, bind, subject, state, *cases):
-        return ast.AdtFold(bind and str(bind), subject, state or (), cases, self._span(kw, cases[-1]))
+        return ast.AdtFold(bind and str(bind), subject, state or (), cases,
+                           self._span(kw, cases[-1]))
 
     def bend(self, kw, state, cond, when_body, else_body):
         return ast.Bend(state, cond, when_body, else_body, self._span(kw, else_body[-1]))
@@ -404,8 +427,8 @@ _LOCK = threading.Lock()          # the builder and the layout hold the state of
 @functools.cache
 def _lark() -> Lark:
     """The LALR(1) parser, built on first use."""
-    return Lark(Path(__file__).with_name("grammar.lark").read_text(), parser="lalr", lexer=Lexer,
-                postlex=_LAYOUT, transformer=_BUILDER, maybe_placeholders=True,
+    return Lark(Path(__file__).with_name("grammar.lark").read_text(encoding="utf-8"), parser="lalr",
+                lexer=Lexer, postlex=_LAYOUT, transformer=_BUILDER, maybe_placeholders=True,
                 lexer_callbacks={"BLOCK_COMMENT": _BUILDER._doc_comment})
 
 
@@ -413,7 +436,7 @@ def parse(source: Source) -> ast.Module:
     """Parse a module; malformed input raises a ParseError that points at the problem."""
     text = source.text if source.text.endswith("\n") else source.text + "\n"
     parser = _lark()
-    with _LOCK:
+    with _LOCK, _no_cycle_collection():
         _BUILDER._begin(source)
         try:
             return parser.parse(text)
@@ -427,31 +450,44 @@ def parse(source: Source) -> ast.Module:
             raise ParseError(Span(source, 0, 0), "expression nested too deeply") from None
 
 
+@contextlib.contextmanager
+def _no_cycle_collection():
+    """Pause Python's cycle collector: a parse allocates much and frees little (a quarter of its time)."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
+
+
 def _bad_character(source: Source, pos: int) -> ParseError:
     """The error for text that no token matches."""
-    char = source.text[pos]
-    if char in "\"'":
+    text, end = source.text, pos + 1
+    if text[pos] in "\"'":
         message = "unterminated string"
-    elif source.text.startswith("#{", pos):
+    elif text.startswith("#{", pos):
         message = "unclosed '#{' comment"
+    elif number := NUMBER_LIKE.match(text, pos):
+        message, end = f"invalid number '{number[0]}'", number.end()
     else:
-        message = f"unexpected character {char!r}"
-    return ParseError(Span(source, pos, pos + 1), message)
+        message = f"unexpected character {text[pos]!r}"
+    return ParseError(Span(source, pos, end), message)
 
 
 def _unexpected(source: Source, token: Token, expected: set[str]) -> ParseError:
     """The error for a token that the grammar does not allow where it stands."""
     text = source.text
-    if token.type == "$END":
-        start = end = len(text.rstrip())
-    else:
-        start = min(token.start_pos, len(text))
-        end = start if token.type == "_NL" else min(token.end_pos, len(text))
-    span = Span(source, start, end)
-    if _LAYOUT.open_brackets and (token.type == "$END" or token in STATEMENT_KEYWORDS):
+    start = len(text.rstrip()) if token.type == "$END" else min(token.start_pos, len(text))
+    layout = token.type in ("_NL", "_DEDENT", "$END")
+    span = Span(source, start, start if layout else min(token.end_pos, len(text)))
+    at_end = layout and not text[start:].strip()
+    what = "end of file" if at_end else _describe(token)
+    if _LAYOUT.open_brackets and (at_end or token in STATEMENT_KEYWORDS):
         opener = _LAYOUT.open_brackets[-1]
-        return ParseError(span, f"unclosed '{opener}'", [
-            Note(f"'{opener}' opened here", Span(source, opener.start_pos, opener.end_pos))])
+        return ParseError(Span(source, opener.start_pos, opener.end_pos), f"unclosed '{opener}'",
+                          [Note(f"expected '{CLOSERS[opener]}' before {what}", span)])
     if token.type == "_INDENT":
         tab = text.find("\t", text.rfind("\n", 0, start) + 1, start)
         if tab >= 0:
@@ -459,8 +495,10 @@ def _unexpected(source: Source, token: Token, expected: set[str]) -> ParseError:
         return ParseError(span, "unexpected indent")
     if "_INDENT" in expected:
         return ParseError(span, "expected an indented block")
+    if token.type == "_NL" and "COLON" in expected:           # a line that opens a block
+        return ParseError(span, "expected ':'")
     wanted = _describe_expected(expected)
-    return ParseError(span, f"unexpected {_describe(token)}" + (f"; expected {wanted}" if wanted else ""))
+    return ParseError(span, f"unexpected {what}" + (f"; expected {wanted}" if wanted else ""))
 
 
 def _describe(token: Token) -> str:
@@ -477,6 +515,8 @@ def _describe_expected(expected: set[str]) -> str | None:
     """The tokens that could have come instead, if they are few enough to list."""
     if {"NAME", "INT"} <= expected:
         return "an expression"
+    if "IMPORT" in expected:                                   # at the top level
+        return "a def, type, object or import"
     words = set()
     for name in expected:
         pattern = None if name in TOKEN_WORDS else _lark().get_terminal(name).pattern

@@ -7,12 +7,14 @@ solved at once (`T * E` before E is known) wait until the others have bound what
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from frontend import ast
 from frontend.builtins import unsupported_dtype
 from frontend.diagnostics import CheckError
+from frontend.lower import materialize
 from frontend.resolve import ModuleInfo, lookup_type
-from frontend.values import (AdtV, KeyV, ListV, RecordV, StaticV, TensorV, TupleV,
+from frontend.values import (AdtV, KeyV, ListV, RecordV, StaticV, TensorV, TupleV, literal_shape,
                              UnknownV, describe)
 from ir.dims import Dim, solve
 from ir.types import DTYPES, FLOAT_DTYPES, TensorType
@@ -59,19 +61,6 @@ def _eval_dim(e: ast.Expr) -> Dim:
     raise CheckError(e.span, "a dimension is an integer or a name, combined with + - * //")
 
 
-def literal_shape(v) -> tuple[tuple[int, ...], str] | None:
-    """The shape and kind ('int' or 'float') of a nested static list of numbers, if it is one."""
-    if isinstance(v, StaticV) and v.kind in ("int", "float"):
-        return (), v.kind
-    if isinstance(v, ListV) and v.items:
-        parts = [literal_shape(i) for i in v.items]
-        if any(p is None for p in parts) or len({p[0] for p in parts}) != 1:
-            return None
-        kind = "float" if any(p[1] == "float" for p in parts) else "int"
-        return (len(v.items),) + parts[0][0], kind
-    return None
-
-
 def as_tensor(v) -> TensorType | None:
     """A value where a tensor is expected: tensors, and numbers or number lists as weak literals."""
     if isinstance(v, TensorV):
@@ -100,6 +89,7 @@ def adopt_dtype(t: TensorType, dtype: str) -> TensorType:
 class Binder:
     env: dict[str, Dim] = field(default_factory=dict)
     pending: list[tuple[Dim, Dim, ast.TensorTypeExpr, TensorType]] = field(default_factory=list)
+    builder: Any = None        # when lowering: literals given for tensors become constants here
 
     def match(self, t: ast.TypeExpr, v, mod: ModuleInfo):
         """v checked against annotation t (dimensions recorded, solved by `finish`); returns v
@@ -166,7 +156,10 @@ class Binder:
         for d, actual in zip(declared, got.shape):
             self.pending.append((d, actual, t, got))
         self.solve()
-        return TensorV(got, v.origin if isinstance(v, TensorV) else None)
+        if isinstance(v, TensorV):
+            return TensorV(got, v.origin, v.ir)
+        ir = materialize(self.builder, v, dtype) if self.builder is not None else None
+        return TensorV(got, None, ir)
 
     def bind_static(self, name: str, value: Dim) -> None:
         """A static int parameter: its name is also a dimension of the signature."""

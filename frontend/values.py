@@ -26,8 +26,10 @@ class Origin:
 
 @dataclass(frozen=True)
 class TensorV:
+    """A runtime tensor; `ir` is its IR value when the checker is lowering (frontend/lower.py)."""
     type: TensorType
     origin: Origin | None = field(default=None, compare=False)
+    ir: Any = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -48,7 +50,7 @@ class StaticV:
 
 @dataclass(frozen=True)
 class KeyV:
-    pass
+    ir: Any = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -203,6 +205,8 @@ def describe(v) -> str:
 def signature(v) -> Any:
     """A hashable summary of what the checker knows of a value: calls are specialised on it."""
     match v:
+        case TensorV() | KeyV() if v.ir is not None:
+            return (type(v), getattr(v, "type", None), id(v.ir))
         case TensorV() | StaticV() | KeyV() | DTypeV() | UnknownV() | PrimV() | SpecialV():
             return v
         case TupleV():
@@ -237,3 +241,16 @@ def abstract(t: Type):
             return ListV.of([elem] * n) if n is not None else ListV(None, elem, t.length)
         case _:
             return UNKNOWN
+
+
+def literal_shape(v) -> tuple[tuple[int, ...], str] | None:
+    """The shape and kind ('int' or 'float') of a nested static list of numbers, if it is one."""
+    if isinstance(v, StaticV) and v.kind in ("int", "float"):
+        return (), v.kind
+    if isinstance(v, ListV) and v.items:
+        parts = [literal_shape(i) for i in v.items]
+        if any(p is None for p in parts) or len({p[0] for p in parts}) != 1:
+            return None
+        kind = "float" if any(p[1] == "float" for p in parts) else "int"
+        return (len(v.items),) + parts[0][0], kind
+    return None

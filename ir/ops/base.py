@@ -58,10 +58,17 @@ class Primitive:
     surface: ClassVar[str | None] = None # the name users call it by, if any (several may share one)
     params: ClassVar[tuple[Param, ...]] = ()
     differentiable: ClassVar[bool] = True
+    # tensor parameters whose literal arguments take the dtype of the others (x * 2)
+    shares_dtype: ClassVar[tuple[str, ...]] = ()
 
     def infer(self, **args: Any) -> Type:
         """The result type for bound, prepared arguments; raises OpError."""
         raise NotImplementedError
+
+    def vjp(self, b: Any, op: Any, cts: tuple) -> tuple:
+        """Cotangents of op's inputs (None: zero) given those of its outputs (None: zero),
+        emitted as ops into the ir.core.Builder b (see ir/ad.py)."""
+        raise NotImplementedError(f"no VJP rule for '{self.name}'")
 
 
 REGISTRY: dict[str, Primitive] = {}
@@ -202,3 +209,34 @@ def range_length(lo: Dim, hi: Dim, step: int) -> Dim:
     span = hi - lo if step > 0 else lo - hi
     n = (span + (abs(step) - 1)) // abs(step)
     return Dim.const(max(n.value, 0)) if n.value is not None else n
+
+
+# ---------------------------------------------------------------- helpers shared by VJP rules
+# `b` is an ir.core.Builder, `op` an ir.core.Op; cotangents are ir.core.Values.
+
+def statics(op: Any) -> dict[str, Any]:
+    """op's static parameters, with the defaults of those it leaves out."""
+    given = op.attrs
+    return {p.name: given.get(p.name, p.default) for p in op.primitive.params
+            if p.kind not in (Kind.TENSOR, Kind.TENSORS, Kind.KEY) and not p.variadic}
+
+
+def unbroadcast(b: Any, ct: Any, shape: tuple[int, ...]) -> Any:
+    """ct summed over the axes that broadcasting to ct's shape added to `shape` or stretched
+    in it: the cotangent of a value of `shape` that was broadcast."""
+    shape = tuple(shape)
+    if ct.shape == shape:
+        return ct
+    lead = len(ct.shape) - len(shape)
+    axes = tuple(range(lead)) + tuple(lead + i for i, n in enumerate(shape)
+                                      if n == 1 and ct.shape[lead + i] != 1)
+    if axes:
+        ct = b.emit("sum", ct, axis=axes, keepdims=True)
+    return ct if ct.shape == shape else b.emit("reshape", ct, shape=shape)
+
+
+def zero_where_ct_is_zero(b: Any, ct: Any, value: Any) -> Any:
+    """value, but 0 wherever ct is 0: a zero cotangent gives a zero input cotangent even where
+    the local derivative is inf or NaN (`where(x > 0, sqrt(x), 0)` at x = 0)."""
+    zero = b.constant(0.0, ct.dtype)
+    return b.emit("where", b.emit("eq", ct, zero), zero, value)

@@ -1,7 +1,7 @@
 """Tensors made from nothing: `zeros ones full arange eye`."""
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -99,3 +99,17 @@ class Eye(Primitive):
 
     def evaluate(self, n: int, m: int | None = None, dtype: str = "f32") -> np.ndarray:
         return np.eye(n, m, dtype=np_dtype(dtype))
+
+
+@primitive
+class Constant(Primitive):
+    """A literal tensor: a number or a nested tuple of numbers, in the given dtype (IR only)."""
+    name = "constant"
+    params = (Param("value", Kind.STATIC), Param("dtype", Kind.DTYPE))
+    differentiable = False
+
+    def infer(self, value: Any, dtype: str) -> TensorType:
+        return TensorType(dtype, tuple(Dim.const(n) for n in np.shape(value)))
+
+    def evaluate(self, value: Any, dtype: str) -> np.ndarray:
+        return np.array(value, dtype=np_dtype(dtype))

@@ -1,13 +1,15 @@
-"""Contractions: `a @ b` (NumPy's matmul) and `einsum`."""
+"""Contractions: `a @ b` (NumPy's matmul) and `einsum`; their VJPs are contractions of the
+cotangent with the other operands."""
 from __future__ import annotations
 
+import string
 from typing import Any
 
 import numpy as np
 
 from ir.dims import Dim
 from ir.ops.base import (NUMERIC, Kind, OpError, Param, Primitive, broadcast_shapes,
-                         common_dtype, merge_dims, np_dtype, primitive, type_of)
+                         common_dtype, merge_dims, np_dtype, primitive, type_of, unbroadcast)
 from ir.types import TensorType
 
 
@@ -25,6 +27,7 @@ class MatMul(Primitive):
     result then drops."""
     name = "matmul"
     params = (Param("a", Kind.TENSOR), Param("b", Kind.TENSOR))
+    shares_dtype = ("a", "b")
 
     def infer(self, a: TensorType, b: TensorType) -> TensorType:
         dtype, weak = _numeric("@", [("a", a), ("b", b)])
@@ -47,6 +50,27 @@ class MatMul(Primitive):
         out = self.infer(type_of(a), type_of(b))
         return np.asarray(np.matmul(a, b), dtype=np_dtype(out.dtype))
 
+    def vjp(self, b: Any, op: Any, cts: tuple) -> tuple:
+        """With 1-D operands made matrices: ct @ rhsᵀ and lhsᵀ @ ct, summed over the batch
+        axes each operand was broadcast along."""
+        (lhs, rhs), (ct,) = op.inputs, cts
+        a = lhs if len(lhs.shape) > 1 else _reshaped(b, lhs, (1, *lhs.shape))
+        c = rhs if len(rhs.shape) > 1 else _reshaped(b, rhs, (*rhs.shape, 1))
+        dropped = (len(lhs.shape) == 1) + (len(rhs.shape) == 1)
+        g = _reshaped(b, ct, ct.shape[:len(ct.shape) - 2 + dropped] + (a.shape[-2], c.shape[-1]))
+        da = unbroadcast(b, b.emit("matmul", g, _swap_last(b, c)), a.shape)
+        dc = unbroadcast(b, b.emit("matmul", _swap_last(b, a), g), c.shape)
+        return _reshaped(b, da, lhs.shape), _reshaped(b, dc, rhs.shape)
+
+
+def _reshaped(b: Any, v: Any, shape: tuple[int, ...]) -> Any:
+    return v if v.shape == tuple(shape) else b.emit("reshape", v, shape=tuple(shape))
+
+
+def _swap_last(b: Any, v: Any) -> Any:
+    rank = len(v.shape)
+    return b.emit("transpose", v, perm=(*range(rank - 2), rank - 1, rank - 2))
+
 
 def _letters(term: str, spec: str) -> str:
     for c in term:
@@ -66,6 +90,7 @@ class Einsum(Primitive):
     in length; there is no broadcasting of length-1 axes."""
     name = surface = "einsum"
     params = (Param("spec", Kind.STR), Param("operands", Kind.TENSOR, variadic=True))
+    shares_dtype = ("operands",)
 
     def infer(self, spec: str, operands: tuple[TensorType, ...]) -> TensorType:
         text = spec.replace(" ", "")
@@ -95,9 +120,51 @@ class Einsum(Primitive):
                     raise OpError(f"einsum output '{out}' must name input letters once each, "
                                   f"but has '{c}'", "spec")
         else:
-            out = "".join(sorted(c for c in sizes if lhs.count(c) == 1))
+            out = _implicit_output(lhs)
         return TensorType(dtype, tuple(sizes[c][0] for c in out), weak)
 
     def evaluate(self, spec: str, operands: tuple[Any, ...]) -> np.ndarray:
         out = self.infer(spec, tuple(map(type_of, operands)))
         return np.asarray(np.einsum(spec, *operands), dtype=np_dtype(out.dtype))
+
+    def vjp(self, b: Any, op: Any, cts: tuple) -> tuple:
+        lhs, arrow, rhs = op.attrs["spec"].replace(" ", "").partition("->")
+        terms = lhs.split(",")
+        out = rhs if arrow else _implicit_output(lhs)
+        return tuple(_einsum_transpose(b, cts[0], out, terms, op.inputs, i)
+                     for i in range(len(terms)))
+
+
+def _implicit_output(lhs: str) -> str:
+    """The output letters of a spec without '->': those used once, in alphabetical order."""
+    return "".join(sorted(c for c in set(lhs) if c.isalpha() and lhs.count(c) == 1))
+
+
+def _einsum_transpose(b: Any, ct: Any, out: str, terms: list[str], operands: tuple,
+                      i: int) -> Any:
+    """Operand i's cotangent: the einsum of ct (letters `out`) with the other operands.
+
+    A letter repeated in term i (a diagonal) is renamed at each further use and tied to its
+    first use by an identity matrix, so the cotangent lands on the diagonal only. A letter of
+    term i alone is summed in the forward pass: its cotangent is broadcast along it."""
+    sizes = {c: n for term, x in zip(terms, operands) for c, n in zip(term, x.shape)}
+    fresh = (c for c in string.ascii_letters if c not in sizes)
+    target, ties = "", []
+    for c in terms[i]:
+        if c in terms[i][:len(target)]:
+            renamed = next(fresh)
+            ties.append(c + renamed)
+            target += renamed
+        else:
+            target += c
+    others = [j for j in range(len(terms)) if j != i]
+    present = set(out + "".join(terms[j] for j in others) + "".join(ties))
+    found = "".join(c for c in target if c in present)
+    eyes = [b.emit("eye", n=sizes[t[0]], dtype=ct.dtype) for t in ties]
+    spec = ",".join([out] + [terms[j] for j in others] + ties) + "->" + found
+    g = b.emit("einsum", ct, *(operands[j] for j in others), *eyes, spec=spec)
+    x = operands[i]
+    if found == target:
+        return g
+    kept = tuple(n if c in present else 1 for c, n in zip(target, x.shape))
+    return b.emit("broadcast_to", _reshaped(b, g, kept), shape=x.shape)

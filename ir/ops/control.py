@@ -1,6 +1,8 @@
 """Control of differentiation: `stop_gradient`."""
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from ir.ops.base import Kind, Param, Primitive, primitive
@@ -19,3 +21,6 @@ class StopGradient(Primitive):
 
     def evaluate(self, x: np.ndarray) -> np.ndarray:
         return x
+
+    def vjp(self, b: Any, op: Any, cts: tuple) -> tuple:
+        return (None,)

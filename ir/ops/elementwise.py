@@ -3,7 +3,12 @@ bitwise logic, shifts, `where` and `cast`.
 
 Operands share one dtype; a weak operand (a literal) takes the other's (`x * 2` keeps x's
 dtype). Each class's `reference` is the NumPy function of its meaning; the checker also applies
-it to plain Python numbers for static arithmetic."""
+it to plain Python numbers for static arithmetic.
+
+VJP rules follow PyTorch: `maximum`/`minimum` split the cotangent equally between tied
+operands (so relu(0)' = 0 needs `where(x > 0, x, 0)`, not `maximum(x, 0)`); abs'(0) = 0; `where`
+sends zeros, never NaN, to the branch it did not take; and where a local derivative can be inf
+or NaN (`div log log2 sqrt rsqrt pow`), a zero cotangent still gives a zero input cotangent."""
 from __future__ import annotations
 
 from typing import Any, Callable, ClassVar
@@ -11,15 +16,25 @@ from typing import Any, Callable, ClassVar
 import numpy as np
 
 from ir.ops.base import (NUMERIC, Kind, OpError, Param, Primitive, broadcast_shapes,
-                         common_dtype, need, np_dtype, primitive, type_of)
+                         common_dtype, need, np_dtype, primitive, type_of, unbroadcast,
+                         zero_where_ct_is_zero)
 from ir.types import DTYPES, FLOAT_DTYPES, INT_DTYPES, TensorType
 
 _FLOAT_HINT = "; use cast(x, f32)"
+_LN2 = 0.6931471805599453
+
+
+def _scalar(b: Any, value: float, like: Any) -> Any:
+    return b.constant(value, like.dtype)
 
 
 class Elementwise(Primitive):
     """Evaluates `reference` on the arguments, in the dtype the shape rule gives."""
     reference: ClassVar[Callable[..., Any]]
+
+    @property
+    def shares_dtype(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self.params if p.kind is Kind.TENSOR and p.name != "cond")
 
     def evaluate(self, **args: Any) -> np.ndarray:
         out = self.infer(**{name: type_of(v) for name, v in args.items()})
@@ -40,9 +55,20 @@ class Unary(Elementwise):
     def symbol(self) -> str:
         return self.surface or self.name
 
+    guarded: ClassVar[bool] = False      # the local derivative can be inf or NaN
+
     def infer(self, x: TensorType) -> TensorType:
         return need(x, self.accepts, f"'{self.symbol}' needs {self.needs} tensor, got {x}"
                     f"{self.hint}", "x")
+
+    def vjp(self, b: Any, op: Any, cts: tuple) -> tuple:
+        (x,), (y,), (ct,) = op.inputs, op.outputs, cts
+        dx = self.backward(b, ct, x, y)
+        return (zero_where_ct_is_zero(b, ct, dx) if self.guarded else dx,)
+
+    def backward(self, b: Any, ct: Any, x: Any, y: Any) -> Any:
+        """x's cotangent given y = f(x)'s, ct."""
+        raise NotImplementedError(f"no VJP rule for '{self.name}'")
 
 
 class SignedUnary(Unary):
@@ -68,12 +94,18 @@ class Neg(SignedUnary):
     name, symbol = "neg", "-"
     reference = staticmethod(np.negative)
 
+    def backward(self, b: Any, ct: Any, x: Any, y: Any) -> Any:
+        return b.emit("neg", ct)
+
 
 @primitive
 class Abs(SignedUnary):
     """|x|."""
     name = surface = "abs"
     reference = staticmethod(np.abs)
+
+    def backward(self, b: Any, ct: Any, x: Any, y: Any) -> Any:
+        return b.emit("mul", ct, b.emit("sign", x))                  # abs'(0) = 0
 
 
 @primitive
@@ -90,12 +122,19 @@ class Exp(Unary):
     name = surface = "exp"
     reference = staticmethod(np.exp)
 
+    def backward(self, b: Any, ct: Any, x: Any, y: Any) -> Any:
+        return b.emit("mul", ct, y)
+
 
 @primitive
 class Log(Unary):
     """The natural logarithm."""
     name = surface = "log"
     reference = staticmethod(np.log)
+    guarded = True
+
+    def backward(self, b: Any, ct: Any, x: Any, y: Any) -> Any:
+        return b.emit("div", ct, x)
 
 
 @primitive
@@ -104,12 +143,19 @@ class Exp2(Unary):
     name = surface = "exp2"
     reference = staticmethod(np.exp2)
 
+    def backward(self, b: Any, ct: Any, x: Any, y: Any) -> Any:
+        return b.emit("mul", b.emit("mul", ct, y), _scalar(b, _LN2, y))
+
 
 @primitive
 class Log2(Unary):
     """The base-2 logarithm."""
     name = surface = "log2"
     reference = staticmethod(np.log2)
+    guarded = True
+
+    def backward(self, b: Any, ct: Any, x: Any, y: Any) -> Any:
+        return b.emit("div", ct, b.emit("mul", x, _scalar(b, _LN2, x)))
 
 
 @primitive
@@ -117,6 +163,10 @@ class Sqrt(Unary):
     """The square root."""
     name = surface = "sqrt"
     reference = staticmethod(np.sqrt)
+    guarded = True
+
+    def backward(self, b: Any, ct: Any, x: Any, y: Any) -> Any:
+        return b.emit("div", ct, b.emit("mul", y, _scalar(b, 2.0, y)))
 
 
 @primitive
@@ -124,6 +174,11 @@ class Rsqrt(Unary):
     """1 / sqrt(x)."""
     name = surface = "rsqrt"
     reference = staticmethod(_rsqrt)
+    guarded = True
+
+    def backward(self, b: Any, ct: Any, x: Any, y: Any) -> Any:
+        cube = b.emit("mul", y, b.emit("mul", y, y))                 # d x^-1/2 = -x^-3/2 / 2
+        return b.emit("mul", b.emit("mul", ct, _scalar(b, -0.5, ct)), cube)
 
 
 @primitive
@@ -132,12 +187,18 @@ class Tanh(Unary):
     name = surface = "tanh"
     reference = staticmethod(np.tanh)
 
+    def backward(self, b: Any, ct: Any, x: Any, y: Any) -> Any:
+        return b.emit("mul", ct, b.emit("sub", _scalar(b, 1.0, y), b.emit("mul", y, y)))
+
 
 @primitive
 class Sigmoid(Unary):
     """1 / (1 + exp(-x))."""
     name = surface = "sigmoid"
     reference = staticmethod(_sigmoid)
+
+    def backward(self, b: Any, ct: Any, x: Any, y: Any) -> Any:
+        return b.emit("mul", ct, b.emit("mul", y, b.emit("sub", _scalar(b, 1.0, y), y)))
 
 
 @primitive
@@ -146,12 +207,18 @@ class Sin(Unary):
     name = surface = "sin"
     reference = staticmethod(np.sin)
 
+    def backward(self, b: Any, ct: Any, x: Any, y: Any) -> Any:
+        return b.emit("mul", ct, b.emit("cos", x))
+
 
 @primitive
 class Cos(Unary):
     """The cosine (radians)."""
     name = surface = "cos"
     reference = staticmethod(np.cos)
+
+    def backward(self, b: Any, ct: Any, x: Any, y: Any) -> Any:
+        return b.emit("neg", b.emit("mul", ct, b.emit("sin", x)))
 
 
 @primitive
@@ -172,12 +239,24 @@ class Binary(Elementwise):
     needs: ClassVar[str] = "numeric"
     hint: ClassVar[str] = "; use cast()"
     result_dtype: ClassVar[str | None] = None      # None: the operands' dtype
+    guarded: ClassVar[bool] = False                # a local derivative can be inf or NaN
 
     def infer(self, a: TensorType, b: TensorType) -> TensorType:
         dtype, weak = common_dtype(self.symbol, [("a", a), ("b", b)])
         message = f"'{self.symbol}' needs {self.needs} operands, got {a} and {b}{self.hint}"
         dtype = need(TensorType(dtype, (), weak), self.accepts, message, None).dtype
         return TensorType(self.result_dtype or dtype, broadcast_shapes(a, b), weak)
+
+    def vjp(self, b: Any, op: Any, cts: tuple) -> tuple:
+        (lhs, rhs), (y,), (ct,) = op.inputs, op.outputs, cts
+        grads = self.backward(b, ct, lhs, rhs, y)
+        if self.guarded:
+            grads = tuple(zero_where_ct_is_zero(b, ct, g) for g in grads)
+        return tuple(unbroadcast(b, g, v.shape) for g, v in zip(grads, (lhs, rhs)))
+
+    def backward(self, b: Any, ct: Any, lhs: Any, rhs: Any, y: Any) -> tuple[Any, Any]:
+        """The operands' cotangents at the result's shape, given y = lhs op rhs's, ct."""
+        raise NotImplementedError(f"no VJP rule for '{self.name}'")
 
 
 @primitive
@@ -186,6 +265,9 @@ class Add(Binary):
     name, symbol = "add", "+"
     reference = staticmethod(np.add)
 
+    def backward(self, b: Any, ct: Any, lhs: Any, rhs: Any, y: Any) -> tuple[Any, Any]:
+        return ct, ct
+
 
 @primitive
 class Sub(Binary):
@@ -193,12 +275,18 @@ class Sub(Binary):
     name, symbol = "sub", "-"
     reference = staticmethod(np.subtract)
 
+    def backward(self, b: Any, ct: Any, lhs: Any, rhs: Any, y: Any) -> tuple[Any, Any]:
+        return ct, b.emit("neg", ct)
+
 
 @primitive
 class Mul(Binary):
     """a * b."""
     name, symbol = "mul", "*"
     reference = staticmethod(np.multiply)
+
+    def backward(self, b: Any, ct: Any, lhs: Any, rhs: Any, y: Any) -> tuple[Any, Any]:
+        return b.emit("mul", ct, rhs), b.emit("mul", ct, lhs)
 
 
 @primitive
@@ -209,6 +297,11 @@ class Div(Binary):
     accepts = FLOAT_DTYPES
     needs = "float"
     hint = "; use '//' for integer division, or cast() to a float dtype"
+    guarded = True
+
+    def backward(self, b: Any, ct: Any, lhs: Any, rhs: Any, y: Any) -> tuple[Any, Any]:
+        return (b.emit("div", ct, rhs),
+                b.emit("div", b.emit("mul", b.emit("neg", ct), lhs), b.emit("mul", rhs, rhs)))
 
 
 @primitive
@@ -216,6 +309,9 @@ class Mod(Binary):
     """a % b with Python's sign rule (the result takes b's sign)."""
     name, symbol = "mod", "%"
     reference = staticmethod(np.mod)
+
+    def backward(self, b: Any, ct: Any, lhs: Any, rhs: Any, y: Any) -> tuple[Any, Any]:
+        return ct, b.emit("neg", b.emit("mul", ct, b.emit("floordiv", lhs, rhs)))
 
 
 @primitive
@@ -231,6 +327,24 @@ class Pow(Binary):
     """a ** b (NumPy's power: integers to negative integer powers are an error)."""
     name, symbol = "pow", "**"
     reference = staticmethod(np.power)
+    guarded = True
+
+    def backward(self, b: Any, ct: Any, lhs: Any, rhs: Any, y: Any) -> tuple[Any, Any]:
+        zero = _scalar(b, 0.0, y)
+        slope = b.emit("mul", rhs, b.emit("pow", lhs, b.emit("sub", rhs, _scalar(b, 1.0, y))))
+        dx = b.emit("where", b.emit("eq", rhs, zero), zero, b.emit("mul", ct, slope))
+        # d(x ** y)/dy = x ** y * log(x), taken as 0 where x = 0 and y >= 0 (as PyTorch)
+        flat = b.emit("and", b.emit("eq", lhs, zero), b.emit("ge", rhs, zero))
+        dy = b.emit("mul", ct, b.emit("where", flat, zero, b.emit("mul", y, b.emit("log", lhs))))
+        return dx, dy
+
+
+def _extreme_cts(b: Any, ct: Any, mine: Any, other: Any, loses: str) -> Any:
+    """An operand's cotangent in maximum or minimum: ct where it wins, half of ct where it
+    ties (as PyTorch), 0 where it loses by the comparison `loses`; a NaN operand gets all."""
+    lost = b.emit("where", b.emit(loses, mine, other), _scalar(b, 0.0, ct), ct)
+    half = b.emit("mul", ct, _scalar(b, 0.5, ct))
+    return b.emit("where", b.emit("eq", mine, other), half, lost)
 
 
 @primitive
@@ -239,12 +353,18 @@ class Maximum(Binary):
     name = surface = symbol = "maximum"
     reference = staticmethod(np.maximum)
 
+    def backward(self, b: Any, ct: Any, lhs: Any, rhs: Any, y: Any) -> tuple[Any, Any]:
+        return _extreme_cts(b, ct, lhs, rhs, "lt"), _extreme_cts(b, ct, rhs, lhs, "lt")
+
 
 @primitive
 class Minimum(Binary):
     """The smaller of a and b; NaN if either is NaN."""
     name = surface = symbol = "minimum"
     reference = staticmethod(np.minimum)
+
+    def backward(self, b: Any, ct: Any, lhs: Any, rhs: Any, y: Any) -> tuple[Any, Any]:
+        return _extreme_cts(b, ct, lhs, rhs, "gt"), _extreme_cts(b, ct, rhs, lhs, "gt")
 
 
 class Comparison(Binary):
@@ -361,6 +481,12 @@ class Where(Elementwise):
         dtype, weak = common_dtype("where", [("a", a), ("b", b)])
         return TensorType(dtype, broadcast_shapes(cond, a, b), weak)
 
+    def vjp(self, b: Any, op: Any, cts: tuple) -> tuple:
+        (cond, lhs, rhs), (ct,) = op.inputs, cts
+        zero = _scalar(b, 0.0, ct)                  # zeros, never NaN, in the untaken branch
+        return (None, unbroadcast(b, b.emit("where", cond, ct, zero), lhs.shape),
+                unbroadcast(b, b.emit("where", cond, zero, ct), rhs.shape))
+
 
 def _cast(x: Any, dtype: str) -> np.ndarray:
     return np.asarray(x).astype(np_dtype(dtype))
@@ -376,3 +502,10 @@ class Cast(Primitive):
 
     def infer(self, x: TensorType, dtype: str) -> TensorType:
         return x.with_dtype(dtype)
+
+    def vjp(self, b: Any, op: Any, cts: tuple) -> tuple:
+        """Float to float casts the cotangent back; to or from an integer, no gradient."""
+        (x,), (y,) = op.inputs, op.outputs
+        if x.dtype in FLOAT_DTYPES and y.dtype in FLOAT_DTYPES:
+            return (b.emit("cast", cts[0], dtype=x.dtype),)
+        return (None,)

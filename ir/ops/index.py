@@ -11,7 +11,7 @@ import numpy as np
 
 from ir.dims import Dim
 from ir.ops.base import (NUMERIC, Kind, OpError, Param, Primitive, check_shape, common_dtype,
-                         format_shape, normalize_axes, np_dtype, primitive, type_of)
+                         format_shape, normalize_axes, np_dtype, primitive, statics, type_of)
 from ir.types import TensorType
 
 
@@ -39,6 +39,12 @@ class Take(Primitive):
 
     def evaluate(self, x: np.ndarray, indices: Any, axis: int = 0) -> np.ndarray:
         return np.take(x, indices, axis)
+
+    def vjp(self, b: Any, op: Any, cts: tuple) -> tuple:
+        """The cotangent added into zeros at the indices; repeated indices accumulate."""
+        (x, indices), (ct,) = op.inputs, cts
+        zeros = b.emit("zeros", shape=x.shape, dtype=ct.dtype)
+        return b.emit("scatter_add", zeros, indices, ct, axis=statics(op)["axis"]), None
 
 
 @primitive
@@ -84,3 +90,7 @@ class ScatterAdd(Primitive):
         out = np.array(x, dtype=np_dtype(t.dtype))
         np.add.at(out, (slice(None),) * (axis % out.ndim) + (np.asarray(indices),), updates)
         return out
+
+    def vjp(self, b: Any, op: Any, cts: tuple) -> tuple:
+        (_, indices, _), (ct,) = op.inputs, cts
+        return ct, None, b.emit("take", ct, indices, axis=statics(op)["axis"])

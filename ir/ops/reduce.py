@@ -1,7 +1,8 @@
 """Reductions over axes: `sum mean max min argmax argmin`.
 
 `axis` is None (all axes), an int or a tuple of ints, negative counting from the end;
-`keepdims=True` keeps each reduced axis with length 1."""
+`keepdims=True` keeps each reduced axis with length 1. The VJPs of `max` and `min` divide the
+cotangent equally among the elements that tie for the extreme, as `torch.amax` does."""
 from __future__ import annotations
 
 from typing import Any, Callable, ClassVar
@@ -10,7 +11,7 @@ import numpy as np
 
 from ir.dims import Dim
 from ir.ops.base import (NUMERIC, Kind, OpError, Param, Primitive, need, normalize_axes,
-                         np_dtype, primitive, type_of)
+                         np_dtype, primitive, statics, type_of)
 from ir.types import DTYPES, FLOAT_DTYPES, TensorType
 
 Axes = None | int | tuple[int, ...]
@@ -42,6 +43,26 @@ class Reduction(Primitive):
         out = self.infer(type_of(x), axis, keepdims)
         return np.asarray(self.numpy(x, axis=axis, keepdims=keepdims), dtype=np_dtype(out.dtype))
 
+    def vjp(self, b: Any, op: Any, cts: tuple) -> tuple:
+        (x,), (ct,) = op.inputs, cts
+        axes = normalize_axes(statics(op)["axis"], len(x.shape), "x")
+        return (self.backward(b, _kept(b, ct, x, axes), x, _kept(b, op.outputs[0], x, axes),
+                              axes),)
+
+    def backward(self, b: Any, ct: Any, x: Any, y: Any, axes: tuple[int, ...]) -> Any:
+        """x's cotangent, given the result y and its cotangent ct with the reduced axes kept."""
+        raise NotImplementedError(f"no VJP rule for '{self.name}'")
+
+
+def _kept(b: Any, v: Any, x: Any, axes: tuple[int, ...]) -> Any:
+    """v, a reduction of x over axes, with the reduced axes kept as length 1."""
+    shape = tuple(1 if i in axes else n for i, n in enumerate(x.shape))
+    return v if v.shape == shape else b.emit("reshape", v, shape=shape)
+
+
+def _spread(b: Any, ct: Any, x: Any) -> Any:
+    return ct if ct.shape == x.shape else b.emit("broadcast_to", ct, shape=x.shape)
+
 
 @primitive
 class Sum(Reduction):
@@ -50,6 +71,9 @@ class Sum(Reduction):
     numpy = staticmethod(np.sum)
     accepts = NUMERIC
     needs = "a numeric"
+
+    def backward(self, b: Any, ct: Any, x: Any, y: Any, axes: tuple[int, ...]) -> Any:
+        return _spread(b, ct, x)
 
 
 @primitive
@@ -60,12 +84,24 @@ class Mean(Reduction):
     accepts = FLOAT_DTYPES
     needs = "a float"
 
+    def backward(self, b: Any, ct: Any, x: Any, y: Any, axes: tuple[int, ...]) -> Any:
+        count = b.constant(float(np.prod([x.shape[a] for a in axes])), ct.dtype)
+        return b.emit("div", _spread(b, ct, x), count)
+
+
+def _ties_share(b: Any, ct: Any, x: Any, y: Any, axes: tuple[int, ...]) -> Any:
+    """max's and min's VJP: ct divided equally among the elements of x equal to the result."""
+    hit = b.emit("cast", b.emit("eq", x, y), dtype=ct.dtype)
+    count = b.emit("sum", hit, axis=axes, keepdims=True)
+    return b.emit("mul", b.emit("div", ct, count), hit)
+
 
 @primitive
 class Max(Reduction):
     """The largest element (NaN if any is NaN); on bool tensors, any."""
     name = surface = "max"
     numpy = staticmethod(np.max)
+    backward = staticmethod(_ties_share)
 
 
 @primitive
@@ -73,6 +109,7 @@ class Min(Reduction):
     """The smallest element (NaN if any is NaN); on bool tensors, all."""
     name = surface = "min"
     numpy = staticmethod(np.min)
+    backward = staticmethod(_ties_share)
 
 
 class ArgReduction(Reduction):

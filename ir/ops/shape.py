@@ -1,7 +1,8 @@
 """Shape primitives: they move, copy or select elements without computing new values.
 
 Also `index`, the internal primitive behind Python-style basic indexing `x[1, a:b, ..., ::2]`,
-and `SliceSpec`, the static description of one `lo:hi:step` item."""
+its transpose `unindex` (IR only, for reverse mode), and `SliceSpec`, the static description
+of one `lo:hi:step` item. Each VJP is the natural transpose: the cotangent moved back."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -15,7 +16,7 @@ import numpy as np
 from ir.dims import Dim
 from ir.ops.base import (Kind, OpError, Param, Primitive, check_fill, check_shape,
                          common_dtype, format_shape, merge_dims, normalize_axes, np_dtype,
-                         primitive, range_length, type_of)
+                         primitive, range_length, statics, type_of, unbroadcast)
 from ir.types import TensorType, TupleType, Type, UnknownType
 
 Axes = None | int | tuple[int, ...]
@@ -33,8 +34,15 @@ def _axis(axis: int, x: TensorType) -> int:
     return normalize_axes(axis, x.rank, str(x))[0]
 
 
+class Rearrange(Primitive):
+    """A primitive that only reshapes x: its VJP reshapes the cotangent back."""
+
+    def vjp(self, b: Any, op: Any, cts: tuple) -> tuple:
+        return (b.emit("reshape", cts[0], shape=op.inputs[0].shape),)
+
+
 @primitive
-class Reshape(Primitive):
+class Reshape(Rearrange):
     """x with a new shape of as many elements; one -1 in `shape` is inferred."""
     name = surface = "reshape"
     params = (Param("x", Kind.TENSOR), Param("shape", Kind.SHAPE))
@@ -80,6 +88,11 @@ class Transpose(Primitive):
     def evaluate(self, x: np.ndarray, perm: Axes = None) -> np.ndarray:
         return np.transpose(x, perm)
 
+    def vjp(self, b: Any, op: Any, cts: tuple) -> tuple:
+        rank, perm = len(op.inputs[0].shape), statics(op)["perm"]
+        axes = tuple(reversed(range(rank))) if perm is None else normalize_axes(perm, rank, "x")
+        return (b.emit("transpose", cts[0], perm=tuple(int(i) for i in np.argsort(axes))),)
+
 
 @primitive
 class BroadcastTo(Primitive):
@@ -99,9 +112,12 @@ class BroadcastTo(Primitive):
     def evaluate(self, x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
         return np.broadcast_to(x, shape).copy()
 
+    def vjp(self, b: Any, op: Any, cts: tuple) -> tuple:
+        return (unbroadcast(b, cts[0], op.inputs[0].shape),)
+
 
 @primitive
-class ExpandDims(Primitive):
+class ExpandDims(Rearrange):
     """x with new length-1 axes at `axis` (an int or a tuple, positions in the result)."""
     name = surface = "expand_dims"
     params = (Param("x", Kind.TENSOR), Param("axis", Kind.AXES))
@@ -120,7 +136,7 @@ class ExpandDims(Primitive):
 
 
 @primitive
-class Squeeze(Primitive):
+class Squeeze(Rearrange):
     """x without the length-1 axes named (by default every axis known to have length 1)."""
     name = surface = "squeeze"
     params = (Param("x", Kind.TENSOR), Param("axis", Kind.AXES, None))
@@ -176,6 +192,11 @@ class Concat(Primitive):
     def evaluate(self, xs: tuple[Any, ...], axis: int = 0) -> np.ndarray:
         return np.concatenate(_arrays(self, xs, axis), axis)
 
+    def vjp(self, b: Any, op: Any, cts: tuple) -> tuple:
+        axis = statics(op)["axis"]
+        sizes = tuple(x.shape[axis] for x in op.inputs)
+        return tuple(b.emit("split", cts[0], sections=sizes, axis=axis))
+
 
 @primitive
 class Stack(Primitive):
@@ -195,6 +216,12 @@ class Stack(Primitive):
 
     def evaluate(self, xs: tuple[Any, ...], axis: int = 0) -> np.ndarray:
         return np.stack(_arrays(self, xs, axis), axis)
+
+    def vjp(self, b: Any, op: Any, cts: tuple) -> tuple:
+        (ct,) = cts
+        axis = statics(op)["axis"] % len(ct.shape)
+        return tuple(b.emit("index", ct, items=(SliceSpec(),) * axis + (i,))
+                     for i in range(len(op.inputs)))
 
 
 def _arrays(op: Primitive, xs: tuple[Any, ...], axis: int) -> list[np.ndarray]:
@@ -232,6 +259,11 @@ class Split(Primitive):
                  axis: int = 0) -> tuple[np.ndarray, ...]:
         cuts = sections if isinstance(sections, int) else np.cumsum(sections)[:-1]
         return tuple(np.split(x, cuts, axis))
+
+    def vjp(self, b: Any, op: Any, cts: tuple) -> tuple:
+        parts = [b.emit("zeros", shape=y.shape, dtype=y.dtype) if ct is None else ct
+                 for ct, y in zip(cts, op.outputs)]
+        return (b.emit("concat", *parts, axis=statics(op)["axis"]),)
 
 
 def _sum(dims: tuple[Dim, ...]) -> Dim:
@@ -301,8 +333,15 @@ class Index(Primitive):
         return x.with_shape(tuple(shape))
 
     def evaluate(self, x: np.ndarray, items: tuple[IndexItem, ...]) -> np.ndarray:
-        return np.asarray(x[tuple(slice(it.lo, it.hi, it.step) if isinstance(it, SliceSpec)
-                                  else it for it in items)])
+        return np.asarray(x[_numpy_index(items)])
+
+    def vjp(self, b: Any, op: Any, cts: tuple) -> tuple:
+        return (b.emit("unindex", cts[0], items=op.attrs["items"], shape=op.inputs[0].shape),)
+
+
+def _numpy_index(items: tuple[IndexItem, ...]) -> tuple[Any, ...]:
+    return tuple(slice(it.lo, it.hi, it.step) if isinstance(it, SliceSpec) else it
+                 for it in items)
 
 
 def _full(items: tuple[IndexItem, ...], rank: int) -> list[IndexItem]:
@@ -316,6 +355,33 @@ def _full(items: tuple[IndexItem, ...], rank: int) -> list[IndexItem]:
 
 
 INDEX = Index()
+
+
+@primitive
+class Unindex(Primitive):
+    """Zeros of `shape` holding x at the positions that index(·, items) selects: the
+    transpose of `index` (IR only). Basic indexing selects each position at most once."""
+    name = "unindex"
+    params = (Param("x", Kind.TENSOR), Param("items", Kind.STATIC), Param("shape", Kind.SHAPE))
+
+    def infer(self, x: TensorType, items: tuple[IndexItem, ...],
+              shape: tuple[Dim, ...]) -> TensorType:
+        check_shape(shape, "shape")
+        want = INDEX.infer(x.with_shape(shape), items).shape
+        if len(want) != x.rank or not all(map(Dim.agrees, want, x.shape)):
+            raise OpError(f"unindex into {format_shape(shape)} needs x of shape "
+                          f"{format_shape(want)}, got {x}", "x")
+        return x.with_shape(shape)
+
+    def evaluate(self, x: Any, items: tuple[IndexItem, ...],
+                 shape: tuple[int, ...]) -> np.ndarray:
+        x = np.asarray(x)
+        out = np.zeros(shape, dtype=x.dtype)
+        out[_numpy_index(items)] = x
+        return out
+
+    def vjp(self, b: Any, op: Any, cts: tuple) -> tuple:
+        return (b.emit("index", cts[0], items=op.attrs["items"]),)
 
 
 def _along(axis: int, s: SliceSpec) -> tuple[SliceSpec, ...]:
@@ -339,6 +405,11 @@ class Slice(Primitive):
                  step: int = 1) -> np.ndarray:
         return INDEX.evaluate(x, _along(axis % x.ndim, SliceSpec(start, stop, step)))
 
+    def vjp(self, b: Any, op: Any, cts: tuple) -> tuple:
+        a, x = statics(op), op.inputs[0]
+        items = _along(a["axis"] % len(x.shape), SliceSpec(a["start"], a["stop"], a["step"]))
+        return (b.emit("unindex", cts[0], items=items, shape=x.shape),)
+
 
 @primitive
 class Pad(Primitive):
@@ -361,6 +432,11 @@ class Pad(Primitive):
                  value: int | float = 0) -> np.ndarray:
         return np.pad(x, list(zip(widths[::2], widths[1::2])), constant_values=value)
 
+    def vjp(self, b: Any, op: Any, cts: tuple) -> tuple:
+        x, widths = op.inputs[0], statics(op)["widths"]
+        items = tuple(SliceSpec(lo, lo + n) for n, lo in zip(x.shape, widths[::2]))
+        return (b.emit("index", cts[0], items=items),)
+
 
 @primitive
 class Flip(Primitive):
@@ -375,6 +451,9 @@ class Flip(Primitive):
     def evaluate(self, x: np.ndarray, axis: Axes = None) -> np.ndarray:
         return np.flip(x, axis)
 
+    def vjp(self, b: Any, op: Any, cts: tuple) -> tuple:
+        return (b.emit("flip", cts[0], axis=statics(op)["axis"]),)
+
 
 class Triangle(Primitive):
     """x with the elements on one side of diagonal k of its last two axes set to zero."""
@@ -384,6 +463,9 @@ class Triangle(Primitive):
         if x.rank < 2:
             raise OpError(f"{self.name} needs a tensor of rank 2 or more, got {x}", "x")
         return x
+
+    def vjp(self, b: Any, op: Any, cts: tuple) -> tuple:
+        return (b.emit(self.name, cts[0], k=statics(op)["k"]),)
 
 
 @primitive

@@ -1,0 +1,270 @@
+"""The Python API (LANGUAGE.md §12): programs loaded from .bend text, called on NumPy arrays.
+
+A call specialises the entry point for its inputs' types (checking and lowering it to IR,
+cached per input signature) and runs it. Records come back as `Record`s, keys as `Key`s."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from frontend import ast
+from frontend.check import Checker, deep, raise_collected
+from frontend.diagnostics import CheckError, DslError
+from frontend.lower import Layout, LoweringError, flatten
+from frontend.resolve import Program as Resolved, load_program, lookup_type
+from frontend.values import KeyV, ListV, RecordV, StaticV, TensorV, TupleV
+from ir import interp
+from ir.ad import grad_function
+from ir.core import Builder, Function, tensor_type
+from ir.ops.base import NUMPY_DTYPES
+from ir.passes import optimize
+from ir.types import FLOAT_DTYPES, KeyType
+
+
+class Record(dict):
+    """A record value: a dict of its fields, also readable as attributes (p.W1)."""
+
+    def __init__(self, type_name: str, fields: dict[str, Any]):
+        super().__init__(fields)
+        self.type_name = type_name
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def __repr__(self) -> str:
+        return f"{self.type_name}{dict.__repr__(self)}"
+
+
+@dataclass(frozen=True)
+class Key:
+    """A random key: two 32-bit words (docs/random.md)."""
+    words: np.ndarray
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Key) and np.array_equal(self.words, other.words)
+
+    def __hash__(self) -> int:
+        return hash(self.words.tobytes())
+
+
+def key(seed: int) -> Key:
+    """dsl.key(seed): the key a program's key(seed) makes."""
+    if not 0 <= seed < 2 ** 64:
+        raise ValueError("a seed is an integer in [0, 2**64)")
+    return Key(np.array([seed & 0xFFFFFFFF, seed >> 32], dtype=np.uint32))
+
+
+@dataclass(frozen=True)
+class Lowered:
+    """An entry point specialised for one input signature."""
+    function: Function
+    outputs: Layout
+    params: list[Layout]              # each parameter's structure
+    arg_leaves: list[list[int]]       # for each parameter, the positions of its leaves
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """A call's arguments: their abstract values (the specialisation key) and their arrays."""
+    abstract: list
+    arrays: list[np.ndarray]
+    arg_leaves: list[list[int]]
+
+    @property
+    def key(self) -> tuple:
+        return tuple(signature_of(a) for a in self.abstract)
+
+
+class Program:
+    """A loaded .bend program; its functions are attributes: prog.loss(p, x, y)."""
+
+    def __init__(self, resolved: Resolved):
+        self._resolved = resolved
+        self._cache: dict[Any, Lowered] = {}
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        self._def(name)
+        return lambda *args, **kwargs: self.call(name, *args, **kwargs)
+
+    def _def(self, name: str) -> ast.Def:
+        entity = self._resolved.main.names.get(name)
+        if entity is None or entity.kind != "def":
+            raise AttributeError(f"{self._resolved.main.path} defines no function '{name}'")
+        return entity.node
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        low, inputs = self.lower(name, args, kwargs)
+        return unflatten(low.outputs, interp.run(low.function, inputs.arrays))
+
+    def grad(self, name: str, wrt: str | tuple[str, ...], has_aux: bool = False):
+        """grad(f, wrt=…) from Python: the gradient function of entry `name`."""
+        return lambda *args, **kwargs: self._grad(name, wrt, has_aux, False, args, kwargs)
+
+    def value_and_grad(self, name: str, wrt: str | tuple[str, ...], has_aux: bool = False):
+        return lambda *args, **kwargs: self._grad(name, wrt, has_aux, True, args, kwargs)
+
+    def _grad(self, name, wrt, has_aux, with_value, args, kwargs):
+        d = self._def(name)
+        names = [p.name for p in d.params]
+        wanted = (wrt,) if isinstance(wrt, str) else tuple(wrt)
+        for w in wanted:
+            if w not in names:
+                raise DslError(d.name_span, f"'{w}' is not a parameter of '{name}'")
+        low, inputs = self.lower(name, args, kwargs)
+        fn = low.function
+        positions = [i for w in wanted for i in low.arg_leaves[names.index(w)]
+                     if fn.params[i].dtype in FLOAT_DTYPES]
+        gfn = optimize(grad_function(fn, positions, with_value=True))
+        outs = interp.run(gfn, inputs.arrays)
+        grads = dict(zip(positions, outs[len(fn.results):]))
+        results = []
+        for w in wanted:
+            k = names.index(w)
+            leaves = [grads[i] if i in grads else np.zeros_like(inputs.arrays[i]) for i in low.arg_leaves[k]]
+            results.append(unflatten(low.params[k], leaves))
+        g = results[0] if isinstance(wrt, str) else tuple(results)
+        value = unflatten(low.outputs, outs[:len(fn.results)])
+        if has_aux:
+            if not (isinstance(value, tuple) and len(value) == 2):
+                raise DslError(d.name_span, "with has_aux=True the function must return (loss, aux)")
+            return (value, g) if with_value else (g, value[1])
+        return (value, g) if with_value else g
+
+    def lower(self, name: str, args: tuple, kwargs: dict) -> tuple[Lowered, Inputs]:
+        """Check and lower entry `name` for these inputs (cached per input signature)."""
+        d = self._def(name)
+        for p in d.params:
+            if p.type is None:
+                raise DslError(p.span, f"entry point '{name}' must annotate its parameter '{p.name}'")
+        b = Builder(d.name)
+        inputs = self._inputs(b, d, _bind_python(d, args, kwargs))
+        key = (name, inputs.key)
+        if key not in self._cache:
+            self._cache[key] = deep(lambda: self._lower(d, b, inputs))
+        return self._cache[key], inputs
+
+    def _inputs(self, b: Builder, d: ast.Def, bound: dict[str, Any]) -> Inputs:
+        abstract, arrays, arg_leaves = [], [], []
+        for p in d.params:
+            start = len(arrays)
+            abstract.append(from_python(b, bound[p.name], p.type, self._resolved.main, p.name, arrays))
+            arg_leaves.append(list(range(start, len(arrays))))
+        return Inputs(abstract, arrays, arg_leaves)
+
+    def _lower(self, d: ast.Def, b: Builder, inputs: Inputs) -> Lowered:
+        checker = Checker(self._resolved, builder=b)
+        result = checker.specialise(d, self._resolved.main, inputs.abstract)
+        raise_collected(checker.errors)
+        try:
+            result = checker.realize(result)
+            leaves, layout = flatten(result)
+        except LoweringError as e:
+            raise CheckError(d.name_span, str(e)) from None
+        fn = optimize(b.finish([leaf.ir for leaf in leaves]))
+        return Lowered(fn, layout, [flatten(a)[1] for a in inputs.abstract], inputs.arg_leaves)
+
+
+def load(path: str) -> Program:
+    """dsl.load("model.bend")."""
+    return Program(deep(lambda: load_program(path)))
+
+
+def loads(text: str, name: str = "<string>") -> Program:
+    """dsl.loads(source_text, name="model.bend"): imports resolve from the current folder."""
+    return Program(deep(lambda: load_program(name, text)))
+
+
+# ---------------------------------------------------------------- Python values in and out
+
+def _bind_python(d: ast.Def, args: tuple, kwargs: dict) -> dict[str, Any]:
+    names = [p.name for p in d.params]
+    if len(args) > len(names):
+        raise DslError(d.name_span, f"'{d.name}' takes {len(names)} arguments but {len(args)} were given")
+    bound = dict(zip(names, args))
+    for k, v in kwargs.items():
+        if k not in names or k in bound:
+            raise DslError(d.name_span, f"'{d.name}' has no parameter '{k}'" if k not in names
+                           else f"'{d.name}' got two values for '{k}'")
+        bound[k] = v
+    missing = [n for n in names if n not in bound]
+    if missing:
+        raise DslError(d.name_span, f"'{d.name}' is missing the argument '{missing[0]}'")
+    return bound
+
+
+def from_python(b: Builder, value: Any, t: ast.TypeExpr, mod, where: str, arrays: list):
+    """The abstract value of a Python input for a parameter annotated t; arrays become
+    parameters of b and are appended to `arrays` in the same order."""
+    name = "/".join(t.name) if isinstance(t, ast.NamedType) else None
+    if isinstance(t, ast.TensorTypeExpr) or name in NUMPY_DTYPES and name != "bool":
+        dtype = t.dtype if isinstance(t, ast.TensorTypeExpr) else name
+        arr = np.asarray(value)
+        if not isinstance(value, np.ndarray):
+            arr = arr.astype(NUMPY_DTYPES.get(dtype, arr.dtype))
+        if arr.dtype not in [np.dtype(v) for v in NUMPY_DTYPES.values()]:
+            raise DslError(t.span, f"'{where}' must be an array of a dslc dtype, got {arr.dtype}")
+        dt = next(k for k, v in NUMPY_DTYPES.items() if np.dtype(v) == arr.dtype)
+        arrays.append(arr)
+        param = b.param(tensor_type(dt, arr.shape))
+        return TensorV(param.type, ir=param)
+    if name in ("int", "float", "bool"):
+        kinds = {"int": (int, np.integer), "float": (int, float, np.integer, np.floating), "bool": (bool, np.bool_)}
+        if not isinstance(value, kinds[name]) or name != "bool" and isinstance(value, bool):
+            raise DslError(t.span, f"'{where}' is a static {name}, got {type(value).__name__}")
+        return StaticV(name, _static(name, value))
+    if name == "Key":
+        if not isinstance(value, Key):
+            raise DslError(t.span, f"'{where}' must be a key (dsl.key(seed)), got {type(value).__name__}")
+        arrays.append(value.words)
+        return KeyV(ir=b.param(KeyType()))
+    if isinstance(t, ast.TupleTypeExpr) or name == "List":
+        items = t.items if isinstance(t, ast.TupleTypeExpr) else None
+        if not isinstance(value, (list, tuple)) or items is not None and len(items) != len(value):
+            raise DslError(t.span, f"'{where}' must be a {'tuple' if items else 'list'}")
+        parts = [from_python(b, v, items[i] if items else t.args[0], mod, f"{where}[{i}]", arrays)
+                 for i, v in enumerate(value)]
+        return TupleV(tuple(parts)) if items is not None else ListV.of(parts)
+    entity = lookup_type(t.name, mod)
+    if entity is not None and entity.kind == "object":
+        if not isinstance(value, dict):
+            raise DslError(t.span, f"'{where}' must be a {entity.node.name} record (a dict), "
+                                   f"got {type(value).__name__}")
+        fields = []
+        for f in entity.node.fields:
+            if f.name not in value:
+                raise DslError(t.span, f"'{where}' has no field '{f.name}' of {entity.node.name}")
+            fields.append((f.name, from_python(b, value[f.name], f.type, entity.module,
+                                               f"{where}.{f.name}", arrays)))
+        return RecordV(entity.node.name, tuple(fields), entity)
+    raise DslError(t.span, f"a value of type '{name}' cannot be passed from Python")
+
+
+def _static(kind: str, value: Any):
+    from ir.dims import Dim
+    return Dim.const(int(value)) if kind == "int" else float(value) if kind == "float" else bool(value)
+
+
+def signature_of(v) -> Any:
+    """What a specialisation depends on: types and static values, not the arrays' contents."""
+    match v:
+        case TensorV():
+            return v.type
+        case KeyV():
+            return "key"
+        case TupleV() | ListV():
+            return (type(v).__name__, tuple(signature_of(i) for i in v.items))
+        case RecordV():
+            return (v.name, tuple((n, signature_of(f)) for n, f in v.fields))
+    return v
+
+
+def unflatten(layout: Layout, arrays: list[np.ndarray]) -> Any:
+    return layout.unflatten(list(arrays), Record, Key)
+

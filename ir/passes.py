@@ -1,0 +1,162 @@
+"""Optimisation passes, each a function from IR to IR: dead code, common subexpressions,
+algebraic simplification and constant folding. Every rewrite keeps results bit-identical
+(x + 0.0 is not x when x is -0.0, so it is not rewritten)."""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from ir import interp
+from ir.core import Function, Op, Value
+from ir.ops.base import np_dtype
+
+RANDOM = {"key", "key_split", "fold_in", "uniform", "normal", "bernoulli"}
+FOLD_LIMIT = 4096            # constant results larger than this many elements stay computed
+
+
+def substitute(fn: Function, ops: list[Op], env: dict[Value, Value]) -> Function:
+    """fn with the given ops, every use of a value in env replaced by its image."""
+    get = lambda v: env.get(v, v)
+    new_ops = tuple(Op(op.prim, tuple(map(get, op.inputs)), op.params, op.outputs, op.body)
+                    if any(v in env for v in op.inputs) else op for op in ops)
+    return Function(fn.name, fn.params, new_ops, tuple(map(get, fn.results)))
+
+
+def dce(fn: Function) -> Function:
+    """Drop ops none of whose outputs are used; scan and checkpoint bodies too."""
+    live = set(fn.results)
+    kept = []
+    for op in reversed(fn.ops):
+        if any(v in live for v in op.outputs):
+            kept.append(op if op.body is None else _with_body(op, dce(op.body)))
+            live.update(op.inputs)
+    return Function(fn.name, fn.params, tuple(reversed(kept)), fn.results)
+
+
+def _with_body(op: Op, body: Function) -> Op:
+    return Op(op.prim, op.inputs, op.params, op.outputs, body)
+
+
+def _key(op: Op):
+    if op.prim == "constant":
+        a = op.attrs
+        value = np.asarray(a["value"], dtype=np_dtype(a["dtype"]))
+        return ("constant", a["dtype"], value.shape, value.tobytes())
+    return (op.prim, tuple(v.id for v in op.inputs), op.params, id(op.body) if op.body else None)
+
+
+def cse(fn: Function) -> Function:
+    """Merge ops that compute the same thing from the same values. Parameters are never
+    merged, nor random draws (each draw site stays its own)."""
+    seen: dict = {}
+    env: dict[Value, Value] = {}
+    ops = []
+    for op in fn.ops:
+        op = Op(op.prim, tuple(env.get(v, v) for v in op.inputs), op.params, op.outputs,
+                cse(op.body) if op.body else None)
+        key = None if op.prim in RANDOM or op.body is not None else _key(op)
+        if key is not None and key in seen:
+            env.update(zip(op.outputs, seen[key].outputs))
+            continue
+        if key is not None:
+            seen[key] = op
+        ops.append(op)
+    return substitute(fn, ops, env)
+
+
+def _constant(op: Op | None, value: float) -> bool:
+    """Whether op is a scalar or splat constant equal to value, bit for bit."""
+    if op is None or op.prim != "constant":
+        return False
+    a = op.attrs
+    arr = np.asarray(a["value"], dtype=np_dtype(a["dtype"]))
+    want = np.asarray(value, dtype=arr.dtype)
+    if arr.dtype.kind == "f":             # compare bits: -0.0 is not 0.0 here
+        return all(x.tobytes() == want.tobytes() for x in arr.reshape(-1))
+    return bool(np.all(arr == want))
+
+
+# Each rule: (primitive, condition on (op, producers of its inputs), index of the input it becomes)
+Rule = tuple[str, Callable[[Op, list], bool], Callable[[Op, list], Value | None]]
+
+SIMPLIFY: list[Rule] = [
+    ("mul", lambda op, p: _constant(p[1], 1.0) and _same(op, 0), lambda op, p: op.inputs[0]),
+    ("mul", lambda op, p: _constant(p[0], 1.0) and _same(op, 1), lambda op, p: op.inputs[1]),
+    ("sub", lambda op, p: _constant(p[1], 0.0) and _same(op, 0), lambda op, p: op.inputs[0]),
+    ("add", lambda op, p: _constant(p[1], -0.0) and _same(op, 0), lambda op, p: op.inputs[0]),
+    ("div", lambda op, p: _constant(p[1], 1.0) and _same(op, 0), lambda op, p: op.inputs[0]),
+    ("reshape", lambda op, p: op.inputs[0].shape == op.outputs[0].shape, lambda op, p: op.inputs[0]),
+    ("broadcast_to", lambda op, p: op.inputs[0].shape == op.outputs[0].shape, lambda op, p: op.inputs[0]),
+    ("cast", lambda op, p: op.inputs[0].dtype == op.outputs[0].dtype, lambda op, p: op.inputs[0]),
+    ("transpose", lambda op, p: p[0] is not None and p[0].prim == "transpose"
+     and _composes_to_identity(p[0], op), lambda op, p: p[0].inputs[0]),
+]
+
+
+def _same(op: Op, i: int) -> bool:
+    """The result has exactly the type of input i (no broadcasting, no dtype change)."""
+    return op.inputs[i].type == op.outputs[0].type
+
+
+def _composes_to_identity(first: Op, second: Op) -> bool:
+    n = len(first.inputs[0].shape)
+    p = first.attrs.get("perm") or tuple(reversed(range(n)))
+    q = second.attrs.get("perm") or tuple(reversed(range(n)))
+    return tuple(p[i] for i in q) == tuple(range(n))
+
+
+def simplify(fn: Function) -> Function:
+    """Algebraic identities (x * 1, x - 0, reshape to the same shape, transpose pairs, …),
+    and reshape of reshape / broadcast of broadcast collapsed to one op."""
+    producer: dict[Value, Op] = {}
+    env: dict[Value, Value] = {}
+    ops = []
+    for op in fn.ops:
+        op = Op(op.prim, tuple(env.get(v, v) for v in op.inputs), op.params, op.outputs,
+                simplify(op.body) if op.body else None)
+        inputs = [producer.get(v) for v in op.inputs]
+        replaced = next((make(op, inputs) for prim, cond, make in SIMPLIFY
+                         if prim == op.prim and cond(op, inputs)), None)
+        if replaced is not None:
+            env[op.outputs[0]] = replaced
+            continue
+        if op.prim in ("reshape", "broadcast_to") and inputs[0] is not None and inputs[0].prim == op.prim:
+            op = Op(op.prim, inputs[0].inputs, op.params, op.outputs)
+        ops.append(op)
+        producer.update((v, op) for v in op.outputs)
+    return substitute(fn, ops, env)
+
+
+def fold_constants(fn: Function) -> Function:
+    """Evaluate ops whose inputs are all constants (small results only; never random)."""
+    constant: dict[Value, np.ndarray] = {}
+    ops = []
+    for op in fn.ops:
+        if op.prim == "constant":
+            constant[op.outputs[0]] = interp.evaluate(op, [])[0]
+        elif (op.body is None and op.prim not in RANDOM and len(op.outputs) == 1 and op.inputs
+              and all(v in constant for v in op.inputs) and not op.outputs[0].is_key
+              and int(np.prod(op.outputs[0].shape)) <= FOLD_LIMIT):
+            value = interp.evaluate(op, [constant[v] for v in op.inputs])[0]
+            constant[op.outputs[0]] = value
+            op = Op("constant", (), (("dtype", op.outputs[0].dtype), ("value", _literal(value))), op.outputs)
+        ops.append(op)
+    return Function(fn.name, fn.params, tuple(ops), fn.results)
+
+
+def _literal(a: np.ndarray):
+    return a.item() if a.ndim == 0 else tuple(_literal(x) for x in a)
+
+
+def optimize(fn: Function) -> Function:
+    """The passes to a fixed point (op count stops falling)."""
+    while True:
+        before = _size(fn)
+        fn = dce(cse(simplify(fold_constants(fn))))
+        if _size(fn) >= before:
+            return fn
+
+
+def _size(fn: Function) -> int:
+    return sum(1 + (_size(op.body) if op.body else 0) for op in fn.ops)
