@@ -5,6 +5,10 @@ import argparse
 import sys
 import traceback
 
+import numpy as np
+
+import dsl
+
 from frontend.check import check_file
 from frontend.diagnostics import DslError
 
@@ -30,6 +34,56 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def parse_dims(text: str) -> dict[str, int]:
+    """--dims B=4,D=8 (an int for each dimension variable, static int or list length)."""
+    dims = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, eq, value = part.partition("=")
+        if not eq or not name.strip():
+            raise argparse.ArgumentTypeError(f"expected NAME=INT, got '{part}'")
+        try:
+            dims[name.strip()] = int(value, 0)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer for {name.strip()}, got '{value}'") from None
+    return dims
+
+
+def cmd_ir(args: argparse.Namespace) -> int:
+    if args.level != "tensor":
+        print(f"dslc: --level {args.level} needs a compiled backend, which this version does "
+              "not have yet; --level tensor is available", file=sys.stderr)
+        return 2
+    print(dsl.load(args.file).ir(args.entry, args.dims), end="")
+    return 0
+
+
+def cmd_grad(args: argparse.Namespace) -> int:
+    wrt = tuple(args.wrt.split(",")) if "," in args.wrt else args.wrt
+    print(dsl.load(args.file).source(args.entry, grad=wrt, dims=args.dims), end="")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    if args.device not in ("auto", "reference"):
+        print(f"dslc: --device {args.device} needs a compiled backend, which this version does "
+              "not have yet; --device reference runs the reference interpreter", file=sys.stderr)
+        return 2
+    prog = dsl.load(args.file)
+    try:
+        with np.load(args.inputs) as data:
+            arrays = {k: data[k] for k in data.files}
+    except (OSError, ValueError) as e:
+        raise DslError(None, f"cannot read inputs from {args.inputs}: {e}") from None
+    result = prog.call(args.entry, **prog.inputs_from_arrays(args.entry, arrays, args.dims or {}))
+    flat = dsl.program.flatten_python(result, "out")
+    if args.output:
+        np.savez(args.output, **flat)
+    else:
+        for name, value in flat.items():
+            print(f"{name}: {value.dtype}{list(value.shape)}\n{value}")
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dslc", description="The dslc tensor-language compiler.")
     p.add_argument("--version", action="version", version=f"dslc {version()}")
@@ -37,6 +91,30 @@ def parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check", help="parse and type-check files; print diagnostics")
     check.add_argument("files", nargs="+", metavar="FILE")
     check.set_defaults(run=cmd_check)
+
+    ir = sub.add_parser("ir", help="print a stage's output for an entry point")
+    ir.add_argument("file", metavar="FILE")
+    ir.add_argument("--entry", required=True)
+    ir.add_argument("--dims", type=parse_dims, required=True, help="B=4,D=8: every dimension's size")
+    ir.add_argument("--level", choices=["tensor", "loops", "llvm", "ptx"], default="tensor")
+    ir.set_defaults(run=cmd_ir)
+
+    grad = sub.add_parser("grad", help="print the gradient program as .bend source")
+    grad.add_argument("file", metavar="FILE")
+    grad.add_argument("--entry", required=True)
+    grad.add_argument("--wrt", required=True, help="a parameter, or several separated by commas")
+    grad.add_argument("--dims", type=parse_dims, required=True, help="B=4,D=8: every dimension's size")
+    grad.set_defaults(run=cmd_grad)
+
+    run = sub.add_parser("run", help="run an entry point on arrays from an .npz file")
+    run.add_argument("file", metavar="FILE")
+    run.add_argument("--entry", required=True)
+    run.add_argument("--inputs", required=True, metavar="IN.npz",
+                     help="one array per parameter (records as p.W1, lists as xs[0])")
+    run.add_argument("-o", "--output", metavar="OUT.npz")
+    run.add_argument("--dims", type=parse_dims, help="values of static int parameters")
+    run.add_argument("--device", choices=["auto", "reference", "cpu", "cuda"], default="auto")
+    run.set_defaults(run=cmd_run)
     return p
 
 
@@ -44,6 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return args.run(args)
+    except DslError as e:
+        print(e, file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
     except Exception:

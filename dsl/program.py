@@ -13,11 +13,13 @@ from frontend import ast
 from frontend.check import Checker, deep, raise_collected
 from frontend.diagnostics import CheckError, DslError
 from frontend.lower import Layout, LoweringError, flatten
+from frontend.unify import eval_dim
 from frontend.resolve import Program as Resolved, load_program, lookup_type
 from frontend.values import KeyV, ListV, RecordV, StaticV, TensorV, TupleV
 from ir import interp
 from ir.ad import grad_function
 from ir.core import Builder, Function, tensor_type
+from ir.dims import Dim
 from ir.ops.base import NUMPY_DTYPES
 from ir.passes import optimize
 from ir.types import FLOAT_DTYPES, KeyType
@@ -86,6 +88,7 @@ class Program:
     def __init__(self, resolved: Resolved):
         self._resolved = resolved
         self._cache: dict[Any, Lowered] = {}
+        self._last: dict[str, tuple[Lowered, Inputs]] = {}
 
     def __getattr__(self, name: str):
         if name.startswith("_"):
@@ -137,6 +140,81 @@ class Program:
             return (value, g) if with_value else (g, value[1])
         return (value, g) if with_value else g
 
+    def source(self, name: str, grad: str | tuple[str, ...] | None = None,
+               dims: dict[str, int] | None = None) -> str:
+        """An entry point (or its gradient with respect to `grad`) as .bend source, specialised
+        for `dims`, or else for the inputs it was last called with."""
+        from ir import printer
+        d = self._def(name)
+        low, inputs = self._specialised(d, dims)
+        fn = low.function
+        names = [p.name for p in d.params]
+        header = f"# {name}" + (f", differentiated with respect to {grad}," if grad else "") + \
+                 f" specialised for {_describe_inputs(d, inputs)}"
+        runtime = [(p.name, a) for p, a in zip(d.params, inputs.abstract) if not isinstance(a, StaticV)]
+        bindings = [expr for _, a in runtime for expr in _leaf_exprs(a, _)]
+        signature = ", ".join(f"{n}: {_annotation(a)}" for n, a in runtime)
+        decls = _declarations([a for _, a in runtime])
+        if grad is None:
+            text = printer.to_bend(fn, name, signature=signature, bindings=bindings,
+                                   returns=None)
+            return "\n\n".join([header, *decls, text]) + "\n"
+        wanted = (grad,) if isinstance(grad, str) else tuple(grad)
+        for w in wanted:
+            if w not in names:
+                raise DslError(d.name_span, f"'{w}' is not a parameter of '{name}'")
+        positions = [i for w in wanted for i in low.arg_leaves[names.index(w)]
+                     if fn.params[i].dtype in FLOAT_DTYPES]
+        gfn = optimize(grad_function(fn, positions))
+        slots = iter(range(len(positions)))
+        parts = [_result_expr(inputs.abstract[names.index(w)], slots) for w in wanted]
+        result = parts[0] if isinstance(grad, str) else "(" + ", ".join(parts) + ")"
+        returns = _annotation(inputs.abstract[names.index(grad)]) if isinstance(grad, str) else \
+            "(" + ", ".join(_annotation(inputs.abstract[names.index(w)]) for w in wanted) + ")"
+        text = printer.to_bend(gfn, f"{name}_grad", signature=signature, bindings=bindings,
+                               result=result, returns=returns)
+        return "\n\n".join([header, *decls, text]) + "\n"
+
+    def inputs_from_arrays(self, name: str, arrays: dict[str, np.ndarray],
+                           dims: dict[str, int]) -> dict[str, Any]:
+        """An entry's arguments from named arrays (p.W1, xs[0], as `dslc run` reads them)."""
+        d = self._def(name)
+        template = example_inputs(d, self._resolved.main, {**_shape_dims(arrays), **dims},
+                                  lenient=True)
+        used = set()
+
+        def fill(v, path: str):
+            if isinstance(v, dict):
+                return {k: fill(x, f"{path}.{k}") for k, x in v.items()}
+            if isinstance(v, (list, tuple)):
+                return type(v)(fill(x, f"{path}[{i}]") for i, x in enumerate(v))
+            if isinstance(v, (int, float, bool)):
+                return v
+            if path not in arrays:
+                raise DslError(d.name_span, f"the inputs have no array '{path}' for '{name}'")
+            used.add(path)
+            return Key(arrays[path].astype(np.uint32)) if isinstance(v, Key) else arrays[path]
+
+        out = {k: fill(v, k) for k, v in template.items()}
+        extra = sorted(set(arrays) - used - set(dims))
+        if extra:
+            raise DslError(d.name_span, f"'{name}' has no parameter for the input array '{extra[0]}'")
+        return out
+
+    def ir(self, name: str, dims: dict[str, int] | None = None) -> str:
+        """The tensor IR of an entry point, as text."""
+        from ir import printer
+        low, _ = self._specialised(self._def(name), dims)
+        return printer.to_text(low.function)
+
+    def _specialised(self, d: ast.Def, dims: dict[str, int] | None) -> tuple[Lowered, Inputs]:
+        if dims is not None:
+            return self.lower(d.name, (), example_inputs(d, self._resolved.main, dims))
+        if d.name not in self._last:
+            raise DslError(d.name_span, f"give dims= (or call '{d.name}' once) so that its "
+                                        "shapes are known")
+        return self._last[d.name]
+
     def lower(self, name: str, args: tuple, kwargs: dict) -> tuple[Lowered, Inputs]:
         """Check and lower entry `name` for these inputs (cached per input signature)."""
         d = self._def(name)
@@ -148,6 +226,7 @@ class Program:
         key = (name, inputs.key)
         if key not in self._cache:
             self._cache[key] = deep(lambda: self._lower(d, b, inputs))
+        self._last[name] = (self._cache[key], inputs)
         return self._cache[key], inputs
 
     def _inputs(self, b: Builder, d: ast.Def, bound: dict[str, Any]) -> Inputs:
@@ -246,9 +325,123 @@ def from_python(b: Builder, value: Any, t: ast.TypeExpr, mod, where: str, arrays
     raise DslError(t.span, f"a value of type '{name}' cannot be passed from Python")
 
 
+def example_inputs(d: ast.Def, mod, dims: dict[str, int]) -> dict[str, Any]:
+    """Inputs of an entry made concrete by --dims: zero arrays of the annotated shapes, static
+    ints (and list lengths, as `name=3`) from dims, key(0) for keys."""
+    env = {k: Dim.const(v) for k, v in dims.items()}
+
+    def make(t: ast.TypeExpr, where: str, module) -> Any:
+        name = "/".join(t.name) if isinstance(t, ast.NamedType) else None
+        if isinstance(t, ast.TensorTypeExpr) or name in NUMPY_DTYPES and name != "bool":
+            dtype = t.dtype if isinstance(t, ast.TensorTypeExpr) else name
+            dims_ = t.dims if isinstance(t, ast.TensorTypeExpr) else ()
+            shape = []
+            for e in dims_:
+                n = eval_dim(e).subst(env).value
+                if n is None or n < 0:
+                    missing = sorted(eval_dim(e).free_vars() - env.keys())
+                    raise DslError(e.span, f"--dims must give {', '.join(missing) or 'a size'} "
+                                           f"(for '{where}')")
+                shape.append(n)
+            return np.zeros(shape, NUMPY_DTYPES.get(dtype, np.float32))
+        if name in ("int", "float", "bool"):
+            if where not in dims:
+                raise DslError(t.span, f"--dims must give the static {name} '{where}'")
+            return {"int": int, "float": float, "bool": bool}[name](dims[where])
+        if name == "Key":
+            return key(0)
+        if isinstance(t, ast.TupleTypeExpr):
+            return tuple(make(i, f"{where}[{k}]", module) for k, i in enumerate(t.items))
+        if name == "List":
+            if where not in dims:
+                raise DslError(t.span, f"--dims must give the length of the list '{where}' ({where}=N)")
+            return [make(t.args[0], where, module) for _ in range(dims[where])]
+        entity = lookup_type(t.name, module)
+        if entity is None or entity.kind != "object":
+            raise DslError(t.span, f"a value of type '{name}' cannot be an entry point's input")
+        return {f.name: make(f.type, f"{where}.{f.name}", entity.module) for f in entity.node.fields}
+
+    for p in d.params:
+        if p.type is None:
+            raise DslError(p.span, f"entry point '{d.name}' must annotate its parameter '{p.name}'")
+    return {p.name: make(p.type, p.name, mod) for p in d.params}
+
+
 def _static(kind: str, value: Any):
-    from ir.dims import Dim
     return Dim.const(int(value)) if kind == "int" else float(value) if kind == "float" else bool(value)
+
+
+def _describe_inputs(d: ast.Def, inputs: Inputs) -> str:
+    parts = []
+    for p, a in zip(d.params, inputs.abstract):
+        parts.append(f"{p.name}={a.python}" if isinstance(a, StaticV) else f"{p.name}: {_annotation(a, concrete=True)}")
+    return "; ".join(parts)
+
+
+def _annotation(v, concrete: bool = False) -> str:
+    """A type annotation for an abstract input: records by name, tensors with their shapes."""
+    match v:
+        case TensorV():
+            return str(v.type)
+        case KeyV():
+            return "Key"
+        case TupleV():
+            return "(" + ", ".join(_annotation(i, concrete) for i in v.items) + ")"
+        case ListV():
+            return f"List({_annotation(v.items[0], concrete) if v.items else 'f32'})"
+        case RecordV():
+            return v.name if not concrete else v.name + " {" + ", ".join(
+                f"{n}: {_annotation(f, True)}" for n, f in v.fields) + "}"
+    return "?"
+
+
+def _leaf_exprs(v, path: str) -> list[str]:
+    """An expression for each runtime leaf of an input, in parameter order (p.W1, xs[0])."""
+    match v:
+        case TensorV() | KeyV():
+            return [path]
+        case TupleV() | ListV():
+            return [e for k, i in enumerate(v.items) for e in _leaf_exprs(i, f"{path}[{k}]")]
+        case RecordV():
+            return [e for n, f in v.fields for e in _leaf_exprs(f, f"{path}.{n}")]
+    return []
+
+
+def _result_expr(v, slots) -> str:
+    """The gradient of an input as an expression over the printed results ({0}, {1}, …):
+    float leaves take the next result, others are zeros of their type."""
+    match v:
+        case TensorV() if v.type.dtype in FLOAT_DTYPES:
+            return "{" + str(next(slots)) + "}"
+        case TensorV():
+            shape = ", ".join(str(d) for d in v.type.shape)
+            return f"zeros([{shape}], dtype={v.type.dtype})"
+        case TupleV():
+            return "(" + ", ".join(_result_expr(i, slots) for i in v.items) + ",)"
+        case ListV():
+            return "[" + ", ".join(_result_expr(i, slots) for i in v.items) + "]"
+        case RecordV():
+            return v.name + " {{ " + ", ".join(f"{n}: {_result_expr(f, slots)}" for n, f in v.fields) + " }}"
+    raise DslError(None, f"cannot differentiate with respect to a value of type {_annotation(v)}")
+
+
+def _declarations(values: list) -> list[str]:
+    """The source text of every object declaration the inputs' records need."""
+    found: dict[str, str] = {}
+
+    def walk(v) -> None:
+        if isinstance(v, RecordV):
+            node = v.decl.node
+            found.setdefault(node.name, node.span.source.text[node.span.start:node.span.end])
+            for _, f in v.fields:
+                walk(f)
+        elif isinstance(v, (TupleV, ListV)):
+            for i in v.items:
+                walk(i)
+
+    for v in values:
+        walk(v)
+    return list(found.values())
 
 
 def signature_of(v) -> Any:

@@ -20,7 +20,8 @@ import numpy as np
 from frontend import ast
 from frontend.builtins import SPECIAL_FORMS
 from frontend.diagnostics import CheckError, DslError, Note, ShapeError, Span
-from frontend.resolve import Entity, ModuleInfo, Program, bound_names, load_program, lookup_type
+from frontend.resolve import (Entity, ModuleInfo, Program, bound_names, load_program, lookup_type,
+                              qualified)
 from frontend.lower import (LoweringError, close_over, emit_primitive, flatten, fresh_params,
                             leaf_values, materialize, rebuild)
 from frontend.unify import Binder, Mismatch, as_tensor, eval_dim
@@ -919,6 +920,10 @@ class Checker:
             case ast.BinOp():
                 if e.op in ("and", "or"):
                     return self.logical(e, frame)
+                if e.op == "/":
+                    q = qualified(e, frame.module, frame.env.__contains__)
+                    if q is not None:
+                        return self.eval(q, frame)
                 return self.binary(e.op, self.eval(e.left, frame), self.eval(e.right, frame),
                                    e.op_span, e.left.span, e.right.span)
             case ast.UnaryOp():

@@ -30,7 +30,7 @@ NUMBER_LIKE = re.compile(r"\.?\d[\w.]*")
 CLOSERS = {"(": ")", "[": "]", "{": "}"}
 
 # How a message names the tokens it expected; the others are named by their quoted text.
-TOKEN_WORDS = {"NAME": "a name", "QUALNAME": "a name", "INT": "a number", "FLOAT": "a number",
+TOKEN_WORDS = {"NAME": "a name", "INT": "a number", "FLOAT": "a number",
                "STRING": "a string", "_NL": "the end of the line", "_INDENT": "an indented block",
                "_DEDENT": "the end of the block", "$END": "the end of the file"}
 # Tokens that may follow any expression: left out of the list of expected tokens.
@@ -265,8 +265,12 @@ class Builder(Transformer):
     def tensor_type(self, dtype, dims, rsqb):
         return ast.TensorTypeExpr(str(dtype), dims or (), self._span(dtype, rsqb))
 
+    def qual_name(self, *names):
+        return tuple(str(n) for n in names), self._span(names[0], names[-1])
+
     def named_type(self, name, args, rpar):
-        return ast.NamedType(tuple(name.split("/")), args or (), self._span(name, rpar or name))
+        parts, span = name
+        return ast.NamedType(parts, args or (), span.to(self._span(rpar)) if rpar else span)
 
     def tuple_type(self, lpar, *rest):
         return ast.TupleTypeExpr(rest[:-1], self._span(lpar, rest[-1]))
@@ -318,7 +322,7 @@ class Builder(Transformer):
         return ast.Match(bind and str(bind), subject, cases, self._span(kw, cases[-1]))
 
     def match_case(self, kw, ctor, body):
-        parts = None if ctor == "_" else tuple(ctor.split("/"))
+        parts = None if ctor[0] == ("_",) else ctor[0]
         return ast.MatchCase(parts, body, self._span(kw, body[-1]))
 
     def fold(self, target, kw, var, iterable, state, body):
@@ -378,9 +382,6 @@ class Builder(Transformer):
 
     def name(self, token):
         return ast.Name(str(token), self._span(token))
-
-    def qualname(self, token):
-        return ast.QualName(tuple(token.split("/")), self._span(token))
 
     def record(self, type_, fields, rbrace):
         return ast.RecordLit(tuple(type_.split("/")), fields or (), self._span(type_),
@@ -503,7 +504,7 @@ def _unexpected(source: Source, token: Token, expected: set[str]) -> ParseError:
 
 def _describe(token: Token) -> str:
     """A token as a message names it."""
-    if token.type in ("NAME", "QUALNAME"):
+    if token.type == "NAME":
         return f"name '{token}'"
     if token.type in ("INT", "FLOAT"):
         return f"number {token}"

@@ -8,7 +8,8 @@ the checker never takes is still reported.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Callable
 from pathlib import Path
 
 from frontend import ast
@@ -146,6 +147,45 @@ def _imported_names(item: ast.FromImport | ast.Import) -> list[str]:
     if isinstance(item, ast.Import):
         return [item.alias or item.module[-1]]
     return [n.alias or n.name for n in item.names]
+
+
+# ---------------------------------------------------------------- Bend's qualified names
+
+def qualified(e: ast.BinOp, mod: ModuleInfo, is_local: Callable[[str], bool]) -> ast.Expr | None:
+    """`Act/Relu`, `Tree/Node(l, r)`, `nn/linear(x)`, `Shape/Rect { … }`: a division whose left
+    side names a type or module (not shadowed by a local) qualifies the leftmost name of its
+    right side. Returns the expression with that name qualified, or None for a division."""
+    head = _qualifier(e.left, mod, is_local)
+    return None if head is None else _qualify_leftmost(e.right, head, e.left.span)
+
+
+def _qualifier(x: ast.Expr, mod: ModuleInfo, is_local: Callable[[str], bool]) -> tuple[str, ...] | None:
+    if isinstance(x, ast.Name):
+        entity = None if is_local(x.id) else mod.names.get(x.id)
+        return (x.id,) if entity is not None and entity.kind in ("type", "object", "module") else None
+    if isinstance(x, ast.BinOp) and x.op == "/" and isinstance(x.right, ast.Name):
+        head = _qualifier(x.left, mod, is_local)
+        if head is not None and len(head) == 1 and mod.names[head[0]].kind == "module":
+            inner = mod.names[head[0]].module.names.get(x.right.id)
+            if inner is not None and inner.kind in ("type", "object"):
+                return head + (x.right.id,)
+    return None
+
+
+def _qualify_leftmost(x: ast.Expr, head: tuple[str, ...], start: Span) -> ast.Expr | None:
+    match x:
+        case ast.Name():
+            return ast.QualName(head + (x.id,), start.to(x.span))
+        case ast.RecordLit():
+            return replace(x, type=head + x.type, type_span=start.to(x.type_span), span=start.to(x.span))
+        case ast.Call() | ast.Index() | ast.Attr():
+            field = "func" if isinstance(x, ast.Call) else "value"
+            inner = _qualify_leftmost(getattr(x, field), head, start)
+            return None if inner is None else replace(x, **{field: inner, "span": start.to(x.span)})
+        case ast.BinOp():
+            inner = _qualify_leftmost(x.left, head, start)
+            return None if inner is None else replace(x, left=inner, span=start.to(x.span))
+    return None
 
 
 # ---------------------------------------------------------------- lexical name checks
@@ -346,8 +386,12 @@ class _Names:
             case ast.QualName():
                 self.qualname(e, scope)
             case ast.BinOp():
-                ex(e.left)
-                ex(e.right)
+                q = qualified(e, self.mod, scope.__contains__) if e.op == "/" else None
+                if q is not None:
+                    ex(q)
+                else:
+                    ex(e.left)
+                    ex(e.right)
             case ast.UnaryOp():
                 ex(e.operand)
             case ast.Call():

@@ -53,7 +53,7 @@ class Dim:
         return c if mono == () and not rest else None
 
     def free_vars(self) -> frozenset[str]:
-        return frozenset(a for mono, _ in self.terms for a in mono if not a.startswith("("))
+        return frozenset(a for mono, _ in self.terms for a in mono if not a.startswith(OPAQUE))
 
     def __add__(self, other: Dim | int) -> Dim:
         return _combine(self, Dim.of(other), 1)
@@ -91,7 +91,7 @@ class Dim:
         a, b = self.value, other.value
         if a is not None and b is not None and b != 0:
             return Dim.const(a // b)
-        return Dim.var(f"({self}) // {_paren(other)}")
+        return Dim.var(f"{OPAQUE}{_paren(self)} // {_paren(other)}")
 
     def divide_exactly(self, other: Dim) -> Dim | None:
         """self / other when other is a monomial that divides every term exactly, else None."""
@@ -120,8 +120,11 @@ class Dim:
         return total
 
     def agrees(self, other: Dim) -> bool:
-        """Equal, or one side unknown."""
-        return self.unknown_ or other.unknown_ or self == other
+        """Equal, or possibly equal: one side unknown, or they differ only by floor divisions
+        the checker cannot decide (`H * (D // H)` is D exactly when H divides D)."""
+        if self.unknown_ or other.unknown_ or self == other:
+            return True
+        return any(a.startswith(OPAQUE) for mono, _ in (self - other).terms for a in mono)
 
     def __str__(self) -> str:
         if self.spelling is not None:
@@ -132,15 +135,24 @@ class Dim:
             return "0"
         out = ""
         for i, (mono, c) in enumerate(sorted(self.terms, key=lambda t: (-len(t[0]), t[0]))):
-            factors = ([str(abs(c))] if abs(c) != 1 or not mono else []) + list(mono)
+            factors = ([str(abs(c))] if abs(c) != 1 or not mono else []) + [_atom(a) for a in mono]
             text = " * ".join(factors)
             out += (("- " if c < 0 else "+ ") if i else ("-" if c < 0 else "")) + text + " "
         return out.strip()
 
 
+OPAQUE = "//"     # the prefix of an atom that stands for a floor division the checker cannot do
+
+
+def _atom(a: str) -> str:
+    """An atom as shown: a name, or an undecidable floor division in parentheses."""
+    return f"({a[len(OPAQUE):]})" if a.startswith(OPAQUE) else a
+
+
 def _paren(d: Dim) -> str:
+    """A dimension as an operand of //: parenthesised unless it is one name or number."""
     s = str(d)
-    return s if len(d.terms) <= 1 and " " not in s else f"({s})"
+    return s if " " not in s else f"({s})"
 
 
 def _normal(acc: dict[Monomial, int]) -> Dim:
