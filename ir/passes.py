@@ -12,6 +12,7 @@ from ir.core import Function, Op, Value
 from ir.ops.base import np_dtype
 
 RANDOM = {"key", "key_split", "fold_in", "uniform", "normal", "bernoulli"}
+CONSTRUCTORS = {"zeros", "ones", "full", "eye", "arange"}
 FOLD_LIMIT = 4096            # constant results larger than this many elements stay computed
 
 
@@ -94,6 +95,26 @@ SIMPLIFY: list[Rule] = [
 ]
 
 
+ELEMENTWISE_BINARY = {"add", "sub", "mul", "div", "maximum", "minimum", "pow", "mod", "where",
+                      "eq", "ne", "lt", "le", "gt", "ge"}
+
+
+def _implicit_broadcast(op: Op, producers: list) -> Op | None:
+    """An elementwise op broadcasts its operands itself: an explicit broadcast_to feeding it is
+    redundant when the result's shape does not depend on it."""
+    if op.prim not in ELEMENTWISE_BINARY:
+        return None
+    inputs = list(op.inputs)
+    for i, p in enumerate(producers):
+        if p is not None and p.prim == "broadcast_to":
+            trial = inputs[:i] + [p.inputs[0]] + inputs[i + 1:]
+            if np.broadcast_shapes(*(v.shape for v in trial)) == op.outputs[0].shape:
+                inputs = trial
+    if inputs == list(op.inputs):
+        return None
+    return Op(op.prim, tuple(inputs), op.params, op.outputs, op.body)
+
+
 def _same(op: Op, i: int) -> bool:
     """The result has exactly the type of input i (no broadcasting, no dtype change)."""
     return op.inputs[i].type == op.outputs[0].type
@@ -123,6 +144,7 @@ def simplify(fn: Function) -> Function:
             continue
         if op.prim in ("reshape", "broadcast_to") and inputs[0] is not None and inputs[0].prim == op.prim:
             op = Op(op.prim, inputs[0].inputs, op.params, op.outputs)
+        op = _implicit_broadcast(op, inputs) or op
         ops.append(op)
         producer.update((v, op) for v in op.outputs)
     return substitute(fn, ops, env)
@@ -135,7 +157,8 @@ def fold_constants(fn: Function) -> Function:
     for op in fn.ops:
         if op.prim == "constant":
             constant[op.outputs[0]] = interp.evaluate(op, [])[0]
-        elif (op.body is None and op.prim not in RANDOM and len(op.outputs) == 1 and op.inputs
+        elif (op.body is None and op.prim not in RANDOM and len(op.outputs) == 1
+              and (op.inputs or op.prim in CONSTRUCTORS)
               and all(v in constant for v in op.inputs) and not op.outputs[0].is_key
               and int(np.prod(op.outputs[0].shape)) <= FOLD_LIMIT):
             value = interp.evaluate(op, [constant[v] for v in op.inputs])[0]

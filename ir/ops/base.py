@@ -230,6 +230,8 @@ def unbroadcast(b: Any, ct: Any, shape: tuple[int, ...]) -> Any:
     lead = len(ct.shape) - len(shape)
     axes = tuple(range(lead)) + tuple(lead + i for i, n in enumerate(shape)
                                       if n == 1 and ct.shape[lead + i] != 1)
+    if axes and tuple(n for i, n in enumerate(ct.shape) if i not in axes) == shape:
+        return b.emit("sum", ct, axis=axes, keepdims=False)      # one op, no reshape
     if axes:
         ct = b.emit("sum", ct, axis=axes, keepdims=True)
     return ct if ct.shape == shape else b.emit("reshape", ct, shape=shape)

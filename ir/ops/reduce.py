@@ -86,7 +86,7 @@ class Mean(Reduction):
 
     def backward(self, b: Any, ct: Any, x: Any, y: Any, axes: tuple[int, ...]) -> Any:
         count = b.constant(float(np.prod([x.shape[a] for a in axes])), ct.dtype)
-        return b.emit("div", _spread(b, ct, x), count)
+        return _spread(b, b.emit("div", ct, count), x)     # divide before spreading: fewer ops
 
 
 def _ties_share(b: Any, ct: Any, x: Any, y: Any, axes: tuple[int, ...]) -> Any:
