@@ -176,27 +176,38 @@ class Program:
         return "\n\n".join([header, *decls, text]) + "\n"
 
     def inputs_from_arrays(self, name: str, arrays: dict[str, np.ndarray],
-                           dims: dict[str, int]) -> dict[str, Any]:
-        """An entry's arguments from named arrays (p.W1, xs[0], as `dslc run` reads them)."""
+                           statics: dict[str, int]) -> dict[str, Any]:
+        """An entry's arguments from named arrays (`p.W1`, `xs[0]`, as `dslc run` reads them);
+        static parameters from `statics`."""
         d = self._def(name)
-        template = example_inputs(d, self._resolved.main, {**_shape_dims(arrays), **dims},
-                                  lenient=True)
-        used = set()
+        used: set[str] = set()
 
-        def fill(v, path: str):
-            if isinstance(v, dict):
-                return {k: fill(x, f"{path}.{k}") for k, x in v.items()}
-            if isinstance(v, (list, tuple)):
-                return type(v)(fill(x, f"{path}[{i}]") for i, x in enumerate(v))
-            if isinstance(v, (int, float, bool)):
-                return v
+        def make(t: ast.TypeExpr, path: str, module) -> Any:
+            tname = "/".join(t.name) if isinstance(t, ast.NamedType) else None
+            if tname in ("int", "float", "bool"):
+                if path not in statics:
+                    raise DslError(t.span, f"give the static {tname} '{path}' with --dims {path}=…")
+                return {"int": int, "float": float, "bool": bool}[tname](statics[path])
+            if isinstance(t, ast.TupleTypeExpr):
+                return tuple(make(i, f"{path}[{k}]", module) for k, i in enumerate(t.items))
+            if tname == "List":
+                n = 0
+                while any(k == f"{path}[{n}]" or k.startswith(f"{path}[{n}].") for k in arrays):
+                    n += 1
+                return [make(t.args[0], f"{path}[{i}]", module) for i in range(n)]
+            entity = lookup_type(t.name, module) if isinstance(t, ast.NamedType) else None
+            if entity is not None and entity.kind == "object":
+                return {f.name: make(f.type, f"{path}.{f.name}", entity.module) for f in entity.node.fields}
             if path not in arrays:
-                raise DslError(d.name_span, f"the inputs have no array '{path}' for '{name}'")
+                raise DslError(t.span, f"the inputs have no array '{path}' for '{name}'")
             used.add(path)
-            return Key(arrays[path].astype(np.uint32)) if isinstance(v, Key) else arrays[path]
+            return Key(arrays[path].astype(np.uint32)) if tname == "Key" else arrays[path]
 
-        out = {k: fill(v, k) for k, v in template.items()}
-        extra = sorted(set(arrays) - used - set(dims))
+        for p in d.params:
+            if p.type is None:
+                raise DslError(p.span, f"entry point '{name}' must annotate its parameter '{p.name}'")
+        out = {p.name: make(p.type, p.name, self._resolved.main) for p in d.params}
+        extra = sorted(set(arrays) - used)
         if extra:
             raise DslError(d.name_span, f"'{name}' has no parameter for the input array '{extra[0]}'")
         return out
@@ -426,15 +437,17 @@ def _result_expr(v, slots) -> str:
 
 
 def _declarations(values: list) -> list[str]:
-    """The source text of every object declaration the inputs' records need."""
+    """Declarations of the records the inputs hold, with this specialisation's sizes (the
+    printed program has concrete shapes throughout)."""
     found: dict[str, str] = {}
 
     def walk(v) -> None:
-        if isinstance(v, RecordV):
-            node = v.decl.node
-            found.setdefault(node.name, node.span.source.text[node.span.start:node.span.end])
+        if isinstance(v, RecordV) and v.name not in found:
+            found[v.name] = ""
             for _, f in v.fields:
                 walk(f)
+            fields = ", ".join(f"{n}: {_annotation(f)}" for n, f in v.fields)
+            found[v.name] = f"object {v.name} {{ {fields} }}"
         elif isinstance(v, (TupleV, ListV)):
             for i in v.items:
                 walk(i)
@@ -442,6 +455,17 @@ def _declarations(values: list) -> list[str]:
     for v in values:
         walk(v)
     return list(found.values())
+
+
+def flatten_python(value: Any, path: str) -> dict[str, np.ndarray]:
+    """A result as named arrays (`out`, `out[0]`, `out.W1`), as `dslc run` writes them."""
+    if isinstance(value, dict):
+        return {k: a for f, v in value.items() for k, a in flatten_python(v, f"{path}.{f}").items()}
+    if isinstance(value, (list, tuple)):
+        return {k: a for i, v in enumerate(value) for k, a in flatten_python(v, f"{path}[{i}]").items()}
+    if isinstance(value, Key):
+        return {path: value.words}
+    return {path: np.asarray(value)}
 
 
 def signature_of(v) -> Any:

@@ -113,42 +113,45 @@ def vjp_checkpoint(b: Builder, op: Op, out_cts: tuple[Value | None, ...]) -> lis
 
 
 def vjp_scan(b: Builder, op: Op, out_cts: tuple[Value | None, ...]) -> list[Value | None]:
-    """A scan's VJP: the forward scan re-run saving each step's incoming state, then a reverse
-    scan of the body's VJP over those states, carrying the states' cotangents and summing the
-    constants' cotangents."""
+    """A scan's VJP. One step of the body is differentiated: forward ops F, then backward ops
+    B. The forward scan (already in b) is replaced by one whose body also emits, stacked, the
+    values of each step that B reads (its residuals); then a reverse scan runs B over them,
+    carrying the states' cotangents and summing the constants'. Nothing is recomputed."""
     a = op.attrs
     n_state, n_xs, length = a["n_state"], a["n_xs"], a["length"]
-    body = op.body
-    states, xs = op.inputs[:n_state], op.inputs[n_state:n_state + n_xs]
-    consts = op.inputs[n_state + n_xs:]
-    saving = Function(body.name, body.params, body.ops, body.results + body.params[:n_state])
-    fwd = b_scan(b, saving, list(op.inputs), a)
-    saved = fwd[len(op.outputs):]                      # stacked incoming states
-    cts = [c if c is not None else zeros_like(b, v) for c, v in zip(out_cts, op.outputs)]
-    state_cts, emit_cts = cts[:n_state], cts[n_state:]
-    const_cts = [zeros_like(b, c) for c in consts]
+    step = Builder(f"{op.body.name}_bwd")
+    args = inline_params(step, op.body)
+    outs = inline(step, op.body, args)
+    fwd_ops = list(step.ops)
+    carry = [step.param(v.type) for v in args[:n_state]]      # cotangent of the next state
+    emit_cts = [step.param(v.type) for v in outs[n_state:]]
+    acc = [step.param(v.type) for v in args[n_state + n_xs:]]   # constants' cotangents so far
+    cts: dict[Value, Value] = {}
+    for v, c in zip(outs, carry + emit_cts):
+        accumulate(step, cts, v, c)
+    backward(step, Function(op.body.name, tuple(args), tuple(fwd_ops), tuple(outs)), cts, set(args))
+    arg_cts = [cts[v] if v in cts else zeros_like(step, v) for v in args]
+    acc_out = [step.emit("add", s_, c) for s_, c in zip(acc, arg_cts[n_state + n_xs:])]
+    bwd_ops = step.ops[len(fwd_ops):]
 
-    # backward body: (state_ct, const_ct_acc, state_t, x_t, emit_ct_t, consts) ->
-    #                (state_ct_prev, const_ct_acc + const_ct_t, x_ct_t)
-    vjp_body = vjp_function(body)
-    bb = Builder(f"{body.name}_bwd")
-    carry_state = [bb.param(v.type) for v in state_cts]
-    carry_const = [bb.param(v.type) for v in consts]
-    state_t = [bb.param(v.type) for v in states]
-    x_t = [bb.param(p.type) for p in body.params[n_state:n_state + n_xs]]
-    emit_t = [bb.param(r.type) for r in body.results[n_state:]]
-    const_in = [bb.param(v.type) for v in consts]
-    arg_cts = inline(bb, vjp_body, state_t + x_t + const_in + carry_state + emit_t)
-    new_state = arg_cts[:n_state]
-    new_const = [bb.emit("add", acc, c) for acc, c in zip(carry_const, arg_cts[n_state + n_xs:])]
-    bwd_body = bb.finish(new_state + new_const + arg_cts[n_state:n_state + n_xs])
-    outs = b_scan(b, bwd_body, state_cts + const_cts + list(saved) + list(xs) + emit_cts + list(consts),
-                  {"n_state": n_state + len(consts), "n_xs": n_state + n_xs + len(emit_cts),
-                   "length": length, "reverse": not a.get("reverse", False)})
-    final_state_cts = outs[:n_state]
-    final_const_cts = outs[n_state:n_state + len(consts)]
-    x_cts = outs[n_state + len(consts):]
-    return list(final_state_cts) + list(x_cts) + list(final_const_cts)
+    produced = {v for o in fwd_ops for v in o.outputs} | set(args[:n_state + n_xs])
+    residuals = list(dict.fromkeys(v for v in [v for o in bwd_ops for v in o.inputs] + arg_cts
+                                   if v in produced))
+    stacked = [Value(TensorType(v.dtype, (Dim.const(length), *v.type.shape))) for v in residuals]
+    forward = Function(op.body.name, tuple(args), tuple(fwd_ops), tuple(outs) + tuple(residuals))
+    b.ops[b.ops.index(op)] = Op("scan", op.inputs, op.params, op.outputs + tuple(stacked), forward)
+
+    consts = args[n_state + n_xs:]
+    bwd = Function(step.name, tuple(carry + acc + residuals + emit_cts + consts), tuple(bwd_ops),
+                   tuple(arg_cts[:n_state] + acc_out + arg_cts[n_state:n_state + n_xs]))
+    cts_in = [c if c is not None else zeros_like(b, v) for c, v in zip(out_cts, op.outputs)]
+    const_inputs = list(op.inputs[n_state + n_xs:])
+    outs_b = b_scan(b, bwd, cts_in[:n_state] + [zeros_like(b, c) for c in const_inputs] + stacked
+                    + cts_in[n_state:] + const_inputs,
+                    {"n_state": n_state + len(consts), "n_xs": len(residuals) + len(emit_cts),
+                     "length": length, "reverse": not a.get("reverse", False)})
+    state_cts, const_cts = outs_b[:n_state], outs_b[n_state:n_state + len(consts)]
+    return state_cts + outs_b[n_state + len(consts):] + const_cts
 
 
 def b_scan(b: Builder, body: Function, inputs: list[Value], attrs: dict) -> list[Value]:

@@ -9,8 +9,10 @@ body right after its op's outputs), never by their global ids: equal functions p
 
 - Names. Flat parameters are a0, a1, …; every other value is named after the primitive that
   makes it and the number `to_text` gives it, so `tanh_7` is %7. A scan's states are carry_N,
-  its stacked emits ys_N, a checkpoint's results checkpoint_N. A name that would clash with a
-  keyword, a built-in or a name of the caller's signature gets a trailing `_`.
+  its stacked emits ys_N, a checkpoint's results checkpoint_N; a body's parameters that receive
+  captured values go by the outer names. With a signature, a flat parameter whose binding is a
+  name goes by it, and one bound to an expression is assigned first (`p_W1 = p.W1`). A name that
+  would clash with a keyword, a built-in or a name of the caller's text gets a trailing `_`.
 - One statement per op: operators for the primitives of `BINARY_OPERATORS`/`UNARY_OPERATORS`
   (`add_4 = a0 + a1`); other primitives by their surface name, required parameters positional
   and the others as keywords, left out at their default (`sum(x, axis=(0, 2), keepdims=True)`);
@@ -26,6 +28,8 @@ body right after its op's outputs), never by their global ids: equal functions p
   step. States are the `with` variables; the body ends by assigning them (in one parallel
   assignment) and returning the emitted values; reversed emits are flipped back.
 - `checkpoint` is a local def and `checkpoint(f)(args…)`.
+- `unindex` (IR only: the transpose of `index`, made by gradients) is written with
+  `expand_dims`, `take` and `where`, which copy values and so keep every bit (`unindex_steps`).
 - `result` (optional) is a `str.format` template applied to the flat results' names:
   `{0}`, `{1}`, … stand for them in order and literal braces are doubled, as in
   "Params {{ W1: {0}, b1: {1} }}". With `result` given, `returns` defaults to no annotation.
@@ -48,7 +52,7 @@ from frontend.builtins import BUILTIN_TYPES, SPECIAL_FORMS
 from ir import ops
 from ir.core import Function, Op, Value, bind_inputs
 from ir.dims import Dim
-from ir.ops.base import Kind, np_dtype
+from ir.ops.base import SURFACE, Kind, np_dtype
 from ir.ops.shape import SliceSpec
 
 KEYWORDS = frozenset("def type object return if elif else switch case match fold bend when fork "
@@ -264,7 +268,7 @@ def to_bend(fn: Function, name: str, signature: str | None = None,
 
 def reserved_names() -> frozenset[str]:
     """Names a printed value must not take: keywords, built-in names, primitives' surface names."""
-    return KEYWORDS | set(SPECIAL_FORMS) | set(BUILTIN_TYPES) | set(ops.base.SURFACE)
+    return KEYWORDS | set(SPECIAL_FORMS) | set(BUILTIN_TYPES) | set(SURFACE)
 
 
 class _Writer:
@@ -443,39 +447,41 @@ class _Writer:
                     f"checkpoint({f})({args})")
 
     def unindex(self, op: Op, env: dict[Value, str], depth: int) -> None:
-        """unindex(x, items, shape): zeros of shape holding x where x[items] would read. The
-        int items' axes are put back with expand_dims; then along each sliced axis, a gather
-        (take) puts every element of x at its position and where() zeroes the others."""
-        x, (out,) = op.inputs[0], op.outputs
-        items, shape = op.attrs["items"], tuple(op.attrs["shape"])
-        dtype = out.dtype
-        per_axis = _per_axis(items, len(shape))
-        picked = [[range(n)[it]] if isinstance(it, int) else
-                  list(range(n)[slice(_plain(it.lo), _plain(it.hi), it.step)])
-                  for it, n in zip(per_axis, shape)]
+        """unindex as the statements of `unindex_steps`, the last one naming the result."""
+        (out,) = op.outputs
         name = self.define(out, op.prim)
-        if any(not p for p in picked):
-            self.line(depth, f"{name} = zeros({list(shape)}, dtype={dtype})")
-            return
-        steps = []
-        ints = tuple(i for i, it in enumerate(per_axis) if not isinstance(it, SliceSpec))
-        if ints:
-            steps.append(f"expand_dims({{}}, {static_text(Kind.AXES, ints if len(ints) > 1 else ints[0], op.prim)})")
-        for axis, (positions, n) in enumerate(zip(picked, shape)):
-            if positions == list(range(n)):
-                continue
-            source = [positions.index(j) if j in positions else 0 for j in range(n)]
-            mask = np.array([j in positions for j in range(n)]).reshape(
-                [n if i == axis else 1 for i in range(len(shape))])
-            steps.append(f"take({{}}, {_list_text(tuple(source))}, axis={axis})")
-            steps.append(f"where({constant_text(mask, 'bool')}, {{}}, zeros([], dtype={dtype}))")
-        current = self.ref(x, env)
+        steps = unindex_steps(op.attrs["items"], tuple(op.attrs["shape"]), out.dtype)
+        current = self.ref(op.inputs[0], env)
         for k, step in enumerate(steps):
             target = name if k == len(steps) - 1 else self.claim(f"{name}_{k + 1}")
             self.line(depth, f"{target} = {step.format(current)}")
             current = target
         if not steps:
             self.line(depth, f"{name} = {current}")
+
+
+def unindex_steps(items: tuple, shape: tuple[int, ...], dtype: str) -> list[str]:
+    """unindex(x, items, shape), zeros of `shape` holding x where x[items] reads, as surface
+    expressions each applied to the previous one (`{}`): expand_dims puts back the axes of
+    the int items; then along each sliced axis a gather (take) moves every element of x to
+    its position and `where` zeroes the positions the slice skips. Both copy: bit-exact."""
+    per_axis = _per_axis(items, len(shape))
+    picked = [[range(n)[it]] if isinstance(it, int) else
+              list(range(n)[slice(_plain(it.lo), _plain(it.hi), it.step)])
+              for it, n in zip(per_axis, shape)]
+    if any(not positions for positions in picked):
+        return [f"zeros({list(shape)}, dtype={dtype})"]
+    ints = tuple(i for i, it in enumerate(per_axis) if not isinstance(it, SliceSpec))
+    steps = [f"expand_dims({{}}, {_tuple_text(ints)})"] if ints else []
+    for axis, (positions, n) in enumerate(zip(picked, shape)):
+        if positions == list(range(n)):
+            continue
+        source = tuple(positions.index(j) if j in positions else 0 for j in range(n))
+        mask = np.array([j in positions for j in range(n)]).reshape(
+            [n if i == axis else 1 for i in range(len(shape))])
+        steps.append(f"take({{}}, {_list_text(source)}, axis={axis})")
+        steps.append(f"where({constant_text(mask, 'bool')}, {{}}, zeros([], dtype={dtype}))")
+    return steps
 
 
 def _per_axis(items: tuple, rank: int) -> list:
@@ -494,10 +500,22 @@ def _constant_expression(op: Op, args: list[str]) -> str:
     return constant_text(op.attrs["value"], op.attrs["dtype"])
 
 
+def _tanh_grad_expression(op: Op, args: list[str]) -> str:
+    y, ct = args
+    return f"{ct} * (1.0 - {y} * {y})"          # the same operations, in the same order
+
+
+def _sigmoid_grad_expression(op: Op, args: list[str]) -> str:
+    y, ct = args
+    return f"{ct} * {y} * (1.0 - {y})"
+
+
 # IR primitives without a surface call of their own, spelled as an expression …
 EXPRESSIONS: dict[str, Callable[[Op, list[str]], str]] = {
     "index": _index_expression,
     "constant": _constant_expression,
+    "tanh_grad": _tanh_grad_expression,
+    "sigmoid_grad": _sigmoid_grad_expression,
 }
 # … or as statements.
 STATEMENTS: dict[str, Callable[[_Writer, Op, dict, int], None]] = {

@@ -67,3 +67,50 @@ def test_missing_file_is_a_user_error(tmp_path: Path):
 def test_version():
     r = dslc("--version")
     assert r.returncode == 0 and r.stdout.startswith("dslc ")
+
+
+MLP = Path(__file__).parent / "programs" / "mlp.bend"
+
+
+def test_ir_prints_the_tensor_ir():
+    r = dslc("ir", str(MLP), "--entry", "loss", "--dims", "B=4,D=3,H=5,C=2")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("def loss(%0: f32[3, 5], %1: f32[5], %2: f32[5, 2], %3: f32[2], "
+                               "%4: f32[4, 3], %5: i32[4])")
+    assert "= tanh(" in r.stdout
+
+
+def test_ir_without_a_needed_dim_is_a_user_error():
+    r = dslc("ir", str(MLP), "--entry", "loss", "--dims", "B=4,D=3")
+    assert r.returncode == 1
+    assert "--dims must give" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_ir_levels_of_missing_backends_are_usage_errors():
+    r = dslc("ir", str(MLP), "--entry", "loss", "--dims", "B=4,D=3,H=5,C=2", "--level", "ptx")
+    assert r.returncode == 2 and "not have yet" in r.stderr
+
+
+def test_run_reads_named_arrays_and_writes_the_result(tmp_path: Path):
+    import numpy as np
+    import dsl
+    rng = np.random.default_rng(0)
+    arrays = {"p.W1": rng.standard_normal((3, 5), np.float32), "p.b1": np.zeros(5, np.float32),
+              "p.W2": rng.standard_normal((5, 2), np.float32), "p.b2": np.zeros(2, np.float32),
+              "x": rng.standard_normal((4, 3), np.float32), "y": np.array([0, 1, 1, 0], np.int32)}
+    np.savez(tmp_path / "in.npz", **arrays)
+    r = dslc("run", str(MLP), "--entry", "loss", "--inputs", str(tmp_path / "in.npz"),
+             "-o", str(tmp_path / "out.npz"), "--device", "reference")
+    assert r.returncode == 0, r.stderr
+    want = dsl.load(str(MLP)).loss({k[2:]: v for k, v in arrays.items() if k.startswith("p.")},
+                                   arrays["x"], arrays["y"])
+    with np.load(tmp_path / "out.npz") as out:
+        assert list(out.files) == ["out"] and np.array_equal(out["out"], want)
+
+
+def test_run_names_a_missing_input(tmp_path: Path):
+    import numpy as np
+    np.savez(tmp_path / "in.npz", x=np.zeros((4, 3), np.float32))
+    r = dslc("run", str(MLP), "--entry", "loss", "--inputs", str(tmp_path / "in.npz"))
+    assert r.returncode == 1
+    assert "no array 'p.W1'" in r.stderr and "Traceback" not in r.stderr

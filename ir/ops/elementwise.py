@@ -188,7 +188,7 @@ class Tanh(Unary):
     reference = staticmethod(np.tanh)
 
     def backward(self, b: Any, ct: Any, x: Any, y: Any) -> Any:
-        return b.emit("mul", ct, b.emit("sub", _scalar(b, 1.0, y), b.emit("mul", y, y)))
+        return b.emit("tanh_grad", y, ct)
 
 
 @primitive
@@ -198,7 +198,7 @@ class Sigmoid(Unary):
     reference = staticmethod(_sigmoid)
 
     def backward(self, b: Any, ct: Any, x: Any, y: Any) -> Any:
-        return b.emit("mul", ct, b.emit("mul", y, b.emit("sub", _scalar(b, 1.0, y), y)))
+        return b.emit("sigmoid_grad", y, ct)
 
 
 @primitive
@@ -257,6 +257,43 @@ class Binary(Elementwise):
     def backward(self, b: Any, ct: Any, lhs: Any, rhs: Any, y: Any) -> tuple[Any, Any]:
         """The operands' cotangents at the result's shape, given y = lhs op rhs's, ct."""
         raise NotImplementedError(f"no VJP rule for '{self.name}'")
+
+
+class FusedGrad(Binary):
+    """The backward of an activation from its output y and the cotangent ct, as one op (one
+    pass over memory, like PyTorch's tanh_backward); IR only."""
+    params = (Param("y", Kind.TENSOR), Param("ct", Kind.TENSOR))
+    accepts = FLOAT_DTYPES
+    needs = "float"
+
+    def infer(self, y: TensorType, ct: TensorType) -> TensorType:
+        return super().infer(y, ct)
+
+    def vjp(self, b: Any, op: Any, cts: tuple) -> tuple:
+        (y, ct), (g,) = op.inputs, cts
+        return self.backward(b, g, y, ct, op.outputs[0])
+
+
+@primitive
+class TanhGrad(FusedGrad):
+    """ct * (1 - y * y): tanh's derivative at the x where tanh(x) = y, times ct."""
+    name, symbol = "tanh_grad", "tanh_grad"
+    reference = staticmethod(lambda y, ct: ct * (1 - y * y))
+
+    def backward(self, b: Any, g: Any, y: Any, ct: Any, out: Any) -> tuple[Any, Any]:
+        dy = b.emit("mul", b.emit("mul", g, ct), b.emit("mul", y, _scalar(b, -2.0, y)))
+        return dy, b.emit("tanh_grad", y, g)
+
+
+@primitive
+class SigmoidGrad(FusedGrad):
+    """ct * y * (1 - y): sigmoid's derivative at the x where sigmoid(x) = y, times ct."""
+    name, symbol = "sigmoid_grad", "sigmoid_grad"
+    reference = staticmethod(lambda y, ct: ct * y * (1 - y))
+
+    def backward(self, b: Any, g: Any, y: Any, ct: Any, out: Any) -> tuple[Any, Any]:
+        slope = b.emit("sub", _scalar(b, 1.0, y), b.emit("mul", y, _scalar(b, 2.0, y)))
+        return b.emit("mul", b.emit("mul", g, ct), slope), b.emit("sigmoid_grad", y, g)
 
 
 @primitive

@@ -198,6 +198,8 @@ CASES = {
                                                      "cos", "floor", "abs", "sign", "neg")},
     **{f"unary_{p}": prim(p, positive(2, 3)) for p in ("log", "log2", "sqrt", "rsqrt")},
     "unary_int_abs": prim("abs", ints(4)),
+    "tanh_grad": prim("tanh_grad", np.tanh(floats(2, 3)), floats(2, 3)),
+    "sigmoid_grad": prim("sigmoid_grad", positive(2, 3) / 2.5, floats(2, 3)),
     "unary_int_neg": prim("neg", ints(4)),
     "unary_int_sign": prim("sign", ints(4)),
     "unary_special_values": prim("exp", SPECIAL),
@@ -211,7 +213,7 @@ CASES = {
         "add", "sub", "mul", "mod", "floordiv", "pow", "eq", "lt")},
     "binary_f64_floordiv": prim("floordiv", floats(4, dtype=np.float64), positive(4).astype(np.float64)),
     **{f"binary_bool_{p}": prim(p, bools(2, 3), bools(2, 3)) for p in ("and", "or", "xor", "eq")},
-    **{f"binary_int_{p}": prim(p, ints(2, 3), ints(2, 3), ) for p in ("and", "or", "xor")},
+    **{f"binary_int_{p}": prim(p, ints(2, 3), ints(2, 3)) for p in ("and", "or", "xor")},
     **{f"binary_int_{p}": prim(p, ints(2, 3), ints(2, 3, low=0, high=4)) for p in ("shl", "shr")},
     "where": prim("where", bools(2, 3), floats(2, 3), floats(3)),
     "cast_f64": prim("cast", floats(2, 3), dtype="f64"),
@@ -329,10 +331,6 @@ CASES = {
 }
 
 
-def case_ids() -> list[str]:
-    return list(CASES)
-
-
 # ---------------------------------------------------------------- running printed programs
 
 def interp_args(args: list) -> list[np.ndarray]:
@@ -360,14 +358,14 @@ def primitives_in(fn: Function) -> set[str]:
 
 # ---------------------------------------------------------------- to_bend: checks and runs
 
-@pytest.mark.parametrize("case", case_ids())
+@pytest.mark.parametrize("case", list(CASES))
 def test_printed_program_checks(case):
     fn, _ = CASES[case]()
     check_file("printed.bend", printer.to_bend(fn, "f"))
 
 
 @needs_loads
-@pytest.mark.parametrize("case", case_ids())
+@pytest.mark.parametrize("case", list(CASES))
 def test_printed_program_computes_the_same_bits(case):
     fn, args = CASES[case]()
     text = printer.to_bend(fn, "f")

@@ -169,6 +169,11 @@ for name, (fn, draw) in UNARY.items():
     for shape in [(), (5,), (2, 3, 4)]:
         case(f"{name}-{shape}", name, [draw(*shape)], fn)
 case("abs-at-zero", "abs", [np.array([-1.5, 0.0, 0.0, 2.0])], torch.abs, smooth=False)
+# the fused activation backwards that tanh's and sigmoid's VJPs emit (differentiated again
+# under grad of grad): y is the activation's output, ct a cotangent
+case("tanh_grad", "tanh_grad", [np.tanh(normal(2, 3)), normal(2, 3)], lambda y, ct: ct * (1 - y * y))
+case("sigmoid_grad", "sigmoid_grad", [1 / (1 + np.exp(-normal(2, 3))), normal(2, 3)],
+     lambda y, ct: ct * y * (1 - y))
 
 BROADCASTS = [((3, 4), (3, 4)), ((2, 3, 4), (4,)), ((3, 1), (1, 4)), ((), (2, 3)),
               ((2, 1, 3), (4, 1))]
