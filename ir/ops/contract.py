@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from ir import numerics
 from ir.dims import Dim
 from ir.ops.base import (NUMERIC, Kind, OpError, Param, Primitive, broadcast_shapes,
                          common_dtype, merge_dims, np_dtype, primitive, type_of, unbroadcast)
@@ -47,8 +48,21 @@ class MatMul(Primitive):
         return TensorType(dtype, batch + rows + cols, weak)
 
     def evaluate(self, a: Any, b: Any) -> np.ndarray:
+        """In the canonical order: acc = fma(a[…, i, k], b[…, k, j], acc) for k = 0, 1, …"""
         out = self.infer(type_of(a), type_of(b))
-        return np.asarray(np.matmul(a, b), dtype=np_dtype(out.dtype))
+        dtype = np_dtype(out.dtype)
+        if dtype.kind != "f":
+            return np.asarray(np.matmul(a, b), dtype=dtype)
+        a2 = a[None, :] if a.ndim == 1 else a
+        b2 = b[:, None] if b.ndim == 1 else b
+        lhs = a2[..., :, None, :]                              # [..., M, 1, K]
+        rhs = np.swapaxes(b2, -1, -2)[..., None, :, :]         # [..., 1, N, K]
+        result = numerics.contract([lhs.astype(dtype), rhs.astype(dtype)], 1)
+        if a.ndim == 1:
+            result = result[..., 0, :]
+        if b.ndim == 1:
+            result = result[..., 0]
+        return np.asarray(result, dtype=dtype)
 
     def vjp(self, b: Any, op: Any, cts: tuple) -> tuple:
         """With 1-D operands made matrices: ct @ rhsᵀ and lhsᵀ @ ct, summed over the batch
@@ -124,8 +138,27 @@ class Einsum(Primitive):
         return TensorType(dtype, tuple(sizes[c][0] for c in out), weak)
 
     def evaluate(self, spec: str, operands: tuple[Any, ...]) -> np.ndarray:
+        """In the canonical order (ir/numerics.py): each output element accumulates over the
+        contracted letters, in row-major order of their first appearance."""
         out = self.infer(spec, tuple(map(type_of, operands)))
-        return np.asarray(np.einsum(spec, *operands), dtype=np_dtype(out.dtype))
+        dtype = np_dtype(out.dtype)
+        if dtype.kind != "f":
+            return np.asarray(np.einsum(spec, *operands), dtype=dtype)
+        lhs, arrow, rhs = spec.replace(" ", "").partition("->")
+        terms = lhs.split(",")
+        result = rhs if arrow else _implicit_output(lhs)
+        contracted = "".join(dict.fromkeys(c for c in lhs if c.isalpha() and c not in result))
+        order = result + contracted
+        views = []
+        for term, x in zip(terms, operands):
+            unique = "".join(dict.fromkeys(term))
+            if unique != term:                                 # a repeated letter: the diagonal
+                x, term = np.einsum(f"{term}->{unique}", x), unique
+            present = [c for c in order if c in term]
+            x = np.transpose(x, [term.index(c) for c in present])
+            views.append(np.reshape(x, [x.shape[present.index(c)] if c in term else 1 for c in order])
+                         .astype(dtype))
+        return np.asarray(numerics.contract(views, len(contracted)), dtype=dtype)
 
     def vjp(self, b: Any, op: Any, cts: tuple) -> tuple:
         lhs, arrow, rhs = op.attrs["spec"].replace(" ", "").partition("->")

@@ -15,6 +15,8 @@ from typing import Any, Callable, ClassVar
 
 import numpy as np
 
+from ir import numerics
+
 from ir.ops.base import (NUMERIC, Kind, OpError, Param, Primitive, broadcast_shapes,
                          common_dtype, need, np_dtype, primitive, type_of, unbroadcast,
                          zero_where_ct_is_zero)
@@ -386,9 +388,9 @@ def _extreme_cts(b: Any, ct: Any, mine: Any, other: Any, loses: str) -> Any:
 
 @primitive
 class Maximum(Binary):
-    """The larger of a and b; NaN if either is NaN."""
+    """The larger of a and b; NaN if either is NaN; of equal values (-0.0 and 0.0), a."""
     name = surface = symbol = "maximum"
-    reference = staticmethod(np.maximum)
+    reference = staticmethod(numerics.maximum)
 
     def backward(self, b: Any, ct: Any, lhs: Any, rhs: Any, y: Any) -> tuple[Any, Any]:
         return _extreme_cts(b, ct, lhs, rhs, "lt"), _extreme_cts(b, ct, rhs, lhs, "lt")
@@ -396,9 +398,9 @@ class Maximum(Binary):
 
 @primitive
 class Minimum(Binary):
-    """The smaller of a and b; NaN if either is NaN."""
+    """The smaller of a and b; NaN if either is NaN; of equal values (-0.0 and 0.0), a."""
     name = surface = symbol = "minimum"
-    reference = staticmethod(np.minimum)
+    reference = staticmethod(numerics.minimum)
 
     def backward(self, b: Any, ct: Any, lhs: Any, rhs: Any, y: Any) -> tuple[Any, Any]:
         return _extreme_cts(b, ct, lhs, rhs, "gt"), _extreme_cts(b, ct, rhs, lhs, "gt")

@@ -9,6 +9,7 @@ from typing import Any, Callable, ClassVar
 
 import numpy as np
 
+from ir import numerics
 from ir.dims import Dim
 from ir.ops.base import (NUMERIC, Kind, OpError, Param, Primitive, need, normalize_axes,
                          np_dtype, primitive, statics, type_of)
@@ -39,9 +40,21 @@ class Reduction(Primitive):
     def check_axis(self, axis: Axes) -> Axes:
         return axis
 
+    # a float reduction in the canonical order of ir/numerics.py: (combine, identity)
+    canonical: ClassVar[tuple[Callable, float] | None] = None
+
     def evaluate(self, x: Any, axis: Axes = None, keepdims: bool = False) -> np.ndarray:
         out = self.infer(type_of(x), axis, keepdims)
-        return np.asarray(self.numpy(x, axis=axis, keepdims=keepdims), dtype=np_dtype(out.dtype))
+        dtype = np_dtype(out.dtype)
+        if self.canonical is None or x.dtype.kind != "f":        # exact: any order will do
+            return np.asarray(self.numpy(x, axis=axis, keepdims=keepdims), dtype=dtype)
+        axes = normalize_axes(axis, x.ndim, "x")
+        result = self.finish(numerics.reduce(x, axes, *self.canonical), x, axes)
+        shape = tuple(1 if i in axes else n for i, n in enumerate(x.shape)) if keepdims else None
+        return np.asarray(result if shape is None else np.reshape(result, shape), dtype=dtype)
+
+    def finish(self, reduced: np.ndarray, x: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
+        return reduced
 
     def vjp(self, b: Any, op: Any, cts: tuple) -> tuple:
         (x,), (ct,) = op.inputs, cts
@@ -69,6 +82,7 @@ class Sum(Reduction):
     """The sum; integers keep their dtype (and wrap around)."""
     name = surface = "sum"
     numpy = staticmethod(np.sum)
+    canonical = (np.add, -0.0)
     accepts = NUMERIC
     needs = "a numeric"
 
@@ -81,6 +95,11 @@ class Mean(Reduction):
     """The arithmetic mean, of floats."""
     name = surface = "mean"
     numpy = staticmethod(np.mean)
+    canonical = (np.add, -0.0)
+
+    def finish(self, reduced: np.ndarray, x: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
+        """The canonical sum divided by the count (in the tensor's dtype)."""
+        return reduced / np.asarray(np.prod([x.shape[a] for a in axes]), dtype=x.dtype)
     accepts = FLOAT_DTYPES
     needs = "a float"
 
@@ -101,6 +120,7 @@ class Max(Reduction):
     """The largest element (NaN if any is NaN); on bool tensors, any."""
     name = surface = "max"
     numpy = staticmethod(np.max)
+    canonical = (numerics.maximum, -np.inf)
     backward = staticmethod(_ties_share)
 
 
@@ -109,6 +129,7 @@ class Min(Reduction):
     """The smallest element (NaN if any is NaN); on bool tensors, all."""
     name = surface = "min"
     numpy = staticmethod(np.min)
+    canonical = (numerics.minimum, np.inf)
     backward = staticmethod(_ties_share)
 
 

@@ -1,0 +1,86 @@
+"""The canonical arithmetic (ir/numerics.py) against its definition written out the slow,
+obvious way: the reduction order, exact fma, contraction order, max/min of ties and NaN."""
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from ir import numerics
+from ir.ops import REGISTRY
+
+rng = np.random.default_rng(7)
+
+
+def slow_reduce(values: list, combine, identity):
+    """The definition of ir/numerics.py, element by element."""
+    if len(values) > numerics.CHUNK:
+        chunks = [values[i:i + numerics.CHUNK] for i in range(0, len(values), numerics.CHUNK)]
+        return slow_reduce([slow_reduce(c, combine, identity) for c in chunks], combine, identity)
+    lanes = [identity] * numerics.LANES
+    seen = [False] * numerics.LANES
+    for i, v in enumerate(values):
+        j = i % numerics.LANES
+        lanes[j] = combine(lanes[j], v) if seen[j] else v
+        seen[j] = True
+    s = numerics.LANES // 2
+    while s:
+        for j in range(s):
+            lanes[j] = combine(lanes[j], lanes[j + s])
+        s //= 2
+    return lanes[0]
+
+
+@pytest.mark.parametrize("n", [1, 5, 31, 32, 33, 100, 4096, 4097, 9000])
+def test_sum_follows_the_canonical_order(n):
+    x = (rng.standard_normal(n) * 10.0 ** rng.integers(-3, 4, n)).astype(np.float32)
+    got = numerics.reduce(x[None, :], (1,), np.add, -0.0)[0]
+    want = slow_reduce(list(x), lambda a, b: np.float32(a + b), np.float32(-0.0))
+    assert got.tobytes() == np.float32(want).tobytes()
+
+
+def test_sum_primitive_reduces_several_axes_in_row_major_order():
+    x = rng.standard_normal((3, 40, 50)).astype(np.float32)
+    got = REGISTRY["sum"].evaluate(x, axis=(0, 2))
+    for j in range(40):
+        want = slow_reduce(list(x[:, j, :].reshape(-1)), lambda a, b: np.float32(a + b), -0.0)
+        assert got[j].tobytes() == np.float32(want).tobytes()
+
+
+def test_max_ties_and_nan():
+    a = np.array([-0.0, 0.0, np.nan, 1.0, 2.0], np.float32)
+    b = np.array([0.0, -0.0, 1.0, np.nan, 2.0], np.float32)
+    got = numerics.maximum(a, b)
+    assert [str(v) for v in got] == ["-0.0", "0.0", "nan", "nan", "2.0"]
+    assert np.isnan(REGISTRY["max"].evaluate(np.array([1.0, np.nan, 3.0], np.float32)))
+
+
+def test_fma_is_correctly_rounded():
+    a, b, c = (rng.standard_normal(3000).astype(np.float32) * np.float32(2.0) ** rng.integers(-20, 20, 3000)
+               for _ in range(3))
+    got = numerics.fma(a, b, c)
+    for x, y, z, r in zip(a, b, c, got):
+        exact = Fraction(float(x)) * Fraction(float(y)) + Fraction(float(z))
+        err = abs(Fraction(float(r)) - exact)
+        for neighbour in (np.nextafter(r, np.float32(np.inf)), np.nextafter(r, np.float32(-np.inf))):
+            assert err <= abs(Fraction(float(neighbour)) - exact)
+
+
+def test_matmul_accumulates_with_fma_in_k_order():
+    a = rng.standard_normal((4, 37)).astype(np.float32)
+    b = rng.standard_normal((37, 3)).astype(np.float32)
+    got = REGISTRY["matmul"].evaluate(a, b)
+    for i in range(4):
+        for j in range(3):
+            acc = np.float32(-0.0)
+            for k in range(37):
+                acc = numerics.fma(a[i, k:k + 1], b[k, j:j + 1], np.array([acc]))[0]
+            assert got[i, j].tobytes() == acc.tobytes()
+
+
+def test_einsum_is_matmul_when_it_spells_one():
+    a = rng.standard_normal((2, 5, 7)).astype(np.float32)
+    b = rng.standard_normal((2, 7, 3)).astype(np.float32)
+    assert np.array_equal(REGISTRY["einsum"].evaluate("bik,bkj->bij", (a, b)),
+                          REGISTRY["matmul"].evaluate(a, b))
