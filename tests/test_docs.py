@@ -1,9 +1,9 @@
 """Every example of the language reference (docs/language.md) is a tested program.
 
-A ```bend block must pass `dslc check`'s front end; a ```bend-error block must be rejected with
-a DslError, and when its first line is `# error: TEXT`, TEXT must occur in the diagnostic. A
+A ```bend block must pass `dslc check`'s front end; a ```bend-error block starts with a line
+`# error: TEXT` and must be rejected with a DslError whose diagnostics contain TEXT. A
 block whose info string names a file (```bend file=shapes.bend) is also written under that
-name into the folder the examples are checked in, so that the blocks after it can import it.
+name into the folder the examples are checked in, so that the other blocks can import it.
 Snippets that are not whole programs are fenced ```text and are not checked.
 """
 from __future__ import annotations
@@ -63,10 +63,9 @@ def test_example(kind, options, text, line, folder, monkeypatch):
         except DslError as e:
             pytest.fail(f"the example at docs/language.md:{line} is rejected:\n{e}")
         return
+    expected = ERROR_LINE.fullmatch(text.lstrip().splitlines()[0].strip())
+    assert expected, f"docs/language.md:{line}: a bend-error block starts with '# error: …'"
     with pytest.raises(DslError) as info:
         check_file(name, text)
-    first = text.lstrip().splitlines()[0]
-    expected = ERROR_LINE.fullmatch(first.strip())
-    if expected:
-        assert expected[1].strip() in str(info.value), (
-            f"docs/language.md:{line}: expected '{expected[1].strip()}' in:\n{info.value}")
+    assert expected[1].strip() in str(info.value), (
+        f"docs/language.md:{line}: expected '{expected[1].strip()}' in:\n{info.value}")
