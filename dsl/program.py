@@ -104,7 +104,13 @@ class Program:
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         low, inputs = self.lower(name, args, kwargs)
-        return unflatten(low.outputs, interp.run(low.function, inputs.arrays))
+        return unflatten(low.outputs, self._run(name, low.function, inputs.arrays))
+
+    def _run(self, name: str, fn: Function, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        try:
+            return interp.run(fn, arrays)
+        except interp.EvalError as e:
+            raise DslError(self._def(name).name_span, f"while running '{name}': {e}") from None
 
     def grad(self, name: str, wrt: str | tuple[str, ...], has_aux: bool = False):
         """grad(f, wrt=…) from Python: the gradient function of entry `name`."""
@@ -125,7 +131,7 @@ class Program:
         positions = [i for w in wanted for i in low.arg_leaves[names.index(w)]
                      if fn.params[i].dtype in FLOAT_DTYPES]
         gfn = optimize(grad_function(fn, positions, with_value=True))
-        outs = interp.run(gfn, inputs.arrays)
+        outs = self._run(name, gfn, inputs.arrays)
         grads = dict(zip(positions, outs[len(fn.results):]))
         results = []
         for w in wanted:
@@ -283,10 +289,25 @@ def _bind_python(d: ast.Def, args: tuple, kwargs: dict) -> dict[str, Any]:
             raise DslError(d.name_span, f"'{d.name}' has no parameter '{k}'" if k not in names
                            else f"'{d.name}' got two values for '{k}'")
         bound[k] = v
+    for p in d.params:
+        if p.name not in bound and p.default is not None:
+            bound[p.name] = _literal_default(p)
     missing = [n for n in names if n not in bound]
     if missing:
         raise DslError(d.name_span, f"'{d.name}' is missing the argument '{missing[0]}'")
     return bound
+
+
+def _literal_default(p: ast.Param) -> Any:
+    """An entry parameter's default, which must be a literal (a number, bool or string)."""
+    e, sign = p.default, 1
+    if isinstance(e, ast.UnaryOp) and e.op == "-":
+        e, sign = e.operand, -1
+    if isinstance(e, (ast.Int, ast.Float)):
+        return sign * e.value
+    if isinstance(e, (ast.Bool, ast.Str)) and sign == 1:
+        return e.value
+    raise DslError(p.default.span, f"an entry point's default for '{p.name}' must be a literal")
 
 
 def from_python(b: Builder, value: Any, t: ast.TypeExpr, mod, where: str, arrays: list):

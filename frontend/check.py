@@ -85,6 +85,7 @@ class Checker:
         self.memo: dict = {}
         self.active: set = set()
         self.depth = 0
+        self.calls: list[tuple[ast.Def, Span]] = []    # the calls being checked, innermost last
 
     def binder(self) -> Binder:
         return Binder(builder=self.builder)
@@ -193,15 +194,20 @@ class Checker:
                                    "does its switch or bend reach a base case?")
         self.active.add(key)
         self.depth += 1
+        called = span != d.name_span                # not the generic check of d itself
+        if called:
+            self.calls.append((d, span))
         try:
             result = self.run_def(f, values, spans)
         except DslError as e:
-            if span == d.name_span or not _inside(e.span, d):
+            if not called or not _inside(e.span, d):
                 raise
             raise _with_note(e, Note(f"in '{d.name}' called from {span}")) from None
         finally:
             self.active.discard(key)
             self.depth -= 1
+            if called:
+                self.calls.pop()
         self.memo[key] = result
         return result
 
@@ -255,7 +261,9 @@ class Checker:
         unknown = False
         for p, v in zip(positional, values):
             where = where_is(p.name)
-            prepared[p.name] = v.value if isinstance(v, _Default) else self.prepare(p.kind, v, where, p.name, name)
+            param = None if at_operator else p.name
+            shown = getattr(prim, "symbol", name) if at_operator else name
+            prepared[p.name] = v.value if isinstance(v, _Default) else self.prepare(p.kind, v, where, param, shown)
             unknown |= prepared[p.name] is UNKNOWN
         if variadic is not None:
             prepared[variadic.name] = tuple(self.prepare(variadic.kind, v, s, variadic.name, name)
@@ -285,7 +293,8 @@ class Checker:
         """An argument in the form a shape rule expects (see ir.ops.base.Kind)."""
         if isinstance(v, UnknownV):
             return UNKNOWN
-        bad = lambda: CheckError(span, f"'{param}' of '{prim}' must be {kind.value}, got {describe(v)}")
+        bad = lambda: CheckError(span, f"'{param}' of '{prim}' must be {kind.value}, got {describe(v)}"
+                                 if param else f"'{prim}' needs tensors or numbers, got {describe(v)}")
         match kind:
             case Kind.TENSOR:
                 t = as_tensor(v)
@@ -502,7 +511,7 @@ class Checker:
                 if self.stmt(s, frame):
                     return True
             except DslError as e:
-                self.errors.append(e)
+                self.errors.append(self.in_context(e))
                 for name in bound_names((s,)):
                     frame.env[name] = UNKNOWN
                 if isinstance(s, ast.Assert) or _returns_inside(s):
@@ -511,6 +520,13 @@ class Checker:
                     frame.returns.append((UNKNOWN, s.span))
                     return True
         return False
+
+    def in_context(self, e: DslError) -> DslError:
+        """An error inside a called function, with notes naming the calls that led to it."""
+        for d, span in reversed(self.calls):
+            if _inside(e.span, d):
+                e = _with_note(e, Note(f"in '{d.name}' called from {span}"))
+        return e
 
     def stmt(self, s: ast.Stmt, frame: Frame) -> bool:
         match s:
@@ -688,11 +704,11 @@ class Checker:
             else:
                 item, n = UNKNOWN, Dim.unknown()
             with self.emitting(None):
-                state = self.scan_state(s, frame, item, state)
+                typed = self.scan_state(s, frame, item, state)
             if self.builder is not None and isinstance(seq, TensorV):
-                state, result = self.trace_scan(s, frame, seq, state)
+                state, result = self.trace_scan(s, frame, seq, state, typed)
             else:
-                state, emits = self.fold_step(s, frame, item, state)
+                state, emits = self.fold_step(s, frame, item, typed)
                 emit = self.one_emit(emits)
                 result = stack(emit[0], n) if emit is not None else None
         else:
@@ -713,23 +729,27 @@ class Checker:
             new = after[name]
             if isinstance(v, StaticV) and isinstance(new, TensorV):
                 fixed[name] = TensorV(new.type)
+            elif isinstance(v, StaticV) and v.kind in ("int", "float") and new != v:
+                # a number that changes from step to step is a runtime scalar (a counter)
+                fixed[name] = TensorV(TensorType("f32" if v.kind == "float" else "i32", ()))
         after, _ = self.fold_step(s, frame, item, fixed)
         for st in s.state:
             before, new = type_of(fixed[st.name]), type_of(after[st.name])
             if isinstance(fixed[st.name], StaticV) and isinstance(after[st.name], StaticV):
-                fixed[st.name] = StaticV(before.kind, Dim.unknown() if before.kind == "int" else None)
                 continue
             if not types_agree(before, new):
                 raise ShapeError(_last_assignment(s.body, st.name) or st.span, f"the fold state '{st.name}' changes type in the body: "
                                           f"{before} before a step, {new} after")
         return fixed
 
-    def trace_scan(self, s: ast.Fold, frame: Frame, seq: TensorV, state: dict) -> tuple[dict, object]:
+    def trace_scan(self, s: ast.Fold, frame: Frame, seq: TensorV, state: dict,
+                   typed: dict) -> tuple[dict, object]:
         """Lower a fold over a tensor to one scan op: the body traced once into a function of
-        (state, element, captured values) -> (new state, emitted values)."""
+        (state, element, captured values) -> (new state, emitted values). `typed` holds the
+        state's types (a literal initial state made a tensor of the type the body gives it)."""
         outer = self.builder
         names = list(state)
-        init = [self.realize(state[n]) for n in names]
+        init = [self.realize(state[n], like=typed[n]) for n in names]
         body = Builder(f"fold_{s.var}")
         params = [fresh_params(body, v) for v in init]
         x = body.param(seq.ir.type.with_shape(seq.ir.type.shape[1:]))
@@ -752,8 +772,9 @@ class Checker:
         `like` gives the tensor type a state must have (a literal 0.0 initial state)."""
         if isinstance(like, TensorV) and not isinstance(v, TensorV):
             c = materialize(self.builder, v, like.type.dtype)
-            if c.shape != like.ir.shape:
-                c = self.builder.emit("broadcast_to", c, shape=like.ir.shape)
+            shape = tuple(d.value for d in like.type.shape)
+            if c.shape != shape:
+                c = self.builder.emit("broadcast_to", c, shape=shape)
             return TensorV(c.type, ir=c)
         if isinstance(v, TensorV) and v.ir is None:
             raise LoweringError(f"a value of type {v.type} has no IR")
@@ -841,7 +862,24 @@ class Checker:
             if not types_agree(type_of(v), type_of(values[0])):
                 raise ShapeError(span, f"fold steps emit different types: {describe(values[0])} "
                                        f"and then {describe(v)}")
-        return stack(values[0], Dim.const(len(values))) if values else UNKNOWN
+        if not values:
+            return UNKNOWN
+        if self.builder is None:
+            return stack(values[0], Dim.const(len(values)))
+        return self.stacked([self.realize(v) for v in values])
+
+    def stacked(self, values: list):
+        """Emitted values of an unrolled fold, stacked along a new leading axis (lowering)."""
+        first = values[0]
+        if isinstance(first, TensorV):
+            out = self.builder.emit("stack", *[v.ir for v in values], axis=0)
+            return TensorV(out.type, ir=out)
+        if isinstance(first, TupleV):
+            return TupleV(tuple(self.stacked([v.items[i] for v in values]) for i in range(len(first.items))))
+        if isinstance(first, RecordV):
+            return RecordV(first.name, tuple((n, self.stacked([v.get(n) for v in values]))
+                                             for n, _ in first.fields), first.decl)
+        raise LoweringError(f"cannot stack values of type {describe(first)}")
 
     def adt_fold(self, s: ast.AdtFold, frame: Frame) -> bool:
         v, name = self.adt_subject(s, frame, "fold")
@@ -964,6 +1002,8 @@ class Checker:
         head, *rest = e.parts
         if head not in frame.env:
             entity = frame.module.names.get(head)
+            if entity is not None and entity.kind == "unknown":
+                return UNKNOWN                       # its import failed, already reported
             while entity is not None and entity.kind == "module" and rest:
                 entity = entity.module.names.get(rest[0])
                 rest = rest[1:]
@@ -1193,6 +1233,8 @@ def static_binary(op: str, a: StaticV, b: StaticV, span: Span) -> StaticV:
     if not (a.known and b.known):
         return StaticV(kind, Dim.unknown() if kind == "int" else None)
     x, y = a.python, b.python
+    if op == "**" and kind == "int" and y < 0:
+        kind = "float"                          # 2 ** -1 is 0.5, as in Python
     try:
         out = _PY_OPS[op](x, y)
     except ZeroDivisionError:

@@ -162,7 +162,8 @@ def qualified(e: ast.BinOp, mod: ModuleInfo, is_local: Callable[[str], bool]) ->
 def _qualifier(x: ast.Expr, mod: ModuleInfo, is_local: Callable[[str], bool]) -> tuple[str, ...] | None:
     if isinstance(x, ast.Name):
         entity = None if is_local(x.id) else mod.names.get(x.id)
-        return (x.id,) if entity is not None and entity.kind in ("type", "object", "module") else None
+        qualifies = ("type", "object", "module", "unknown")      # unknown: a failed import
+        return (x.id,) if entity is not None and entity.kind in qualifies else None
     if isinstance(x, ast.BinOp) and x.op == "/" and isinstance(x.right, ast.Name):
         head = _qualifier(x.left, mod, is_local)
         if head is not None and len(head) == 1 and mod.names[head[0]].kind == "module":
@@ -304,8 +305,13 @@ class _Names:
             dims |= dim_names(p.type, self.mod)
             if p.default is not None:
                 self.expr(p.default, outer, in_bend=False)
-        self.type_expr(d.ret)
-        dims |= dim_names(d.ret, self.mod)
+        self.type_expr(d.ret)      # dimensions only the result names are not known in the body
+        for name, span in [(d.name, d.name_span)] + [(p.name, p.span) for p in d.params]:
+            if name == "fork":
+                self.error(span, "'fork' is a keyword (a bend's recursive call); choose another name")
+        if "fork" in bound_names(d.body):
+            self.error(d.name_span, f"'{d.name}' assigns to 'fork', a keyword (a bend's recursive "
+                                    "call); choose another name")
         scope = outer | {p.name for p in d.params} | dims | bound_names(d.body)
         self.block(d.body, scope, in_bend=False)
 
@@ -379,7 +385,7 @@ class _Names:
         match e:
             case ast.Name(id=name):
                 if name == "fork":
-                    if not in_bend:
+                    if not in_bend and name not in scope:       # a binding of it is reported
                         self.error(e.span, "'fork' is only allowed in the 'when' branch of a bend")
                 elif not (name in scope or name in self.mod.names or is_builtin_value(name)):
                     self.error(e.span, f"undefined name '{name}'")
@@ -428,6 +434,8 @@ class _Names:
         head, *rest = e.parts
         if head not in scope:
             entity = self.mod.names.get(head)
+            if entity is not None and entity.kind == "unknown":
+                return                               # its import failed, already reported
             if entity is not None and entity.kind == "type":
                 ctor = rest[0]
                 if len(rest) != 1 or all(c.name != ctor for c in entity.node.ctors):

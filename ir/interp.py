@@ -19,14 +19,22 @@ def run(fn: Function, args: list[np.ndarray]) -> list[np.ndarray]:
     return [env[v] for v in fn.results]
 
 
+class EvalError(Exception):
+    """An op that cannot be evaluated on these values (an index out of range, a dtype the
+    reference does not have); the API reports it as a diagnostic."""
+
+
 def evaluate(op: Op, inputs: list[np.ndarray]) -> list[np.ndarray]:
     """One op's outputs."""
     if op.prim == "scan":
         return scan(op, inputs)
     if op.prim == "checkpoint":
         return run(op.body, inputs)
-    with np.errstate(all="ignore"):          # inf and NaN are values, as in IEEE arithmetic
-        out = op.primitive.evaluate(**bind_inputs(op.primitive, tuple(inputs), op.attrs))
+    try:
+        with np.errstate(all="ignore"):          # inf and NaN are values, as in IEEE arithmetic
+            out = op.primitive.evaluate(**bind_inputs(op.primitive, tuple(inputs), op.attrs))
+    except (IndexError, NotImplementedError) as e:
+        raise EvalError(f"'{op.prim}' failed at run time: {e}") from None
     return list(out) if isinstance(out, (list, tuple)) else [out]
 
 

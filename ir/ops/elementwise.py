@@ -93,7 +93,8 @@ def _rsqrt(x: Any) -> Any:
 @primitive
 class Neg(SignedUnary):
     """-x."""
-    name, symbol = "neg", "-"
+    name = surface = "neg"
+    symbol = "-"
     reference = staticmethod(np.negative)
 
     def backward(self, b: Any, ct: Any, x: Any, y: Any) -> Any:
