@@ -4,6 +4,7 @@ A call specialises the entry point for its inputs' types (checking and lowering 
 cached per input signature) and runs it. Records come back as `Record`s, keys as `Key`s."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,10 +86,15 @@ class Inputs:
 class Program:
     """A loaded .bend program; its functions are attributes: prog.loss(p, x, y)."""
 
-    def __init__(self, resolved: Resolved):
+    def __init__(self, resolved: Resolved, device: str = "auto"):
+        if device not in DEVICES:
+            raise ValueError(f"device must be one of {', '.join(DEVICES)}, got {device!r}")
         self._resolved = resolved
+        self.device = os.environ.get("DSLC_DEVICE", "cpu") if device == "auto" else device
         self._cache: dict[Any, Lowered] = {}
         self._last: dict[str, tuple[Lowered, Inputs]] = {}
+        self._grads: dict[Any, Function] = {}
+        self._executables: dict[int, Any] = {}
 
     def __getattr__(self, name: str):
         if name.startswith("_"):
@@ -108,9 +114,18 @@ class Program:
 
     def _run(self, name: str, fn: Function, arrays: list[np.ndarray]) -> list[np.ndarray]:
         try:
-            return interp.run(fn, arrays)
+            if self.device == "reference":
+                return interp.run(fn, arrays)
+            return self.executable(fn).run(arrays)
         except interp.EvalError as e:
             raise DslError(self._def(name).name_span, f"while running '{name}': {e}") from None
+
+    def executable(self, fn: Function):
+        """fn compiled for this program's device (once per function)."""
+        if id(fn) not in self._executables:
+            from runtime.cpu import Executable
+            self._executables[id(fn)] = (fn, Executable(fn, fn.name))
+        return self._executables[id(fn)][1]
 
     def grad(self, name: str, wrt: str | tuple[str, ...], has_aux: bool = False):
         """grad(f, wrt=…) from Python: the gradient function of entry `name`."""
@@ -130,8 +145,10 @@ class Program:
         fn = low.function
         positions = [i for w in wanted for i in low.arg_leaves[names.index(w)]
                      if fn.params[i].dtype in FLOAT_DTYPES]
-        gfn = optimize(grad_function(fn, positions, with_value=True))
-        outs = self._run(name, gfn, inputs.arrays)
+        key = (id(fn), tuple(positions))
+        if key not in self._grads:
+            self._grads[key] = optimize(grad_function(fn, positions, with_value=True))
+        outs = self._run(name, self._grads[key], inputs.arrays)
         grads = dict(zip(positions, outs[len(fn.results):]))
         results = []
         for w in wanted:
@@ -267,14 +284,18 @@ class Program:
         return Lowered(fn, layout, [flatten(a)[1] for a in inputs.abstract], inputs.arg_leaves)
 
 
-def load(path: str) -> Program:
-    """dsl.load("model.bend")."""
-    return Program(deep(lambda: load_program(path)))
+DEVICES = ("auto", "cpu", "reference")      # auto: $DSLC_DEVICE, else the CPU backend
 
 
-def loads(text: str, name: str = "<string>") -> Program:
+def load(path: str, device: str = "auto") -> Program:
+    """dsl.load("model.bend"): its functions run on `device` ('auto': the CPU backend until
+    the GPU backend exists; 'reference': the NumPy interpreter, the definition)."""
+    return Program(deep(lambda: load_program(path)), device)
+
+
+def loads(text: str, name: str = "<string>", device: str = "auto") -> Program:
     """dsl.loads(source_text, name="model.bend"): imports resolve from the current folder."""
-    return Program(deep(lambda: load_program(name, text)))
+    return Program(deep(lambda: load_program(name, text)), device)
 
 
 # ---------------------------------------------------------------- Python values in and out

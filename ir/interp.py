@@ -38,10 +38,12 @@ def evaluate(op: Op, inputs: list[np.ndarray]) -> list[np.ndarray]:
     return list(out) if isinstance(out, (list, tuple)) else [out]
 
 
-def scan(op: Op, inputs: list[np.ndarray]) -> list[np.ndarray]:
+def scan(op: Op, inputs: list[np.ndarray], run_body=None) -> list[np.ndarray]:
     """The body applied along the leading axis of the scanned inputs, threading the state.
 
-    inputs = states + scanned sequences + constants; outputs = final states + stacked emits."""
+    inputs = states + scanned sequences + constants; outputs = final states + stacked emits.
+    run_body(arrays) runs one step (by default, this interpreter on op.body)."""
+    run_body = run_body or (lambda arrays: run(op.body, arrays))
     a = op.attrs
     n_state, n_xs, length = a["n_state"], a["n_xs"], a["length"]
     state = inputs[:n_state]
@@ -49,7 +51,7 @@ def scan(op: Op, inputs: list[np.ndarray]) -> list[np.ndarray]:
     steps = range(length - 1, -1, -1) if a.get("reverse") else range(length)
     emitted: dict[int, list[np.ndarray]] = {}
     for t in steps:
-        outs = run(op.body, state + [x[t] for x in xs] + consts)
+        outs = run_body(state + [x[t] for x in xs] + consts)
         state, emitted[t] = outs[:n_state], outs[n_state:]
     emits = []
     for k, v in enumerate(op.body.results[n_state:]):

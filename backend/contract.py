@@ -1,0 +1,496 @@
+"""Batched matrix multiplication C[b] = A[b] @ B[b] as llvmlite IR, blocked for the caches
+and registers as BLIS does it, whose every output element is still
+
+    acc = -0.0;  for k = 0, 1, …, K-1:  acc = fma(A[i, k], B[k, j], acc)
+
+so its bits are those of ir.numerics.contract (LANGUAGE.md §9) at any tile size and any
+thread count. The generated function, in C:
+
+    void NAME(const T *A, const T *B, T *C,             /* row-major [M,K], [K,N], [M,N] */
+              int64_t batch, int64_t M, int64_t N, int64_t K,
+              int64_t a_stride, int64_t b_stride, int64_t c_stride,
+              T *scratch, int64_t thread_index, int64_t thread_count);
+
+T is float (f32) or double (f64); the strides are the elements between batch entries (0
+broadcasts an operand). C must not overlap A, B or scratch.
+
+Threads: C is cut into jobs (one batch entry × a block of rows × a block of columns, each
+running the whole K loop of its elements) and the call with thread_index t computes jobs t,
+t + thread_count, t + 2·thread_count, …; calling it once for every t in [0, thread_count), in
+any order or concurrently, computes all of C. The job grid depends on thread_count (so that
+jobs divide evenly between threads); the bits do not.
+
+Scratch: thread t packs its panels into scratch[t·S, (t+1)·S), S = Tiles.scratch_elements;
+any alignment works, 64 bytes is faster.
+
+Why the order of each element's K fmas survives the blocking is said where each choice is
+made, in comments marked ORDER. On a GPU the same design maps a job to a thread block, the
+packed panels to shared memory and the register tile to one thread's (or warp's) registers.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import ctypes
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+from llvmlite import binding as llvm
+from llvmlite import ir
+
+I1, I32, I64 = ir.IntType(1), ir.IntType(32), ir.IntType(64)
+SCALAR = {"f32": ir.FloatType(), "f64": ir.DoubleType()}
+NUMPY = {"f32": np.float32, "f64": np.float64}
+SIZE = {"f32": 4, "f64": 8}
+UNROLL = 4      # k steps per trip of the register tile's main loop
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """A register tile of mr rows × nv vectors of `width` lanes (A elements broadcast, packed B
+    rows loaded as vectors), a packed A block of at most mc × kc (kept in L2) and a packed B
+    panel of at most kc × nc; mc is a multiple of mr and nc of nr."""
+    mr: int
+    nv: int
+    width: int
+    kc: int
+    mc: int
+    nc: int
+
+    def __post_init__(self):
+        if self.mc % self.mr or self.nc % self.nr:
+            raise ValueError(f"mc must be a multiple of mr and nc of nr: {self}")
+
+    @property
+    def nr(self) -> int:
+        return self.nv * self.width
+
+    @property
+    def scratch_elements(self) -> int:
+        """Elements of scratch one thread packs into."""
+        return self.mc * self.kc + self.kc * self.nc
+
+
+def host_tiles(dtype: str) -> Tiles:
+    """Tiles for this machine. AVX-512 has 32 vector registers: a 12 × 2-vector tile keeps 24
+    accumulators, 2 B vectors and a broadcast live; AVX2 has 16: the 6 × 2 Haswell tile."""
+    features = llvm.get_host_cpu_features()
+    vector_bytes = 64 if features.get("avx512f") else 32 if features.get("avx") else 16
+    width = vector_bytes // SIZE[dtype]
+    mr = {64: 12, 32: 6, 16: 4}[vector_bytes]
+    return Tiles(mr=mr, nv=2, width=width, kc=256, mc=mr * 16, nc=2 * width * 16)
+
+
+# ---------------------------------------------------------------------------------------------
+# The IR
+
+
+def _i64(v: int | ir.Value) -> ir.Value:
+    return ir.Constant(I64, v) if isinstance(v, int) else v
+
+
+class _Emitter:
+    """An IRBuilder plus the integer and loop idioms the kernel is written in."""
+
+    def __init__(self, fn: ir.Function, dtype: str, tiles: Tiles):
+        self.fn, self.module, self.tiles = fn, fn.module, tiles
+        self.b = ir.IRBuilder(fn.append_basic_block("entry"))
+        self.scalar = SCALAR[dtype]
+        self.vec = ir.VectorType(self.scalar, tiles.width)
+        self.align = SIZE[dtype]
+
+    def min(self, x, y):
+        x, y = _i64(x), _i64(y)
+        return self.b.select(self.b.icmp_signed("<", x, y), x, y)
+
+    def ceil_div(self, x, d):
+        return self.b.sdiv(self.b.add(x, self.b.sub(_i64(d), _i64(1))), _i64(d))
+
+    def at(self, ptr, *offsets):
+        """ptr + Σ offsets, in elements."""
+        for off in offsets:
+            ptr = self.b.gep(ptr, [_i64(off)], inbounds=True)
+        return ptr
+
+    def load_vec(self, ptr):
+        return self.b.load(self.b.bitcast(ptr, self.vec.as_pointer()), align=self.align)
+
+    def store_vec(self, value, ptr) -> None:
+        self.b.store(value, self.b.bitcast(ptr, self.vec.as_pointer()), align=self.align)
+
+    def splat(self, scalar, vec=None):
+        vec = vec or self.vec
+        one = self.b.insert_element(ir.Constant(vec, None), scalar, ir.Constant(I32, 0))
+        return self.b.shuffle_vector(one, ir.Constant(vec, None),
+                                     ir.Constant(ir.VectorType(I32, vec.count), [0] * vec.count))
+
+    def lanes_below(self, n, v: int):
+        """The mask of the lanes of vector v (of a row of vectors) whose column is < n."""
+        w = self.tiles.width
+        lanes = ir.Constant(ir.VectorType(I64, w), list(range(v * w, (v + 1) * w)))
+        return self.b.icmp_signed("<", lanes, self.splat(_i64(n), ir.VectorType(I64, w)))
+
+    def intrinsic(self, name: str, ret: ir.Type, args: list[ir.Type]) -> ir.Function:
+        if name in self.module.globals:
+            return self.module.globals[name]
+        return ir.Function(self.module, ir.FunctionType(ret, args), name)
+
+    def masked_load(self, ptr, mask):
+        """A vector from ptr where mask is set, +0.0 elsewhere (those lanes are not read)."""
+        vec = self.vec
+        f = self.intrinsic(f"llvm.masked.load.{_suffix(vec)}.p0", vec,
+                           [vec.as_pointer(), I32, mask.type, vec])
+        return self.b.call(f, [self.b.bitcast(ptr, vec.as_pointer()),
+                               ir.Constant(I32, self.align), mask,
+                               ir.Constant(vec, [0.0] * vec.count)])
+
+    def masked_store(self, value, ptr, mask) -> None:
+        vec = self.vec
+        f = self.intrinsic(f"llvm.masked.store.{_suffix(vec)}.p0", ir.VoidType(),
+                           [vec, vec.as_pointer(), I32, mask.type])
+        self.b.call(f, [value, self.b.bitcast(ptr, vec.as_pointer()),
+                        ir.Constant(I32, self.align), mask])
+
+    @contextmanager
+    def loop(self, start, stop, step=1, name="i") -> Iterator[ir.Value]:
+        """for (i = start; i < stop; i += step), the body being the `with` block."""
+        b = self.b
+        before = b.block
+        head, body, done = (self.fn.append_basic_block(f"{name}.{s}")
+                            for s in ("head", "body", "done"))
+        b.branch(head)
+        b.position_at_end(head)
+        i = b.phi(I64, name)
+        i.add_incoming(_i64(start), before)
+        b.cbranch(b.icmp_signed("<", i, _i64(stop)), body, done)
+        b.position_at_end(body)
+        yield i
+        i.add_incoming(b.add(i, _i64(step)), b.block)
+        b.branch(head)
+        b.position_at_end(done)
+
+
+def _suffix(t: ir.Type) -> str:
+    name = {"float": "f32", "double": "f64"}
+    return f"v{t.count}{name[str(t.element)]}" if isinstance(t, ir.VectorType) else name[str(t)]
+
+
+def _build_tile(module: ir.Module, name: str, dtype: str, t: Tiles) -> ir.Function:
+    """void tile(const T *a, const T *b, i64 kc, T *c, i64 ldc, i1 first): the mr × nr block
+    of C at c (row stride ldc) gains kc steps from the packed panels a ([kc][mr]) and b
+    ([kc][nr]); with `first` it starts from -0.0 instead of c's contents."""
+    p = SCALAR[dtype].as_pointer()
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [p, p, I64, p, I64, I1]), name)
+    fn.linkage = "internal"
+    a_pack, b_pack, kc, c, ldc, first = fn.args
+    for arg in (a_pack, b_pack, c):
+        arg.add_attribute("noalias")
+    e = _Emitter(fn, dtype, t)
+    b = e.b
+    fma = e.intrinsic(f"llvm.fma.{_suffix(e.vec)}", e.vec, [e.vec] * 3)
+    c_at = [[e.at(c, b.mul(_i64(r), ldc), v * t.width) for v in range(t.nv)] for r in range(t.mr)]
+
+    # ORDER: the accumulators are C itself. The first K block starts from -0.0, as the
+    # definition does; a later one reloads exactly the value the previous block stored.
+    with b.if_else(first) as (from_zero, from_c):
+        with from_zero:
+            zero_block = b.block
+        with from_c:
+            loaded = [e.load_vec(ptr) for row in c_at for ptr in row]
+            load_block = b.block
+    acc = []
+    for value in loaded:
+        phi = b.phi(e.vec)
+        phi.add_incoming(ir.Constant(e.vec, [-0.0] * t.width), zero_block)
+        phi.add_incoming(value, load_block)
+        acc.append(phi)
+
+    def step(acc: list, k) -> list:
+        # ORDER: one k for every element of the tile: lane (r, j) gains A[r, k]·B[k, j].
+        # The vectors run across j (distinct elements), never across k.
+        bs = [e.load_vec(e.at(b_pack, b.mul(k, _i64(t.nr)), v * t.width)) for v in range(t.nv)]
+        out = []
+        for r in range(t.mr):
+            a = e.splat(b.load(e.at(a_pack, b.mul(k, _i64(t.mr)), r), align=e.align))
+            out += [b.call(fma, [a, bs[v], acc[r * t.nv + v]]) for v in range(t.nv)]
+        return out
+
+    def k_loop(acc: list, start, stop, stride: int, name: str) -> tuple[list, ir.Value]:
+        """k = start, start + stride, … while k + stride ≤ stop; `stride` steps per trip, in
+        increasing k. Returns the accumulators and k after the loop."""
+        before = b.block
+        head, body, done = (fn.append_basic_block(f"{name}.{s}") for s in ("head", "body", "done"))
+        b.branch(head)
+        b.position_at_end(head)
+        k = b.phi(I64, "k")
+        k.add_incoming(start, before)
+        phis = [b.phi(e.vec) for _ in acc]
+        for phi, value in zip(phis, acc):
+            phi.add_incoming(value, before)
+        b.cbranch(b.icmp_signed("<=", b.add(k, _i64(stride)), stop), body, done)
+        b.position_at_end(body)
+        out = phis
+        for u in range(stride):
+            out = step(out, b.add(k, _i64(u)))
+        k.add_incoming(b.add(k, _i64(stride)), b.block)
+        for phi, value in zip(phis, out):
+            phi.add_incoming(value, b.block)
+        b.branch(head)
+        b.position_at_end(done)
+        return phis, k
+
+    acc, k = k_loop(acc, _i64(0), kc, UNROLL, "main")
+    acc, _ = k_loop(acc, k, kc, 1, "rest")           # ORDER: the tail comes after, in k order
+    for value, ptr in zip(acc, (ptr for row in c_at for ptr in row)):
+        e.store_vec(value, ptr)
+    b.ret_void()
+    return fn
+
+
+def build_matmul(module: ir.Module, name: str, dtype: str, tiles: Tiles | None = None
+                 ) -> ir.Function:
+    """Add NAME (the C signature is in this module's docstring) and its internal tile
+    function NAME.tile to module."""
+    t = tiles or host_tiles(dtype)
+    tile = _build_tile(module, f"{name}.tile", dtype, t)
+    p = SCALAR[dtype].as_pointer()
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [p, p, p] + [I64] * 7 + [p, I64, I64]),
+                     name)
+    A, B, C, batch, M, N, K, sa, sb, sc, scratch, tid, nthreads = fn.args
+    for arg, label in zip(fn.args, "A B C batch M N K a_stride b_stride c_stride scratch "
+                                   "thread_index thread_count".split()):
+        arg.name = label
+    e = _Emitter(fn, dtype, t)
+    b = e.b
+    edge = b.alloca(ir.ArrayType(e.scalar, t.mr * t.nr), name="edge")
+    edge = b.bitcast(edge, p)
+    a_pack = e.at(scratch, b.mul(tid, _i64(t.scratch_elements)))
+    b_pack = e.at(a_pack, t.mc * t.kc)
+
+    empty = b.or_(b.or_(b.icmp_signed("<=", batch, _i64(0)), b.icmp_signed("<=", M, _i64(0))),
+                  b.icmp_signed("<=", N, _i64(0)))
+    with b.if_then(empty, likely=False):
+        b.ret_void()
+
+    # The job grid: column blocks of at most nc (each packs its B panel once per K block),
+    # cut into row blocks only when the jobs would not divide evenly between the threads.
+    # ORDER: a job owns its elements for the whole K loop; which thread runs it changes where
+    # an element is computed, not the order of its fmas.
+    row_panels, col_panels = e.ceil_div(M, t.mr), e.ceil_div(N, t.nr)
+    n_cols = e.ceil_div(N, t.nc)
+    jobs = b.mul(batch, n_cols)
+    uneven = b.and_(b.icmp_signed("!=", b.srem(jobs, nthreads), _i64(0)),
+                    b.icmp_signed("<", jobs, b.mul(nthreads, _i64(8))))
+    n_rows = e.min(b.select(uneven, nthreads, _i64(1)), row_panels)
+    rows = b.mul(e.ceil_div(row_panels, n_rows), _i64(t.mr))
+    cols = b.mul(e.ceil_div(col_panels, n_cols), _i64(t.nr))
+    jobs = b.mul(jobs, n_rows)
+
+    with e.loop(tid, jobs, nthreads, "job") as job:
+        jn = b.srem(job, n_cols)
+        jm = b.srem(b.sdiv(job, n_cols), n_rows)
+        bi = b.sdiv(job, b.mul(n_cols, n_rows))
+        i0, j0 = b.mul(jm, rows), b.mul(jn, cols)
+        mj, nj = e.min(rows, b.sub(M, i0)), e.min(cols, b.sub(N, j0))
+        a_base = e.at(A, b.mul(bi, sa), b.mul(i0, K))
+        b_base = e.at(B, b.mul(bi, sb), j0)
+        c_base = e.at(C, b.mul(bi, sc), b.mul(i0, N), j0)
+        live = b.and_(b.icmp_signed(">", mj, _i64(0)), b.icmp_signed(">", nj, _i64(0)))
+        with b.if_then(live):
+            _job(e, tile, a_base, b_base, c_base, mj, nj, K, N, a_pack, b_pack, edge)
+    b.ret_void()
+    return fn
+
+
+def _job(e: _Emitter, tile, a_base, b_base, c_base, mj, nj, K, N, a_pack, b_pack, edge) -> None:
+    """C[:mj, :nj] (row stride N) = A[:mj, :K] (row stride K) @ B[:K, :nj] (row stride N)."""
+    b, t = e.b, e.tiles
+    with b.if_then(b.icmp_signed("==", K, _i64(0)), likely=False):
+        minus_zero = ir.Constant(e.scalar, -0.0)
+        with e.loop(0, mj, 1, "zr") as i, e.loop(0, nj, 1, "zc") as j:
+            b.store(minus_zero, e.at(c_base, b.mul(i, N), j), align=e.align)
+
+    # ORDER: K is cut into blocks of kc taken in increasing order; between blocks each partial
+    # sum waits in C (an exact store and load). K is never padded: a padding 0·x would turn an
+    # accumulated -0.0 into +0.0, and 0·inf into NaN.
+    with e.loop(0, K, t.kc, "pc") as pc:
+        kc = e.min(t.kc, b.sub(K, pc))
+        first = b.icmp_signed("==", pc, _i64(0))
+        _pack_b(e, e.at(b_base, b.mul(pc, N)), N, kc, nj, b_pack)
+        # ORDER: the row blocks, and the tiles within them, partition the job's elements; each
+        # runs this K block once, so the order in which they are visited does not matter.
+        with e.loop(0, mj, t.mc, "ic") as ic:
+            mb = e.min(t.mc, b.sub(mj, ic))
+            c_block = e.at(c_base, b.mul(ic, N))
+            _pack_a(e, e.at(a_base, b.mul(ic, K), pc), K, kc, mb, a_pack)
+            with e.loop(0, nj, t.nr, "jr") as jr:
+                n_edge = e.min(t.nr, b.sub(nj, jr))
+                with e.loop(0, mb, t.mr, "ir") as ir_:
+                    _prefetch_next(e, c_block, N, ir_, jr, mb, nj)
+                    m_edge = e.min(t.mr, b.sub(mb, ir_))
+                    a_tile, b_tile = e.at(a_pack, b.mul(ir_, kc)), e.at(b_pack, b.mul(jr, kc))
+                    c_tile = e.at(c_block, b.mul(ir_, N), jr)
+                    full = b.and_(b.icmp_signed("==", m_edge, _i64(t.mr)),
+                                  b.icmp_signed("==", n_edge, _i64(t.nr)))
+                    with b.if_else(full) as (whole, part):
+                        with whole:
+                            b.call(tile, [a_tile, b_tile, kc, c_tile, N, first])
+                        with part:
+                            # A tile over the edge of C works in `edge` (row stride nr); its
+                            # rows and columns past the edge come from zero padding and are
+                            # never stored.
+                            with b.if_then(b.not_(first)):
+                                _copy_rows(e, c_tile, N, edge, _i64(t.nr), m_edge, n_edge)
+                            b.call(tile, [a_tile, b_tile, kc, edge, _i64(t.nr), first])
+                            _copy_rows(e, edge, _i64(t.nr), c_tile, N, m_edge, n_edge)
+
+
+def _prefetch_next(e: _Emitter, c_block, ldc, ir_, jr, mb, nj) -> None:
+    """Prefetch (for writing) the C tile after (ir_, jr), which is loaded when the tile at
+    (ir_, jr) has run its K block: rows ir_ + mr… or, past the block, column jr + nr."""
+    b, t = e.b, e.tiles
+    below = b.add(ir_, _i64(t.mr))
+    wrap = b.icmp_signed(">=", below, mb)
+    i = b.select(wrap, _i64(0), below)
+    j = e.min(b.select(wrap, b.add(jr, _i64(t.nr)), jr), b.sub(nj, _i64(1)))
+    last = e.min(b.add(j, _i64(t.nr - 1)), b.sub(nj, _i64(1)))
+    prefetch = e.intrinsic("llvm.prefetch.p0", ir.VoidType(),
+                           [ir.PointerType(), I32, I32, I32])
+    line = 64 // e.align
+    for r in range(t.mr):
+        row = e.at(c_block, b.mul(e.min(b.add(i, _i64(r)), b.sub(mb, _i64(1))), ldc))
+        for col in [b.add(j, _i64(c)) for c in range(0, t.nr, line)] + [last]:
+            b.call(prefetch, [b.bitcast(e.at(row, e.min(col, last)), ir.PointerType()),
+                              ir.Constant(I32, 1), ir.Constant(I32, 3), ir.Constant(I32, 1)])
+
+
+def _copy_rows(e: _Emitter, src, src_ld, dst, dst_ld, m, n) -> None:
+    """dst[:m, :n] = src[:m, :n], rows of at most nr elements."""
+    b, t = e.b, e.tiles
+    with e.loop(0, m, 1, "cr") as r:
+        s, d = e.at(src, b.mul(r, src_ld)), e.at(dst, b.mul(r, dst_ld))
+        for v in range(t.nv):
+            mask = e.lanes_below(n, v)
+            e.masked_store(e.masked_load(e.at(s, v * t.width), mask), e.at(d, v * t.width), mask)
+
+
+def _pack_b(e: _Emitter, src, ld, kc, nj, dst) -> None:
+    """dst[q][k][c] = src[k, q·nr + c] (0 past column nj): panels of nr columns. Row by row,
+    so that src is read in order."""
+    b, t = e.b, e.tiles
+    with e.loop(0, kc, 1, "pbk") as k:
+        row, out = e.at(src, b.mul(k, ld)), e.at(dst, b.mul(k, _i64(t.nr)))
+        with e.loop(0, nj, t.nr, "pbj") as j:
+            left = b.sub(nj, j)
+            panel = e.at(out, b.mul(j, kc))
+            for v in range(t.nv):
+                value = e.masked_load(e.at(row, j, v * t.width), e.lanes_below(left, v))
+                e.store_vec(value, e.at(panel, v * t.width))
+
+
+def _pack_a(e: _Emitter, src, ld, kc, mj, dst) -> None:
+    """dst[p][k][r] = src[p·mr + r, k] (0 past row mj): panels of mr rows."""
+    b, t = e.b, e.tiles
+    zero = ir.Constant(e.scalar, 0.0)
+    with e.loop(0, b.mul(e.ceil_div(mj, t.mr), _i64(t.mr)), 1, "par") as i:
+        out = e.at(dst, b.mul(b.sdiv(i, _i64(t.mr)), b.mul(kc, _i64(t.mr))), b.srem(i, _i64(t.mr)))
+        with b.if_else(b.icmp_signed("<", i, mj)) as (inside, outside):
+            with inside:
+                row = e.at(src, b.mul(i, ld))
+                with e.loop(0, kc, 1, "pak") as k:
+                    value = b.load(e.at(row, k), align=e.align)
+                    b.store(value, e.at(out, b.mul(k, _i64(t.mr))), align=e.align)
+            with outside:
+                with e.loop(0, kc, 1, "paz") as k:
+                    b.store(zero, e.at(out, b.mul(k, _i64(t.mr))), align=e.align)
+
+
+# ---------------------------------------------------------------------------------------------
+# JIT for the host
+
+
+def host_target_machine() -> llvm.TargetMachine:
+    """The host CPU by name and features, codegen at -O3, for MCJIT."""
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+    return llvm.Target.from_default_triple().create_target_machine(
+        cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(),
+        opt=3, codemodel="jitdefault", jit=True)
+
+
+def optimize(module: llvm.ModuleRef, tm: llvm.TargetMachine) -> None:
+    """The new pass manager's O3 pipeline, tuned for tm (no fast-math anywhere: the IR's own
+    flags are all the freedom LLVM gets)."""
+    pb = llvm.create_pass_builder(tm, llvm.create_pipeline_tuning_options(speed_level=3))
+    pb.getModulePassManager().run(module, pb)
+
+
+class Matmul:
+    """A JIT-compiled kernel and a NumPy front: `kernel(a, b, threads=2)`."""
+
+    def __init__(self, dtype: str, tiles: Tiles | None = None):
+        self.dtype, self.tiles = dtype, tiles or host_tiles(dtype)
+        tm = host_target_machine()
+        module = ir.Module(name=f"matmul_{dtype}")
+        module.triple = llvm.get_process_triple()
+        module.data_layout = str(tm.target_data)
+        build_matmul(module, "matmul", dtype, self.tiles)
+        self.llvm_ir = str(module)
+        mod = llvm.parse_assembly(self.llvm_ir)
+        mod.verify()
+        optimize(mod, tm)
+        self.engine = llvm.create_mcjit_compiler(mod, tm)
+        self.engine.finalize_object()
+        self.assembly = tm.emit_assembly(mod)
+        self.fn = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * 3, *[ctypes.c_int64] * 7,
+                                   ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)(
+            self.engine.get_function_address("matmul"))
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._scratch = np.empty(0, dtype=NUMPY[self.dtype])
+
+    def scratch(self, threads: int) -> np.ndarray:
+        """Scratch for `threads` threads (kept: a fresh buffer costs page faults each call)."""
+        if self._scratch.size < threads * self.tiles.scratch_elements + 64:
+            self._scratch = np.empty(threads * self.tiles.scratch_elements + 64,
+                                     dtype=NUMPY[self.dtype])
+        return self._scratch
+
+    def call(self, a: np.ndarray, b: np.ndarray, c: np.ndarray, scratch: np.ndarray,
+             thread_index: int, thread_count: int) -> None:
+        """One thread's share of c = a @ b; a [batch|1, M, K], b [batch|1, K, N] and c
+        [batch, M, N], C-contiguous and of the kernel's dtype."""
+        for x in (a, b, c, scratch):
+            if x.dtype != NUMPY[self.dtype] or not x.flags.c_contiguous:
+                raise ValueError(f"want C-contiguous {self.dtype} arrays, got {x.dtype}")
+        (batch, m, n), k = c.shape, a.shape[-1]
+        if (a.shape[1:], b.shape[1:]) != ((m, k), (k, n)) or {len(a), len(b)} - {1, batch} \
+                or scratch.nbytes < thread_count * self.tiles.scratch_elements * a.itemsize + 64:
+            raise ValueError(f"shapes do not fit: {a.shape} @ {b.shape} -> {c.shape}, "
+                             f"scratch {scratch.size} for {thread_count} threads")
+        strides = [0 if x.shape[0] == 1 else x[0].size for x in (a, b, c)]
+        base = scratch.ctypes.data
+        self.fn(a.ctypes.data, b.ctypes.data, c.ctypes.data, batch, m, n, k, *strides,
+                base + (-base % 64), thread_index, thread_count)
+
+    def __call__(self, a: np.ndarray, b: np.ndarray, threads: int = 1) -> np.ndarray:
+        """a @ b for 2-D or 3-D operands (batch axes broadcast), on `threads` Python threads."""
+        shape = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+        batch = int(np.prod(shape, dtype=np.int64))
+        a3, b3 = (np.ascontiguousarray(x if np.prod(x.shape[:-2], dtype=np.int64) == 1
+                                       else np.broadcast_to(x, shape + x.shape[-2:]),
+                                       dtype=NUMPY[self.dtype]) for x in (a, b))
+        a3, b3 = (x.reshape((batch if x.ndim > 2 and x.size and x.shape[:-2] == shape
+                             else 1,) + x.shape[-2:]) for x in (a3, b3))
+        c = np.empty((batch, a3.shape[1], b3.shape[2]), dtype=NUMPY[self.dtype])
+        scratch = self.scratch(threads)
+        if threads == 1:
+            self.call(a3, b3, c, scratch, 0, 1)
+        else:
+            if self._pool is None or self._pool._max_workers < threads:
+                self._pool = concurrent.futures.ThreadPoolExecutor(threads)
+            done = [self._pool.submit(self.call, a3, b3, c, scratch, t, threads)
+                    for t in range(threads)]
+            for f in done:
+                f.result()
+        return c.reshape(shape + c.shape[1:])

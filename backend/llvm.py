@@ -1,0 +1,384 @@
+"""Loop IR to LLVM IR through llvmlite: shared by every target.
+
+A kernel becomes `void name(i8** buffers, i64 lo, i64 hi)`: a map visits the points whose
+first index is in [lo, hi); a reduction, the result points whose flattened index is in
+[lo, hi). Threads split [lo, hi) between them; each point is computed the same way whoever
+computes it, so results do not depend on the thread count. Scalar operations are emitted by
+`Emitter`, on scalars or on vectors of LANES values alike; transcendental functions come
+from the exact-mode math library (backend/mathlib.py), never from LLVM intrinsics or libm."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from llvmlite import ir
+
+from backend.loops import Instr, LoopKernel
+from ir.numerics import CHUNK, LANES
+
+I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
+SCALAR = {"f32": ir.FloatType(), "f64": ir.DoubleType(), "f16": ir.HalfType(),
+          "i32": I32, "i64": I64, "u32": I32, "bool": I1}
+FLOATS = ("f32", "f64", "f16")
+MATH = ("exp", "exp2", "log", "log2", "tanh", "sigmoid", "sin", "cos")
+
+
+def memory_type(dtype: str) -> ir.Type:
+    """How a dtype is stored: bools as bytes, like NumPy."""
+    return I8 if dtype == "bool" else SCALAR[dtype]
+
+
+class Emitter:
+    """Scalar (or lane-vector) operations by primitive name, for the dtypes of the language."""
+
+    def __init__(self, b: ir.IRBuilder, module: ir.Module):
+        self.b, self.module = b, module
+
+    def intrinsic(self, name: str, value: ir.Value, *more: ir.Value) -> ir.Value:
+        fn = self.module.declare_intrinsic(name, [value.type])
+        return self.b.call(fn, [value, *more])
+
+    def const(self, value: Any, dtype: str, like: ir.Value | None = None) -> ir.Value:
+        c = ir.Constant(SCALAR[dtype], bool(value) if dtype == "bool" else value)
+        return self.splat(c, like.type.count) if like is not None and isinstance(like.type, ir.VectorType) else c
+
+    def splat(self, c: ir.Value, n: int) -> ir.Value:
+        vec = ir.Constant(ir.VectorType(c.type, n), ir.Undefined)
+        vec = self.b.insert_element(vec, c, ir.Constant(I32, 0))
+        return self.b.shuffle_vector(vec, vec, ir.Constant(ir.VectorType(I32, n), [0] * n))
+
+    def apply(self, prim: str, args: list[ir.Value], dtypes: list[str], dtype: str,
+              attrs: dict) -> ir.Value:
+        """The value of one primitive applied to scalars (or lane vectors) of known dtypes."""
+        b = self.b
+        x = args[0] if args else None
+        flt = dtype in FLOATS
+        signed = dtypes and dtypes[0] != "u32"
+        if prim in ("add", "sub", "mul"):
+            op = {"add": (b.fadd, b.add), "sub": (b.fsub, b.sub), "mul": (b.fmul, b.mul)}[prim]
+            return op[0 if flt else 1](*args)
+        if prim == "div":
+            return b.fdiv(*args)
+        if prim == "neg":
+            return b.fneg(x) if flt else b.neg(x)
+        if prim == "abs":
+            return self.intrinsic("llvm.fabs", x) if flt else b.select(b.icmp_signed("<", x, self.const(0, dtype, x)), b.neg(x), x)
+        if prim in ("maximum", "minimum"):
+            a, c = args
+            if flt:
+                keep = b.or_(b.fcmp_ordered(">=" if prim == "maximum" else "<=", a, c),
+                             b.fcmp_unordered("uno", a, a))
+            else:
+                cmp = b.icmp_signed if signed else b.icmp_unsigned
+                keep = cmp(">=" if prim == "maximum" else "<=", a, c)
+            return b.select(keep, a, c)
+        if prim in ("eq", "ne", "lt", "le", "gt", "ge"):
+            sym = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}[prim]
+            if dtypes[0] in FLOATS:
+                return b.fcmp_unordered(sym, *args) if prim == "ne" else b.fcmp_ordered(sym, *args)
+            return (b.icmp_signed if signed else b.icmp_unsigned)(sym, *args)
+        if prim in ("and", "or", "xor"):
+            return {"and": b.and_, "or": b.or_, "xor": b.xor}[prim](*args)
+        if prim == "where":
+            return b.select(*args)
+        if prim == "sqrt":
+            return self.intrinsic("llvm.sqrt", x)
+        if prim == "rsqrt":
+            return b.fdiv(self.const(1.0, dtype, x), self.intrinsic("llvm.sqrt", x))
+        if prim == "floor":
+            return self.intrinsic("llvm.floor", x)
+        if prim == "tanh_grad":
+            y, ct = args
+            return b.fmul(ct, b.fsub(self.const(1.0, dtype, y), b.fmul(y, y)))
+        if prim == "sigmoid_grad":
+            y, ct = args
+            return b.fmul(b.fmul(ct, y), b.fsub(self.const(1.0, dtype, y), y))
+        if prim == "cast":
+            return self.cast(x, dtypes[0], dtype)
+        if prim == "stop_gradient":
+            return x
+        if prim in MATH:
+            from backend import mathlib
+            return getattr(mathlib, prim)(b, x)
+        raise NotImplementedError(prim)
+
+    def cast(self, x: ir.Value, src: str, dst: str) -> ir.Value:
+        b = self.b
+        vec = isinstance(x.type, ir.VectorType)
+        to = ir.VectorType(SCALAR[dst], x.type.count) if vec else SCALAR[dst]
+        if src == dst:
+            return x
+        if dst == "bool":
+            zero = self.const(0.0 if src in FLOATS else 0, src, x)
+            return b.fcmp_unordered("!=", x, zero) if src in FLOATS else b.icmp_unsigned("!=", x, zero)
+        if src == "bool":
+            return b.uitofp(x, to) if dst in FLOATS else b.zext(x, to)
+        if src in FLOATS and dst in FLOATS:
+            return b.fpext(x, to) if _bits(dst) > _bits(src) else b.fptrunc(x, to)
+        if dst in FLOATS:
+            return b.uitofp(x, to) if src == "u32" else b.sitofp(x, to)
+        if _bits(dst) > _bits(src):
+            return b.zext(x, to) if src == "u32" else b.sext(x, to)
+        return b.trunc(x, to) if _bits(dst) < _bits(src) else x
+
+
+def _bits(dtype: str) -> int:
+    return {"f16": 16, "f32": 32, "f64": 64, "i32": 32, "u32": 32, "i64": 64, "bool": 1}[dtype]
+
+
+COMPILED = {"add", "sub", "mul", "neg", "abs", "maximum", "minimum", "eq", "ne", "lt", "le",
+            "gt", "ge", "and", "or", "xor", "where", "cast", "stop_gradient", "tanh_grad",
+            "sigmoid_grad"}
+FLOAT_ONLY = {"div", "sqrt", "rsqrt", "floor"}
+
+
+def can_compile(prim: str, in_dtypes: list[str], dtype: str) -> bool:
+    """Whether a kernel body can compute this op (the others run on the host)."""
+    if dtype == "bf16" or "bf16" in in_dtypes:
+        return False
+    if prim in FLOAT_ONLY:
+        return dtype in FLOATS
+    if prim in MATH:
+        return dtype in ("f32", "f64") and _have_mathlib()
+    if prim == "cast":
+        return not (in_dtypes[0] in FLOATS and dtype not in FLOATS and dtype != "bool")
+    return prim in COMPILED
+
+
+def _have_mathlib() -> bool:
+    return False
+
+
+# ---------------------------------------------------------------- kernels
+
+def kernel_function(module: ir.Module, k: LoopKernel) -> ir.Function:
+    """Emit one kernel into module."""
+    fnty = ir.FunctionType(ir.VoidType(), [I8.as_pointer().as_pointer(), I64, I64])
+    fn = ir.Function(module, fnty, name=k.name)
+    bufs_arg, lo, hi = fn.args
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    ptrs = [b.bitcast(b.load(b.gep(bufs_arg, [ir.Constant(I64, i)])), memory_type(dt).as_pointer())
+            for i, (dt, _) in enumerate(k.buffers)]
+    gen = _KernelGen(b, module, k, ptrs)
+    if k.is_reduction:
+        gen.reduction(lo, hi)
+    else:
+        gen.map(lo, hi)
+    gen.b.ret_void()
+    return fn
+
+
+def loop(b: ir.IRBuilder, start: ir.Value, stop: ir.Value, body: Callable[[ir.Value], None],
+         step: int = 1) -> None:
+    """for i in range(start, stop, step): body(i) — as basic blocks, leaving b after the loop."""
+    pre = b.block
+    head = b.append_basic_block("loop")
+    inner = b.append_basic_block("body")
+    after = b.append_basic_block("after")
+    b.branch(head)
+    b.position_at_end(head)
+    i = b.phi(I64)
+    i.add_incoming(start, pre)
+    b.cbranch(b.icmp_signed("<", i, stop), inner, after)
+    b.position_at_end(inner)
+    body(i)
+    nxt = b.add(i, ir.Constant(I64, step))
+    i.add_incoming(nxt, b.block)
+    b.branch(head)
+    b.position_at_end(after)
+
+
+class _KernelGen:
+    def __init__(self, b: ir.IRBuilder, module: ir.Module, k: LoopKernel, ptrs: list[ir.Value]):
+        self.b, self.k, self.ptrs = b, k, ptrs
+        self.e = Emitter(b, module)
+
+    def load(self, ins: Instr, offset: ir.Value, lanes: int = 0, lane_stride: int = 0) -> ir.Value:
+        """The element at offset (or `lanes` elements lane_stride apart) of a buffer."""
+        b = self.b
+        ptr = self.ptrs[ins.load.buffer]
+        mem = memory_type(ins.dtype)
+        if not lanes:
+            v = b.load(b.gep(ptr, [offset]))
+            return b.icmp_unsigned("!=", v, ir.Constant(I8, 0)) if ins.dtype == "bool" else v
+        if lane_stride == 0:
+            return self.e.splat(self.load(ins, offset), lanes)
+        if lane_stride == 1 and ins.dtype != "bool":
+            vptr = b.bitcast(b.gep(ptr, [offset]), ir.VectorType(mem, lanes).as_pointer())
+            return b.load(vptr, align=mem.width // 8 if hasattr(mem, "width") else 4)
+        vec = ir.Constant(ir.VectorType(SCALAR[ins.dtype], lanes), ir.Undefined)
+        for j in range(lanes):
+            at = b.add(offset, ir.Constant(I64, j * lane_stride))
+            vec = b.insert_element(vec, self.load(ins, at), ir.Constant(I32, j))
+        return vec
+
+    def body(self, offset_of: Callable[[Instr], ir.Value], lanes: int = 0,
+             lane_stride_of: Callable[[Instr], int] = lambda ins: 0) -> list[ir.Value]:
+        """Evaluate the kernel body; loads at offset_of(load)."""
+        values: list[ir.Value] = []
+        for ins in self.k.body:
+            if ins.prim == "load":
+                values.append(self.load(ins, offset_of(ins), lanes, lane_stride_of(ins)))
+            elif ins.prim == "const":
+                c = self.e.const(dict(ins.attrs)["value"], ins.dtype)
+                values.append(self.e.splat(c, lanes) if lanes else c)
+            else:
+                args = [values[a] for a in ins.args]
+                dtypes = [self.k.body[a].dtype for a in ins.args]
+                values.append(self.e.apply(ins.prim, args, dtypes, ins.dtype, dict(ins.attrs)))
+        return values
+
+    def store(self, buffer: int, offset: ir.Value, value: ir.Value, dtype: str) -> None:
+        b = self.b
+        if dtype == "bool":
+            value = b.zext(value, I8)
+        b.store(value, b.gep(self.ptrs[buffer], [offset]))
+
+    # -------------------------------------------------------- maps
+
+    def map(self, lo: ir.Value, hi: ir.Value) -> None:
+        shape = self.k.shape
+        out_strides = row_major(shape)
+        if not shape:
+            zero = ir.Constant(I64, 0)
+            self.point([], zero)
+            return
+
+        def level(d: int, index: list[ir.Value]) -> None:
+            if d == len(shape):
+                offset = self.offset(index, out_strides)
+                self.point(index, offset)
+                return
+            start = lo if d == 0 else ir.Constant(I64, 0)
+            stop = hi if d == 0 else ir.Constant(I64, shape[d])
+            loop(self.b, start, stop, lambda i: level(d + 1, index + [i]))
+
+        level(0, [])
+
+    def offset(self, index: list[ir.Value], strides: tuple[int, ...]) -> ir.Value:
+        total = ir.Constant(I64, 0)
+        for i, s in zip(index, strides):
+            if s:
+                total = self.b.add(total, self.b.mul(i, ir.Constant(I64, s)))
+        return total
+
+    def point(self, index: list[ir.Value], out_offset: ir.Value) -> None:
+        values = self.body(lambda ins: self.offset(index, ins.load.strides))
+        for buf, ins in self.k.stores:
+            self.store(buf, out_offset, values[ins], self.k.body[ins].dtype)
+
+    # -------------------------------------------------------- reductions
+
+    def reduction(self, lo: ir.Value, hi: ir.Value) -> None:
+        """For each result point o in [lo, hi): the reduced value in the canonical order."""
+        r = self.k.reduce
+        outer = self.k.shape
+        dtype = self.k.body[r.value].dtype
+        b = self.b
+
+        def each(o: ir.Value) -> None:
+            index, rest = [], o
+            for d in reversed(outer):
+                index.append(b.urem(rest, ir.Constant(I64, d)))
+                rest = b.udiv(rest, ir.Constant(I64, d))
+            index.reverse()
+            base = {id(ins): self.offset(index, ins.load.strides[:-1])
+                    for ins in self.k.body if ins.prim == "load"}
+
+            def value_at(j: ir.Value, lanes: int = 0) -> ir.Value:
+                offsets = lambda ins: b.add(base[id(ins)], b.mul(j, ir.Constant(I64, ins.load.strides[-1])))
+                return self.body(offsets, lanes, lambda ins: ins.load.strides[-1])[r.value]
+
+            result = self.reduce(self.k.n, value_at, dtype, r.combine)
+            if r.count:
+                result = b.fdiv(result, self.e.const(float(r.count), dtype))
+            self.store(r.buffer, o, result, dtype)
+
+        loop(b, lo, hi, each)
+
+    def slot(self, ty: ir.Type, count: int = 1) -> ir.Value:
+        """Stack memory allocated once at the function's entry, not once per loop iteration."""
+        block = self.b.block
+        entry = self.b.function.entry_basic_block
+        self.b.position_at_start(entry)
+        ptr = self.b.alloca(ty, size=ir.Constant(I64, count) if count != 1 else None)
+        self.b.position_at_end(block)
+        return ptr
+
+    def combine(self, how: str, a: ir.Value, c: ir.Value, dtype: str) -> ir.Value:
+        if how == "add":
+            return self.b.fadd(a, c)
+        return self.e.apply("maximum" if how == "max" else "minimum", [a, c], [dtype, dtype], dtype, {})
+
+    def identity(self, how: str, dtype: str) -> ir.Value:
+        value = {"add": -0.0, "max": float("-inf"), "min": float("inf")}[how]
+        return self.e.const(value, dtype)
+
+    def reduce(self, n: int, value_at: Callable, dtype: str, how: str) -> ir.Value:
+        """Combine value_at(0 … n-1) in the canonical order (ir/numerics.py)."""
+        b = self.b
+        if n <= CHUNK:
+            return self.lanes(n, value_at, dtype, how)
+        chunks = -(-n // CHUNK)
+        partial = self.slot(SCALAR[dtype], chunks)
+
+        def chunk(c: ir.Value) -> None:
+            start = b.mul(c, ir.Constant(I64, CHUNK))
+            # every chunk but the last is full; the last is reduced by the same code below
+            v = self.lanes(CHUNK, lambda j, lanes=0: value_at(b.add(start, j), lanes), dtype, how)
+            b.store(v, b.gep(partial, [c]))
+
+        loop(b, ir.Constant(I64, 0), ir.Constant(I64, n // CHUNK), chunk)
+        if n % CHUNK:
+            start = ir.Constant(I64, (n // CHUNK) * CHUNK)
+            v = self.lanes(n % CHUNK, lambda j, lanes=0: value_at(b.add(start, j), lanes), dtype, how)
+            b.store(v, b.gep(partial, [ir.Constant(I64, chunks - 1)]))
+        return self.reduce(chunks, lambda j, lanes=0: self._load_partial(partial, j, lanes, dtype),
+                           dtype, how)
+
+    def _load_partial(self, partial: ir.Value, j: ir.Value, lanes: int, dtype: str) -> ir.Value:
+        b = self.b
+        if not lanes:
+            return b.load(b.gep(partial, [j]))
+        vptr = b.bitcast(b.gep(partial, [j]), ir.VectorType(SCALAR[dtype], lanes).as_pointer())
+        return b.load(vptr)
+
+    def lanes(self, n: int, value_at: Callable, dtype: str, how: str) -> ir.Value:
+        """At most CHUNK values: LANES lanes left to right, then the halving tree."""
+        b = self.b
+        vty = ir.VectorType(SCALAR[dtype], LANES)
+        acc_slot = self.slot(vty)
+        b.store(self.e.splat(self.identity(how, dtype), LANES), acc_slot)
+        full = n // LANES
+
+        def block(k: ir.Value) -> None:
+            j = b.mul(k, ir.Constant(I64, LANES))
+            b.store(self.combine(how, b.load(acc_slot), value_at(j, LANES), dtype), acc_slot)
+
+        loop(b, ir.Constant(I64, 0), ir.Constant(I64, full), block)
+
+        def tail(lane: ir.Value) -> None:                        # the rest, one lane at a time
+            acc = b.load(acc_slot)
+            v = value_at(b.add(ir.Constant(I64, full * LANES), lane))
+            old = b.extract_element(acc, lane)
+            b.store(b.insert_element(acc, self.combine(how, old, v, dtype), lane), acc_slot)
+
+        if n % LANES:
+            loop(b, ir.Constant(I64, 0), ir.Constant(I64, n % LANES), tail)
+        acc = b.load(acc_slot)
+        width = LANES // 2
+        while width:
+            low = b.shuffle_vector(acc, acc, ir.Constant(ir.VectorType(I32, width), list(range(width))))
+            high = b.shuffle_vector(acc, acc, ir.Constant(ir.VectorType(I32, width),
+                                                          list(range(width, 2 * width))))
+            acc = self.combine(how, low, high, dtype)
+            width //= 2
+        return b.extract_element(acc, ir.Constant(I32, 0))
+
+
+def row_major(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Element strides of a contiguous row-major array."""
+    strides, acc = [], 1
+    for n in reversed(shape):
+        strides.append(acc)
+        acc *= n
+    return tuple(reversed(strides))

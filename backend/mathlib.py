@@ -1,0 +1,626 @@
+"""Exact-mode math library: exp, log, tanh, sin … emitted as LLVM IR from + * fma and bit operations.
+
+Each public function takes an `llvmlite.ir.IRBuilder` and a value of type float, double,
+<N x float> or <N x double>, appends a straight-line sequence of instructions (no branches, no
+calls except `llvm.fma` and `llvm.sqrt`) and returns the result, of the same type. That sequence
+*is* the definition of the result: it uses only IEEE operations that every target rounds the same
+way (fadd fsub fmul fdiv, fma, sqrt, integer and bit operations, compares and selects), never
+fast-math flags, so the CPU and the GPU produce the same bits. The vector variants run the same
+sequence lane by lane and give the same bits as the scalar ones.
+
+    exp exp2 log log2 tanh sigmoid sin cos rsqrt      f(b, x) -> value like x
+    pow                                               pow(b, x, y) -> value like x
+
+Every NaN result is the quiet NaN with a clear sign bit (0x7fc00000, 0x7ff8000000000000), so
+NaNs too are the same bits everywhere. docs/numerics.md gives each function's algorithm, its
+measured accuracy and its special values; the polynomial coefficients were fitted by
+`python benchmarks/mathlib_ulps.py --fit` (minimax relative error, Remez exchange in mpmath, each
+coefficient rounded to the target precision in turn and the rest refitted). All polynomials are
+evaluated by Horner's rule with one fma per coefficient.
+
+Words used below: a *double-word* value is an unevaluated sum hi + lo of two floats with
+|lo| <= ulp(hi); `p` is the precision (24 for float, 53 for double).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llvmlite import ir
+
+__all__ = ["exp", "exp2", "log", "log2", "tanh", "sigmoid", "sin", "cos", "pow", "rsqrt",
+           "UNARY", "BINARY"]
+
+H = float.fromhex
+
+
+@dataclass(frozen=True)
+class Format:
+    """The constants of one floating-point format; every constant is exactly representable."""
+    name: str
+    bits: int              # storage width
+    mant: int              # fraction bits: 23 or 52
+    bias: int              # exponent bias: 127 or 1023
+    qnan: int              # bits of the canonical NaN
+    # rint by the "shifter": x + 1.5*2^mant rounds x to an integer (|x| < 2^(mant-1)).
+    shifter: float
+    # exp and exp2: the argument range outside of which the result is 0 or inf anyway.
+    exp_lo: float
+    exp_hi: float
+    exp2_lo: float
+    exp2_hi: float
+    log2e: float           # RN(1/ln 2) and RN(1/ln 2 - log2e)
+    log2e_lo: float
+    ln2: float             # RN(ln 2) and RN(ln 2 - ln2)
+    ln2_lo: float
+    ln2_hi_short: float    # ln 2 cut to few bits, so k * ln2_hi_short is exact for every exponent k
+    ln2_lo_short: float    # RN(ln 2 - ln2_hi_short)
+    log_split: int         # bits of RN(2/3): log reduces the mantissa to [2/3, 4/3)
+    two_thirds: float      # RN(2/3) and RN(2/3 - two_thirds)
+    two_thirds_lo: float
+    two_over_pi: tuple     # RN(2/pi) and RN(2/pi - that)
+    pio2: tuple            # pi/2 = sum of four parts, each the rounding of what the others leave
+    sin_tiny: float        # below this |x|, sin x rounds to x
+    sincos_max: float      # the documented range of sin/cos; beyond it the result is NaN
+    tanh_small: float      # below this |x| tanh uses its odd polynomial
+    rsqrt_scale: int       # rsqrt rescales x by 2^(+-2s) when |x| is outside 2^(+-2s)
+    # Polynomials (coefficients of u^0, u^1, …, fitted as described in the module docstring):
+    exp_q: tuple           # e^r = 1 + r + r^2 Q(r),                       |r| <= ln2/2
+    log_t: tuple           # log((1+s)/(1-s)) = 2s + 2s^3/3 + s^5 T(s^2),   |s| <= 1/5
+    tanh_t: tuple          # tanh x = x + x^3 T(x^2),                        |x| <= tanh_small
+    sin_s: tuple           # sin r = r + r^3 S(r^2),                         |r| <= pi/4
+    cos_c: tuple           # cos r = 1 - r^2/2 + r^4 C(r^2),                 |r| <= pi/4
+
+
+F32 = Format(
+    name="float", bits=32, mant=23, bias=127, qnan=0x7FC00000,
+    shifter=H("0x1.8p23"),
+    exp_lo=-104.0, exp_hi=89.0, exp2_lo=-151.0, exp2_hi=129.0,
+    log2e=H("0x1.715476p+0"), log2e_lo=H("0x1.4ae0c0p-26"),
+    ln2=H("0x1.62e430p-1"), ln2_lo=H("-0x1.05c610p-29"),
+    ln2_hi_short=H("0x1.62e4p-1"), ln2_lo_short=H("0x1.7f7d1cp-20"),
+    log_split=0x3F2AAAAB, two_thirds=H("0x1.555556p-1"), two_thirds_lo=H("-0x1.555556p-26"),
+    two_over_pi=(H("0x1.45f306p-1"), H("0x1.b9391p-26")),
+    pio2=(H("0x1.921fb6p+0"), H("-0x1.777a5cp-25"), H("-0x1.ee59dap-50"), H("0x1.98a2e0p-77")),
+    sin_tiny=H("0x1p-12"), sincos_max=H("0x1p22"), tanh_small=0.55, rsqrt_scale=32,
+    exp_q=(H("0x1.fffffcp-2"), H("0x1.55548ap-3"), H("0x1.55584ep-5"), H("0x1.123f3p-7"),
+           H("0x1.6ad158p-10")),
+    log_t=(H("0x1.999aa2p-2"), H("0x1.2419ap-2"), H("0x1.e8ff2p-3")),
+    tanh_t=(H("-0x1.555554p-2"), H("0x1.111082p-3"), H("-0x1.b9f392p-5"), H("0x1.63b824p-6"),
+            H("-0x1.0c800ap-7"), H("0x1.1911cep-9")),
+    sin_s=(H("-0x1.555556p-3"), H("0x1.111174p-7"), H("-0x1.a05954p-13"), H("0x1.7c2c4ep-19")),
+    cos_c=(H("0x1.555556p-5"), H("-0x1.6c175cp-10"), H("0x1.a06f9p-16"), H("-0x1.35851cp-22")),
+)
+
+F64 = Format(
+    name="double", bits=64, mant=52, bias=1023, qnan=0x7FF8000000000000,
+    shifter=H("0x1.8p52"),
+    exp_lo=-746.0, exp_hi=710.0, exp2_lo=-1076.0, exp2_hi=1025.0,
+    log2e=H("0x1.71547652b82fep+0"), log2e_lo=H("0x1.777d0ffda0d24p-56"),
+    ln2=H("0x1.62e42fefa39efp-1"), ln2_lo=H("0x1.abc9e3b39803fp-56"),
+    # fdlibm's split of ln 2 (32 significant bits, then the rest):
+    ln2_hi_short=H("0x1.62e42feep-1"), ln2_lo_short=H("0x1.a39ef35793c76p-33"),
+    log_split=0x3FE5555555555555,
+    two_thirds=H("0x1.5555555555555p-1"), two_thirds_lo=H("0x1.5555555555555p-55"),
+    two_over_pi=(H("0x1.45f306dc9c883p-1"), H("-0x1.6b01ec5417056p-55")),
+    pio2=(H("0x1.921fb54442d18p+0"), H("0x1.1a62633145c07p-54"), H("-0x1.f1976b7ed8fbcp-110"),
+          H("0x1.4cf98e804177dp-164")),
+    sin_tiny=H("0x1p-27"), sincos_max=H("0x1p50"), tanh_small=0.55, rsqrt_scale=256,
+    exp_q=(H("0x1.0000000000000p-1"), H("0x1.555555555555bp-3"), H("0x1.5555555555501p-5"),
+           H("0x1.111111110ebcep-7"), H("0x1.6c16c16c30ac9p-10"), H("0x1.a01a01b3b6e27p-13"),
+           H("0x1.a01a01355adf3p-16"), H("0x1.71ddef906fa3bp-19"), H("0x1.27e5b5ad3afe2p-22"),
+           H("0x1.af6ce7f7fe179p-26"), H("0x1.1e3c839215d5bp-29")),
+    log_t=(H("0x1.9999999999967p-2"), H("0x1.2492492498f46p-2"), H("0x1.c71c71bc47c0ep-3"),
+           H("0x1.745d1bd496b96p-3"), H("0x1.3b12957bfb535p-3"), H("0x1.113a6d4bf561ap-3"),
+           H("0x1.dac63ea0743a3p-4"), H("0x1.019d5c5d1fb08p-3")),
+    tanh_t=(H("-0x1.5555555555555p-2"), H("0x1.111111111107bp-3"), H("-0x1.ba1ba1ba101d9p-5"),
+            H("0x1.664f487f34448p-6"), H("-0x1.226e34ba06066p-7"), H("0x1.d6d3aaf1f564cp-9"),
+            H("-0x1.7da0775c326ebp-10"), H("0x1.353096d7af1e1p-11"), H("-0x1.f29c7f8b38466p-13"),
+            H("0x1.8438e770bf2dbp-14"), H("-0x1.fa4549e938987p-16"), H("0x1.1c0a3156bd129p-18"),
+            H("0x1.b7f4b2f39aa1bp-20")),
+    sin_s=(H("-0x1.5555555555555p-3"), H("0x1.1111111111069p-7"), H("-0x1.a01a019ffe548p-13"),
+           H("0x1.71de3a33ac36bp-19"), H("-0x1.ae642c5f5923fp-26"), H("0x1.6109c92a6ffcbp-33"),
+           H("-0x1.a004ac675b283p-41")),
+    cos_c=(H("0x1.5555555555555p-5"), H("-0x1.6c16c16c16b31p-10"), H("0x1.a01a019ffcf76p-16"),
+           H("-0x1.27e4fb5a7da7bp-22"), H("0x1.1eed7001b0ba3p-29"), H("-0x1.9374fd5f3cb7cp-37"),
+           H("0x1.9e048e7d0f07cp-45")),
+)
+
+_FORMATS = {"float": F32, "double": F64}
+
+
+# ---------------------------------------------------------------------------------------------
+# A value with operators: the algorithms below read like their formulas.
+
+class _V:
+    """An IR value with arithmetic operators. Floats use fadd/fsub/fmul/fdiv (no fast-math
+    flags: each operator is one IEEE-rounded operation); integers use add/sub/and/or/xor/shl/
+    ashr; comparisons give masks (i1 or <N x i1>). Python numbers become constants (splatted
+    for vectors) of the other operand's type."""
+    __slots__ = ("b", "v")
+    __hash__ = None
+
+    def __init__(self, b: ir.IRBuilder, v: ir.Value):
+        self.b, self.v = b, v
+
+    @property
+    def type(self):
+        return self.v.type
+
+    @property
+    def is_float(self):
+        t = self.v.type
+        return isinstance(t.element if isinstance(t, ir.VectorType) else t,
+                          (ir.FloatType, ir.DoubleType))
+
+    def like(self, value) -> "_V":
+        """A constant of this value's type."""
+        if isinstance(value, _V):
+            return value
+        t = self.v.type
+        if isinstance(t, ir.VectorType):
+            return _V(self.b, ir.Constant(t, [value] * t.count))
+        return _V(self.b, ir.Constant(t, value))
+
+    def _op(self, other, fop, iop, swap=False):
+        a, c = self, self.like(other)
+        if swap:
+            a, c = c, a
+        return _V(self.b, getattr(self.b, fop if self.is_float else iop)(a.v, c.v))
+
+    def __add__(self, o): return self._op(o, "fadd", "add")
+    def __radd__(self, o): return self._op(o, "fadd", "add", swap=True)
+    def __sub__(self, o): return self._op(o, "fsub", "sub")
+    def __rsub__(self, o): return self._op(o, "fsub", "sub", swap=True)
+    def __mul__(self, o): return self._op(o, "fmul", "mul")
+    def __rmul__(self, o): return self._op(o, "fmul", "mul", swap=True)
+    def __truediv__(self, o): return self._op(o, "fdiv", None)
+    def __rtruediv__(self, o): return self._op(o, "fdiv", None, swap=True)
+    def __and__(self, o): return self._op(o, None, "and_")
+    def __or__(self, o): return self._op(o, None, "or_")
+    def __xor__(self, o): return self._op(o, None, "xor")
+    def __lshift__(self, o): return self._op(o, None, "shl")
+    def __rshift__(self, o): return self._op(o, None, "ashr")
+
+    def __neg__(self):
+        return _V(self.b, self.b.fneg(self.v))
+
+    def __invert__(self):
+        return _V(self.b, self.b.not_(self.v))
+
+    def _cmp(self, op, o):
+        o = self.like(o)
+        if self.is_float:   # ordered: false when either side is NaN
+            return _V(self.b, self.b.fcmp_ordered(op, self.v, o.v))
+        return _V(self.b, self.b.icmp_signed(op, self.v, o.v))
+
+    def __lt__(self, o): return self._cmp("<", o)
+    def __le__(self, o): return self._cmp("<=", o)
+    def __gt__(self, o): return self._cmp(">", o)
+    def __ge__(self, o): return self._cmp(">=", o)
+    def eq(self, o): return self._cmp("==", o)
+    def ne(self, o): return self._cmp("!=", o)    # ordered for floats
+
+
+def _int_type(t):
+    """The integer type of the same shape and width as float type t."""
+    if isinstance(t, ir.VectorType):
+        return ir.VectorType(_int_type(t.element), t.count)
+    return ir.IntType(32 if isinstance(t, ir.FloatType) else 64)
+
+
+def _format(t) -> Format:
+    elem = t.element if isinstance(t, ir.VectorType) else t
+    if not isinstance(elem, (ir.FloatType, ir.DoubleType)):
+        raise TypeError(f"mathlib works on float, double and vectors of them, not {t}")
+    return F32 if isinstance(elem, ir.FloatType) else F64
+
+
+def _intrinsic(x: _V, name: str, nargs: int):
+    t = x.type
+    suffix = (f"v{t.count}{_format(t.element).name[0]}{_format(t).bits}"
+              if isinstance(t, ir.VectorType) else f"f{_format(t).bits}")
+    full = f"llvm.{name}.{suffix}"
+    module = x.b.module
+    fn = module.globals.get(full)
+    if fn is None:
+        fn = ir.Function(module, ir.FunctionType(t, [t] * nargs), full)
+    return fn
+
+
+def fma(a: _V, b, c) -> _V:
+    """a*b + c with one rounding (llvm.fma)."""
+    b, c = a.like(b), a.like(c)
+    return _V(a.b, a.b.call(_intrinsic(a, "fma", 3), [a.v, b.v, c.v]))
+
+
+def _sqrt(a: _V) -> _V:
+    return _V(a.b, a.b.call(_intrinsic(a, "sqrt", 1), [a.v]))
+
+
+def _select(mask: _V, a, b) -> _V:
+    """mask ? a : b, lane by lane; a or b (not both) may be a Python number."""
+    ref = a if isinstance(a, _V) else b
+    a, b = ref.like(a), ref.like(b)
+    return _V(mask.b, mask.b.select(mask.v, a.v, b.v))
+
+
+def _bits(x: _V) -> _V:
+    return _V(x.b, x.b.bitcast(x.v, _int_type(x.type)))
+
+
+def _from_bits(i: _V, like: _V) -> _V:
+    return _V(i.b, i.b.bitcast(i.v, like.type))
+
+
+def _iconst(x: _V, value: int) -> _V:
+    """An integer constant of x's integer type (x a float value)."""
+    t = _int_type(x.type)
+    return _V(x.b, ir.Constant(t, [value] * t.count if isinstance(t, ir.VectorType) else value))
+
+
+def _fconst_bits(x: _V, value: float) -> _V:
+    """The bits of float constant `value`, as an integer constant of x's integer type."""
+    return _bits(x.like(value))
+
+
+def _isnan(x: _V) -> _V:
+    return _V(x.b, x.b.fcmp_unordered("uno", x.v, x.v))
+
+
+def _sign_mask(x: _V) -> int:
+    """The integer with only the sign bit of x's format set (as a signed number)."""
+    return -(1 << (_format(x.type).bits - 1))
+
+
+def _abs(x: _V) -> _V:
+    return _from_bits(_bits(x) & ~_sign_mask(x), x)
+
+
+def _xor_sign(y: _V, sign: _V) -> _V:
+    """y with its sign flipped where the integer `sign` has the sign bit set."""
+    return _from_bits(_bits(y) ^ (sign & _sign_mask(y)), y)
+
+
+def _horner(u: _V, coeffs) -> _V:
+    """c0 + u*(c1 + u*(c2 + …)): one fma per coefficient, highest degree first."""
+    acc = u.like(coeffs[-1])
+    for c in reversed(coeffs[:-1]):
+        acc = fma(acc, u, c)
+    return acc
+
+
+def _rint(x: _V):
+    """(n, i): x rounded to the nearest integer (ties to even) as a float and as an integer,
+    by the shifter trick: adding 1.5*2^mant pushes the fraction bits out. |x| < 2^(mant-1)."""
+    f = _format(x.type)
+    t = x + f.shifter
+    return t - f.shifter, _bits(t) - _fconst_bits(x, f.shifter)
+
+
+def _int_to_float(i: _V, like: _V) -> _V:
+    """Exact conversion of a small integer (|i| < 2^(mant-1)): the shifter trick backwards."""
+    f = _format(like.type)
+    return _from_bits(i + _fconst_bits(like, f.shifter), like) - f.shifter
+
+
+def _pow2(k: _V, like: _V) -> _V:
+    """2^k for an integer k in the normal exponent range, built from its bits."""
+    f = _format(like.type)
+    return _from_bits((k + f.bias) << f.mant, like)
+
+
+def _scale(y: _V, n: _V) -> _V:
+    """y * 2^n for y in [1/2, 2) and n up to one past either end of the exponent range, with a
+    single rounding (into a subnormal, or to inf) at the end: y * 2^(n - n//2) is exact."""
+    n1 = n >> 1
+    return (y * _pow2(n - n1, y)) * _pow2(n1, y)
+
+
+def _clamp(x: _V, lo: float, hi: float) -> _V:
+    """min(max(x, lo), hi); a NaN passes through."""
+    return _select(x > hi, hi, _select(x < lo, lo, x))
+
+
+def _nan(x: _V) -> _V:
+    """The canonical quiet NaN, of x's type."""
+    return _from_bits(_iconst(x, _format(x.type).qnan), x)
+
+
+def _canonical(y: _V) -> _V:
+    """y, with any NaN replaced by the canonical NaN (the targets disagree on NaN bits)."""
+    return _select(_isnan(y), _nan(y), y)
+
+
+# Error-free transformations (Knuth, Dekker; with fma for the product).
+
+def _two_sum(a: _V, b: _V):
+    """s + e = a + b exactly, s = RN(a + b)."""
+    s = a + b
+    bb = s - a
+    return s, (a - (s - bb)) + (b - bb)
+
+
+def _fast_two_sum(a: _V, b):
+    """s + e = a + b exactly, when |a| >= |b| (or a = 0)."""
+    s = a + b
+    return s, b - (s - a)
+
+
+def _two_prod(a: _V, b) -> tuple:
+    """p + e = a * b exactly (barring underflow)."""
+    p = a * b
+    return p, fma(a, b, -p)
+
+
+def _wrap(b: ir.IRBuilder, x: ir.Value) -> tuple:
+    return _V(b, x), _format(x.type)
+
+
+# ---------------------------------------------------------------------------------------------
+# exp, exp2: x = n*ln2 + r, e^x = 2^n * e^r.
+
+def _exp_kernel(f: Format, r: _V, rl) -> _V:
+    """e^(r + rl) for |r| <= ln2/2 and a tiny correction rl, in [1/sqrt2, sqrt2].
+    1 + r is kept exactly as hi + lo, so the only large rounding is the last addition."""
+    q = (r * r) * _horner(r, f.exp_q)          # e^r - 1 - r
+    hi = 1.0 + r
+    lo = (1.0 - hi) + r                         # hi + lo = 1 + r exactly (|r| < 1)
+    if rl is not None:                          # e^(r+rl) ~ e^r + rl*(1 + r)
+        q = q + fma(rl, r, rl)
+    return hi + (lo + q)
+
+
+def _exp2_dw(f: Format, xh: _V, xl=None) -> _V:
+    """2^(xh + xl), for a float xh or a double-word xh + xl (pow)."""
+    xc = _clamp(xh, f.exp2_lo, f.exp2_hi)       # beyond these the result is 0 or inf anyway
+    n, ni = _rint(xc)
+    t = xc - n                                  # exact, |t| <= 1/2
+    r, rl = _two_prod(t, f.ln2)                 # r + rl = t * ln2 to 2p bits
+    rl = fma(t, f.ln2_lo, rl)
+    if xl is not None:
+        xl = _select(xc.eq(xh), xl, 0.0)        # a clamped (or infinite) xh drops its tail
+        r, rl = _fast_two_sum(r, fma(xl, f.ln2, rl))   # |rl| <= ulp(r) again
+    return _scale(_exp_kernel(f, r, rl), ni)
+
+
+def exp(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """e^x. Reduction x = n*ln2 + r (Cody-Waite with fma), |r| <= ln2/2."""
+    x, f = _wrap(b, x)
+    return _canonical(_exp(f, x)).v
+
+
+def _exp(f: Format, x: _V) -> _V:
+    xc = _clamp(x, f.exp_lo, f.exp_hi)          # beyond these the result is 0 or inf anyway
+    n, ni = _rint(xc * f.log2e)
+    rh = fma(-n, f.ln2, xc)                     # exact: both terms are on a common grid
+    r = fma(-n, f.ln2_lo, rh)
+    rl = fma(-n, f.ln2_lo, rh - r)              # what that rounding lost
+    return _scale(_exp_kernel(f, r, rl), ni)
+
+
+def exp2(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """2^x. Reduction x = n + t (exact), 2^t = e^(t*ln2) with t*ln2 kept to 2p bits."""
+    x, f = _wrap(b, x)
+    return _canonical(_exp2_dw(f, x)).v
+
+
+# ---------------------------------------------------------------------------------------------
+# log, log2: x = 2^k * (1 + f) with 1 + f in [2/3, 4/3), log(1+f) = 2 atanh(f / (2 + f)).
+
+def _log_reduce(f: Format, x: _V):
+    """(k, g): x = 2^k * (1 + g), |g| <= 1/3, for finite x > 0 (subnormals too). g is exact."""
+    sub = x < H("0x1p-126") if f is F32 else x < H("0x1p-1022")
+    xs = _select(sub, x * float(2 ** f.mant), x)          # make subnormals normal
+    ix = _bits(xs)
+    e = (ix - f.log_split) >> f.mant                       # exponent, relative to [2/3, 4/3)
+    m = _from_bits(ix - (e << f.mant), x)                  # the mantissa, in [2/3, 4/3)
+    k = _int_to_float(e, x) - _select(sub, x.like(float(f.mant)), 0.0)
+    return k, m - 1.0                                      # m - 1 is exact (Sterbenz)
+
+
+def _log1p_dw(f: Format, g: _V):
+    """log(1 + g) for |g| <= 1/3 as a double-word h + l, relative error about 2^-(p+10).
+    With s = g/(2+g), |s| <= 1/5: log(1+g) = 2s + 2s^3/3 + s^5 T(s^2); the first two terms are
+    carried in double-word, the polynomial tail (at most 2^-11.6 of the sum) in working precision."""
+    d = 2.0 + g
+    dl = g - (d - 2.0)                          # d + dl = 2 + g exactly
+    sh = g / d
+    sl = (fma(-sh, d, g) - sh * dl) / d         # sh + sl = g / (2 + g) to 2p bits
+    u, ul = _two_prod(sh, sh)                   # s^2
+    c, cl = _two_prod(sh, u)                    # s^3 = c + cl
+    cl = cl + fma(sh, ul, 3.0 * u * sl)
+    t, tl = _two_prod(c, f.two_thirds)          # 2s^3/3 = t + tl
+    tl = tl + fma(c, f.two_thirds_lo, f.two_thirds * cl)
+    tail = (c * u) * _horner(u, f.log_t)        # s^5 T(s^2)
+    h, e = _fast_two_sum(2.0 * sh, t)           # |2s| >= |2s^3/3|
+    return h, e + ((2.0 * sl + tl) + tail)
+
+
+def _log2_dw(f: Format, x: _V):
+    """log2(x) as a double-word, for finite x > 0."""
+    k, g = _log_reduce(f, x)
+    h, l = _log1p_dw(f, g)
+    ph, pl = _two_prod(h, f.log2e)              # (h + l) * log2(e) to 2p bits
+    pl = pl + fma(h, f.log2e_lo, l * f.log2e)
+    s, e = _fast_two_sum(k, ph)                 # |k| >= 1 > |ph|, or k = 0
+    return _fast_two_sum(s, e + pl)
+
+
+def _log_special(x: _V, y: _V) -> _V:
+    """y for finite x > 0; log(+0) = log(-0) = -inf, log(x < 0) = NaN, log(inf) = inf."""
+    ordinary = (x > 0.0) & (x < float("inf"))
+    special = _select(x.eq(0.0), float("-inf"), _select(x < 0.0, _nan(x), x))
+    return _canonical(_select(ordinary, y, special))
+
+
+def log(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """Natural logarithm: k*ln2 + log(1+g), one rounding at the end."""
+    x, f = _wrap(b, x)
+    k, g = _log_reduce(f, x)
+    h, l = _log1p_dw(f, g)
+    s, e = _fast_two_sum(k * f.ln2_hi_short, h) # k*ln2_hi_short is exact; |it| > |h| or k = 0
+    y = s + (e + fma(k, f.ln2_lo_short, l))
+    return _log_special(x, y).v
+
+
+def log2(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """Base-2 logarithm: k + log(1+g)*log2(e), one rounding at the end."""
+    x, f = _wrap(b, x)
+    s, e = _log2_dw(f, x)
+    return _log_special(x, s + e).v
+
+
+# ---------------------------------------------------------------------------------------------
+# tanh and sigmoid, from exp.
+
+def tanh(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """tanh x = sign(x) * (|x| < 0.55 ? |x| + |x|^3 T(x^2) : 1 - 2/(e^(2|x|) + 1))."""
+    x, f = _wrap(b, x)
+    a = _abs(x)
+    u = a * a
+    small = fma(a * u, _horner(u, f.tanh_t), a)
+    large = 1.0 - 2.0 / (_exp(f, 2.0 * a) + 1.0)           # e^(2a) = inf gives exactly 1
+    y = _select(a < f.tanh_small, small, large)
+    return _canonical(_xor_sign(y, _bits(x))).v            # odd: tanh(-x) = -tanh(x)
+
+
+def sigmoid(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """1/(1 + e^-x), as e^-|x| / (1 + e^-|x|) for x < 0 so that nothing overflows; the
+    denominator is kept exactly and the quotient corrected once."""
+    x, f = _wrap(b, x)
+    e = _exp(f, -_abs(x))                                  # in [0, 1]
+    num = _select(x >= 0.0, 1.0, e)
+    d = 1.0 + e
+    dl = (1.0 - d) + e                                     # d + dl = 1 + e exactly
+    y = num / d
+    y = y + (fma(-y, d, num) - y * dl) / d                 # num/(d + dl) to ~2p bits
+    return _canonical(y).v
+
+
+# ---------------------------------------------------------------------------------------------
+# sin, cos: x = q*pi/2 + r, |r| <= pi/4, then sin or cos of r by the quadrant q mod 4.
+
+def _sincos_reduce(f: Format, x: _V):
+    """(q, rh, rl): x = q*pi/2 + rh + rl with |rh + rl| <= pi/4 (plus a hair), for |x| <=
+    sincos_max. Cody-Waite with pi/2 in four parts, every product k*p_i kept exactly (fma) and
+    summed without loss, so the reduced argument is right to ~2^-(3p) absolute even when x is
+    extremely close to a multiple of pi/2."""
+    c, c_lo = f.two_over_pi
+    vh = x * c
+    vl = fma(x, c_lo, fma(x, c, -vh))           # x*2/pi = vh + vl
+    k, q = _rint(vh)
+    d = (vh - k) + vl                           # RN(x*2/pi) may sit on the wrong side of a half:
+    up, down = d > 0.5, d < -0.5                # then step k by one
+    k = k + _select(up, 1.0, _select(down, x.like(-1.0), 0.0))
+    q = q + _select(up, _iconst(x, 1), _select(down, _iconst(x, -1), _iconst(x, 0)))
+    p1, p2, p3, p4 = f.pio2
+    a = fma(-k, p1, x)                          # exact: x and k*p1 lie on a common fine grid
+    m2, e2 = _two_prod(k, p2)                   # k*p2 = m2 + e2 exactly
+    m3, e3 = _two_prod(k, p3)                   # k*p3 = m3 + e3 exactly
+    s, t1 = _two_sum(a, -m2)                    # a - m2 - e2 - m3, exactly, as s + t1 + t2 + t3
+    s, t2 = _two_sum(s, -e2)
+    s, t3 = _two_sum(s, -m3)
+    rl = ((t1 + t2) + t3) - fma(k, p4, e3)      # the small terms; their rounding is ~2^-3p
+    return (q, *_fast_two_sum(s, rl))
+
+
+def _sin_poly(f: Format, r: _V, rl: _V) -> _V:
+    """sin(r + rl) ~ r + r^3 S(r^2) + rl*(1 - r^2/2)."""
+    u = r * r
+    return r + fma(r * u, _horner(u, f.sin_s), fma(-0.5 * u, rl, rl))
+
+
+def _cos_poly(f: Format, r: _V, rl: _V) -> _V:
+    """cos(r + rl) ~ 1 - r^2/2 + r^4 C(r^2) - r*rl, with 1 - r^2/2 kept as a double-word."""
+    u, ul = _two_prod(r, r)                     # r^2 = u + ul
+    hu = 0.5 * u
+    hi = 1.0 - hu
+    lo = (1.0 - hi) - hu                        # hi + lo = 1 - u/2 exactly
+    tail = fma(u * u, _horner(u, f.cos_c), -fma(r, rl, 0.5 * ul))
+    return hi + (lo + tail)
+
+
+def _sincos(b: ir.IRBuilder, x: ir.Value, quadrant_shift: int) -> ir.Value:
+    x, f = _wrap(b, x)
+    q, r, rl = _sincos_reduce(f, x)
+    q = q + quadrant_shift                      # cos x = sin(x + pi/2)
+    s, c = _sin_poly(f, r, rl), _cos_poly(f, r, rl)
+    y = _select((q & 1).eq(0), s, c)            # quadrants 1, 3: the cosine of r
+    y = _xor_sign(y, (q & 2) << (f.bits - 2))  # quadrants 2, 3: negated
+    if quadrant_shift == 0:
+        y = _select(_abs(x) < f.sin_tiny, x, y) # sin x = x exactly here; keeps sin(-0) = -0
+    y = _select(_abs(x) <= f.sincos_max, y, _nan(x))   # inf, NaN, and beyond the range: NaN
+    return y.v
+
+
+def sin(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """sin x, accurate for |x| <= 2^20 (float) or 2^40 (double); NaN beyond."""
+    return _sincos(b, x, 0)
+
+
+def cos(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """cos x, accurate for |x| <= 2^20 (float) or 2^40 (double); NaN beyond."""
+    return _sincos(b, x, 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# rsqrt, pow.
+
+def rsqrt(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """1/sqrt(x): y0 = 1/sqrt(x) (two correctly rounded operations), then one Newton step
+    y = y0 + y0/2 * (1 - x*y0^2) with the residual computed to 2p bits."""
+    x, f = _wrap(b, x)
+    s = f.rsqrt_scale                           # keep y0^2 normal: rescale huge and tiny x
+    big, tiny = x > float(2.0 ** (2 * s)), x < float(2.0 ** (-2 * s))
+    xs = x * _select(big, float(2.0 ** (-2 * s)), _select(tiny, x.like(2.0 ** (2 * s)), 1.0))
+    y0 = 1.0 / _sqrt(xs)
+    y2, y2l = _two_prod(y0, y0)
+    e = fma(-xs, y2, 1.0) - xs * y2l            # 1 - x*y0^2
+    y = fma(0.5 * y0, e, y0)
+    y = y * _select(big, float(2.0 ** -s), _select(tiny, x.like(2.0 ** s), 1.0))
+    ordinary = (x > 0.0) & (x < float("inf"))   # else y0 is already right: +-inf, 0, NaN
+    return _canonical(_select(ordinary, y, y0)).v
+
+
+def _int_parity(f: Format, y: _V):
+    """(is_integer, is_odd_integer) masks for y."""
+    a = _abs(y)
+    big = a >= float(2 ** f.mant)               # every float this large is an integer
+    t = a + float(2 ** f.mant)                  # below it: t's last bit is a rounded to integer
+    is_int = big | (t - float(2 ** f.mant)).eq(a)
+    odd_small = (_bits(t) & 1).eq(1)
+    odd_big = (a < float(2 ** (f.mant + 1))) & (_bits(a) & 1).eq(1)
+    return is_int, is_int & _select(big, odd_big, odd_small)
+
+
+def pow(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
+    """x^y = 2^(y * log2|x|), with log2|x| and the product carried in double-word; the special
+    cases of C99 / NumPy `power`."""
+    x, f = _wrap(b, x)
+    y = _V(b, y)
+    ax = _abs(x)
+    lh, ll = _log2_dw(f, ax)
+    ph, pl = _two_prod(y, lh)
+    mag = _exp2_dw(f, ph, fma(y, ll, pl))       # |x|^y
+    y_int, y_odd = _int_parity(f, y)
+    neg = _select(y_odd, _bits(x), _iconst(x, 0))          # x < 0 and y odd: negative result
+    r = _xor_sign(mag, neg)
+    inf = float("inf")
+    finite_y = _abs(y) < inf
+    r = _select((x < 0.0) & finite_y & ~y_int, _nan(x), r)  # negative base, fractional y
+    # y = +-inf: |x| = 1 gives 1; |x| < 1 with y = -inf, or |x| > 1 with y = +inf, gives inf.
+    y_inf = _abs(y).eq(inf)
+    to_inf = ((ax < 1.0) & (y < 0.0)) | ((ax > 1.0) & (y > 0.0))
+    r = _select(y_inf & ~_isnan(x), _select(ax.eq(1.0), 1.0, _select(to_inf, x.like(inf), 0.0)), r)
+    # x = +-0 or +-inf: 0 or inf, negative when x is negative and y an odd integer.
+    x_zero, x_inf = ax.eq(0.0), ax.eq(inf)
+    to_inf = (x_zero & (y < 0.0)) | (x_inf & (y > 0.0))
+    r = _select(x_zero | x_inf, _xor_sign(_select(to_inf, x.like(inf), 0.0), neg), r)
+    r = _select(_isnan(x) | _isnan(y), _nan(x), r)
+    r = _select(y.eq(0.0) | x.eq(1.0), 1.0, r)             # even pow(NaN, 0) and pow(1, NaN)
+    return r.v
+
+
+UNARY = {"exp": exp, "exp2": exp2, "log": log, "log2": log2, "tanh": tanh, "sigmoid": sigmoid,
+         "sin": sin, "cos": cos, "rsqrt": rsqrt}
+BINARY = {"pow": pow}

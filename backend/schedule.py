@@ -1,0 +1,170 @@
+"""Scheduling: an IR function cut into kernels (fused loop nests) and host steps.
+
+Consecutive elementwise ops of one shape fuse into one map kernel: their intermediate values
+never touch memory, and only values used later are stored. A float reduction over
+contiguous-compatible axes becomes a reduction kernel. Everything else — gathers, scatters,
+concatenation, random numbers, integer division, contractions until their kernel arrives —
+is a host step, evaluated by the reference interpreter on NumPy arrays (exact, and usually
+cheap data movement). Every buffer is a contiguous row-major array."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from backend.llvm import can_compile, row_major
+from backend.loops import Instr, Load, LoopKernel, Reduce
+from ir.core import Function, Op, Value
+
+ELEMENTWISE = {"add", "sub", "mul", "div", "neg", "abs", "maximum", "minimum", "eq", "ne", "lt",
+               "le", "gt", "ge", "and", "or", "xor", "where", "sqrt", "rsqrt", "floor", "cast",
+               "stop_gradient", "tanh_grad", "sigmoid_grad", "exp", "exp2", "log", "log2",
+               "tanh", "sigmoid", "sin", "cos"}
+REDUCTIONS = {"sum": "add", "mean": "add", "max": "max", "min": "min"}
+
+
+@dataclass(frozen=True)
+class KernelStep:
+    kernel: LoopKernel
+    args: tuple[Value, ...]          # the value bound to each buffer
+    writes: tuple[Value, ...]        # the values the kernel produces (a suffix of args)
+
+
+@dataclass(frozen=True)
+class HostStep:
+    op: Op
+
+
+@dataclass(frozen=True)
+class Plan:
+    function: Function
+    steps: tuple[KernelStep | HostStep, ...]
+
+    @property
+    def kernels(self) -> list[LoopKernel]:
+        return [s.kernel for s in self.steps if isinstance(s, KernelStep)]
+
+
+def fusible(op: Op) -> bool:
+    return (op.prim in ELEMENTWISE and op.body is None
+            and can_compile(op.prim, [v.dtype for v in op.inputs], op.outputs[0].dtype))
+
+
+def schedule(fn: Function, name: str = "k") -> Plan:
+    """Cut fn into kernels and host steps, in an order that respects its data flow."""
+    users: dict[Value, int] = {}
+    for op in fn.ops:
+        for v in op.inputs:
+            users[v] = users.get(v, 0) + 1
+    results = set(fn.results)
+    # scalar constants are written into the kernels that use them (and made on the host for
+    # anything else that does)
+    constants = {op.outputs[0]: op.attrs["value"] for op in fn.ops
+                 if op.prim == "constant" and op.outputs[0].shape == () and op.outputs[0].dtype != "bf16"}
+    steps: list[KernelStep | HostStep] = []
+    group: list[Op] = []
+    names = (f"{name}_{i}" for i in range(10 ** 9))
+
+    def flush() -> None:
+        if group:
+            steps.append(_map_kernel(next(names), group, users, results, constants))
+            group.clear()
+
+    for op in fn.ops:
+        if op.prim == "constant" and op.outputs[0] in constants:
+            steps.append(HostStep(op))     # needs nothing, so it may run before the group
+        elif fusible(op):
+            if group and _shape(group[-1]) != _shape(op):
+                flush()
+            group.append(op)
+        elif op.prim in REDUCTIONS and _reducible(op):
+            flush()
+            steps.append(_reduction_kernel(next(names), op))
+        else:
+            flush()
+            steps.append(HostStep(op))
+    flush()
+    return Plan(fn, tuple(steps))
+
+
+def _shape(op: Op) -> tuple[int, ...]:
+    return op.outputs[0].shape
+
+
+def _broadcast_strides(shape: tuple[int, ...], space: tuple[int, ...]) -> tuple[int, ...]:
+    """Element strides of a contiguous buffer of `shape` read at each point of `space`
+    (NumPy broadcasting: missing leading axes and length-1 axes have stride 0)."""
+    strides, acc = [], 1
+    for n in reversed(shape):
+        strides.append(acc if n != 1 else 0)
+        acc *= n
+    strides = list(reversed(strides))
+    return tuple([0] * (len(space) - len(shape)) + strides)
+
+
+def _map_kernel(name: str, ops: list[Op], users: dict[Value, int], results: set[Value],
+                constants: dict[Value, object]) -> KernelStep:
+    space = _shape(ops[0])
+    inside = {v for op in ops for v in op.outputs}
+    uses_inside: dict[Value, int] = {}
+    for op in ops:
+        for v in op.inputs:
+            uses_inside[v] = uses_inside.get(v, 0) + 1
+    args: list[Value] = []
+    body: list[Instr] = []
+    where: dict[Value, int] = {}
+
+    def operand(v: Value) -> int:
+        if v not in where and v in constants:
+            body.append(Instr("const", (), (("value", constants[v]),), v.dtype))
+            where[v] = len(body) - 1
+        if v not in where:
+            if v not in args:
+                args.append(v)
+            body.append(Instr("load", (), (), v.dtype, Load(args.index(v), _broadcast_strides(v.shape, space))))
+            where[v] = len(body) - 1
+        return where[v]
+
+    for op in ops:
+        body.append(Instr(op.prim, tuple(operand(v) for v in op.inputs), op.params, op.outputs[0].dtype))
+        where[op.outputs[0]] = len(body) - 1
+    written = [v for op in ops for v in op.outputs
+               if v in results or users.get(v, 0) > uses_inside.get(v, 0)]
+    n_in = len(args)
+    stores = tuple((n_in + i, where[v]) for i, v in enumerate(written))
+    buffers = tuple((v.dtype, v.shape) for v in args + written)
+    kernel = LoopKernel(name, space, buffers, tuple(body), stores)
+    return KernelStep(kernel, tuple(args + written), tuple(written))
+
+
+def _axes(op: Op) -> tuple[int, ...]:
+    rank = len(op.inputs[0].shape)
+    axis = op.attrs.get("axis")
+    given = range(rank) if axis is None else (axis,) if isinstance(axis, int) else axis
+    return tuple(sorted(a % rank for a in given))
+
+
+def _reducible(op: Op) -> bool:
+    """A float reduction whose reduced axes are adjacent in memory, so that they read as one
+    strided axis (others run on the host)."""
+    x = op.inputs[0]
+    if x.dtype not in ("f32", "f64", "f16") or not can_compile("add", [x.dtype], x.dtype):
+        return False
+    axes = _axes(op)
+    return not axes or axes == tuple(range(axes[0], axes[-1] + 1))
+
+
+def _reduction_kernel(name: str, op: Op) -> KernelStep:
+    x, out = op.inputs[0], op.outputs[0]
+    axes = _axes(op)
+    kept = [i for i in range(len(x.shape)) if i not in axes]
+    strides = row_major(x.shape)
+    n = 1
+    for a in axes:
+        n *= x.shape[a]
+    inner = strides[axes[-1]] if axes else 1
+    load = Load(0, tuple(strides[i] for i in kept) + (inner,))
+    body = (Instr("load", (), (), x.dtype, load),)
+    outer = tuple(x.shape[i] for i in kept)
+    count = n if op.prim == "mean" else None
+    kernel = LoopKernel(name, outer, ((x.dtype, x.shape), (out.dtype, out.shape)), body,
+                        reduce=Reduce(REDUCTIONS[op.prim], 0, 1, count), n=n)
+    return KernelStep(kernel, (x, out), (out,))

@@ -1,0 +1,82 @@
+"""Running compiled code on the CPU: NumPy arrays as buffers, kernels called through ctypes,
+split across DSLC_THREADS threads (default: the number of cores)."""
+from __future__ import annotations
+
+import ctypes
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from backend.cpu import Compiled
+from backend.schedule import HostStep, KernelStep, Plan, schedule
+from ir import interp
+from ir.core import Function, Op, Value
+from ir.ops.base import np_dtype
+
+MIN_WORK_PER_THREAD = 1 << 15          # elements; below this, threads cost more than they save
+_pool: ThreadPoolExecutor | None = None
+
+
+def threads() -> int:
+    value = os.environ.get("DSLC_THREADS", "")
+    return max(1, int(value)) if value.isdigit() else os.cpu_count() or 1
+
+
+def pool() -> ThreadPoolExecutor:
+    global _pool
+    if _pool is None:
+        _pool = ThreadPoolExecutor(max_workers=max(threads(), 1), thread_name_prefix="dslc")
+    return _pool
+
+
+class Executable:
+    """An IR function compiled for the host: its plan, its kernels, and the executables of
+    the scan and checkpoint bodies it holds."""
+
+    def __init__(self, fn: Function, name: str = "k"):
+        self.function = fn
+        self.plan: Plan = schedule(fn, name)
+        self.compiled = Compiled(self.plan.kernels) if self.plan.kernels else None
+        self.bodies: dict[int, Executable] = {}
+        for i, step in enumerate(self.plan.steps):
+            if isinstance(step, HostStep) and step.op.body is not None:
+                self.bodies[id(step.op)] = Executable(step.op.body, f"{name}_b{i}")
+
+    def run(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        env: dict[Value, np.ndarray] = {p: _buffer(a, p) for p, a in zip(self.function.params, arrays)}
+        for step in self.plan.steps:
+            if isinstance(step, KernelStep):
+                self.launch(step, env)
+            else:
+                outs = self.host(step.op, [env[v] for v in step.op.inputs])
+                env.update((v, _buffer(a, v)) for v, a in zip(step.op.outputs, outs))
+        return [env[v] for v in self.function.results]
+
+    def host(self, op: Op, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        body = self.bodies.get(id(op))
+        if op.prim == "scan":
+            return interp.scan(op, inputs, body.run)
+        if op.prim == "checkpoint":
+            return body.run(inputs)
+        return interp.evaluate(op, inputs)
+
+    def launch(self, step: KernelStep, env: dict[Value, np.ndarray]) -> None:
+        k = step.kernel
+        for v in step.writes:
+            env[v] = np.empty(v.shape, dtype=np_dtype(v.dtype))
+        pointers = (ctypes.c_void_p * len(step.args))(*[env[v].ctypes.data for v in step.args])
+        fn = self.compiled.functions[k.name]
+        extent = (int(np.prod(k.shape)) if k.is_reduction else k.shape[0]) if k.shape else 1
+        work = int(np.prod(k.shape)) * max(k.n, 1)
+        parts = min(threads(), extent, max(1, work // MIN_WORK_PER_THREAD))
+        if parts <= 1:
+            fn(pointers, 0, extent)
+            return
+        bounds = [extent * i // parts for i in range(parts + 1)]
+        list(pool().map(lambda i: fn(pointers, bounds[i], bounds[i + 1]), range(parts)))
+
+
+def _buffer(a: np.ndarray, v: Value) -> np.ndarray:
+    """An array as a kernel buffer: contiguous, row-major, of the value's dtype."""
+    return np.ascontiguousarray(a, dtype=np_dtype(v.dtype))

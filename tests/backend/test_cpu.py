@@ -1,0 +1,124 @@
+"""The CPU backend against the reference interpreter (the definition): the same bits, for
+every whole program of tests/programs forward and backward, for fused elementwise kernels on
+special values, and for reductions in the canonical order; and the same bits whatever the
+number of threads."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import dsl
+from backend.schedule import KernelStep
+from ir import interp
+from ir.core import Builder, tensor_type
+from runtime.cpu import Executable
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import test_programs as programs  # noqa: E402
+
+rng = np.random.default_rng(3)
+SPECIAL = np.array([0.0, -0.0, 1.0, -1.0, np.inf, -np.inf, np.nan, 1e-40, -1e-40, 3.4e38,
+                    -3.4e38, 0.5, 2.5], np.float32)
+
+PROGRAMS = {
+    "mlp": (programs.mlp_inputs, ("p", "x")),
+    "layer_norm": (programs.layer_norm_inputs, ("p", "x")),
+    "attention": (programs.attention_inputs, ("q", "k", "v")),
+    "lstm": (programs.lstm_inputs, ("p", "xs", "h0", "c0")),
+    "conv2d": (programs.conv_inputs, ("x", "w", "b")),
+}
+
+
+def leaves(v) -> list:
+    if isinstance(v, dict):
+        return [x for k in sorted(v) for x in leaves(v[k])]
+    if isinstance(v, (tuple, list)):
+        return [x for i in v for x in leaves(i)]
+    return [np.asarray(v)]
+
+
+def same_bits(got, want) -> None:
+    for g, w in zip(leaves(got), leaves(want), strict=True):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        assert g.tobytes() == w.tobytes(), f"max difference {np.nanmax(np.abs(g - w))}"
+
+
+@pytest.mark.parametrize("name", PROGRAMS)
+def test_programs_forward_and_backward_match_the_reference_bit_for_bit(name):
+    make, wrt = PROGRAMS[name]
+    path = str(programs.PROGRAMS / f"{name}.bend")
+    cpu, ref = dsl.load(path, device="cpu"), dsl.load(path, device="reference")
+    args = make(0)
+    same_bits(cpu.loss(**args), ref.loss(**args))
+    same_bits(cpu.value_and_grad("loss", wrt=wrt)(**args), ref.value_and_grad("loss", wrt=wrt)(**args))
+
+
+def run_both(build, *arrays):
+    b = Builder()
+    params = [b.param(tensor_type(str(a.dtype).replace("float", "f").replace("int", "i")
+                                  .replace("f32", "f32"), a.shape)) for a in arrays]
+    fn = b.finish(list(build(b, *params)))
+    exe = Executable(fn)
+    assert any(isinstance(s, KernelStep) for s in exe.plan.steps), "nothing was compiled"
+    return exe.run(list(arrays)), interp.run(fn, list(arrays)), exe
+
+
+def f32(*shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+@pytest.mark.parametrize("prim", ["add", "sub", "mul", "div", "maximum", "minimum", "eq", "ne",
+                                  "lt", "le", "gt", "ge", "tanh_grad", "sigmoid_grad"])
+def test_binary_kernels_on_special_values(prim):
+    a = np.repeat(SPECIAL, len(SPECIAL))
+    c = np.tile(SPECIAL, len(SPECIAL))
+    got, want, _ = run_both(lambda b, x, y: [b.emit(prim, x, y)], a, c)
+    same_bits(got, want)
+
+
+@pytest.mark.parametrize("prim", ["neg", "abs", "sqrt", "rsqrt", "floor"])
+def test_unary_kernels_on_special_values(prim):
+    got, want, _ = run_both(lambda b, x: [b.emit(prim, x)], SPECIAL)
+    same_bits(got, want)
+
+
+def test_a_fused_chain_with_broadcasting_where_and_casts():
+    def build(b, x, y):
+        z = b.emit("add", b.emit("mul", x, y), b.constant(1.5, "f32"))
+        m = b.emit("where", b.emit("gt", z, b.constant(0.0, "f32")), z, b.emit("neg", z))
+        return [m, b.emit("cast", b.emit("lt", m, y), dtype="f32"), b.emit("cast", m, dtype="f64")]
+    got, want, exe = run_both(build, f32(33, 17), f32(17))
+    same_bits(got, want)
+    assert len(exe.plan.kernels) == 1            # one fused loop nest
+
+
+@pytest.mark.parametrize("shape, axis", [((5000,), None), ((3, 70), 1), ((70, 3), 0),
+                                         ((2, 3, 4, 5), (1, 2)), ((9000, 2), 0), ((7,), 0),
+                                         ((2, 40000), -1), ((4, 1), (0, 1))])
+@pytest.mark.parametrize("prim", ["sum", "mean", "max", "min"])
+def test_reductions_follow_the_canonical_order(prim, shape, axis):
+    x = f32(*shape) * np.float32(10.0) ** rng.integers(-3, 4, shape).astype(np.float32)
+    got, want, _ = run_both(lambda b, v: [b.emit(prim, v, axis=axis)], x)
+    same_bits(got, want)
+
+
+def test_reductions_of_nan_and_signed_zeros():
+    x = np.array([[-0.0, -0.0, -0.0], [0.0, -0.0, np.nan], [-np.inf, -np.inf, 1.0]], np.float32)
+    for prim in ("sum", "max", "min"):
+        got, want, _ = run_both(lambda b, v: [b.emit(prim, v, axis=1)], x)
+        same_bits(got, want)
+
+
+def test_results_do_not_depend_on_the_thread_count(monkeypatch):
+    x = f32(512, 300)
+    got = {}
+    for n in ("1", "2", "3"):
+        monkeypatch.setenv("DSLC_THREADS", n)
+        out, want, _ = run_both(lambda b, v: [b.emit("sum", b.emit("mul", v, v), axis=1),
+                                              b.emit("max", v, axis=0)], x)
+        got[n] = out
+        same_bits(out, want)
+    same_bits(got["1"], got["3"])
