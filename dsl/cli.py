@@ -49,11 +49,11 @@ def parse_dims(text: str) -> dict[str, int]:
 
 
 def cmd_ir(args: argparse.Namespace) -> int:
-    if args.level != "tensor":
-        print(f"dslc: --level {args.level} needs a compiled backend, which this version does "
-              "not have yet; --level tensor is available", file=sys.stderr)
+    if args.level == "ptx":
+        print("dslc: --level ptx needs the GPU backend, which this version does not have yet",
+              file=sys.stderr)
         return 2
-    print(dsl.load(args.file).ir(args.entry, args.dims), end="")
+    print(dsl.load(args.file).ir(args.entry, args.dims, args.level), end="")
     return 0
 
 
@@ -64,11 +64,11 @@ def cmd_grad(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    if args.device not in ("auto", "reference"):
-        print(f"dslc: --device {args.device} needs a compiled backend, which this version does "
-              "not have yet; --device reference runs the reference interpreter", file=sys.stderr)
+    if args.device == "cuda":
+        print("dslc: --device cuda needs the GPU backend, which this version does not have yet",
+              file=sys.stderr)
         return 2
-    prog = dsl.load(args.file)
+    prog = dsl.load(args.file, device=args.device)
     try:
         with np.load(args.inputs) as data:
             arrays = {k: data[k] for k in data.files}
@@ -81,6 +81,57 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         for name, value in flat.items():
             print(f"{name}: {value.dtype}{list(value.shape)}\n{value}")
+    return 0
+
+
+def parse_values(text: str) -> dict[str, float]:
+    """--hyper lr=0.1,wd=0 (a number for each of step's runtime values)."""
+    values = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, eq, value = part.partition("=")
+        try:
+            if not eq or not name.strip():
+                raise ValueError
+            values[name.strip()] = float(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected NAME=NUMBER, got '{part}'") from None
+    return values
+
+
+def count(text: str) -> int:
+    try:
+        n = int(text, 0)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected a count (an integer >= 0), got '{text}'")
+    return n
+
+
+def seed(text: str) -> int:
+    n = count(text)
+    if n >= 2 ** 64:
+        raise argparse.ArgumentTypeError(f"a seed is an integer in [0, 2**64), got '{text}'")
+    return n
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from pathlib import Path
+    from dsl.train import train
+    if args.device not in ("auto", "reference"):
+        print(f"dslc: --device {args.device} needs a compiled backend, which is not built yet; "
+              "--device reference (or auto) trains on the reference interpreter", file=sys.stderr)
+        return 2
+    ckpt = args.checkpoint_dir if args.checkpoint_dir is not None else \
+        str(Path("checkpoints") / Path(args.file).stem)
+    try:
+        result = train(args.file, steps=args.steps, seed=args.seed, data=args.data,
+                       resume=args.resume, checkpoint_dir=ckpt or None, plot=args.plot,
+                       dims=args.dims, hyper=args.hyper, batch_size=args.batch_size,
+                       device=args.device, progress=sys.stderr)
+    except KeyboardInterrupt:
+        return 130
+    print(result)
     return 0
 
 
@@ -115,6 +166,25 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--dims", type=parse_dims, help="values of static int parameters")
     run.add_argument("--device", choices=["auto", "reference", "cpu", "cuda"], default="auto")
     run.set_defaults(run=cmd_run)
+
+    train = sub.add_parser("train", help="train a model file that defines init, loss and step",
+                           description="Train a model file: init, loss and step (and optionally "
+                           "init_opt, evaluate, sample), with the data of its loader NAME.py "
+                           "(see dsl/train.py for the contract).")
+    train.add_argument("file", metavar="FILE")
+    train.add_argument("--data", metavar="DATA.npz",
+                       help="the examples, instead of the loader's load(): arrays train.x, valid.x, test.x …")
+    train.add_argument("--steps", type=count, help="train until this many steps are done")
+    train.add_argument("--seed", type=seed, help="the run's seed (default 0); a run is a function of it")
+    train.add_argument("--batch-size", type=count, help="examples per step (0: the whole split)")
+    train.add_argument("--dims", type=parse_dims, help="static values of the entries (H=64), over the loader's DIMS")
+    train.add_argument("--hyper", type=parse_values, help="step's runtime values (lr=0.01), over the loader's")
+    train.add_argument("--resume", metavar="CKPT.npz", help="go on from a checkpoint")
+    train.add_argument("--checkpoint-dir", metavar="DIR",
+                       help="where checkpoints go (default checkpoints/NAME; '' for none)")
+    train.add_argument("--plot", metavar="LOSS.png", help="draw the loss curves into a PNG file")
+    train.add_argument("--device", choices=["auto", "reference", "cpu", "cuda"], default="auto")
+    train.set_defaults(run=cmd_train)
     return p
 
 

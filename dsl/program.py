@@ -235,11 +235,19 @@ class Program:
             raise DslError(d.name_span, f"'{name}' has no parameter for the input array '{extra[0]}'")
         return out
 
-    def ir(self, name: str, dims: dict[str, int] | None = None) -> str:
-        """The tensor IR of an entry point, as text."""
+    def ir(self, name: str, dims: dict[str, int] | None = None, level: str = "tensor") -> str:
+        """An entry point at a stage of compilation, as text: 'tensor' (the IR), 'loops' (the
+        CPU kernels' loop IR and host steps) or 'llvm' (their LLVM IR)."""
         from ir import printer
         low, _ = self._specialised(self._def(name), dims)
-        return printer.to_text(low.function)
+        if level == "tensor":
+            return printer.to_text(low.function)
+        from backend import cpu, loops, schedule
+        plan = schedule.schedule(low.function, name)
+        if level == "llvm":
+            return str(cpu.module_ir(plan.kernels))
+        return "\n".join(loops.to_text(s.kernel) if isinstance(s, schedule.KernelStep)
+                         else f"host {s.op.prim}" for s in plan.steps) + "\n"
 
     def _specialised(self, d: ast.Def, dims: dict[str, int] | None) -> tuple[Lowered, Inputs]:
         if dims is not None:

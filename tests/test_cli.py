@@ -91,6 +91,13 @@ def test_ir_levels_of_missing_backends_are_usage_errors():
     assert r.returncode == 2 and "not have yet" in r.stderr
 
 
+@pytest.mark.parametrize("level, text", [("loops", "kernel loss_"), ("llvm", "define void @\"loss_0\"")])
+def test_ir_shows_the_cpu_backend_stages(level, text):
+    r = dslc("ir", str(MLP), "--entry", "loss", "--dims", "B=4,D=3,H=5,C=2", "--level", level)
+    assert r.returncode == 0, r.stderr
+    assert text in r.stdout
+
+
 def test_run_reads_named_arrays_and_writes_the_result(tmp_path: Path):
     import numpy as np
     import dsl
@@ -100,7 +107,7 @@ def test_run_reads_named_arrays_and_writes_the_result(tmp_path: Path):
               "x": rng.standard_normal((4, 3), np.float32), "y": np.array([0, 1, 1, 0], np.int32)}
     np.savez(tmp_path / "in.npz", **arrays)
     r = dslc("run", str(MLP), "--entry", "loss", "--inputs", str(tmp_path / "in.npz"),
-             "-o", str(tmp_path / "out.npz"), "--device", "reference")
+             "-o", str(tmp_path / "out.npz"), "--device", "cpu")
     assert r.returncode == 0, r.stderr
     want = dsl.load(str(MLP)).loss({k[2:]: v for k, v in arrays.items() if k.startswith("p.")},
                                    arrays["x"], arrays["y"])
