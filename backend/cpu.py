@@ -10,6 +10,7 @@ from llvmlite import ir
 
 from backend.llvm import kernel_function
 from backend.loops import LoopKernel
+from runtime import cache
 
 KernelFn = ctypes.CFUNCTYPE(None, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int64, ctypes.c_int64)
 _lock = threading.Lock()
@@ -49,13 +50,21 @@ def optimise(mod: llvm.ModuleRef) -> None:
 
 
 class Compiled:
-    """A JIT-compiled module; kernels are looked up by name."""
+    """A JIT-compiled module; kernels are looked up by name. Object code comes from the
+    on-disk cache when an entry for exactly this IR and machine exists."""
 
     def __init__(self, kernels: list[LoopKernel]):
         self.llvm_ir = str(module_ir(kernels))
+        machine = target_machine()
+        k = cache.key(self.llvm_ir, machine.triple, llvm.get_host_cpu_name(),
+                      llvm.get_host_cpu_features().flatten(), "O3")
+        cached = cache.load(k)
         mod = llvm.parse_assembly(self.llvm_ir)
         mod.verify()
-        optimise(mod)
-        self.engine = llvm.create_mcjit_compiler(mod, target_machine())
+        if cached is None:
+            optimise(mod)
+        self.engine = llvm.create_mcjit_compiler(mod, machine)
+        self.engine.set_object_cache(lambda _, data: cache.store(k, data),
+                                     lambda _: cached)
         self.engine.finalize_object()
         self.functions = {k.name: KernelFn(self.engine.get_function_address(k.name)) for k in kernels}
