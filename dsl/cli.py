@@ -49,10 +49,6 @@ def parse_dims(text: str) -> dict[str, int]:
 
 
 def cmd_ir(args: argparse.Namespace) -> int:
-    if args.level == "ptx":
-        print("dslc: --level ptx needs the GPU backend, which this version does not have yet",
-              file=sys.stderr)
-        return 2
     print(dsl.load(args.file).ir(args.entry, args.dims, args.level), end="")
     return 0
 
@@ -135,6 +131,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compile(args: argparse.Namespace) -> int:
+    wrt = None if args.grad is None else (tuple(args.grad.split(",")) if "," in args.grad else args.grad)
+    manifest = dsl.load(args.file).compile_to(args.entry, args.target, args.output, args.dims, wrt)
+    print(f"{args.output}: {len(manifest['kernels'])} kernels, {len(manifest['steps'])} steps")
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dslc", description="The dslc tensor-language compiler.")
     p.add_argument("--version", action="version", version=f"dslc {version()}")
@@ -156,6 +159,15 @@ def parser() -> argparse.ArgumentParser:
     grad.add_argument("--wrt", required=True, help="a parameter, or several separated by commas")
     grad.add_argument("--dims", type=parse_dims, required=True, help="B=4,D=8: every dimension's size")
     grad.set_defaults(run=cmd_grad)
+
+    comp = sub.add_parser("compile", help="write an entry point's kernels and a JSON manifest")
+    comp.add_argument("file", metavar="FILE")
+    comp.add_argument("--entry", required=True)
+    comp.add_argument("--dims", type=parse_dims, required=True, help="B=4,D=8: every dimension's size")
+    comp.add_argument("--target", choices=["cpu", "ptx"], default="cpu")
+    comp.add_argument("--grad", help="compile the gradient with respect to these parameters")
+    comp.add_argument("-o", "--output", required=True, metavar="OUT")
+    comp.set_defaults(run=cmd_compile)
 
     run = sub.add_parser("run", help="run an entry point on arrays from an .npz file")
     run.add_argument("file", metavar="FILE")

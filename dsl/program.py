@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -198,6 +199,56 @@ class Program:
                                result=result, returns=returns)
         return "\n\n".join([header, *decls, text]) + "\n"
 
+    def compile_to(self, name: str, target: str, out: str, dims: dict[str, int] | None = None,
+                   grad: str | tuple[str, ...] | None = None) -> dict:
+        """Write an entry point's kernels into the folder `out` (object code for 'cpu', PTX for
+        'ptx') with manifest.json: parameters, results, kernels with their buffers and launch
+        shapes, and the steps that run them. Returns the manifest."""
+        import json
+        from backend import cpu, nvptx, schedule
+        d = self._def(name)
+        low, inputs = self._specialised(d, dims)
+        fn = low.function
+        if grad is not None:
+            names = [p.name for p in d.params]
+            wanted = (grad,) if isinstance(grad, str) else tuple(grad)
+            positions = [i for w in wanted for i in low.arg_leaves[names.index(w)]
+                         if fn.params[i].dtype in FLOAT_DTYPES]
+            fn = optimize(grad_function(fn, positions, with_value=True))
+        plan = schedule.schedule(fn, name)
+        folder = Path(out)
+        folder.mkdir(parents=True, exist_ok=True)
+        ids = {v: i for i, v in enumerate(fn.params)}
+        for step in plan.steps:
+            for v in (step.writes if isinstance(step, schedule.KernelStep) else step.op.outputs):
+                ids.setdefault(v, len(ids))
+        kernels = []
+        for k in plan.kernels:
+            entry = {"name": k.name, "buffers": [[dt, list(shape)] for dt, shape in k.buffers],
+                     "reduction": k.is_reduction}
+            if target == "ptx":
+                shape = nvptx.launch(k)
+                entry["launch"] = {"entry": shape.entry, "extent": shape.extent,
+                                   "block": shape.block, "grid": shape.grid}
+            kernels.append(entry)
+        if target == "ptx":
+            (folder / "kernels.ptx").write_text(nvptx.ptx(plan.kernels))
+        else:
+            mod = llvm_module(cpu.module_ir(plan.kernels))
+            (folder / "kernels.o").write_bytes(cpu.target_machine().emit_object(mod))
+        manifest = {
+            "entry": name, "target": target, "gradient_of": grad,
+            "params": [{"id": ids[v], "dtype": v.dtype, "shape": list(v.shape)} for v in fn.params],
+            "results": [{"id": ids[v], "dtype": v.dtype, "shape": list(v.shape)} for v in fn.results],
+            "kernels": kernels,
+            "steps": [{"kernel": s.kernel.name, "args": [ids[v] for v in s.args]}
+                      if isinstance(s, schedule.KernelStep) else
+                      {"host": s.op.prim, "inputs": [ids[v] for v in s.op.inputs],
+                       "outputs": [ids[v] for v in s.op.outputs]} for s in plan.steps],
+        }
+        (folder / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+        return manifest
+
     def inputs_from_arrays(self, name: str, arrays: dict[str, np.ndarray],
                            statics: dict[str, int]) -> dict[str, Any]:
         """An entry's arguments from named arrays (`p.W1`, `xs[0]`, as `dslc run` reads them);
@@ -246,6 +297,9 @@ class Program:
         plan = schedule.schedule(low.function, name)
         if level == "llvm":
             return str(cpu.module_ir(plan.kernels))
+        if level == "ptx":
+            from backend import nvptx
+            return nvptx.ptx(plan.kernels)
         return "\n".join(loops.to_text(s.kernel) if isinstance(s, schedule.KernelStep)
                          else f"host {s.op.prim}" for s in plan.steps) + "\n"
 
@@ -516,6 +570,15 @@ def flatten_python(value: Any, path: str) -> dict[str, np.ndarray]:
     if isinstance(value, Key):
         return {path: value.words}
     return {path: np.asarray(value)}
+
+
+def llvm_module(module) -> Any:
+    import llvmlite.binding as llvm
+    from backend.cpu import optimise
+    mod = llvm.parse_assembly(str(module))
+    mod.verify()
+    optimise(mod)
+    return mod
 
 
 def signature_of(v) -> Any:
