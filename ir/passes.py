@@ -183,3 +183,61 @@ def optimize(fn: Function) -> Function:
 
 def _size(fn: Function) -> int:
     return sum(1 + (_size(op.body) if op.body else 0) for op in fn.ops)
+
+
+def einsum_as_matmul(fn: Function) -> Function:
+    """Two-operand einsums that are batched matrix products (`bhtd,bhsd->bhts`) rewritten as
+    transposes, reshapes and one `matmul`, which the backends compile into their contraction
+    kernel. The result is the same to the bit: both accumulate over the contracted letters in
+    row-major order of their first appearance, with fma."""
+    from ir.core import Builder
+    ops = []
+    env: dict[Value, Value] = {}
+    for op in fn.ops:
+        op = Op(op.prim, tuple(env.get(v, v) for v in op.inputs), op.params, op.outputs,
+                einsum_as_matmul(op.body) if op.body else None)
+        plan = _matmul_plan(op) if op.prim == "einsum" else None
+        if plan is None:
+            ops.append(op)
+            continue
+        b = Builder()
+        b.ops = []
+        env[op.outputs[0]] = plan(b)
+        ops.extend(b.ops)
+    return substitute(fn, ops, env)
+
+
+def _matmul_plan(op: Op):
+    spec = op.attrs["spec"].replace(" ", "")
+    if "->" not in spec or len(op.inputs) != 2:
+        return None
+    lhs, out = spec.split("->")
+    ta, tb = lhs.split(",")
+    a, b = op.inputs
+    if len(set(ta)) != len(ta) or len(set(tb)) != len(tb) or a.dtype not in ("f32", "f64", "f16"):
+        return None
+    batch = [c for c in out if c in ta and c in tb]
+    m = [c for c in out if c in ta and c not in tb]
+    n = [c for c in out if c in tb and c not in ta]
+    k = list(dict.fromkeys(c for c in lhs if c.isalpha() and c not in out))
+    if any(c not in ta or c not in tb for c in k) or len(batch) + len(m) + len(n) != len(out):
+        return None
+    size = {c: s for t, v in ((ta, a), (tb, b)) for c, s in zip(t, v.shape)}
+    prod = lambda cs: int(np.prod([size[c] for c in cs], dtype=np.int64))
+
+    def build(bld):
+        def arrange(v, term, order, shape):
+            perm = tuple(term.index(c) for c in order)
+            if perm != tuple(range(len(perm))):
+                v = bld.emit("transpose", v, perm=perm)
+            return bld.emit("reshape", v, shape=shape) if v.shape != shape else v
+        bs = tuple(size[c] for c in batch)
+        x = arrange(a, ta, batch + m + k, bs + (prod(m), prod(k)))
+        y = arrange(b, tb, batch + k + n, bs + (prod(k), prod(n)))
+        z = bld.emit("matmul", x, y)
+        mid = batch + m + n
+        z = bld.emit("reshape", z, shape=tuple(size[c] for c in mid)) if z.shape != tuple(size[c] for c in mid) else z
+        perm = tuple(mid.index(c) for c in out)
+        return bld.emit("transpose", z, perm=perm) if perm != tuple(range(len(perm))) else z
+
+    return build

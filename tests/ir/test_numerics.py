@@ -84,3 +84,19 @@ def test_einsum_is_matmul_when_it_spells_one():
     b = rng.standard_normal((2, 7, 3)).astype(np.float32)
     assert np.array_equal(REGISTRY["einsum"].evaluate("bik,bkj->bij", (a, b)),
                           REGISTRY["matmul"].evaluate(a, b))
+
+
+@pytest.mark.parametrize("spec, sa, sb", [("bhtd,bhsd->bhts", (2, 3, 4, 5), (2, 3, 6, 5)),
+                                          ("ij,jk->ki", (3, 4), (4, 5)),
+                                          ("bikjlc,klco->bijo", (2, 3, 2, 3, 2, 4), (2, 2, 4, 5))])
+def test_einsum_rewritten_as_matmul_keeps_every_bit(spec, sa, sb):
+    from ir import interp
+    from ir.core import Builder, tensor_type
+    from ir.passes import einsum_as_matmul
+    b = Builder()
+    x, y = b.param(tensor_type("f32", sa)), b.param(tensor_type("f32", sb))
+    f = b.finish([b.emit("einsum", x, y, spec=spec)])
+    g = einsum_as_matmul(f)
+    assert "einsum" not in [op.prim for op in g.ops] and "matmul" in [op.prim for op in g.ops]
+    a, c = rng.standard_normal(sa).astype(np.float32), rng.standard_normal(sb).astype(np.float32)
+    assert interp.run(f, [a, c])[0].tobytes() == interp.run(g, [a, c])[0].tobytes()
