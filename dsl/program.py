@@ -335,7 +335,11 @@ class Program:
 
     def _lower(self, d: ast.Def, b: Builder, inputs: Inputs) -> Lowered:
         checker = Checker(self._resolved, builder=b)
-        result = checker.specialise(d, self._resolved.main, inputs.abstract)
+        try:
+            result = checker.specialise(d, self._resolved.main, inputs.abstract)
+        except LoweringError as e:          # a user error met while tracing: report that first
+            raise_collected(checker.errors)
+            raise CheckError(d.name_span, str(e)) from None
         raise_collected(checker.errors)
         try:
             result = checker.realize(result)

@@ -78,5 +78,6 @@ class Executable:
 
 
 def _buffer(a: np.ndarray, v: Value) -> np.ndarray:
-    """An array as a kernel buffer: contiguous, row-major, of the value's dtype."""
-    return np.ascontiguousarray(a, dtype=np_dtype(v.dtype))
+    """An array as a kernel buffer: contiguous, row-major, of the value's dtype (0-d stays
+    0-d: np.ascontiguousarray would make it 1-d)."""
+    return np.asarray(a, dtype=np_dtype(v.dtype), order="C")
