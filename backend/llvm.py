@@ -145,7 +145,8 @@ def can_compile(prim: str, in_dtypes: list[str], dtype: str) -> bool:
 
 
 def _have_mathlib() -> bool:
-    return False
+    from backend import mathlib
+    return all(callable(getattr(mathlib, f, None)) for f in MATH)
 
 
 # ---------------------------------------------------------------- kernels

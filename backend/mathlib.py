@@ -1,4 +1,4 @@
-"""Exact-mode math library: exp, log, tanh, sin … emitted as LLVM IR from + * fma and bit operations.
+"""Exact-mode math library: exp, log, tanh, sin … as LLVM IR built from + * fma and bit ops.
 
 Each public function takes an `llvmlite.ir.IRBuilder` and a value of type float, double,
 <N x float> or <N x double>, appends a straight-line sequence of instructions (no branches, no
@@ -82,8 +82,8 @@ F32 = Format(
     two_over_pi=(H("0x1.45f306p-1"), H("0x1.b9391p-26")),
     pio2=(H("0x1.921fb6p+0"), H("-0x1.777a5cp-25"), H("-0x1.ee59dap-50"), H("0x1.98a2e0p-77")),
     sin_tiny=H("0x1p-12"), sincos_max=H("0x1p22"), tanh_small=0.55, rsqrt_scale=32,
-    exp_q=(H("0x1.fffffcp-2"), H("0x1.55548ap-3"), H("0x1.55584ep-5"), H("0x1.123f3p-7"),
-           H("0x1.6ad158p-10")),
+    exp_q=(H("0x1p-1"), H("0x1.55553cp-3"), H("0x1.5554f2p-5"), H("0x1.113746p-7"),
+           H("0x1.6d413ap-10"), H("0x1.6b515ap-13")),
     log_t=(H("0x1.999aa2p-2"), H("0x1.2419ap-2"), H("0x1.e8ff2p-3")),
     tanh_t=(H("-0x1.555554p-2"), H("0x1.111082p-3"), H("-0x1.b9f392p-5"), H("0x1.63b824p-6"),
             H("-0x1.0c800ap-7"), H("0x1.1911cep-9")),
@@ -124,9 +124,6 @@ F64 = Format(
            H("-0x1.27e4fb5a7da7bp-22"), H("0x1.1eed7001b0ba3p-29"), H("-0x1.9374fd5f3cb7cp-37"),
            H("0x1.9e048e7d0f07cp-45")),
 )
-
-_FORMATS = {"float": F32, "double": F64}
-
 
 # ---------------------------------------------------------------------------------------------
 # A value with operators: the algorithms below read like their formulas.
@@ -217,8 +214,9 @@ def _format(t) -> Format:
 
 def _intrinsic(x: _V, name: str, nargs: int):
     t = x.type
-    suffix = (f"v{t.count}{_format(t.element).name[0]}{_format(t).bits}"
-              if isinstance(t, ir.VectorType) else f"f{_format(t).bits}")
+    suffix = f"f{_format(t).bits}"                   # llvm.fma.f32, llvm.fma.v8f32, …
+    if isinstance(t, ir.VectorType):
+        suffix = f"v{t.count}{suffix}"
     full = f"llvm.{name}.{suffix}"
     module = x.b.module
     fn = module.globals.get(full)
@@ -359,15 +357,13 @@ def _wrap(b: ir.IRBuilder, x: ir.Value) -> tuple:
 # ---------------------------------------------------------------------------------------------
 # exp, exp2: x = n*ln2 + r, e^x = 2^n * e^r.
 
-def _exp_kernel(f: Format, r: _V, rl) -> _V:
-    """e^(r + rl) for |r| <= ln2/2 and a tiny correction rl, in [1/sqrt2, sqrt2].
+def _exp_kernel(f: Format, r: _V, rl: _V) -> _V:
+    """e^(r + rl) for |r| <= ln2/2 and |rl| <= ulp(r): a value in [1/sqrt2, sqrt2].
     1 + r is kept exactly as hi + lo, so the only large rounding is the last addition."""
     q = (r * r) * _horner(r, f.exp_q)          # e^r - 1 - r
     hi = 1.0 + r
     lo = (1.0 - hi) + r                         # hi + lo = 1 + r exactly (|r| < 1)
-    if rl is not None:                          # e^(r+rl) ~ e^r + rl*(1 + r)
-        q = q + fma(rl, r, rl)
-    return hi + (lo + q)
+    return hi + (lo + (q + fma(rl, r, rl)))     # e^(r+rl) ~ e^r + rl*(1 + r)
 
 
 def _exp2_dw(f: Format, xh: _V, xl=None) -> _V:
@@ -390,6 +386,7 @@ def exp(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
 
 
 def _exp(f: Format, x: _V) -> _V:
+    """e^x before NaN canonicalisation (tanh and sigmoid build on it)."""
     xc = _clamp(x, f.exp_lo, f.exp_hi)          # beyond these the result is 0 or inf anyway
     n, ni = _rint(xc * f.log2e)
     rh = fma(-n, f.ln2, xc)                     # exact: both terms are on a common grid
@@ -405,11 +402,11 @@ def exp2(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
 
 
 # ---------------------------------------------------------------------------------------------
-# log, log2: x = 2^k * (1 + f) with 1 + f in [2/3, 4/3), log(1+f) = 2 atanh(f / (2 + f)).
+# log, log2: x = 2^k * (1 + g) with 1 + g in [2/3, 4/3), log(1+g) = 2 atanh(g / (2 + g)).
 
 def _log_reduce(f: Format, x: _V):
     """(k, g): x = 2^k * (1 + g), |g| <= 1/3, for finite x > 0 (subnormals too). g is exact."""
-    sub = x < H("0x1p-126") if f is F32 else x < H("0x1p-1022")
+    sub = x < 2.0 ** (1 - f.bias)                          # below the smallest normal
     xs = _select(sub, x * float(2 ** f.mant), x)          # make subnormals normal
     ix = _bits(xs)
     e = (ix - f.log_split) >> f.mant                       # exponent, relative to [2/3, 4/3)
@@ -420,8 +417,8 @@ def _log_reduce(f: Format, x: _V):
 
 def _log1p_dw(f: Format, g: _V):
     """log(1 + g) for |g| <= 1/3 as a double-word h + l, relative error about 2^-(p+10).
-    With s = g/(2+g), |s| <= 1/5: log(1+g) = 2s + 2s^3/3 + s^5 T(s^2); the first two terms are
-    carried in double-word, the polynomial tail (at most 2^-11.6 of the sum) in working precision."""
+    With s = g/(2+g), |s| <= 1/5: log(1+g) = 2s + 2s^3/3 + s^5 T(s^2); the first two terms
+    are carried in double-word, the tail (at most 2^-11.6 of the sum) in working precision."""
     d = 2.0 + g
     dl = g - (d - 2.0)                          # d + dl = 2 + g exactly
     sh = g / d

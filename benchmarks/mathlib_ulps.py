@@ -1,0 +1,381 @@
+"""Accuracy of the exact-mode math library (backend/mathlib.py), in ulps, against NumPy.
+
+    python benchmarks/mathlib_ulps.py                  # 10^8 float32 inputs per function
+    python benchmarks/mathlib_ulps.py -n 1e7 --f64     # also double, against long double
+    python benchmarks/mathlib_ulps.py --fit            # re-derive the polynomial coefficients
+
+Each function is compiled for the host with MCJIT at O3 (no fast-math) as a loop over an array,
+run on inputs spread over its whole range (log-uniform magnitudes, both signs, the regions where
+it is hardest), and compared with a float64 reference (a long double one for double). The table
+gives the largest error seen (overall, and where the exact result is a normal number), the time
+per value of the compiled scalar loop, and the time the whole measurement took; docs/numerics.md
+quotes it.
+
+The tests (tests/backend/test_mathlib.py) use this module's compiler and measure too.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import sys
+import time
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import llvmlite.binding as llvm
+from llvmlite import ir
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from backend import mathlib  # noqa: E402
+
+FUNCTIONS = ["exp", "exp2", "log", "log2", "tanh", "sigmoid", "sin", "cos", "rsqrt", "pow"]
+TYPES = {np.float32: ir.FloatType(), np.float64: ir.DoubleType()}
+WIDTH = {np.float32: 8, np.float64: 4}          # the vector variants: one AVX-512 register / 2
+
+
+def _emit(name, b, args):
+    fn = mathlib.BINARY.get(name) or mathlib.UNARY[name]
+    return fn(b, *args)
+
+
+def kernel_name(name, dtype, width):
+    return f"{name}_{np.dtype(dtype).name}_x{width}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Host kernels: void k(T *x, [T *y,] T *out, i64 n) applies the function to n elements, `width`
+# at a time (n must be a multiple of width).
+
+def host_module() -> ir.Module:
+    mod = ir.Module(name="mathlib_host")
+    i64 = ir.IntType(64)
+    ptr = ir.PointerType()
+    for name in FUNCTIONS:
+        nin = 2 if name in mathlib.BINARY else 1
+        for dtype, t in TYPES.items():
+            for width in (1, WIDTH[dtype]):
+                vt = t if width == 1 else ir.VectorType(t, width)
+                fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [ptr] * (nin + 1) + [i64]),
+                                 kernel_name(name, dtype, width))
+                entry, loop, done = (fn.append_basic_block(s) for s in ("entry", "loop", "done"))
+                b = ir.IRBuilder(entry)
+                n = fn.args[-1]
+                b.cbranch(b.icmp_signed(">", n, i64(0)), loop, done)
+                b.position_at_end(loop)
+                i = b.phi(i64)
+                i.add_incoming(i64(0), entry)
+                addr = [b.gep(p, [i], source_etype=t) for p in fn.args[:-1]]
+                vals = [b.load(a, typ=vt, align=np.dtype(dtype).itemsize) for a in addr[:-1]]
+                b.store(_emit(name, b, vals), addr[-1], align=np.dtype(dtype).itemsize)
+                nxt = b.add(i, i64(width))
+                i.add_incoming(nxt, loop)
+                b.cbranch(b.icmp_signed("<", nxt, n), loop, done)
+                b.position_at_end(done)
+                b.ret_void()
+    return mod
+
+
+def optimize(mod: llvm.ModuleRef, tm, level: int = 3) -> None:
+    pto = llvm.create_pipeline_tuning_options(speed_level=level)
+    pb = llvm.create_pass_builder(tm, pto)
+    pb.getModulePassManager().run(mod, pb)
+
+
+class HostKernels:
+    """The kernels of host_module(), compiled with MCJIT for this CPU."""
+
+    def __init__(self, opt_level: int = 3):
+        llvm.initialize_native_target()
+        llvm.initialize_native_asmprinter()
+        target = llvm.Target.from_default_triple()
+        self.tm = target.create_target_machine(cpu=llvm.get_host_cpu_name(),
+                                               features=llvm.get_host_cpu_features().flatten(),
+                                               opt=opt_level)
+        mod = llvm.parse_assembly(str(host_module()))
+        mod.verify()
+        if opt_level:
+            optimize(mod, self.tm, opt_level)
+        self.engine = llvm.create_mcjit_compiler(mod, self.tm)
+        self.engine.finalize_object()
+        self.optimized_ir = str(mod)
+
+    def __call__(self, name, *args, width=1):
+        """name(*args) elementwise on 1-d arrays of one float dtype; returns a new array."""
+        dtype = args[0].dtype.type
+        n = len(args[0])
+        pad = -n % width
+        ins = [np.ascontiguousarray(np.concatenate([a, np.ones(pad, dtype)]), dtype) for a in args]
+        out = np.empty(n + pad, dtype)
+        addr = self.engine.get_function_address(kernel_name(name, dtype, width))
+        cfn = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * (len(ins) + 1), ctypes.c_int64)(addr)
+        cfn(*[a.ctypes.data for a in ins], out.ctypes.data, n + pad)
+        return out[:n]
+
+
+@lru_cache(maxsize=None)
+def host_kernels(opt_level: int = 3) -> HostKernels:
+    return HostKernels(opt_level)
+
+
+# GPU kernels: the same functions for NVPTX; thread i applies the function to elements
+# [i*width, (i+1)*width) when they are below n.
+
+def nvptx_target_machine():
+    llvm.initialize_all_targets()
+    llvm.initialize_all_asmprinters()
+    target = llvm.Target.from_triple("nvptx64-nvidia-cuda")
+    return target.create_target_machine(cpu="sm_90", features="+ptx80", opt=3)
+
+
+def nvptx_module(names=FUNCTIONS) -> ir.Module:
+    mod = ir.Module(name="mathlib_nvptx")
+    mod.triple = "nvptx64-nvidia-cuda"
+    i32, i64, ptr = ir.IntType(32), ir.IntType(64), ir.PointerType()
+    sreg = {r: ir.Function(mod, ir.FunctionType(i32, []), f"llvm.nvvm.read.ptx.sreg.{r}")
+            for r in ("tid.x", "ntid.x", "ctaid.x")}
+    for name in names:
+        nin = 2 if name in mathlib.BINARY else 1
+        for dtype, t in TYPES.items():
+            for width in (1, WIDTH[dtype]):
+                vt = t if width == 1 else ir.VectorType(t, width)
+                fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [ptr] * (nin + 1) + [i64]),
+                                 kernel_name(name, dtype, width))
+                body, done = fn.append_basic_block("body"), fn.append_basic_block("done")
+                b = ir.IRBuilder(fn.append_basic_block("entry"))
+                fn.blocks.insert(0, fn.blocks.pop())          # entry first
+                tid = b.add(b.mul(b.call(sreg["ctaid.x"], []), b.call(sreg["ntid.x"], [])),
+                            b.call(sreg["tid.x"], []))
+                i = b.mul(b.zext(tid, i64), i64(width))
+                b.cbranch(b.icmp_signed("<", i, fn.args[-1]), body, done)
+                b.position_at_end(body)
+                addr = [b.gep(p, [i], source_etype=t) for p in fn.args[:-1]]
+                vals = [b.load(a, typ=vt, align=np.dtype(dtype).itemsize) for a in addr[:-1]]
+                b.store(_emit(name, b, vals), addr[-1], align=np.dtype(dtype).itemsize)
+                b.branch(done)
+                b.position_at_end(done)
+                b.ret_void()
+                mod.add_named_metadata("nvvm.annotations", [fn, "kernel", i32(1)])
+    return mod
+
+
+def emit_ptx(names=FUNCTIONS) -> str:
+    """PTX for sm_90 of the kernels of nvptx_module(names), optimised at O3."""
+    tm = nvptx_target_machine()
+    mod = llvm.parse_assembly(str(nvptx_module(names)))
+    mod.triple = "nvptx64-nvidia-cuda"
+    mod.data_layout = str(tm.target_data)
+    mod.verify()
+    optimize(mod, tm)
+    return tm.emit_assembly(mod)
+
+
+# ---------------------------------------------------------------------------------------------
+# References and ulps.
+
+def reference(name, *args):
+    """The function in float64 (for float32 arguments) or long double (for float64)."""
+    wide = np.float64 if args[0].dtype == np.float32 else np.longdouble
+    a = [x.astype(wide) for x in args]
+    with np.errstate(all="ignore"):
+        if name == "sigmoid":
+            x = a[0]
+            e = np.exp(-np.abs(x))
+            return np.where(x >= 0, 1 / (1 + e), e / (1 + e))
+        if name == "rsqrt":
+            return 1 / np.sqrt(a[0])
+        return {"exp": np.exp, "exp2": np.exp2, "log": np.log, "log2": np.log2, "tanh": np.tanh,
+                "sin": np.sin, "cos": np.cos, "pow": np.power}[name](*a)
+
+
+def ulp_error(got, ref):
+    """|got - ref| in units of the last place of `ref` rounded to got's format (subnormal ulps
+    below the normal range). Equal infinities and NaN against NaN count 0; a NaN or infinity
+    against anything else counts inf."""
+    fi = np.finfo(got.dtype)
+    wide = ref.dtype
+    with np.errstate(all="ignore"):
+        rounded = ref.astype(got.dtype)
+        _, e = np.frexp(ref)
+        ulp = np.ldexp(np.ones_like(ref), np.maximum(e - 1, fi.minexp) - fi.nmant)
+        err = np.abs(got.astype(wide) - ref) / ulp
+    same = ((got == rounded) & ~np.isfinite(got)) | (np.isnan(got) & np.isnan(ref))
+    special = ~np.isfinite(got) | ~np.isfinite(rounded)
+    return np.where(same, 0.0, np.where(special, np.inf, err))
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs: each function's interesting range, log-uniform magnitudes and both signs.
+
+def log_uniform(rng, n, lo, hi, dtype, signs=True):
+    """n values with |x| log-uniform in [lo, hi]; random signs if `signs`."""
+    x = np.exp2(rng.uniform(np.log2(lo), np.log2(hi), n))
+    if signs:
+        x = np.where(rng.random(n) < 0.5, -x, x)
+    return x.astype(dtype)
+
+
+def inputs(name, n, rng, dtype):
+    """n arguments (a tuple: two arrays for pow) spread over the function's range."""
+    f32 = dtype == np.float32
+    tiny = np.finfo(dtype).smallest_subnormal
+    big = float(np.finfo(dtype).max)
+    q = n // 4
+    if name in ("exp", "exp2", "sigmoid", "tanh"):
+        top = {"exp": 89.0 if f32 else 710.0, "exp2": 128.5 if f32 else 1024.5,
+               "sigmoid": 105.0 if f32 else 746.0, "tanh": 10.0 if f32 else 20.0}[name]
+        x = np.concatenate([rng.uniform(-top, top, 2 * q).astype(dtype),
+                            log_uniform(rng, q, 1e-8, top, dtype),
+                            log_uniform(rng, n - 3 * q, tiny, 1e-8, dtype)])
+        if name in ("exp", "exp2"):   # the bottom of the range: subnormal results
+            lo = {"exp": 104.0 if f32 else 746.0, "exp2": 150.0 if f32 else 1075.0}[name]
+            x[:q // 4] = rng.uniform(-lo, -lo * 0.8, q // 4).astype(dtype)
+        return (x,)
+    if name in ("log", "log2", "rsqrt"):
+        x = np.concatenate([log_uniform(rng, 3 * q, tiny, big, dtype, signs=False),
+                            rng.uniform(0.5, 2.0, n - 3 * q).astype(dtype)])
+        return (x,)
+    if name in ("sin", "cos"):
+        top = float(mathlib._format(TYPES[dtype]).sincos_max)
+        k = np.round(rng.uniform(-top, top, q) / (np.pi / 2))   # near multiples of pi/2
+        near = (k * (np.pi / 2)).astype(dtype)
+        near = np.nextafter(near, near + rng.choice([-1, 1], q).astype(dtype))
+        return (np.concatenate([rng.uniform(-4, 4, q).astype(dtype), near,
+                                log_uniform(rng, n - 2 * q, tiny, top, dtype)]),)
+    if name == "pow":
+        span = 1e30 if f32 else 1e300
+        x = log_uniform(rng, n, 1 / span, span, dtype, signs=False)
+        # y so that |y * log2 x| spans the whole exponent range
+        lim = 150.0 if f32 else 1075.0
+        y = rng.uniform(-lim, lim, n) / np.maximum(np.abs(np.log2(x.astype(np.float64))), 1e-3)
+        y = np.where(rng.random(n) < 0.25, rng.uniform(-10, 10, n), y).astype(dtype)
+        return (x, y)
+    raise KeyError(name)
+
+
+def measure(name, dtype, n, seed=0, chunk=1 << 22, width=1):
+    """Over n inputs: (max ulp error, the same over normal results only, argument(s) of the
+    max, seconds spent in the compiled kernel, seconds in all)."""
+    k = host_kernels()
+    rng = np.random.default_rng(seed)
+    worst, worst_normal, where, kernel = 0.0, 0.0, None, 0.0
+    t0 = time.perf_counter()
+    smallest_normal = np.finfo(dtype).smallest_normal
+    for start in range(0, n, chunk):
+        args = inputs(name, min(chunk, n - start), rng, dtype)
+        t1 = time.perf_counter()
+        got = k(name, *args, width=width)
+        kernel += time.perf_counter() - t1
+        ref = reference(name, *args)
+        err = ulp_error(got, ref)
+        i = int(np.argmax(err))
+        if err[i] > worst:
+            worst, where = float(err[i]), tuple(a[i] for a in args)
+        normal = np.abs(ref) >= smallest_normal
+        worst_normal = max(worst_normal, float(err[normal].max(initial=0.0)))
+    return worst, worst_normal, where, kernel, time.perf_counter() - t0
+
+
+# ---------------------------------------------------------------------------------------------
+# The coefficient fits (mpmath): minimax relative error by Remez exchange on a dense grid.
+
+def fit_all():
+    import mpmath as mp
+    mp.mp.dps = 80
+
+    def remez(F, fixed, m, powers, a, b, npts=3000, iters=30):
+        n = len(powers)
+        a, b = mp.mpf(a), mp.mpf(b)
+        grid = [(a + b) / 2 - (b - a) / 2 * mp.cos(mp.pi * (i + mp.mpf(1) / 2) / npts)
+                for i in range(npts)]
+        grid = [t for t in grid if abs(t) > mp.mpf(10) ** -12]
+        g = [(F(t) - fixed(t)) / m(t) for t in grid]              # what P must match
+        w = [m(t) / F(t) for t in grid]                           # relative error weight
+        basis = [[t ** p for p in powers] for t in grid]
+        idx = [int(round(i * (len(grid) - 1) / n)) for i in range(n + 1)]
+        for _ in range(iters):
+            A, rhs = mp.matrix(n + 1, n + 1), mp.matrix(n + 1, 1)
+            for j, k in enumerate(idx):
+                for i in range(n):
+                    A[j, i] = basis[k][i]
+                A[j, n] = (-1) ** j / w[k]
+                rhs[j] = g[k]
+            sol = mp.lu_solve(A, rhs)
+            c, E = [sol[i] for i in range(n)], sol[n]
+            err = [w[k] * (g[k] - mp.fsum(ci * bi for ci, bi in zip(c, basis[k])))
+                   for k in range(len(grid))]
+            segs, cur = [], [0]                                   # runs of one sign
+            for k in range(1, len(grid)):
+                if mp.sign(err[k]) == mp.sign(err[cur[0]]):
+                    cur.append(k)
+                else:
+                    segs.append(cur)
+                    cur = [k]
+            segs.append(cur)
+            ext = [max(s, key=lambda k: abs(err[k])) for s in segs]
+            while len(ext) > n + 1:
+                ext = ext[1:] if abs(err[ext[0]]) < abs(err[ext[-1]]) else ext[:-1]
+            emax = max(abs(e) for e in err)
+            if len(ext) < n + 1 or emax <= abs(E) * (1 + mp.mpf(10) ** -6):
+                break
+            idx = ext
+        return c, emax
+
+    def fit(F, fixed, m, powers, a, b, rnd):
+        """Round the coefficients one at a time, lowest first, refitting the rest each time."""
+        done = []
+        for i in range(len(powers)):
+            def fx(t, cs=list(done)):
+                return fixed(t) + m(t) * mp.fsum(c * t ** p for c, p in cs)
+            c, emax = remez(F, fx, m, powers[i:], a, b)
+            done.append((rnd(c[0]), powers[i]))
+        return [c for c, _ in done], emax
+
+    ln2 = mp.log(2)
+    fits = {  # name: (F, the exact leading terms, the factor of P, powers of P's argument, range)
+        "exp_q": (mp.exp, lambda r: 1 + r, lambda r: r * r, 1, -ln2 / 2 * 1.002, ln2 / 2 * 1.002),
+        "log_t": (lambda s: mp.log((1 + s) / (1 - s)), lambda s: 2 * s + 2 * s ** 3 / 3,
+                  lambda s: s ** 5, 2, 1e-9, mp.mpf(1) / 5 * 1.002),
+        "tanh_t": (mp.tanh, lambda x: x, lambda x: x ** 3, 2, 1e-9, 0.55),
+        "sin_s": (mp.sin, lambda r: r, lambda r: r ** 3, 2, 1e-9, mp.pi / 4 * 1.002),
+        "cos_c": (mp.cos, lambda r: 1 - r * r / 2, lambda r: r ** 4, 2, 1e-9, mp.pi / 4 * 1.002),
+    }
+    for fmt, rnd in ((mathlib.F32, lambda v: mp.mpf(float(np.float32(float(v))))),
+                     (mathlib.F64, lambda v: mp.mpf(float(v)))):
+        for key, (F, fixed, m, step, a, b) in fits.items():
+            deg = len(getattr(fmt, key)) - 1
+            cs, emax = fit(F, fixed, m, [step * i for i in range(deg + 1)], a, b, rnd)
+            print(f"{fmt.name} {key}: relative error 2^{float(mp.log(emax, 2)):.1f}")
+            print("   ", ", ".join(float(c).hex() for c in cs))
+
+
+# ---------------------------------------------------------------------------------------------
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("-n", type=float, default=1e8, help="inputs per function (default 1e8)")
+    ap.add_argument("--f64", action="store_true",
+                    help="also measure double, on n/10 inputs (long double reference)")
+    ap.add_argument("--only", nargs="*", default=FUNCTIONS)
+    ap.add_argument("--fit", action="store_true", help="re-derive the polynomial coefficients")
+    args = ap.parse_args()
+    if args.fit:
+        fit_all()
+        return
+    t0 = time.perf_counter()
+    host_kernels()
+    print(f"compiled {len(FUNCTIONS) * 4} kernels in {time.perf_counter() - t0:.1f} s "
+          f"for {llvm.get_host_cpu_name()}")
+    print(f"{'function':<9} {'type':<8} {'inputs':>12} {'max ulp':>8} {'normal':>8} "
+          f"{'ns/value':>8} {'seconds':>8}   worst at")
+    dtypes = [np.float32] + ([np.float64] if args.f64 else [])
+    for dtype in dtypes:
+        n = int(args.n) if dtype == np.float32 else int(args.n) // 10
+        for name in args.only:
+            worst, normal, where, kernel, secs = measure(name, dtype, n)
+            at = ", ".join(repr(float(v)) for v in where) if where else "-"
+            print(f"{name:<9} {np.dtype(dtype).name:<8} {n:>12,} {worst:>8.3f} {normal:>8.3f} "
+                  f"{kernel / n * 1e9:>8.2f} {secs:>8.1f}   {at}", flush=True)
+
+if __name__ == "__main__":
+    main()

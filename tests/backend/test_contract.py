@@ -1,0 +1,248 @@
+"""The compiled matmul kernel (backend/contract.py) computes the bits of the reference
+contraction (ir.numerics.contract) for every shape, with special values, at every thread count.
+
+float64 caveat: the reference rounds a*b + acc twice, the kernel's fma once. f64 inputs whose
+products are exact make the two agree, so those are compared with the reference bit for bit;
+general f64 inputs are compared with an exact fma written with fractions."""
+from __future__ import annotations
+
+import math
+import threading
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from backend.contract import Matmul, Tiles, host_tiles
+from ir.ops import REGISTRY
+
+rng = np.random.default_rng(2024)
+HOST = {dtype: host_tiles(dtype) for dtype in ("f32", "f64")}
+
+
+def small_tiles(dtype: str) -> Tiles:
+    """Tiny blocks, so that small shapes cross every block and tile edge many times."""
+    width = HOST[dtype].width
+    return Tiles(mr=3, nv=2, width=width, kc=5, mc=6, nc=4 * width)
+
+
+@pytest.fixture(scope="module", params=["host", "small"])
+def kernels(request):
+    make = HOST.get if request.param == "host" else small_tiles
+    return {dtype: Matmul(dtype, make(dtype)) for dtype in ("f32", "f64")}
+
+
+def reference(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return REGISTRY["matmul"].evaluate(a, b)
+
+
+def bits(x: np.ndarray) -> bytes:
+    """The bytes of x with every NaN made the default one: the payload and sign of a NaN depend
+    on which fma operand the instruction takes it from, which the definition leaves open."""
+    return np.where(np.isnan(x), np.array(np.nan, dtype=x.dtype), x).tobytes()
+
+
+def per_thread(kernel: Matmul, a: np.ndarray, b: np.ndarray, threads: int,
+               concurrent: bool) -> np.ndarray:
+    """a @ b by calling the kernel once per thread index: in order, or from Python threads."""
+    a3, b3 = (x.reshape((math.prod(x.shape[:-2]),) + x.shape[-2:]) for x in (a, b))
+    c = np.full((max(len(a3), len(b3)), a.shape[-2], b.shape[-1]), np.nan, dtype=a.dtype)
+    scratch = kernel.scratch(threads).copy()
+    calls = [lambda t=t: kernel.call(a3, b3, c, scratch, t, threads) for t in range(threads)]
+    if concurrent:
+        workers = [threading.Thread(target=call) for call in calls]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+    else:
+        for call in calls:
+            call()
+    return c.reshape(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + c.shape[1:])
+
+
+def check_threads(kernel: Matmul, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The result with 1 thread, after checking that 2 and 3 threads (in order and concurrent)
+    give the same bits, NaNs included."""
+    one = kernel(a, b, threads=1)
+    for threads in (2, 3):
+        for concurrent in (False, True):
+            got = per_thread(kernel, a, b, threads, concurrent)
+            assert got.tobytes() == one.tobytes(), f"{threads} threads, concurrent={concurrent}"
+    return one
+
+
+def shapes(t: Tiles) -> list[tuple[int, ...]]:
+    """(M, N, K) or (batch, M, N, K): degenerate, prime, tile and block edges, tall, wide."""
+    return [
+        (1, 1, 1), (7, 13, 29), (2, 3, 1), (1, 1, 1024), (5, 3, 1024),
+        (t.mr, t.nr, t.kc), (t.mr + 1, t.nr + 1, t.kc + 1), (t.mr - 1, t.nr - 1, t.kc - 1),
+        (2 * t.mr, 3 * t.nr, 2 * t.kc), (t.mc + 1, t.nc + 1, 3),
+        (300, 1, 17), (1, 300, 17), (257, 2, 33), (2, 257, 33),
+        (4, 7, 5, 6), (3, 1, 1, 9), (9, t.mr + 2, t.nr + 3, t.kc + 4),
+    ]
+
+
+def random_f32(shape: tuple[int, ...]) -> np.ndarray:
+    scale = 2.0 ** rng.integers(-8, 9, shape)
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+def operands(shape: tuple[int, ...], make) -> tuple[np.ndarray, np.ndarray]:
+    *batch, m, n, k = shape
+    return make((*batch, m, k)), make((*batch, k, n))
+
+
+@pytest.mark.parametrize("index", range(len(shapes(HOST["f32"]))))
+def test_f32_matches_the_reference_bit_for_bit(kernels, index):
+    kernel = kernels["f32"]
+    a, b = operands(shapes(kernel.tiles)[index], random_f32)
+    assert bits(check_threads(kernel, a, b)) == bits(reference(a, b))
+
+
+SPECIAL = {
+    "f32": [np.inf, -np.inf, np.nan, -0.0, 0.0, 1e-45, -1e-45, 1.2e-38, -3e-39, 3.4e38, -3.4e38,
+            1e-20, 1e20],
+    "f64": [np.inf, -np.inf, np.nan, -0.0, 0.0, 5e-324, -5e-324, 2.2e-308, -1e-310, 1.7e308,
+            -1.7e308, 1e-160, 1e160],
+}
+
+
+def with_specials(x: np.ndarray, dtype: str, fraction: float) -> np.ndarray:
+    """x with about `fraction` of its entries replaced by inf, NaN, ±0, subnormals, huge and
+    tiny values (whose products overflow or underflow)."""
+    x = x.copy()
+    hit = rng.random(x.shape) < fraction
+    x[hit] = rng.choice(np.array(SPECIAL[dtype], dtype=x.dtype), hit.sum())
+    return x
+
+
+@pytest.mark.parametrize("shape", [(5, 7, 9), (13, 33, 40), (2, 40, 17, 11)])
+@pytest.mark.parametrize("fraction", [0.02, 0.3])
+def test_f32_special_values(kernels, shape, fraction):
+    kernel = kernels["f32"]
+    a, b = (with_specials(x, "f32", fraction) for x in operands(shape, random_f32))
+    assert bits(check_threads(kernel, a, b)) == bits(reference(a, b))
+
+
+def test_f32_sign_of_zero_sums(kernels):
+    """-0.0 is the start of every sum: products of -0.0 keep it, one +0.0 product loses it."""
+    kernel = kernels["f32"]
+    a = np.array([[-0.0, 0.0, -0.0], [0.0, 0.0, 0.0]], dtype=np.float32)
+    b = np.array([[1.0, -1.0], [-1.0, 1.0], [1.0, -1.0]], dtype=np.float32)
+    got = check_threads(kernel, a, b)
+    assert got.tobytes() == reference(a, b).tobytes()
+    assert np.signbit(kernel(np.zeros((2, 0), np.float32), np.zeros((0, 3), np.float32))).all()
+
+
+def short_f64(shape: tuple[int, ...]) -> np.ndarray:
+    """f64 values of at most 21 significant bits: their products are exact, so fma and the
+    reference's rounded a*b + acc agree."""
+    return rng.integers(-2 ** 20, 2 ** 20, shape) * 2.0 ** rng.integers(-60, 40, shape)
+
+
+@pytest.mark.parametrize("index", range(len(shapes(HOST["f32"]))))
+def test_f64_matches_the_reference_where_products_are_exact(kernels, index):
+    kernel = kernels["f64"]
+    a, b = operands(shapes(kernel.tiles)[index], short_f64)
+    assert bits(check_threads(kernel, a, b)) == bits(reference(a, b))
+
+
+def exact_fma(a: float, b: float, c: float) -> float:
+    """a * b + c rounded once (to nearest even), IEEE 754 special cases included."""
+    if not (math.isfinite(a) and math.isfinite(b)):
+        return a * b + c                 # the product is inf or NaN, exactly
+    if not math.isfinite(c):
+        return c                         # inf or NaN plus a finite product
+    exact = Fraction(a) * Fraction(b) + Fraction(c)
+    if exact == 0:
+        product_sign = math.copysign(1.0, a) * math.copysign(1.0, b)
+        both_negative_zeros = (a == 0 or b == 0) and c == 0 and product_sign < 0 \
+            and math.copysign(1.0, c) < 0
+        return -0.0 if both_negative_zeros else 0.0
+    try:
+        return exact.numerator / exact.denominator
+    except OverflowError:
+        return -math.inf if exact < 0 else math.inf
+
+
+def exact_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    out = np.empty(a.shape[:-1] + b.shape[-1:])
+    for index in np.ndindex(out.shape):
+        *batch, i, j = index
+        acc = -0.0
+        for k in range(a.shape[-1]):
+            acc = exact_fma(float(a[(*batch, i, k)]), float(b[(*batch, k, j)]), acc)
+        out[index] = acc
+    return out
+
+
+def test_exact_fma_is_an_fma():
+    """fma(a, b, -fl(a·b)) is the rounding error of the product, which Dekker's two-product
+    finds by another road; and the single rounding is visible where two would lose it."""
+    a, b = rng.standard_normal(500) * 1e3, rng.standard_normal(500) * 1e-3
+    p = a * b
+    split = lambda x: (x * 134217729.0 - (x * 134217729.0 - x), x - (x * 134217729.0 -
+                                                                   (x * 134217729.0 - x)))
+    (ah, al), (bh, bl) = split(a), split(b)
+    error = ((ah * bh - p) + ah * bl + al * bh) + al * bl
+    got = np.array([exact_fma(x, y, -z) for x, y, z in zip(a.tolist(), b.tolist(), p.tolist())])
+    assert got.tobytes() == error.tobytes()
+    x = 1 + 2.0 ** -52
+    assert x * x - x * x == 0.0 and exact_fma(x, x, -(x * x)) == 2.0 ** -104
+
+
+@pytest.mark.parametrize("shape", [(5, 7, 9), (11, 19, 23), (2, 9, 17, 12), (3, 2, 40)])
+@pytest.mark.parametrize("fraction", [0.0, 0.05, 0.3])
+def test_f64_is_an_exact_fma_chain(kernels, shape, fraction):
+    kernel = kernels["f64"]
+    a, b = operands(shape, lambda s: rng.standard_normal(s) * 2.0 ** rng.integers(-30, 31, s))
+    a, b = with_specials(a, "f64", fraction), with_specials(b, "f64", fraction)
+    assert bits(check_threads(kernel, a, b)) == bits(exact_matmul(a, b))
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f64"])
+def test_broadcast_batch_and_large_k(kernels, dtype):
+    """A batch stride of 0 reuses one operand for every batch entry."""
+    kernel = kernels[dtype]
+    make = random_f32 if dtype == "f32" else short_f64
+    a, b = make((3, 17, 1024)), make((1024, 21))
+    got = check_threads(kernel, a, b)
+    assert got.shape == (3, 17, 21)
+    assert bits(got) == bits(reference(a, b))
+    a, b = make((17, 1024)), make((3, 1024, 21))
+    assert bits(check_threads(kernel, a, b)) == bits(reference(a, b))
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f64"])
+def test_empty_shapes(kernels, dtype):
+    """An empty sum is -0.0, the start of every sum."""
+    kernel = kernels[dtype]
+    np_dtype = np.float32 if dtype == "f32" else np.float64
+    for m, n, k in [(0, 3, 4), (3, 0, 4), (0, 0, 0), (3, 4, 0)]:
+        a, b = np.ones((m, k), np_dtype), np.ones((k, n), np_dtype)
+        got = check_threads(kernel, a, b)        # (the reference cannot reshape empty arrays)
+        assert bits(got) == bits(np.full((m, n), -0.0, np_dtype))
+
+
+def test_more_threads_than_work(kernels):
+    """Threads beyond the number of jobs have nothing to do and write nothing."""
+    kernel = kernels["f32"]
+    a, b = random_f32((2, 3)), random_f32((3, 4))
+    assert bits(per_thread(kernel, a, b, 7, concurrent=True)) == bits(reference(a, b))
+
+
+@pytest.mark.parametrize("width, nv", [(4, 2), (8, 2), (8, 3)])
+def test_narrower_vectors(width, nv):
+    """The tiles of hosts without AVX-512 (4 and 8 lanes) give the same bits."""
+    kernel = Matmul("f32", Tiles(mr=6, nv=nv, width=width, kc=64, mc=12, nc=4 * nv * width))
+    a, b = operands((2, 29, 3 * nv * width + 5, 150), random_f32)
+    assert bits(check_threads(kernel, a, b)) == bits(reference(a, b))
+
+
+def test_no_fast_math_in_the_ir(kernels):
+    """No flag lets LLVM reassociate or fuse: the only fmas are the explicit ones."""
+    for kernel in kernels.values():
+        for flag in ("fast", "contract", "reassoc", "afn", "nnan", "ninf", "nsz", "arcp"):
+            assert f" {flag} " not in kernel.llvm_ir
+        assert "llvm.fma.v" in kernel.llvm_ir

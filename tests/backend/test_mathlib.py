@@ -1,0 +1,345 @@
+"""The exact-mode math library: accuracy against NumPy, IEEE special values, the same bits from
+the scalar and vector variants and at every optimisation level, and PTX that has no calls and
+that ptxas accepts.
+
+The kernels are compiled once per session by benchmarks/mathlib_ulps.py (MCJIT, O3, host CPU,
+no fast-math). Float32 is measured against float64 NumPy; float64 against long double NumPy
+(x87 80-bit: its own error is about 2^-11 of a double ulp), which the last test checks against
+mpmath on a sample.
+"""
+from __future__ import annotations
+
+import importlib.util
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from llvmlite import ir
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+_spec = importlib.util.spec_from_file_location("mathlib_ulps",
+                                               ROOT / "benchmarks" / "mathlib_ulps.py")
+bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench)
+
+from backend import mathlib  # noqa: E402
+
+F32, F64 = np.float32, np.float64
+DTYPES = [F32, F64]
+NAMES = bench.FUNCTIONS
+UNARY = [n for n in NAMES if n != "pow"]
+
+# The documented bounds (docs/numerics.md), in ulps.
+BOUND = {
+    F32: dict(exp=1, exp2=1, log=1, log2=1, sin=1, cos=1, rsqrt=1, tanh=2, sigmoid=2, pow=2),
+    F64: dict(exp=1, exp2=1, log=1, log2=1, sin=1, cos=1, rsqrt=1, tanh=2, sigmoid=2, pow=3),
+}
+SAMPLES = {F32: 2_000_000, F64: 500_000}
+INF, NAN = np.inf, np.nan
+
+
+@pytest.fixture(scope="module")
+def k():
+    return bench.host_kernels(3)
+
+
+def bits(a):
+    return a.view(np.uint32 if a.dtype == np.float32 else np.uint64)
+
+
+def canonical_nan(dtype):
+    return np.array([mathlib.F32.qnan if dtype == F32 else mathlib.F64.qnan],
+                    np.uint32 if dtype == F32 else np.uint64).view(dtype)[0]
+
+
+def assert_same_bits(got, want, what):
+    """Bit-for-bit equality, every NaN being the canonical NaN."""
+    want = np.where(np.isnan(want), canonical_nan(got.dtype), want).astype(got.dtype)
+    bad = np.flatnonzero(bits(got) != bits(want))
+    assert bad.size == 0, f"{what}: at {bad[:5]}: got {got[bad[:5]]}, want {want[bad[:5]]}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Accuracy
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
+@pytest.mark.parametrize("name", NAMES)
+def test_max_ulp_error_within_documented_bound(k, name, dtype):
+    worst, _, where, _, _ = bench.measure(name, dtype, SAMPLES[dtype], seed=1)
+    assert worst <= BOUND[dtype][name], f"{name}({where}) is {worst:.3f} ulp off"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
+@pytest.mark.parametrize("name", ["sin", "cos"])
+def test_sincos_at_the_floats_closest_to_multiples_of_pi_over_2(k, name, dtype):
+    """Where the reduced argument cancels the most: the nearest floats (and their neighbours)
+    to k*pi/2, for k over the whole documented range."""
+    top = float(mathlib._format(bench.TYPES[dtype]).sincos_max)
+    pio2 = np.longdouble("1.57079632679489661923132169163975144")
+    if dtype == F32:            # every k
+        kk = np.arange(1, int(top / 1.5707963267948966), dtype=np.longdouble)
+    else:                       # a log-uniform sample of k
+        e = np.random.default_rng(2).uniform(0, np.log2(top), 300_000)
+        kk = np.unique(np.round(np.exp2(e))).astype(np.longdouble)
+    x = (kk * pio2).astype(dtype)
+    xs = np.concatenate([x, np.nextafter(x, dtype(INF)), np.nextafter(x, dtype(0))])
+    xs = xs[np.abs(xs) <= top]
+    xs = np.concatenate([xs, -xs])
+    err = bench.ulp_error(k(name, xs), bench.reference(name, xs))
+    i = int(np.argmax(err))
+    assert err[i] <= BOUND[dtype][name], f"{name}({xs[i]!r}) is {err[i]:.3f} ulp off"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
+@pytest.mark.parametrize("name, lo, hi", [
+    ("exp", 88.0, 89.0), ("exp", -104.5, -86.0), ("exp2", 127.5, 128.5), ("exp2", -151.0, -125.0),
+    ("sigmoid", -105.0, -86.0), ("tanh", 8.0, 10.0), ("pow", 0.0, 0.0)])
+def test_near_overflow_and_underflow_thresholds(k, name, lo, hi, dtype):
+    """Dense grids where results overflow to inf or become subnormal or zero (float32; for
+    float64 the same places scaled by the exponent range)."""
+    if dtype == F64:
+        scale = 1024 / 128 if name in ("exp", "exp2", "sigmoid") else 2.0
+        lo, hi = lo * scale, hi * scale
+    if name == "pow":           # 2^y and 10^y across both ends of the exponent range
+        e = 1100 if dtype == F64 else 155
+        y = np.linspace(-e, e, 200_001).astype(dtype)
+        args = (np.full_like(y, 2.0), y), (np.full_like(y, 10.0), y / dtype(3.3))
+    else:
+        args = ((np.linspace(lo, hi, 400_001).astype(dtype),),)
+    for a in args:
+        err = bench.ulp_error(k(name, *a), bench.reference(name, *a))
+        i = int(np.argmax(err))
+        assert err[i] <= BOUND[dtype][name], f"{name}{tuple(v[i] for v in a)}: {err[i]:.3f} ulp"
+
+
+def test_long_double_reference_agrees_with_mpmath():
+    """The float64 references are long double NumPy; check a sample against mpmath."""
+    mp = pytest.importorskip("mpmath")
+    mp.mp.dps = 40
+    rng = np.random.default_rng(3)
+    x = rng.uniform(-20, 20, 200)
+    exact = {"exp": mp.exp, "log": lambda v: mp.log(abs(v)), "tanh": mp.tanh, "sin": mp.sin,
+             "cos": mp.cos}
+    for name, fn in exact.items():
+        arg = np.abs(x) if name == "log" else x
+        ref = bench.reference(name, arg)
+        for a, r in zip(arg, ref):
+            want = fn(mp.mpf(float(a)))
+            got = mp.mpf(float(r)) + mp.mpf(float(r - np.longdouble(float(r))))   # all 64 bits
+            assert abs(got - want) <= abs(want) * 2.0 ** -52 / 256, (name, a)
+
+
+# ---------------------------------------------------------------------------------------------
+# Special values: exactly IEEE / NumPy.
+
+def _specials(dtype):
+    fi = np.finfo(dtype)
+    return np.array([0.0, -0.0, INF, -INF, NAN, -NAN, 1.0, -1.0, 0.5, 2.0, fi.max, -fi.max,
+                     fi.smallest_normal, fi.smallest_subnormal, -fi.smallest_subnormal,
+                     fi.smallest_subnormal * 3, 1e-30, -1e-30], dtype)
+
+
+EXACT = {  # name: [(x, f(x))] that must come out bit for bit
+    "exp": [(0.0, 1.0), (-0.0, 1.0), (INF, INF), (-INF, 0.0), (NAN, NAN), (1e4, INF), (-1e4, 0.0)],
+    "exp2": [(0.0, 1.0), (-0.0, 1.0), (INF, INF), (-INF, 0.0), (NAN, NAN), (1.0, 2.0),
+             (-1.0, 0.5), (10.0, 1024.0), (1e4, INF), (-1e4, 0.0)],
+    "log": [(0.0, -INF), (-0.0, -INF), (-1.0, NAN), (-INF, NAN), (INF, INF), (NAN, NAN),
+            (1.0, 0.0)],
+    "log2": [(0.0, -INF), (-0.0, -INF), (-1.0, NAN), (-INF, NAN), (INF, INF), (NAN, NAN),
+             (1.0, 0.0), (2.0, 1.0), (0.5, -1.0), (1024.0, 10.0)],
+    "tanh": [(0.0, 0.0), (-0.0, -0.0), (INF, 1.0), (-INF, -1.0), (NAN, NAN), (30.0, 1.0),
+             (-30.0, -1.0), (1e-30, 1e-30), (-1e-30, -1e-30)],
+    "sigmoid": [(0.0, 0.5), (-0.0, 0.5), (INF, 1.0), (-INF, 0.0), (NAN, NAN), (1e4, 1.0),
+                (-1e4, 0.0)],
+    "sin": [(0.0, 0.0), (-0.0, -0.0), (INF, NAN), (-INF, NAN), (NAN, NAN), (1e-30, 1e-30),
+            (-1e-30, -1e-30)],
+    "cos": [(0.0, 1.0), (-0.0, 1.0), (INF, NAN), (-INF, NAN), (NAN, NAN), (1e-30, 1.0)],
+    "rsqrt": [(0.0, INF), (-0.0, -INF), (INF, 0.0), (-INF, NAN), (-1.0, NAN), (NAN, NAN),
+              (4.0, 0.5), (0.25, 2.0), (1.0, 1.0)],
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
+@pytest.mark.parametrize("name", UNARY)
+def test_special_values_exact(k, name, dtype):
+    x, want = (np.array(v, dtype) for v in zip(*EXACT[name]))
+    assert_same_bits(k(name, x), want, name)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
+@pytest.mark.parametrize("name", UNARY)
+def test_subnormal_and_extreme_arguments(k, name, dtype):
+    x = _specials(dtype)
+    x = x[np.isfinite(x)]
+    if name in ("sin", "cos"):
+        x = x[np.abs(x) <= float(mathlib._format(bench.TYPES[dtype]).sincos_max)]
+    err = bench.ulp_error(k(name, x), bench.reference(name, x))
+    i = int(np.argmax(err))
+    assert err[i] <= BOUND[dtype][name], f"{name}({x[i]!r}) is {err[i]:.3f} ulp off"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
+def test_powers_of_two_are_exact(k, dtype):
+    fi = np.finfo(dtype)
+    e = np.arange(fi.minexp - fi.nmant, fi.maxexp, dtype=np.int64)
+    p = np.ldexp(np.ones(len(e), dtype), e.astype(np.int32))
+    assert_same_bits(k("exp2", e.astype(dtype)), p, "exp2")
+    assert_same_bits(k("log2", p), e.astype(dtype), "log2")
+    beyond = np.array([fi.maxexp, fi.minexp - fi.nmant - 1], dtype)   # inf; a tie, to 0
+    assert_same_bits(k("exp2", beyond), np.array([INF, 0.0], dtype), "exp2")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
+def test_sin_cos_beyond_the_documented_range_are_nan(k, dtype):
+    top = float(mathlib._format(bench.TYPES[dtype]).sincos_max)
+    x = np.array([np.nextafter(dtype(top), dtype(INF)), -4 * top, np.finfo(dtype).max], dtype)
+    for name in ("sin", "cos"):
+        assert np.isnan(k(name, x)).all()
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
+def test_pow_special_cases_match_numpy(k, dtype):
+    """C99 Annex F / NumPy `power`: every pairing of the special operands, bit for bit where the
+    result is 0, inf, NaN or exactly representable, within the bound elsewhere."""
+    big_odd = 2.0 ** (24 if dtype == F32 else 53) - 1
+    vals = np.array([0.0, -0.0, INF, -INF, NAN, 1.0, -1.0, 0.5, -0.5, 2.0, -2.0, 3.0, -3.0, 2.5,
+                     -2.5, 10.0, big_odd, -big_odd, 2 * big_odd, 1e-30, 1e30], dtype)
+    x, y = (a.ravel() for a in np.meshgrid(vals, vals, indexing="ij"))
+    got = k("pow", x, y)
+    with np.errstate(all="ignore"):
+        want = np.power(x, y)
+    exact = ~np.isfinite(want) | (want == 0) | (np.abs(x) == 1) | (y == 0) | (x == 2) | (y == 1)
+    exact &= ~((np.abs(x) == 2) & (np.abs(y) > 1e6))     # 2^(2^53-1): finite rounding elsewhere
+    assert_same_bits(got[exact], want[exact], "pow specials")
+    err = bench.ulp_error(got[~exact], bench.reference("pow", x[~exact], y[~exact]))
+    assert err.max() <= BOUND[dtype]["pow"], list(zip(x[~exact][err > 2], y[~exact][err > 2]))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
+def test_pow_negative_base(k, dtype):
+    rng = np.random.default_rng(4)
+    x = -rng.uniform(0.1, 10, 10_000).astype(dtype)
+    y = np.round(rng.uniform(-30, 30, 10_000)).astype(dtype)           # integers: odd flips sign
+    err = bench.ulp_error(k("pow", x, y), bench.reference("pow", x, y))
+    assert err.max() <= BOUND[dtype]["pow"]
+    frac = (y + dtype(0.5))
+    assert np.isnan(k("pow", x, frac)).all()
+
+
+# ---------------------------------------------------------------------------------------------
+# Same bits: vector vs scalar, O0 vs O3.
+
+def _mixed_inputs(name, dtype, n=1 << 16):
+    args = bench.inputs(name, n, np.random.default_rng(5), dtype)
+    specials = _specials(dtype)
+    if name == "pow":
+        sx, sy = np.meshgrid(specials, specials)
+        return tuple(np.concatenate([a, s.ravel()]) for a, s in zip(args, (sx, sy)))
+    return (np.concatenate([args[0], specials]),)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
+@pytest.mark.parametrize("name", NAMES)
+def test_vector_variant_gives_the_scalar_bits(k, name, dtype):
+    args = _mixed_inputs(name, dtype)
+    scalar = k(name, *args)
+    vector = k(name, *args, width=bench.WIDTH[dtype])
+    assert_same_bits(vector, scalar, f"{name} x{bench.WIDTH[dtype]}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
+def test_unoptimised_code_gives_the_same_bits(k, dtype):
+    """O3 must not change a result: no contraction, no reassociation, no libm."""
+    k0 = bench.host_kernels(0)
+    for name in NAMES:
+        args = _mixed_inputs(name, dtype, 1 << 12)
+        assert_same_bits(k0(name, *args), k(name, *args), f"{name} at O0")
+
+
+def test_emitted_ir_uses_only_fma_and_sqrt_without_fast_math():
+    text = str(bench.host_module())
+    called = set(re.findall(r"call [^@]*@\"?([\w.]+)", text))
+    assert called, "no fma at all?"
+    assert all(re.fullmatch(r"llvm\.(fma|sqrt)\.(v\d+)?f(32|64)", c) for c in called), called
+    flags = r"\b(fast|contract|reassoc|nnan|ninf|nsz|arcp|afn)\b"
+    assert not re.search(r"= f(add|sub|mul|div|neg|cmp)[^\n]*" + flags, text)
+
+
+def test_functions_reject_non_float_types():
+    b = ir.IRBuilder(ir.Function(ir.Module(), ir.FunctionType(ir.VoidType(), []), "f")
+                     .append_basic_block())
+    with pytest.raises(TypeError, match="float, double"):
+        mathlib.exp(b, ir.Constant(ir.IntType(32), 1))
+
+
+# ---------------------------------------------------------------------------------------------
+# NVPTX: no calls (LLVM aborts on llvm.exp & co. there), no approximate instructions, no
+# contraction, and ptxas accepts it.
+
+@pytest.fixture(scope="module")
+def ptx():
+    return bench.emit_ptx()
+
+
+def test_ptx_has_no_calls_and_only_ieee_rounded_float_ops(ptx):
+    assert ".entry exp_float32_x1" in ptx and ".entry pow_float64_x4" in ptx
+    assert not re.search(r"^\s*call", ptx, re.M), "a call in the PTX"
+    assert ".approx" not in ptx and "ex2" not in ptx and "lg2" not in ptx
+    float_ops = set(re.findall(r"^\s+((?:add|sub|mul|fma|div|sqrt|rcp|rsqrt)\.[\w.]*f(?:32|64))",
+                               ptx, re.M))
+    assert all(re.search(r"\.rn\.", op) for op in float_ops), float_ops
+
+
+def test_ptx_fma_count_is_the_explicit_ones():
+    """Without contract flags NVPTX never fuses mul+add: the scalar kernels hold no more fma.rn
+    than the llvm.fma calls the library emitted."""
+    for name in NAMES:
+        text = bench.emit_ptx([name])
+        module = str(bench.nvptx_module([name]))
+        for dtype, t in (("float32", "f32"), ("float64", "f64")):
+            entry = text.split(f".entry {name}_{dtype}_x1")[1].split(".entry")[0]
+            body = module.split(f'@"{name}_{dtype}_x1"')[1].split("define")[0]
+            calls = len(re.findall(rf'call \w+ @"llvm\.fma\.{t}"', body))
+            assert 0 < entry.count(f"fma.rn.{t}") <= calls, name
+
+
+def test_ptxas_accepts_the_ptx(ptx, tmp_path):
+    ptxas = shutil.which("ptxas")
+    if ptxas is None:
+        pytest.skip("ptxas is not on the PATH")
+    src = tmp_path / "mathlib.ptx"
+    src.write_text(ptx)
+    run = subprocess.run([ptxas, "-arch=sm_90", str(src), "-o", str(tmp_path / "mathlib.cubin")],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+
+
+@pytest.mark.gpu
+def test_gpu_gives_the_cpu_bits(k, ptx, tmp_path):
+    """Run every kernel on the GPU (through CuPy) and compare with the host, bit for bit."""
+    cupy = pytest.importorskip("cupy")
+    try:
+        if cupy.cuda.runtime.getDeviceCount() == 0:
+            pytest.skip("no CUDA device")
+    except cupy.cuda.runtime.CUDARuntimeError:
+        pytest.skip("no usable CUDA driver")
+    path = tmp_path / "mathlib.ptx"
+    path.write_text(ptx)
+    module = cupy.RawModule(path=str(path))
+    for dtype in DTYPES:
+        for name in NAMES:
+            args = _mixed_inputs(name, dtype)
+            want = k(name, *args)
+            for width in (1, bench.WIDTH[dtype]):
+                n = len(args[0]) - len(args[0]) % width
+                dev = [cupy.asarray(a[:n]) for a in args]
+                out = cupy.empty(n, dtype)
+                threads = n // width
+                kern = module.get_function(bench.kernel_name(name, dtype, width))
+                kern(((threads + 127) // 128,), (128,), (*dev, out, np.int64(n)))
+                assert_same_bits(cupy.asnumpy(out), want[:n], f"{name} {dtype.__name__} on GPU")
