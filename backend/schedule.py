@@ -2,10 +2,11 @@
 
 Consecutive elementwise ops of one shape fuse into one map kernel: their intermediate values
 never touch memory, and only values used later are stored. A float reduction over
-contiguous-compatible axes becomes a reduction kernel. Everything else — gathers, scatters,
-concatenation, random numbers, integer division, contractions until their kernel arrives —
-is a host step, evaluated by the reference interpreter on NumPy arrays (exact, and usually
-cheap data movement). Every buffer is a contiguous row-major array."""
+contiguous-compatible axes becomes a reduction kernel. A float `@` is a contraction step for the
+blocked kernel of backend/contract.py (einsums that are matrix products are rewritten as `@`
+first, ir/passes.py). Everything else — gathers, scatters, concatenation, random numbers,
+integer division — is a host step, evaluated by the reference interpreter on NumPy arrays
+(exact, and mostly cheap data movement). Every buffer is a contiguous row-major array."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -34,9 +35,15 @@ class HostStep:
 
 
 @dataclass(frozen=True)
+class ContractStep:
+    """A float `@`, run by the blocked contraction kernel (backend/contract.py)."""
+    op: Op
+
+
+@dataclass(frozen=True)
 class Plan:
     function: Function
-    steps: tuple[KernelStep | HostStep, ...]
+    steps: tuple[KernelStep | HostStep | ContractStep, ...]
 
     @property
     def kernels(self) -> list[LoopKernel]:
@@ -78,6 +85,9 @@ def schedule(fn: Function, name: str = "k") -> Plan:
         elif op.prim in REDUCTIONS and _reducible(op):
             flush()
             steps.append(_reduction_kernel(next(names), op))
+        elif op.prim == "matmul" and op.outputs[0].dtype in ("f32", "f64"):
+            flush()
+            steps.append(ContractStep(op))
         else:
             flush()
             steps.append(HostStep(op))

@@ -9,9 +9,10 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from backend.cpu import Compiled
-from backend.schedule import HostStep, KernelStep, Plan, schedule
+from backend.schedule import ContractStep, HostStep, KernelStep, Plan, schedule
 from ir import interp
 from ir.core import Function, Op, Value
+from ir.passes import einsum_as_matmul
 from ir.ops.base import np_dtype
 
 MIN_WORK_PER_THREAD = 1 << 15          # elements; below this, threads cost more than they save
@@ -35,6 +36,7 @@ class Executable:
     the scan and checkpoint bodies it holds."""
 
     def __init__(self, fn: Function, name: str = "k"):
+        fn = einsum_as_matmul(fn)
         self.function = fn
         self.plan: Plan = schedule(fn, name)
         self.compiled = Compiled(self.plan.kernels) if self.plan.kernels else None
@@ -48,6 +50,9 @@ class Executable:
         for step in self.plan.steps:
             if isinstance(step, KernelStep):
                 self.launch(step, env)
+            elif isinstance(step, ContractStep):
+                (out,) = step.op.outputs
+                env[out] = _buffer(matmul(*[env[v] for v in step.op.inputs], out.dtype), out)
             else:
                 outs = self.host(step.op, [env[v] for v in step.op.inputs])
                 env.update((v, _buffer(a, v)) for v, a in zip(step.op.outputs, outs))
@@ -75,6 +80,25 @@ class Executable:
             return
         bounds = [extent * i // parts for i in range(parts + 1)]
         list(pool().map(lambda i: fn(pointers, bounds[i], bounds[i + 1]), range(parts)))
+
+
+_matmuls: dict[str, object] = {}
+
+
+def matmul(a: np.ndarray, b: np.ndarray, dtype: str) -> np.ndarray:
+    """a @ b (NumPy's rules for 1-D operands and batch axes) by the contraction kernel, with
+    the canonical k order: the reference's bits."""
+    if dtype not in _matmuls:
+        from backend.contract import Matmul
+        _matmuls[dtype] = Matmul(dtype)
+    a2 = a[None, :] if a.ndim == 1 else a
+    b2 = b[:, None] if b.ndim == 1 else b
+    c = _matmuls[dtype](a2, b2, threads=threads())
+    if a.ndim == 1:
+        c = c[..., 0, :]
+    if b.ndim == 1:
+        c = c[..., 0]
+    return c
 
 
 def _buffer(a: np.ndarray, v: Value) -> np.ndarray:

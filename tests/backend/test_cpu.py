@@ -146,3 +146,29 @@ def test_results_do_not_depend_on_the_thread_count(monkeypatch):
         got[n] = out
         same_bits(out, want)
     same_bits(got["1"], got["3"])
+
+
+@pytest.mark.parametrize("sa, sb", [((7, 13), (13, 29)), ((13,), (13, 5)), ((4, 13), (13,)),
+                                    ((2, 3, 8, 16), (16, 5)), ((3, 1, 9, 4), (2, 4, 6))])
+def test_matmul_runs_on_the_contraction_kernel_with_the_reference_bits(sa, sb):
+    from backend.schedule import ContractStep
+    got, want, exe = run_both_any(lambda b, x, y: [b.emit("matmul", x, y)], f32(*sa), f32(*sb))
+    assert any(isinstance(s, ContractStep) for s in exe.plan.steps)
+    same_bits(got, want)
+
+
+def test_attention_einsums_become_matrix_products():
+    from backend.schedule import ContractStep
+    q, k = f32(2, 3, 5, 8), f32(2, 3, 6, 8)
+    got, want, exe = run_both_any(lambda b, x, y: [b.emit("einsum", x, y, spec="bhtd,bhsd->bhts")], q, k)
+    assert any(isinstance(s, ContractStep) for s in exe.plan.steps)
+    same_bits(got, want)
+
+
+def run_both_any(build, *arrays):
+    """Like run_both, without requiring a loop kernel."""
+    b = Builder()
+    params = [b.param(tensor_type("f32", a.shape)) for a in arrays]
+    fn = b.finish(list(build(b, *params)))
+    exe = Executable(fn)
+    return exe.run(list(arrays)), interp.run(fn, list(arrays)), exe
