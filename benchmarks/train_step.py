@@ -1,0 +1,178 @@
+"""One training step (forward, backward, AdamW) of the names MLP and of a 4-layer GPT: dslc's
+CPU backend beside PyTorch eager on the same machine, in one run, as a ratio; and the GPT
+step's cold compile and warm (cached) load times. Set DSLC_THREADS and torch's threads alike
+(default 2 each)."""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+MODELS = Path(__file__).parent / "models"
+
+MLP = """
+from optim import adamw
+object Params { C: f32[V, E], W1: f32[T * E, H], b1: f32[H], W2: f32[H, V], b2: f32[V] }
+
+def loss(p: Params, x: i32[B, T], y: i32[B]) -> f32:
+  h = tanh(reshape(p.C[x], [B, T * E]) @ p.W1 + p.b1)
+  z = h @ p.W2 + p.b2
+  m = max(z, axis=-1, keepdims=True)
+  lse = log(sum(exp(z - m), axis=-1)) + m[:, 0]
+  return mean(lse - sum(z * one_hot(y, V), axis=-1))
+
+def step(p: Params, s: (i32, Params, Params), x: i32[B, T], y: i32[B]) -> (Params, (i32, Params, Params), f32):
+  l, g = value_and_grad(loss, wrt=p)(p, x, y)
+  q, s2 = adamw(p, g, s, lr=1e-3)
+  return q, s2, l
+"""
+
+GPT_STEP = """
+from optim import adamw
+from gpt import GPT, loss
+
+def step(p: GPT, s: (i32, GPT, GPT), idx: i32[B, T], targets: i32[B, T], H: int) -> (GPT, (i32, GPT, GPT), f32):
+  l, g = value_and_grad(loss, wrt=p)(p, idx, targets, H)
+  q, s2 = adamw(p, g, s, lr=3e-4)
+  return q, s2, l
+"""
+
+
+def best(fn, repeat: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return min(times)
+
+
+def state_like(p):
+    z = {k: (np.zeros_like(v) if not isinstance(v, list) else [{a: np.zeros_like(b) for a, b in x.items()} for x in v])
+         for k, v in p.items()}
+    return (np.zeros((), np.int32), z, z)
+
+
+def torch_step(params, loss_fn, *inputs):
+    import torch
+    opt = torch.optim.AdamW([t for t in params], lr=1e-3, weight_decay=1e-2)
+
+    def run():
+        opt.zero_grad()
+        loss = loss_fn(*inputs)
+        loss.backward()
+        opt.step()
+    return run
+
+
+def mlp_case(repeat):
+    import torch
+    import dsl
+    B, T, E, H, V = 32, 3, 10, 200, 27
+    rng = np.random.default_rng(0)
+    p = {"C": rng.standard_normal((V, E), np.float32), "W1": rng.standard_normal((T * E, H), np.float32) * 0.1,
+         "b1": np.zeros(H, np.float32), "W2": rng.standard_normal((H, V), np.float32) * 0.01,
+         "b2": np.zeros(V, np.float32)}
+    x = rng.integers(0, V, (B, T)).astype(np.int32)
+    y = rng.integers(0, V, B).astype(np.int32)
+    prog = dsl.loads(MLP, name=str(MODELS / "mlp_step.bend"), device="cpu")
+    s = state_like(p)
+    dslc = best(lambda: prog.step(p, s, x, y), repeat)
+    tp = {k: torch.tensor(v, requires_grad=True) for k, v in p.items()}
+    tx, ty = torch.tensor(x, dtype=torch.long), torch.tensor(y, dtype=torch.long)
+
+    def loss():
+        h = torch.tanh(tp["C"][tx].reshape(B, T * E) @ tp["W1"] + tp["b1"])
+        return torch.nn.functional.cross_entropy(h @ tp["W2"] + tp["b2"], ty)
+    ref = best(torch_step(tp.values(), loss), repeat)
+    return dslc, ref
+
+
+def gpt_inputs(layers=4, B=16, T=64, D=128, V=65):
+    rng = np.random.default_rng(0)
+    n = lambda *s: (rng.standard_normal(s) * 0.02).astype(np.float32)
+    block = lambda: {"ln1_g": np.ones(D, np.float32), "ln1_b": np.zeros(D, np.float32), "Wqkv": n(D, 3 * D),
+                     "Wo": n(D, D), "ln2_g": np.ones(D, np.float32), "ln2_b": np.zeros(D, np.float32),
+                     "W1": n(D, 4 * D), "b1": np.zeros(4 * D, np.float32), "W2": n(4 * D, D),
+                     "b2": np.zeros(D, np.float32)}
+    p = {"wte": n(V, D), "wpe": n(T, D), "blocks": [block() for _ in range(layers)],
+         "lnf_g": np.ones(D, np.float32), "lnf_b": np.zeros(D, np.float32)}
+    idx = rng.integers(0, V, (B, T)).astype(np.int32)
+    tgt = rng.integers(0, V, (B, T)).astype(np.int32)
+    return p, idx, tgt
+
+
+def gpt_case(repeat):
+    import dsl
+    p, idx, tgt = gpt_inputs()
+    s = state_like(p)
+    cache = tempfile.mkdtemp(prefix="dslc-bench-cache-")
+    os.environ["DSLC_CACHE_DIR"] = cache
+    try:
+        t = time.perf_counter()
+        prog = dsl.loads(GPT_STEP, name=str(MODELS / "gpt_step.bend"), device="cpu")
+        prog.step(p, s, idx, tgt, 4)
+        cold = time.perf_counter() - t
+        t = time.perf_counter()
+        warm_prog = dsl.loads(GPT_STEP, name=str(MODELS / "gpt_step.bend"), device="cpu")
+        warm_prog.step(p, s, idx, tgt, 4)
+        warm = time.perf_counter() - t
+        dslc = best(lambda: prog.step(p, s, idx, tgt, 4), repeat)
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+    return dslc, torch_gpt(p, idx, tgt, repeat), cold, warm
+
+
+def torch_gpt(p, idx, tgt, repeat):
+    import torch
+    import torch.nn.functional as F
+    H = 4
+    tp = {k: torch.tensor(v, requires_grad=True) for k, v in p.items() if k != "blocks"}
+    blocks = [{k: torch.tensor(v, requires_grad=True) for k, v in b.items()} for b in p["blocks"]]
+    ti, tt = torch.tensor(idx, dtype=torch.long), torch.tensor(tgt, dtype=torch.long)
+    B, T = idx.shape
+    D = tp["wte"].shape[1]
+    mask = torch.tril(torch.ones(T, T)) > 0
+
+    def ln(x, g, b):
+        return F.layer_norm(x, (D,), g, b, 1e-5)
+
+    def loss():
+        x = tp["wte"][ti] + tp["wpe"]
+        for blk in blocks:
+            qkv = (ln(x, blk["ln1_g"], blk["ln1_b"]) @ blk["Wqkv"]).reshape(B, T, 3, H, D // H)
+            q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
+            att = (q @ k.transpose(-1, -2)) * (1.0 / (D // H) ** 0.5)
+            att = torch.softmax(att.masked_fill(~mask, -1e9), dim=-1)
+            x = x + (att @ v).transpose(1, 2).reshape(B, T, D) @ blk["Wo"]
+            h = F.gelu(ln(x, blk["ln2_g"], blk["ln2_b"]) @ blk["W1"] + blk["b1"], approximate="tanh")
+            x = x + h @ blk["W2"] + blk["b2"]
+        z = ln(x, tp["lnf_g"], tp["lnf_b"]) @ tp["wte"].T
+        return F.cross_entropy(z.reshape(B * T, -1), tt.reshape(-1))
+    params = list(tp.values()) + [t for b in blocks for t in b.values()]
+    return best(torch_step(params, loss), repeat)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    os.environ.setdefault("DSLC_THREADS", str(args.threads))
+    import torch
+    torch.set_num_threads(args.threads)
+    d, t = mlp_case(args.repeat)
+    print(f"names MLP step:  dslc {d * 1e3:8.2f} ms   torch {t * 1e3:8.2f} ms   ratio {d / t:6.2f}x")
+    d, t, cold, warm = gpt_case(args.repeat)
+    print(f"4-layer GPT step: dslc {d * 1e3:8.2f} ms   torch {t * 1e3:8.2f} ms   ratio {d / t:6.2f}x")
+    print(f"GPT step compile: cold {cold:.2f} s (target < 15 s), warm cached load {warm:.2f} s (target < 0.5 s)")
+
+
+if __name__ == "__main__":
+    main()
