@@ -114,9 +114,9 @@ def seed(text: str) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     from pathlib import Path
     from dsl.train import train
-    if args.device not in ("auto", "reference"):
-        print(f"dslc: --device {args.device} needs a compiled backend, which is not built yet; "
-              "--device reference (or auto) trains on the reference interpreter", file=sys.stderr)
+    if args.device == "cuda":
+        print("dslc: dslc train on --device cuda needs the GPU backend, which this version "
+              "does not have yet; --device cpu (or auto) trains on the CPU", file=sys.stderr)
         return 2
     ckpt = args.checkpoint_dir if args.checkpoint_dir is not None else \
         str(Path("checkpoints") / Path(args.file).stem)

@@ -57,24 +57,29 @@ PCG64 generator seeded with (seed, t), and its `Key` parameters get
 state of a run is (seed, step), and a checkpoint resumes bit-identically.
 
 A checkpoint is an .npz file: the parameters as `p.<field>` (`p.W1`, `p.blocks[0].W`, the
-names `dslc run` reads), the optimizer state as `opt.<field>` (`opt.m.W1`, `opt.t`), `step`
+names `dslc run` reads), the optimizer state named the same way from `opt` (`opt[0]`,
+`opt[1].W1`, `opt[2].W1` for optim's adamw, whose state is the tuple (step, m, v)), `step`
 (steps done), `seed`, `loss` (each step's training loss so far), `valid.step` and `valid.loss`
 (the periodic evaluations), `model` (the file's name) and `format` ("dslc-train-1").
-Resuming checks every array's name, dtype and shape against the model's `init` and
-`init_opt`: a checkpoint of another model is an error that names the first difference.
+Checkpoints go to `DIR/stepNNNNNNN.npz` every `checkpoint_every` steps, at the end, and on
+Ctrl-C. Resuming checks every array's name, dtype and shape against what the model's `init`
+and `init_opt` make: a checkpoint of another model (or of other sizes) is an error that names
+the first difference. `steps` counts from the start of the run, so a resumed run goes on
+from the checkpoint's step to `steps`.
+
+Training runs on the CPU backend (`device` "auto" or "cpu") or on the reference
+interpreter ("reference"); the GPU is not built yet.
 """
 from __future__ import annotations
 
 import importlib.util
-import inspect
-import json
 import math
 import os
 import struct
 import sys
 import time
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
@@ -85,13 +90,14 @@ from frontend import ast
 from frontend.check import check_file
 from frontend.diagnostics import Diagnostic, DslError, Note
 from ir import philox
+from ir.ops.base import NUMPY_DTYPES
 
 FORMAT = "dslc-train-1"
 SPLITS = ("train", "valid", "test")
 STEP, EVAL, SAMPLE = 0x73746570, 0x6576616C, 0x73616D70          # "step", "eval", "samp"
 DEFAULTS = {"steps": 1000, "batch_size": 32, "eval_every": None, "eval_examples": 4096,
             "eval_batch_size": 256, "checkpoint_every": None, "samples": True}
-DEVICES = ("auto", "reference")
+DEVICES = ("auto", "cpu", "reference")
 
 
 def fold_in(k: Key, i: int) -> Key:
@@ -123,17 +129,16 @@ class Loader:
     decode: Callable[[np.ndarray], list[str]] | None = None
 
 
-def _user_error(where: str, e: BaseException) -> DslError:
-    """An exception raised by the loader's code, as a diagnostic naming the loader's line that
-    raised it (or called what raised it)."""
+def _user_error(file: str, what: str, e: BaseException) -> DslError:
+    """An exception raised by the loader's code (in `file`) as a diagnostic that names the
+    loader's line that raised it, or called what raised it."""
     tb, line = e.__traceback__, None
     while tb is not None:
-        if tb.tb_frame.f_code.co_filename.endswith(".py") and \
-                Path(tb.tb_frame.f_code.co_filename).resolve() == Path(where.split(" ")[0]).resolve():
+        if Path(tb.tb_frame.f_code.co_filename).resolve() == Path(file).resolve():
             line = tb.tb_lineno
         tb = tb.tb_next
     at = f" at line {line}" if line else ""
-    return DslError(None, f"{where} failed{at}: {type(e).__name__}: {e}")
+    return DslError(None, f"{what} failed{at}: {type(e).__name__}: {e}")
 
 
 def import_loader(model: Path) -> Loader:
@@ -147,7 +152,7 @@ def import_loader(model: Path) -> Loader:
     try:
         spec.loader.exec_module(module)
     except Exception as e:                            # the user's code: report, never trace
-        raise _user_error(f"{path} (the loader of {model.name})", e) from None
+        raise _user_error(str(path), f"{path} (the loader of {model.name})", e) from None
     finally:
         sys.path.remove(str(path.parent))
 
@@ -187,18 +192,14 @@ def read_npz_data(path: str) -> Callable[[str], dict | None]:
 
 # ---------------------------------------------------------------- the model
 
-def _load_reference(path: str) -> Program:
-    """The program on the reference interpreter, the one device dslc train runs on today
-    (`--device auto` too, until a compiled backend is the default everywhere)."""
-    if "device" in inspect.signature(load).parameters:
-        return load(path, device="reference")
-    return load(path)
+def _typename(a: np.ndarray) -> str:
+    """An array's type as dslc writes it: f32[4, 3]."""
+    names = {np.dtype(v): k for k, v in NUMPY_DTYPES.items()}
+    return f"{names.get(a.dtype, a.dtype)}{list(a.shape)}"
 
 
 def _describe(arrays: dict[str, np.ndarray]) -> str:
-    from ir.ops.base import NUMPY_DTYPES
-    names = {np.dtype(v): k for k, v in NUMPY_DTYPES.items()}
-    return ", ".join(f"{k}: {names.get(a.dtype, a.dtype)}{list(a.shape)}" for k, a in arrays.items())
+    return ", ".join(f"{k}: {_typename(a)}" for k, a in arrays.items())
 
 
 class Model:
@@ -207,12 +208,12 @@ class Model:
     REQUIRED = ("init", "loss", "step")
 
     def __init__(self, path: str, data: str | None = None, dims: dict | None = None,
-                 hyper: dict | None = None):
+                 hyper: dict | None = None, device: str = "auto"):
         self.path = Path(path)
         if self.path.suffix != ".bend":
             raise DslError(None, f"{path}: a model file ends in .bend")
         check_file(str(self.path))                    # every diagnostic of the file at once
-        self.prog: Program = _load_reference(str(self.path))
+        self.prog: Program = load(str(self.path), device=device)
         self.loader = import_loader(self.path)
         if data is not None:
             self.loader.load, self.loader.origin = read_npz_data(data), data
@@ -244,7 +245,7 @@ class Model:
             try:
                 raw = self.loader.load(name)
             except Exception as e:                    # the user's code
-                raise _user_error(f"{self.loader.origin} load({name!r})", e) from None
+                raise _user_error(self.loader.origin, f"{self.loader.origin} load({name!r})", e) from None
             self._splits[name] = None if raw is None else self._check_split(name, raw)
         if name == "train" and self._splits[name] is None:
             raise DslError(None, f"{self.loader.origin}: load('train') gave no data")
@@ -272,7 +273,7 @@ class Model:
         try:
             h = self.loader.hyper(t)
         except Exception as e:                        # the user's code
-            raise _user_error(f"{self.loader.origin} hyper({t})", e) from None
+            raise _user_error(self.loader.origin, f"{self.loader.origin} hyper({t})", e) from None
         if not isinstance(h, dict):
             raise DslError(None, f"{self.loader.origin}: hyper({t}) must return a dict, got {type(h).__name__}")
         return {**h, **self._hyper_override}
@@ -366,7 +367,7 @@ class Model:
         try:
             return [str(s) for s in self.loader.decode(np.asarray(tokens))]
         except Exception as e:                        # the user's code
-            raise _user_error(f"{self.loader.origin} decode()", e) from None
+            raise _user_error(self.loader.origin, f"{self.loader.origin} decode()", e) from None
 
 
 # ---------------------------------------------------------------- checkpoints
@@ -386,7 +387,7 @@ def save_checkpoint(path: Path, state: State, model: Model) -> None:
     arrays = {**flatten_python(state.p, "p"),
               **(flatten_python(state.s, "opt") if state.s is not None else {}),
               "step": np.int64(state.step), "seed": np.uint64(state.seed),
-              "loss": np.asarray(state.losses, np.float32),
+              "loss": np.asarray(state.losses[:state.step], np.float32),
               "valid.step": np.asarray([e[0] for e in state.evals], np.int64),
               "valid.loss": np.asarray([e[1] for e in state.evals], np.float64),
               "model": np.str_(model.path.name), "format": np.str_(FORMAT)}
@@ -408,19 +409,20 @@ def load_checkpoint(path: str, model: Model, fresh: State) -> State:
         raise DslError(None, f"{path} is not a dslc train checkpoint (it has no format '{FORMAT}')")
     want = {**flatten_python(fresh.p, "p"), **(flatten_python(fresh.s, "opt") if fresh.s is not None else {})}
     have = {k: a for k, a in arrays.items() if k.startswith(("p.", "p[", "opt.", "opt["))}
-    other = f"{path} is a checkpoint of another model (it was saved by {arrays['model']})"
+    other = f"the checkpoint {path} is not of this model (it was saved by {arrays['model']})"
+    ours = f"{model.path.name} (init, init_opt)"
     for name, a in want.items():
         if name not in have:
-            raise DslError(None, f"{other}: it has no '{name}', which {model.path.name} has")
+            raise DslError(None, f"{other}: it has no '{name}', which {ours} has")
         b = have[name]
         if b.dtype != a.dtype or b.shape != a.shape:
-            raise DslError(None, f"{other}: its '{name}' is {b.dtype}{list(b.shape)}, "
-                                 f"{model.path.name} has {a.dtype}{list(a.shape)}")
+            raise DslError(None, f"{other}: its '{name}' is {_typename(b)}, {ours} makes {_typename(a)}")
     extra = sorted(set(have) - set(want))
     if extra:
-        raise DslError(None, f"{other}: it has '{extra[0]}', which {model.path.name} does not have")
+        raise DslError(None, f"{other}: it has '{extra[0]}', which {ours} does not have")
     step = int(arrays["step"])
     losses = arrays["loss"].astype(np.float64).tolist()
+    losses += [math.nan] * (step - len(losses))
     evals = list(zip(arrays["valid.step"].tolist(), arrays["valid.loss"].tolist()))
     return State(_rebuild(fresh.p, "p", have), _rebuild(fresh.s, "opt", have) if fresh.s is not None else None,
                  step, int(arrays["seed"]), losses[:step], evals)
@@ -461,13 +463,16 @@ class Progress:
     def rate(self, t: int) -> float:
         return (t - self.start) / max(time.perf_counter() - self.t0, 1e-9)
 
-    def update(self, t: int, loss: float) -> None:
-        """After step t (steps done: t + 1)."""
+    def update(self, t: int, loss: float, evaluation: str | None = None) -> None:
+        """After step t (steps done: t + 1), with the line of an evaluation made there."""
         self.recent = (self.recent + [loss])[-50:]
         if self.stream is None:
             return
         done = t + 1
-        if self.tty and (time.perf_counter() - self.drawn > 0.1 or done == self.total):
+        if evaluation is not None:
+            self.log(f"step {done}/{self.total} loss {np.mean(self.recent):.4f} {evaluation} "
+                     f"{self.rate(done):.1f} steps/s")
+        elif self.tty and (time.perf_counter() - self.drawn > 0.1 or done == self.total):
             self.drawn = time.perf_counter()
             frac = done / self.total
             bar = "#" * int(frac * 24) + "." * (24 - int(frac * 24))
@@ -523,6 +528,10 @@ class Result:
         for name in names:
             parts = [f"{split} {m[name]:.4f}" for split, m in self.metrics.items() if name in m]
             lines.append(f"  {name:<11} " + "   ".join(parts))
+        if self.losses:
+            tail = self.losses[-100:]
+            lines.append(f"  step loss   {np.mean(tail):.4f} (the mean of the last {len(tail)} "
+                         "steps' batches)")
         if self.samples:
             lines.append("  samples     " + ", ".join(self.samples))
         if self.checkpoint:
@@ -538,14 +547,16 @@ def train(path: str, *, steps: int | None = None, seed: int | None = None, data:
           resume: str | None = None, checkpoint_dir: str | None = None, plot: str | None = None,
           dims: dict | None = None, hyper: dict | None = None, batch_size: int | None = None,
           device: str = "auto", progress: TextIO | None = sys.stderr,
-          on_step: Callable[[int, dict, float], None] | None = None) -> Result:
+          on_step: Callable[[int, dict, float], None] | None = None, final_eval: bool = True) -> Result:
     """Train the model file `path` (see the module's documentation); returns the report.
 
     on_step(t, batch, loss) is called after each step. Ctrl-C (KeyboardInterrupt) saves a
-    checkpoint of the last finished step, when there is a checkpoint_dir, and re-raises."""
+    checkpoint of the last finished step, when there is a checkpoint_dir, and re-raises.
+    final_eval=False leaves out the final evaluation and samples (the report then has the
+    training losses only)."""
     if device not in DEVICES:
-        raise ValueError(f"device {device!r}: only the reference interpreter exists ({', '.join(DEVICES)})")
-    model = Model(path, data=data, dims=dims, hyper=hyper)
+        raise ValueError(f"device {device!r} is not one of {', '.join(DEVICES)}")
+    model = Model(path, data=data, dims=dims, hyper=hyper, device=device)
     cfg = {**DEFAULTS, **model.loader.settings}
     unknown = sorted(set(cfg) - set(DEFAULTS))
     if unknown:
@@ -591,23 +602,22 @@ def train(path: str, *, steps: int | None = None, seed: int | None = None, data:
         for t in range(start, total):
             idx = batch_indices(state.seed, t, n_train, bs)
             batch = {k: a[idx] for k, a in train_data.items()}
-            state.p, state.s, loss = model.step(state.p, state.s, batch, t, state.seed)
-            state.step = t + 1
-            state.losses.append(loss)
+            p, s, loss = model.step(state.p, state.s, batch, t, state.seed)
             if not math.isfinite(loss):
-                checkpoint()
                 raise DslError(None, f"the loss is {loss} at step {t}: the training diverged "
                                      "(a smaller learning rate may help)")
-            bar.update(t, loss)
+            state = replace(state, p=p, s=s, step=t + 1)    # one assignment: Ctrl-C safe
+            state.losses.append(loss)
             if on_step is not None:
                 on_step(t, batch, loss)
+            evaluation = None
             if state.step % eval_every == 0 and state.step < total and valid_subset is not None:
                 e0 = time.perf_counter()
                 m = model.evaluate(state.p, valid_subset, state.seed, eval_bs)
                 eval_time += time.perf_counter() - e0
                 state.evals.append((state.step, m["loss"]))
-                bar.log(f"step {state.step}/{total} train {np.mean(bar.recent):.4f} " +
-                        " ".join(f"valid {k} {v:.4f}" for k, v in m.items()))
+                evaluation = " ".join(f"valid {k} {v:.4f}" for k, v in m.items())
+            bar.update(t, loss, evaluation)
             if state.step % ckpt_every == 0 and state.step < total:
                 checkpoint()
     except KeyboardInterrupt:
@@ -621,14 +631,18 @@ def train(path: str, *, steps: int | None = None, seed: int | None = None, data:
 
     # the final report: every split, samples, checkpoint, plot
     e0 = time.perf_counter()
-    metrics = {"train": model.evaluate(state.p, subset(train_data, eval_n), state.seed, eval_bs)}
-    for name in ("valid", "test"):
-        d = model.split(name)
-        if d is not None:
-            metrics[name] = model.evaluate(state.p, d, state.seed, eval_bs)
-    if "valid" in metrics and (not state.evals or state.evals[-1][0] != state.step):
-        state.evals.append((state.step, metrics["valid"]["loss"]))
-    samples = model.sample(state.p, state.seed) if model.has["sample"] and cfg["samples"] else []
+    metrics: dict[str, dict[str, float]] = {}
+    samples: list[str] = []
+    if final_eval:
+        metrics["train"] = model.evaluate(state.p, subset(train_data, eval_n), state.seed, eval_bs)
+        for name in ("valid", "test"):
+            d = model.split(name)
+            if d is not None:
+                metrics[name] = model.evaluate(state.p, d, state.seed, eval_bs)
+        if "valid" in metrics and (not state.evals or state.evals[-1][0] != state.step):
+            state.evals.append((state.step, metrics["valid"]["loss"]))
+        if model.has["sample"] and cfg["samples"]:
+            samples = model.sample(state.p, state.seed)
     eval_time += time.perf_counter() - e0
     if total > start or resume is None:
         checkpoint()
@@ -680,7 +694,7 @@ def plot_losses(path: str, losses: list[float], evals: list[tuple[int, float]],
     lo, hi = (float(values.min()), float(values.max())) if len(values) else (0.0, 1.0)
     if hi - lo < 1e-9:
         lo, hi = lo - 0.5, hi + 0.5
-    lo, hi = lo - 0.05 * (hi - lo), hi + 0.05 * (hi - lo)
+    lo, hi = max(lo - 0.05 * (hi - lo), 0.0 if lo >= 0 else -math.inf), hi + 0.05 * (hi - lo)
     n = max(len(y), int(ev_x.max()) if len(ev_x) else 0, 1)
 
     def px(step, value):
