@@ -9,19 +9,20 @@ thread count. The generated function, in C:
     void NAME(const T *A, const T *B, T *C,             /* row-major [M,K], [K,N], [M,N] */
               int64_t batch, int64_t M, int64_t N, int64_t K,
               int64_t a_stride, int64_t b_stride, int64_t c_stride,
-              T *scratch, int64_t thread_index, int64_t thread_count);
+              T *scratch, int64_t *next_job, int64_t thread_index, int64_t thread_count);
 
 T is float (f32) or double (f64); the strides are the elements between batch entries (0
 broadcasts an operand). C need not be initialised and must not overlap A, B or scratch. K = 0
 gives -0.0 everywhere (the empty sum); M, N or batch ≤ 0 does nothing.
 
 Threads: C is cut into jobs (one batch entry × a block of rows × a block of columns, each
-running the whole K loop of its elements) and the call with thread_index t computes jobs t,
-t + thread_count, t + 2·thread_count, …; calling it once for every t in [0, thread_count)
-(thread_count ≥ 1), in any order or concurrently, computes all of C, and each call writes only
-its own jobs' elements. The job grid depends on thread_count (so that jobs divide evenly
-between threads); the bits do not. There is no synchronisation inside: the caller starts the
-calls and waits for all of them.
+running the whole K loop of its elements; about 4 per thread where the shape allows). The
+runtime calls the function once for every thread_index in [0, thread_count), concurrently or
+one after another, all with the same arguments except thread_index, and waits for all of them.
+*next_job is zero before the first call starts: each call takes the next job from it with an
+atomic add until none is left, so a thread the OS holds up leaves its share to the others, and
+every element is written by exactly one call. The job grid depends on thread_count; the bits
+depend on neither the grid nor which thread ran a job.
 
 Scratch: thread t packs its panels into scratch[t·S, (t+1)·S), S = Tiles.scratch_elements;
 any alignment works, 64 bytes is faster.
@@ -262,11 +263,11 @@ def build_matmul(module: ir.Module, name: str, dtype: str, tiles: Tiles | None =
     t = tiles or host_tiles(dtype)
     tile = _build_tile(module, f"{name}.tile", dtype, t)
     p = SCALAR[dtype].as_pointer()
-    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [p, p, p] + [I64] * 7 + [p, I64, I64]),
-                     name)
-    A, B, C, batch, M, N, K, sa, sb, sc, scratch, tid, nthreads = fn.args
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [p, p, p] + [I64] * 7 +
+                                             [p, I64.as_pointer(), I64, I64]), name)
+    A, B, C, batch, M, N, K, sa, sb, sc, scratch, next_job, tid, nthreads = fn.args
     for arg, label in zip(fn.args, "A B C batch M N K a_stride b_stride c_stride scratch "
-                                   "thread_index thread_count".split()):
+                                   "next_job thread_index thread_count".split()):
         arg.name = label
     e = _Emitter(fn, dtype, t)
     b = e.b
@@ -281,31 +282,39 @@ def build_matmul(module: ir.Module, name: str, dtype: str, tiles: Tiles | None =
         b.ret_void()
 
     # The job grid: column blocks of at most nc (each packs its B panel once per K block),
-    # cut into row blocks only when the jobs would not divide evenly between the threads.
+    # cut into row blocks (of at least mc rows) until there are about 4 jobs per thread, so
+    # that a thread the OS holds up leaves its jobs to the others.
     # ORDER: a job owns its elements for the whole K loop; which thread runs it changes where
     # an element is computed, not the order of its fmas.
     row_panels, col_panels = e.ceil_div(M, t.mr), e.ceil_div(N, t.nr)
     n_cols = e.ceil_div(N, t.nc)
     jobs = b.mul(batch, n_cols)
-    uneven = b.and_(b.icmp_signed("!=", b.srem(jobs, nthreads), _i64(0)),
-                    b.icmp_signed("<", jobs, b.mul(nthreads, _i64(8))))
-    n_rows = e.min(b.select(uneven, nthreads, _i64(1)), row_panels)
+    wanted = b.select(b.icmp_signed(">", nthreads, _i64(1)), b.mul(nthreads, _i64(4)), _i64(1))
+    n_rows = e.min(e.ceil_div(wanted, jobs), e.ceil_div(M, t.mc))
     rows = b.mul(e.ceil_div(row_panels, n_rows), _i64(t.mr))
     cols = b.mul(e.ceil_div(col_panels, n_cols), _i64(t.nr))
     jobs = b.mul(jobs, n_rows)
 
-    with e.loop(tid, jobs, nthreads, "job") as job:
-        jn = b.srem(job, n_cols)
-        jm = b.srem(b.sdiv(job, n_cols), n_rows)
-        bi = b.sdiv(job, b.mul(n_cols, n_rows))
-        i0, j0 = b.mul(jm, rows), b.mul(jn, cols)
-        mj, nj = e.min(rows, b.sub(M, i0)), e.min(cols, b.sub(N, j0))
-        a_base = e.at(A, b.mul(bi, sa), b.mul(i0, K))
-        b_base = e.at(B, b.mul(bi, sb), j0)
-        c_base = e.at(C, b.mul(bi, sc), b.mul(i0, N), j0)
-        live = b.and_(b.icmp_signed(">", mj, _i64(0)), b.icmp_signed(">", nj, _i64(0)))
-        with b.if_then(live):
-            _job(e, tile, a_base, b_base, c_base, mj, nj, K, N, a_pack, b_pack, edge)
+    before = b.block
+    head, body, done = (fn.append_basic_block(f"job.{s}") for s in ("head", "body", "done"))
+    b.branch(head)
+    b.position_at_end(head)
+    job = b.atomic_rmw("add", next_job, _i64(1), "monotonic", name="job")
+    b.cbranch(b.icmp_signed("<", job, jobs), body, done)
+    b.position_at_end(body)
+    jn = b.srem(job, n_cols)
+    jm = b.srem(b.sdiv(job, n_cols), n_rows)
+    bi = b.sdiv(job, b.mul(n_cols, n_rows))
+    i0, j0 = b.mul(jm, rows), b.mul(jn, cols)
+    mj, nj = e.min(rows, b.sub(M, i0)), e.min(cols, b.sub(N, j0))
+    a_base = e.at(A, b.mul(bi, sa), b.mul(i0, K))
+    b_base = e.at(B, b.mul(bi, sb), j0)
+    c_base = e.at(C, b.mul(bi, sc), b.mul(i0, N), j0)
+    live = b.and_(b.icmp_signed(">", mj, _i64(0)), b.icmp_signed(">", nj, _i64(0)))
+    with b.if_then(live):
+        _job(e, tile, a_base, b_base, c_base, mj, nj, K, N, a_pack, b_pack, edge)
+    b.branch(head)
+    b.position_at_end(done)
     b.ret_void()
     return fn
 
@@ -459,7 +468,8 @@ class Matmul:
         self.engine.finalize_object()
         self.assembly = tm.emit_assembly(mod)
         self.fn = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * 3, *[ctypes.c_int64] * 7,
-                                   ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)(
+                                   ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                                   ctypes.c_int64)(
             self.engine.get_function_address("matmul"))
         self._pool: list[concurrent.futures.ThreadPoolExecutor] = []
         self._lock = threading.Lock()
@@ -473,21 +483,23 @@ class Matmul:
         return self._scratch
 
     def call(self, a: np.ndarray, b: np.ndarray, c: np.ndarray, scratch: np.ndarray,
-             thread_index: int, thread_count: int) -> None:
-        """One thread's share of c = a @ b; a [batch|1, M, K], b [batch|1, K, N] and c
-        [batch, M, N], C-contiguous and of the kernel's dtype."""
+             next_job: np.ndarray, thread_index: int, thread_count: int) -> None:
+        """One thread's part of c = a @ b: a [batch|1, M, K], b [batch|1, K, N] and c
+        [batch, M, N], C-contiguous and of the kernel's dtype; next_job is an int64[1],
+        zero before the first thread starts, shared by the thread_count calls."""
         for x in (a, b, c, scratch):
             if x.dtype != NUMPY[self.dtype] or not x.flags.c_contiguous:
                 raise ValueError(f"want C-contiguous {self.dtype} arrays, got {x.dtype}")
         (batch, m, n), k = c.shape, a.shape[-1]
         if (a.shape[1:], b.shape[1:]) != ((m, k), (k, n)) or {len(a), len(b)} - {1, batch} \
-                or scratch.nbytes < thread_count * self.tiles.scratch_elements * a.itemsize + 64:
-            raise ValueError(f"shapes do not fit: {a.shape} @ {b.shape} -> {c.shape}, "
-                             f"scratch {scratch.size} for {thread_count} threads")
+                or scratch.nbytes < thread_count * self.tiles.scratch_elements * a.itemsize + 64 \
+                or next_job.dtype != np.int64 or not 0 <= thread_index < thread_count:
+            raise ValueError(f"arguments do not fit: {a.shape} @ {b.shape} -> {c.shape}, "
+                             f"scratch {scratch.size}, thread {thread_index} of {thread_count}")
         strides = [0 if x.shape[0] == 1 else x[0].size for x in (a, b, c)]
         base = scratch.ctypes.data
         self.fn(a.ctypes.data, b.ctypes.data, c.ctypes.data, batch, m, n, k, *strides,
-                base + (-base % 64), thread_index, thread_count)
+                base + (-base % 64), next_job.ctypes.data, thread_index, thread_count)
 
     def __call__(self, a: np.ndarray, b: np.ndarray, threads: int = 1) -> np.ndarray:
         """a @ b for operands of rank 2 or more (batch axes broadcast as NumPy does), computed
@@ -500,14 +512,13 @@ class Matmul:
         c = np.empty((math.prod(shape), a3.shape[1], b3.shape[2]), dtype=NUMPY[self.dtype])
         with self._lock:                                   # one scratch buffer, one call
             scratch = self.scratch(threads)
-            if threads == 1:
-                self.call(a3, b3, c, scratch, 0, 1)
-            else:
-                if len(self._pool) < threads:
-                    self._pool = [concurrent.futures.ThreadPoolExecutor(1)
-                                  for _ in range(threads)]
-                done = [pool.submit(self.call, a3, b3, c, scratch, t, threads)
-                        for t, pool in enumerate(self._pool[:threads])]
-                for f in done:
-                    f.result()
+            if len(self._pool) < threads - 1:
+                self._pool = [concurrent.futures.ThreadPoolExecutor(1)
+                              for _ in range(threads - 1)]
+            next_job = np.zeros(1, dtype=np.int64)
+            others = [pool.submit(self.call, a3, b3, c, scratch, next_job, t, threads)
+                      for t, pool in enumerate(self._pool[:threads - 1], start=1)]
+            self.call(a3, b3, c, scratch, next_job, 0, threads)    # thread 0 is this one
+            for f in others:
+                f.result()
         return c.reshape(shape + c.shape[1:])

@@ -15,7 +15,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--sizes", type=int, nargs="*", default=[128, 256, 512, 1024, 2048])
-    ap.add_argument("--repeat", type=int, default=10, help="timed runs per size; best is kept")
+    ap.add_argument("--repeat", type=int, default=20, help="timed runs per size; best is kept")
     ap.add_argument("--dtype", default="f32", choices=["f32", "f64"])
     args = ap.parse_args()
     # OpenBLAS reads its thread count once, when NumPy is first imported.

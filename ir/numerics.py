@@ -81,6 +81,11 @@ def _lanes(x: np.ndarray, combine: Callable, identity: float) -> np.ndarray:
 def fma(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
     """a * b + c rounded once (exactly for f32 and f16; f64 rounds twice, see above)."""
     dtype = np.result_type(a, b, c)
+    with np.errstate(all="ignore"):                          # inf and NaN are values here
+        return _fma(a, b, c, dtype)
+
+
+def _fma(a: np.ndarray, b: np.ndarray, c: np.ndarray, dtype) -> np.ndarray:
     if dtype == np.float64:
         return a * b + c
     p = a.astype(np.float64) * b.astype(np.float64)          # exact: 2 * 24 bits < 53

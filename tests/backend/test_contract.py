@@ -44,11 +44,14 @@ def bits(x: np.ndarray) -> bytes:
 
 def per_thread(kernel: Matmul, a: np.ndarray, b: np.ndarray, threads: int,
                concurrent: bool) -> np.ndarray:
-    """a @ b by calling the kernel once per thread index: in order, or from Python threads."""
+    """a @ b by calling the kernel once per thread index, all sharing one job counter: from
+    Python threads, or one after another (the last index first: it takes every job, in its own
+    part of the scratch)."""
     a3, b3 = (x.reshape((math.prod(x.shape[:-2]),) + x.shape[-2:]) for x in (a, b))
     c = np.full((max(len(a3), len(b3)), a.shape[-2], b.shape[-1]), np.nan, dtype=a.dtype)
-    scratch = kernel.scratch(threads).copy()
-    calls = [lambda t=t: kernel.call(a3, b3, c, scratch, t, threads) for t in range(threads)]
+    scratch, next_job = kernel.scratch(threads).copy(), np.zeros(1, dtype=np.int64)
+    calls = [lambda t=t: kernel.call(a3, b3, c, scratch, next_job, t, threads)
+             for t in range(threads)]
     if concurrent:
         workers = [threading.Thread(target=call) for call in calls]
         for w in workers:
@@ -56,7 +59,7 @@ def per_thread(kernel: Matmul, a: np.ndarray, b: np.ndarray, threads: int,
         for w in workers:
             w.join()
     else:
-        for call in calls:
+        for call in reversed(calls):
             call()
     return c.reshape(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + c.shape[1:])
 

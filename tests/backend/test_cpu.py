@@ -172,3 +172,16 @@ def run_both_any(build, *arrays):
     fn = b.finish(list(build(b, *params)))
     exe = Executable(fn)
     return exe.run(list(arrays)), interp.run(fn, list(arrays)), exe
+
+
+@pytest.mark.parametrize("name", PROGRAMS)
+def test_programs_give_the_same_bits_on_every_run_and_thread_count(name, monkeypatch):
+    make, wrt = PROGRAMS[name]
+    prog = dsl.load(str(programs.PROGRAMS / f"{name}.bend"), device="cpu")
+    args = make(1)
+    runs = []
+    for threads in ("1", "2", "2", "1", "2"):
+        monkeypatch.setenv("DSLC_THREADS", threads)
+        runs.append(prog.value_and_grad("loss", wrt=wrt)(**args))
+    for other in runs[1:]:
+        same_bits(other, runs[0])
