@@ -146,13 +146,12 @@ class Binder:
             raise CheckError(t.span, f"unknown dtype '{dtype}'")
         got = as_tensor(v)
         declared = [eval_dim(d) for d in dims]
-        shown = TensorType(dtype, tuple(d.subst(self.env) for d in declared))
         if got is None or got.rank != len(dims):
-            raise Mismatch(f"expected {shown}, got {describe(v)}")
+            raise Mismatch(f"expected {self.show(t)}, got {describe(v)}")
         try:
             got = adopt_dtype(got, dtype)
         except Mismatch:
-            raise Mismatch(f"expected {shown}, got {got}") from None
+            raise Mismatch(f"expected {self.show(t)}, got {got}") from None
         for d, actual in zip(declared, got.shape):
             self.pending.append((d, actual, t, got))
         self.solve()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 import numpy as np
 
@@ -140,14 +140,16 @@ def common_dtype(op: str, operands: list[tuple[str, TensorType]]) -> tuple[str, 
     return first.dtype, False
 
 
-def need(t: TensorType, dtypes: tuple[str, ...], message: str, arg: str | None) -> TensorType:
+def need(t: TensorType, dtypes: tuple[str, ...], message: str | Callable[[], str],
+         arg: str | None) -> TensorType:
     """t when its dtype is one of dtypes; a weak integer literal becomes a weak f32 where a
-    float is needed (sqrt(T * E)); otherwise OpError(message)."""
+    float is needed (sqrt(T * E)); otherwise OpError(message) — a message may be given as a
+    function, so that the checker's hot path does not format it."""
     if t.dtype in dtypes:
         return t
     if t.weak and t.is_int and "f32" in dtypes:
         return TensorType("f32", t.shape, True)
-    raise OpError(message, arg)
+    raise OpError(message() if callable(message) else message, arg)
 
 
 def check_fill(value: int | float, dtype: str, arg: str) -> None:
@@ -178,7 +180,7 @@ def broadcast_shapes(*types: TensorType) -> tuple[Dim, ...]:
     return tuple(out)
 
 
-def normalize_axes(axes: None | int | tuple[int, ...], rank: int, what: str,
+def normalize_axes(axes: None | int | tuple[int, ...], rank: int, what: object,
                    arg: str = "axis") -> tuple[int, ...]:
     """Axes counted from 0, in the order given; None means all of them."""
     if axes is None:

@@ -32,17 +32,17 @@ class MatMul(Primitive):
 
     def infer(self, a: TensorType, b: TensorType) -> TensorType:
         dtype, weak = _numeric("@", [("a", a), ("b", b)])
-        mismatch = OpError(f"shape mismatch in '@': {a} @ {b}")
+        mismatch = lambda: OpError(f"shape mismatch in '@': {a} @ {b}")
         if a.rank == 0 or b.rank == 0:
             raise OpError(f"'@' needs operands of rank 1 or more, got {a} @ {b}")
         sa = (Dim.const(1),) * (a.rank == 1) + a.shape
         sb = b.shape + (Dim.const(1),) * (b.rank == 1)
         if not sa[-1].agrees(sb[-2]):
-            raise mismatch
+            raise mismatch()
         try:
             batch = broadcast_shapes(a.with_shape(sa[:-2]), b.with_shape(sb[:-2]))
         except OpError:
-            raise mismatch from None
+            raise mismatch() from None
         rows = sa[-2:-1] if a.rank > 1 else ()
         cols = sb[-1:] if b.rank > 1 else ()
         return TensorType(dtype, batch + rows + cols, weak)

@@ -60,7 +60,7 @@ class Unary(Elementwise):
     guarded: ClassVar[bool] = False      # the local derivative can be inf or NaN
 
     def infer(self, x: TensorType) -> TensorType:
-        return need(x, self.accepts, f"'{self.symbol}' needs {self.needs} tensor, got {x}"
+        return need(x, self.accepts, lambda: f"'{self.symbol}' needs {self.needs} tensor, got {x}"
                     f"{self.hint}", "x")
 
     def vjp(self, b: Any, op: Any, cts: tuple) -> tuple:
@@ -246,8 +246,9 @@ class Binary(Elementwise):
 
     def infer(self, a: TensorType, b: TensorType) -> TensorType:
         dtype, weak = common_dtype(self.symbol, [("a", a), ("b", b)])
-        message = f"'{self.symbol}' needs {self.needs} operands, got {a} and {b}{self.hint}"
-        dtype = need(TensorType(dtype, (), weak), self.accepts, message, None).dtype
+        if dtype not in self.accepts:          # (the message is built only when it is needed)
+            message = f"'{self.symbol}' needs {self.needs} operands, got {a} and {b}{self.hint}"
+            dtype = need(TensorType(dtype, (), weak), self.accepts, message, None).dtype
         return TensorType(self.result_dtype or dtype, broadcast_shapes(a, b), weak)
 
     def vjp(self, b: Any, op: Any, cts: tuple) -> tuple:

@@ -22,7 +22,7 @@ def _indices(op: str, indices: TensorType) -> None:
 
 def _gathered(x: TensorType, indices: TensorType, axis: int) -> tuple[Dim, ...]:
     """The shape of take(x, indices, axis)."""
-    ax = normalize_axes(axis, x.rank, str(x))[0]
+    ax = normalize_axes(axis, x.rank, x)[0]
     return x.shape[:ax] + indices.shape + x.shape[ax + 1:]
 
 

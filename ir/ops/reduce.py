@@ -28,9 +28,9 @@ class Reduction(Primitive):
     result_dtype: ClassVar[str | None] = None
 
     def infer(self, x: TensorType, axis: Axes = None, keepdims: bool = False) -> TensorType:
-        x = need(x, self.accepts, f"'{self.name}' needs {self.needs} tensor, got {x}; "
+        x = need(x, self.accepts, lambda: f"'{self.name}' needs {self.needs} tensor, got {x}; "
                  "use cast()", "x")
-        axes = normalize_axes(self.check_axis(axis), x.rank, str(x))
+        axes = normalize_axes(self.check_axis(axis), x.rank, x)
         shape = tuple(Dim.const(1) if i in axes else d for i, d in enumerate(x.shape)
                       if keepdims or i not in axes)
         if self.result_dtype:

@@ -31,7 +31,7 @@ def _replace(shape: tuple[Dim, ...], axis: int, *dims: Dim) -> tuple[Dim, ...]:
 
 
 def _axis(axis: int, x: TensorType) -> int:
-    return normalize_axes(axis, x.rank, str(x))[0]
+    return normalize_axes(axis, x.rank, x)[0]
 
 
 class Rearrange(Primitive):
@@ -79,7 +79,7 @@ class Transpose(Primitive):
 
     def infer(self, x: TensorType, perm: Axes = None) -> TensorType:
         axes = (tuple(reversed(range(x.rank))) if perm is None
-                else normalize_axes(perm, x.rank, str(x), "perm"))
+                else normalize_axes(perm, x.rank, x, "perm"))
         if len(axes) != x.rank:
             raise OpError(f"perm {perm} must name each of the {x.rank} axes of {x} once",
                           "perm")
@@ -146,7 +146,7 @@ class Squeeze(Rearrange):
             if any(d.is_unknown for d in x.shape):
                 return UnknownType()
             return x.with_shape(tuple(d for d in x.shape if d.value != 1))
-        axes = normalize_axes(axis, x.rank, str(x))
+        axes = normalize_axes(axis, x.rank, x)
         for a in axes:
             if not (x.shape[a].value == 1 or x.shape[a].is_unknown):
                 raise OpError(f"cannot squeeze axis {a} of {x}: its length is {x.shape[a]}, "
@@ -445,7 +445,7 @@ class Flip(Primitive):
     params = (Param("x", Kind.TENSOR), Param("axis", Kind.AXES, None))
 
     def infer(self, x: TensorType, axis: Axes = None) -> TensorType:
-        normalize_axes(axis, x.rank, str(x))
+        normalize_axes(axis, x.rank, x)
         return x
 
     def evaluate(self, x: np.ndarray, axis: Axes = None) -> np.ndarray:
