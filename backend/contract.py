@@ -295,7 +295,6 @@ def build_matmul(module: ir.Module, name: str, dtype: str, tiles: Tiles | None =
     cols = b.mul(e.ceil_div(col_panels, n_cols), _i64(t.nr))
     jobs = b.mul(jobs, n_rows)
 
-    before = b.block
     head, body, done = (fn.append_basic_block(f"job.{s}") for s in ("head", "body", "done"))
     b.branch(head)
     b.position_at_end(head)

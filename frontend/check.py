@@ -23,7 +23,7 @@ from frontend.builtins import SPECIAL_FORMS
 from frontend.diagnostics import CheckError, DslError, Note, ShapeError, Span
 from frontend.resolve import (Entity, ModuleInfo, Program, bound_names, load_program, lookup_type,
                               qualified)
-from frontend.lower import (LoweringError, close_over, emit_primitive, flatten, fresh_params,
+from frontend.lower import (LoweringError, close_over, emit_primitive, fresh_params,
                             leaf_values, materialize, rebuild)
 from frontend.unify import Binder, Mismatch, as_tensor, eval_dim
 from frontend.values import (UNKNOWN, AdtV, CheckpointV, CtorV, DTypeV, ForkV, FuncV, GradV, KeyV,
@@ -457,7 +457,6 @@ class Checker:
 
     def construct(self, entity: Entity, ctor: ast.Ctor, args: list, kwargs: dict, spans: Spans):
         names = [f.name for f in ctor.fields]
-        span = spans.call
         values = self.bind_args(names, [None] * len(names), args, kwargs, spans, f"'{ctor.name}'")
         binder = self.binder()
         fields = []
