@@ -113,7 +113,6 @@ def _broadcast_strides(shape: tuple[int, ...], space: tuple[int, ...]) -> tuple[
 def _map_kernel(name: str, ops: list[Op], users: dict[Value, int], results: set[Value],
                 constants: dict[Value, object]) -> KernelStep:
     space = _shape(ops[0])
-    {v for op in ops for v in op.outputs}
     uses_inside: dict[Value, int] = {}
     for op in ops:
         for v in op.inputs:
