@@ -495,7 +495,7 @@ class Matmul:
                 or next_job.dtype != np.int64 or not 0 <= thread_index < thread_count:
             raise ValueError(f"arguments do not fit: {a.shape} @ {b.shape} -> {c.shape}, "
                              f"scratch {scratch.size}, thread {thread_index} of {thread_count}")
-        strides = [0 if x.shape[0] == 1 else x[0].size for x in (a, b, c)]
+        strides = [0 if len(x) == 1 else math.prod(x.shape[1:]) for x in (a, b, c)]
         base = scratch.ctypes.data
         self.fn(a.ctypes.data, b.ctypes.data, c.ctypes.data, batch, m, n, k, *strides,
                 base + (-base % 64), next_job.ctypes.data, thread_index, thread_count)

@@ -3,7 +3,10 @@ host CPU (no fast-math: the bits are the definition's), JIT-compiled with MCJIT.
 from __future__ import annotations
 
 import ctypes
+import functools
+import hashlib
 import threading
+from pathlib import Path
 
 import llvmlite.binding as llvm
 from llvmlite import ir
@@ -51,20 +54,31 @@ def optimise(mod: llvm.ModuleRef) -> None:
 
 class Compiled:
     """A JIT-compiled module; kernels are looked up by name. Object code comes from the
-    on-disk cache when an entry for exactly this IR and machine exists."""
+    on-disk cache when an entry exists for exactly these kernels, this code generator and this
+    machine: then no LLVM IR is even built."""
 
     def __init__(self, kernels: list[LoopKernel]):
-        self.llvm_ir = str(module_ir(kernels))
         machine = target_machine()
-        k = cache.key(self.llvm_ir, machine.triple, llvm.get_host_cpu_name(),
+        k = cache.key(repr(kernels), _generator_digest(), machine.triple, llvm.get_host_cpu_name(),
                       llvm.get_host_cpu_features().flatten(), "O3")
         cached = cache.load(k)
-        mod = llvm.parse_assembly(self.llvm_ir)
-        mod.verify()
-        if cached is None:
+        if cached is not None:
+            self.engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), machine)
+            self.engine.add_object_file(llvm.ObjectFileRef.from_data(cached))
+        else:
+            mod = llvm.parse_assembly(str(module_ir(kernels)))
+            mod.verify()
             optimise(mod)
-        self.engine = llvm.create_mcjit_compiler(mod, machine)
-        self.engine.set_object_cache(lambda _, data: cache.store(k, data),
-                                     lambda _: cached)
+            self.engine = llvm.create_mcjit_compiler(mod, machine)
+            self.engine.set_object_cache(lambda _, data: cache.store(k, data), lambda _: None)
         self.engine.finalize_object()
         self.functions = {k.name: KernelFn(self.engine.get_function_address(k.name)) for k in kernels}
+
+
+@functools.cache
+def _generator_digest() -> str:
+    """A digest of the code that turns loop IR into LLVM IR: a change to it must not reuse
+    object code the old one made."""
+    folder = Path(__file__).parent
+    return hashlib.sha256(b"".join((folder / f).read_bytes() for f in
+                                   ("cpu.py", "llvm.py", "loops.py", "mathlib.py"))).hexdigest()

@@ -106,9 +106,10 @@ def contract(operands: list[np.ndarray], n_contracted: int) -> np.ndarray:
     operand is summed: acc = acc + x1."""
     shape = np.broadcast_shapes(*(x.shape for x in operands))
     out_shape, inner = shape[:len(shape) - n_contracted], shape[len(shape) - n_contracted:]
-    flat = [np.broadcast_to(x, shape).reshape(out_shape + (-1,)) for x in operands]
+    size = int(np.prod(inner, dtype=np.int64))
+    flat = [np.broadcast_to(x, shape).reshape(out_shape + (size,)) for x in operands]
     acc = np.full(out_shape, -0.0, dtype=np.result_type(*operands))
-    for k in range(int(np.prod(inner, dtype=np.int64))):
+    for k in range(size):
         terms = [x[..., k] for x in flat]
         if len(terms) == 1:
             acc = acc + terms[0]
