@@ -152,19 +152,30 @@ def _have_mathlib() -> bool:
 # ---------------------------------------------------------------- kernels
 
 def kernel_function(module: ir.Module, k: LoopKernel) -> ir.Function:
-    """Emit one kernel into module."""
-    fnty = ir.FunctionType(ir.VoidType(), [I8.as_pointer().as_pointer(), I64, I64])
-    fn = ir.Function(module, fnty, name=k.name)
-    bufs_arg, lo, hi = fn.args
-    b = ir.IRBuilder(fn.append_basic_block("entry"))
-    ptrs = [b.bitcast(b.load(b.gep(bufs_arg, [ir.Constant(I64, i)])), memory_type(dt).as_pointer())
-            for i, (dt, _) in enumerate(k.buffers)]
-    gen = _KernelGen(b, module, k, ptrs)
+    """Emit one kernel into module: `name(i8** buffers, i64 lo, i64 hi)`, which calls the loops
+    with each buffer as its own `noalias` pointer. The buffers never overlap (outputs are fresh
+    arrays), and saying so lets LLVM vectorise loops that read and write several of them."""
+    types = [memory_type(dt).as_pointer() for dt, _ in k.buffers]
+    body = ir.Function(module, ir.FunctionType(ir.VoidType(), types + [I64, I64]), name=f"{k.name}.loops")
+    body.linkage = "internal"
+    body.attributes.add("alwaysinline")
+    for arg in body.args[:len(types)]:
+        arg.add_attribute("noalias")
+    *ptrs, lo, hi = body.args
+    gen = _KernelGen(ir.IRBuilder(body.append_basic_block("entry")), module, k, ptrs)
     if k.is_reduction:
         gen.reduction(lo, hi)
     else:
         gen.map(lo, hi)
     gen.b.ret_void()
+
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [I8.as_pointer().as_pointer(), I64, I64]),
+                     name=k.name)
+    bufs_arg, lo, hi = fn.args
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    loaded = [b.bitcast(b.load(b.gep(bufs_arg, [ir.Constant(I64, i)])), t) for i, t in enumerate(types)]
+    b.call(body, loaded + [lo, hi])
+    b.ret_void()
     return fn
 
 

@@ -67,7 +67,7 @@ def module_ir(kernels: list[LoopKernel]) -> ir.Module:
     for k in kernels:
         body = kernel_function(module, k)
         body.linkage = "internal"
-        body.attributes.add("alwaysinline")
+        body.attributes.add("alwaysinline")         # (its loops function is already inlined)
         entry = launch(k).entry
         fnty = ir.FunctionType(ir.VoidType(), [I8.as_pointer().as_pointer(), I64])
         wrapper = ir.Function(module, fnty, name=entry)

@@ -15,7 +15,7 @@ from ir.core import Function, Op, Value
 from ir.passes import einsum_as_matmul
 from ir.ops.base import np_dtype
 
-MIN_WORK_PER_THREAD = 1 << 15          # elements; below this, threads cost more than they save
+MIN_WORK_PER_THREAD = 1 << 18          # elements; below this, threads cost more than they save
 _pool: ThreadPoolExecutor | None = None
 
 
