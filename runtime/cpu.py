@@ -40,6 +40,7 @@ class Executable:
         self.function = fn
         self.plan: Plan = schedule(fn, name)
         self.compiled = Compiled(self.plan.kernels) if self.plan.kernels else None
+        self.dead = _last_uses(self.plan)
         self.bodies: dict[int, Executable] = {}
         for i, step in enumerate(self.plan.steps):
             if isinstance(step, HostStep) and step.op.body is not None:
@@ -47,7 +48,7 @@ class Executable:
 
     def run(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
         env: dict[Value, np.ndarray] = {p: _buffer(a, p) for p, a in zip(self.function.params, arrays)}
-        for step in self.plan.steps:
+        for step, dead in zip(self.plan.steps, self.dead):
             if isinstance(step, KernelStep):
                 self.launch(step, env)
             elif isinstance(step, ContractStep):
@@ -56,6 +57,8 @@ class Executable:
             else:
                 outs = self.host(step.op, [env[v] for v in step.op.inputs])
                 env.update((v, _buffer(a, v)) for v, a in zip(step.op.outputs, outs))
+            for v in dead:                      # memory back as soon as nothing needs it
+                del env[v]
         return [env[v] for v in self.function.results]
 
     def host(self, op: Op, inputs: list[np.ndarray]) -> list[np.ndarray]:
@@ -80,6 +83,21 @@ class Executable:
             return
         bounds = [extent * i // parts for i in range(parts + 1)]
         list(pool().map(lambda i: fn(pointers, bounds[i], bounds[i + 1]), range(parts)))
+
+
+def _last_uses(plan: Plan) -> list[list[Value]]:
+    """For each step, the values no later step (nor the result) reads: freed after it."""
+    reads = [step.args if isinstance(step, KernelStep) else step.op.inputs for step in plan.steps]
+    keep = set(plan.function.results)
+    last: dict[Value, int] = {}
+    for i, values in enumerate(reads):
+        for v in values:
+            last[v] = i
+    dead: list[list[Value]] = [[] for _ in plan.steps]
+    for v, i in last.items():
+        if v not in keep and not (isinstance(plan.steps[i], KernelStep) and v in plan.steps[i].writes):
+            dead[i].append(v)
+    return dead
 
 
 _matmuls: dict[str, object] = {}
