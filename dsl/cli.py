@@ -48,13 +48,18 @@ def parse_dims(text: str) -> dict[str, int]:
     return dims
 
 
+def parse_wrt(text: str) -> str | tuple[str, ...]:
+    """--wrt p (one parameter) or --wrt q,k (a tuple of them, as wrt=(q, k) in the language)."""
+    return tuple(text.split(",")) if "," in text else text
+
+
 def cmd_ir(args: argparse.Namespace) -> int:
     print(dsl.load(args.file).ir(args.entry, args.dims, args.level), end="")
     return 0
 
 
 def cmd_grad(args: argparse.Namespace) -> int:
-    wrt = tuple(args.wrt.split(",")) if "," in args.wrt else args.wrt
+    wrt = parse_wrt(args.wrt)
     print(dsl.load(args.file).source(args.entry, grad=wrt, dims=args.dims), end="")
     return 0
 
@@ -132,7 +137,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
-    wrt = None if args.grad is None else (tuple(args.grad.split(",")) if "," in args.grad else args.grad)
+    wrt = None if args.grad is None else parse_wrt(args.grad)
     manifest = dsl.load(args.file).compile_to(args.entry, args.target, args.output, args.dims, wrt)
     print(f"{args.output}: {len(manifest['kernels'])} kernels, {len(manifest['steps'])} steps")
     return 0

@@ -138,14 +138,10 @@ class Program:
     def _grad(self, name, wrt, has_aux, with_value, args, kwargs):
         d = self._def(name)
         names = [p.name for p in d.params]
-        wanted = (wrt,) if isinstance(wrt, str) else tuple(wrt)
-        for w in wanted:
-            if w not in names:
-                raise DslError(d.name_span, f"'{w}' is not a parameter of '{name}'")
+        wanted = _wrt_names(d, wrt)
         low, inputs = self.lower(name, args, kwargs)
         fn = low.function
-        positions = [i for w in wanted for i in low.arg_leaves[names.index(w)]
-                     if fn.params[i].dtype in FLOAT_DTYPES]
+        positions = _float_leaves(d, low, wanted)
         key = (id(fn), tuple(positions))
         if key not in self._grads:
             self._grads[key] = optimize(grad_function(fn, positions, with_value=True))
@@ -183,12 +179,8 @@ class Program:
             text = printer.to_bend(fn, name, signature=signature, bindings=bindings,
                                    returns=None)
             return "\n\n".join([header, *decls, text]) + "\n"
-        wanted = (grad,) if isinstance(grad, str) else tuple(grad)
-        for w in wanted:
-            if w not in names:
-                raise DslError(d.name_span, f"'{w}' is not a parameter of '{name}'")
-        positions = [i for w in wanted for i in low.arg_leaves[names.index(w)]
-                     if fn.params[i].dtype in FLOAT_DTYPES]
+        wanted = _wrt_names(d, grad)
+        positions = _float_leaves(d, low, wanted)
         gfn = optimize(grad_function(fn, positions))
         slots = iter(range(len(positions)))
         parts = [_result_expr(inputs.abstract[names.index(w)], slots) for w in wanted]
@@ -210,10 +202,7 @@ class Program:
         low, inputs = self._specialised(d, dims)
         fn = low.function
         if grad is not None:
-            names = [p.name for p in d.params]
-            wanted = (grad,) if isinstance(grad, str) else tuple(grad)
-            positions = [i for w in wanted for i in low.arg_leaves[names.index(w)]
-                         if fn.params[i].dtype in FLOAT_DTYPES]
+            positions = _float_leaves(d, low, _wrt_names(d, grad))
             fn = optimize(grad_function(fn, positions, with_value=True))
         plan = schedule.schedule(fn, name)
         folder = Path(out)
@@ -488,6 +477,22 @@ def example_inputs(d: ast.Def, mod, dims: dict[str, int]) -> dict[str, Any]:
 
 def _static(kind: str, value: Any):
     return Dim.const(int(value)) if kind == "int" else float(value) if kind == "float" else bool(value)
+
+
+def _wrt_names(d: ast.Def, wrt: str | tuple[str, ...]) -> tuple[str, ...]:
+    """The parameters a gradient is taken with respect to (one name or several), checked."""
+    wanted = (wrt,) if isinstance(wrt, str) else tuple(wrt)
+    for w in wanted:
+        if all(p.name != w for p in d.params):
+            raise DslError(d.name_span, f"'{w}' is not a parameter of '{d.name}'")
+    return wanted
+
+
+def _float_leaves(d: ast.Def, low: Lowered, wanted: tuple[str, ...]) -> list[int]:
+    """The positions of the float leaves of those parameters among the function's params."""
+    names = [p.name for p in d.params]
+    return [i for w in wanted for i in low.arg_leaves[names.index(w)]
+            if low.function.params[i].dtype in FLOAT_DTYPES]
 
 
 def _describe_inputs(d: ast.Def, inputs: Inputs) -> str:

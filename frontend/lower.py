@@ -183,11 +183,11 @@ def rebuild(v, values: list[Value]):
 
 def fresh_params(b: Builder, v):
     """v with every runtime leaf replaced by a new parameter of b."""
-    leaves, _ = flatten_runtime(v)
+    leaves = runtime_leaves(v)
     return rebuild(v, [b.param(x.ir.type if x.ir is not None else _leaf_type(x)) for x in leaves])
 
 
-def flatten_runtime(v) -> tuple[list, None]:
+def runtime_leaves(v) -> list:
     """The runtime leaves of v (tensors and keys), static parts skipped."""
     out: list = []
 
@@ -208,7 +208,7 @@ def flatten_runtime(v) -> tuple[list, None]:
                 raise LoweringError("a value the checker could not determine reached lowering")
 
     walk(v)
-    return out, None
+    return out
 
 
 def _leaf_type(x) -> TensorType | KeyType:
@@ -217,7 +217,7 @@ def _leaf_type(x) -> TensorType | KeyType:
 
 def leaf_values(v) -> list[Value]:
     """The IR values of v's runtime leaves."""
-    return [x.ir for x in flatten_runtime(v)[0]]
+    return [x.ir for x in runtime_leaves(v)]
 
 
 def close_over(b: Builder, results: list[Value]) -> tuple[Function, list[Value]]:
