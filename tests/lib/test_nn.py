@@ -536,3 +536,129 @@ def test_attention_with_a_mask():
     causal = torch.full((5, 5), -torch.inf).triu(1)
     compare("nn.attention(q, k, v, True, m)", dict(q=q, k=k, v=v, m=bias),
             lambda q, k, v, m: sdpa(q, k, v, m + causal), ("q", "k", "v", "m"))
+
+
+def repeat_kv(x, groups):
+    """Key/value heads repeated for the query heads that read them, as enable_gqa does."""
+    return x.repeat_interleave(groups, dim=1)
+
+
+@pytest.mark.parametrize("Hq, Hkv, causal", [(4, 2, True), (2, 2, False)])
+def test_attention_dropout_matches_torch_given_the_mask(Hq, Hkv, causal):
+    """Dropout on the attention weights: the kept weights scaled by 1 / (1 - p), the mask being
+    bernoulli(rng, 1 - p) over [B, Hq, T, S]. PyTorch's sdpa draws its own mask, so the
+    reference is its math written out with dslc's mask."""
+    rng = np.random.default_rng(Hq)
+    q, k, v = randn(rng, 2, Hq, 5, 8), randn(rng, 2, Hkv, 5, 8), randn(rng, 2, Hkv, 5, 8)
+    p, r = 0.3, dsl.key(5)
+    keep = driver("""
+        def keep(r: Key) -> bool[2, 4, 5, 5]:
+          return bernoulli(r, 1.0 - 0.3, [2, 4, 5, 5])
+        """.replace("4", str(Hq))).keep(r)
+    assert 0.5 < keep.mean() < 0.9
+
+    def reference(q, k, v, r, keep):
+        s = q @ repeat_kv(k, Hq // Hkv).transpose(-1, -2) / np.sqrt(8)
+        if causal:
+            s = s.masked_fill(~torch.ones(5, 5, dtype=torch.bool).tril(), -torch.inf)
+        a = torch.softmax(s, -1) * keep / (1 - p)
+        return a @ repeat_kv(v, Hq // Hkv)
+
+    compare(f"nn.attention(q, k, v, {causal}, dropout_p={p}, rng=r)",
+            dict(q=q, k=k, v=v, r=r, keep=keep), reference, ("q", "k", "v"),
+            types=dict(keep=f"bool[2, {Hq}, 5, 5]"))
+    sdpa = lambda q, k, v, r: F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+    compare(f"nn.attention(q, k, v, {causal}, dropout_p={p}, rng=r, training=False)",
+            dict(q=q, k=k, v=v, r=r), sdpa, ("q", "k", "v"))
+
+
+# ---------------------------------------------------------------- transformer blocks
+
+class TorchBlock(torch.nn.Module):
+    """A pre-norm transformer block in PyTorch, with the weights of nn's Block or SwiGluBlock
+    (the per-head projections reshaped to PyTorch's [D, H K] matrices)."""
+
+    def __init__(self, norm: str, mlp: str, causal: bool, rotary: bool):
+        super().__init__()
+        self.norm, self.mlp, self.causal, self.rotary = norm, mlp, causal, rotary
+
+    def normalize(self, x, w):
+        D = x.shape[-1]
+        return F.layer_norm(x, (D,), w) if self.norm == "layer" else F.rms_norm(x, (D,), w)
+
+    def forward(self, p, x):
+        B, T, D = x.shape
+        H, K = p["Wq"].shape[1:]
+        heads = lambda h, W: (h @ W.reshape(D, -1)).view(B, T, -1, K).transpose(1, 2)   # noqa: E731
+        h = self.normalize(x, p["norm1"])
+        q, k, v = heads(h, p["Wq"]), heads(h, p["Wk"]), heads(h, p["Wv"])
+        if self.rotary:
+            q, k = rope_reference(q), rope_reference(k)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal, enable_gqa=True)
+        x = x + y.transpose(1, 2).reshape(B, T, H * K) @ p["Wo"].reshape(H * K, D)
+        h = self.normalize(x, p["norm2"])
+        if self.mlp == "swiglu":
+            m = (F.silu(h @ p["W1"]) * (h @ p["W3"])) @ p["W2"]
+        else:
+            m = F.gelu(h @ p["W1"], approximate="tanh") @ p["W2"]
+        return x + m
+
+
+def block_params(rng, D, H, G, K, F_, swiglu):
+    """Random weights of a Block (or SwiGluBlock), in the record's field order."""
+    p = dict(norm1=1.0 + randn(rng, D, scale=0.1), Wq=randn(rng, D, H, K, scale=D ** -0.5),
+             Wk=randn(rng, D, G, K, scale=D ** -0.5), Wv=randn(rng, D, G, K, scale=D ** -0.5),
+             Wo=randn(rng, H, K, D, scale=(H * K) ** -0.5), norm2=1.0 + randn(rng, D, scale=0.1),
+             W1=randn(rng, D, F_, scale=D ** -0.5), W2=randn(rng, F_, D, scale=F_ ** -0.5))
+    if swiglu:
+        p["W3"] = randn(rng, D, F_, scale=D ** -0.5)
+        p["W2"] = p.pop("W2")                      # SwiGluBlock's order: W1, W3, W2
+    return p
+
+
+@pytest.mark.parametrize("norm, mlp, H, G, causal, rotary", [
+    ("layer", "gelu", 4, 4, True, False),           # GPT-2's block, without biases
+    ("rms", "swiglu", 4, 2, True, True),            # Llama's
+    ("layer", "swiglu", 6, 1, False, True),         # multi-query, bidirectional
+    ("rms", "gelu", 2, 2, False, False),
+])
+def test_transformer_block(norm, mlp, H, G, causal, rotary):
+    rng = np.random.default_rng(H * 10 + G)
+    p, x = block_params(rng, 12, H, G, 4, 20, mlp == "swiglu"), randn(rng, 2, 5, 12)
+    record = "nn/SwiGluBlock" if mlp == "swiglu" else "nn/Block"
+    module = TorchBlock(norm, mlp, causal, rotary)
+    compare(f'nn.transformer_block(p, x, "{norm}", "{mlp}", {causal}, {rotary})', dict(p=p, x=x),
+            module, ("p", "x"), types=dict(p=record))
+
+
+def test_transformer_block_dropout():
+    """training=False (or p = 0) is the block without dropout; in training the same key drops
+    the same elements, another key others."""
+    rng = np.random.default_rng(0)
+    p, x = block_params(rng, 8, 2, 1, 4, 16, False), randn(rng, 2, 6, 8)
+    prog = driver("""
+        import nn
+        def out(p: nn/Block, x: f32[2, 6, 8], r: Key, training: bool) -> f32[2, 6, 8]:
+          return nn.transformer_block(p, x, dropout_p=0.2, rng=r, training=training)
+        def plain(p: nn/Block, x: f32[2, 6, 8]) -> f32[2, 6, 8]:
+          return nn.transformer_block(p, x)
+        """)
+    plain = prog.plain(p, x)
+    close(plain, TorchBlock("layer", "gelu", True, False)(to_torch(p, None), torch.from_numpy(x)).numpy(),
+          "block")
+    np.testing.assert_array_equal(prog.out(p, x, dsl.key(1), False), plain)
+    a, b = prog.out(p, x, dsl.key(1), True), prog.out(p, x, dsl.key(1), True)
+    np.testing.assert_array_equal(a, b)
+    assert not np.allclose(a, plain) and not np.allclose(a, prog.out(p, x, dsl.key(2), True))
+
+
+def test_transformer_block_rejects_an_unknown_kind():
+    rng = np.random.default_rng(0)
+    p, x = block_params(rng, 8, 2, 2, 4, 16, False), randn(rng, 1, 3, 8)
+    prog = driver("""
+        import nn
+        def out(p: nn/Block, x: f32[1, 3, 8]) -> f32[1, 3, 8]:
+          return nn.transformer_block(p, x, "batch")
+        """)
+    with pytest.raises(dsl.DslError, match='the norm is "layer" or "rms"'):
+        prog.out(p, x)
