@@ -1,0 +1,135 @@
+"""Reading safetensors files (Hugging Face's format for weights) into NumPy arrays, exactly.
+
+A file is an 8-byte little-endian length N, then N bytes of JSON naming each tensor's dtype,
+shape and [begin, end) byte offsets into the data that follows (plus an optional
+"__metadata__" of strings), then the data: each tensor's elements, little-endian, row-major.
+As the format's specification asks, the tensors must cover the data exactly, without
+overlaps or holes. Anything else is a SafetensorsError naming the file and the fault."""
+from __future__ import annotations
+
+import json
+import os
+import struct
+
+import numpy as np
+
+from frontend.diagnostics import DslError
+
+# the dtypes read, as little-endian NumPy dtypes; BF16 is read as its 16 bits and widened
+DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2", "I64": "<i8", "I32": "<i4"}
+# what the format also has, named so that the error can say what was found
+OTHER_DTYPES = {"BOOL", "U8", "I8", "U16", "I16", "U32", "U64", "F8_E4M3", "F8_E5M2"}
+MAX_HEADER = 100_000_000        # bytes; the reference implementation's limit too
+
+
+class SafetensorsError(DslError):
+    """A file that cannot be read as safetensors: the message names the file and the fault."""
+
+    def __init__(self, path: str, problem: str):
+        super().__init__(None, f"{path}: {problem}")
+
+
+def read(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """Every tensor of the file, by name, in the order of the data: BF16 as float32, the
+    other dtypes as themselves (in native byte order)."""
+    path = os.fspath(path)
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            entries, start = _header(path, f, size)
+            out = {}
+            for name, dtype, shape, begin, end in entries:
+                f.seek(start + begin)
+                out[name] = _decode(f.read(end - begin), dtype, shape)
+            return out
+    except OSError as e:
+        raise SafetensorsError(path, f"cannot read the file: {e.strerror or e}") from None
+
+
+def _header(path: str, f, size: int) -> tuple[list[tuple], int]:
+    """The checked entries (name, dtype, shape, begin, end) sorted by offset, and where the
+    data starts in the file."""
+    def fail(problem: str):
+        raise SafetensorsError(path, problem)
+
+    if size < 8:
+        fail(f"too short for a safetensors file ({size} bytes; the header length alone is 8)")
+    (n,) = struct.unpack("<Q", f.read(8))
+    if n > min(MAX_HEADER, size - 8):
+        fail(f"the header is said to be {n} bytes long, but "
+             + (f"only {size - 8} bytes follow (a truncated file?)" if n <= MAX_HEADER
+                else f"a header may have at most {MAX_HEADER}"))
+    try:
+        header = json.loads(f.read(n).decode("utf-8"), object_pairs_hook=_unique_keys)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        fail(f"the header is not valid JSON: {e}")
+    except DuplicateKey as e:
+        fail(f"the header names '{e.args[0]}' twice")
+    if not isinstance(header, dict):
+        fail(f"the header is a JSON {type(header).__name__}, not an object of tensors")
+    meta = header.pop("__metadata__", {})
+    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+        fail("'__metadata__' must map names to strings")
+    data = size - 8 - n
+    entries = [_entry(fail, name, info, data) for name, info in header.items()]
+    entries.sort(key=lambda e: (e[3], e[4]))
+    at, last = 0, None
+    for name, _, _, begin, end in entries:
+        if begin < at:
+            fail(f"tensors '{last}' and '{name}' overlap (both use byte {begin} of the data)")
+        if begin > at:
+            fail(f"bytes {at} to {begin} of the data belong to no tensor")
+        at, last = end, name
+    if at != data:
+        fail(f"the data has {data} bytes but its tensors cover {at}"
+             + (" (trailing bytes)" if at < data else ""))
+    return entries, 8 + n
+
+
+def _entry(fail, name: str, info, data: int) -> tuple:
+    """One tensor's (name, dtype, shape, begin, end), checked against the data's size."""
+    where = f"tensor '{name}'"
+    if not isinstance(info, dict) or set(info) != {"dtype", "shape", "data_offsets"}:
+        fail(f"{where} must have exactly 'dtype', 'shape' and 'data_offsets'")
+    dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
+    if dtype not in DTYPES:
+        what = "a dtype this reader does not support" if dtype in OTHER_DTYPES else "not a dtype"
+        fail(f"{where} has dtype {dtype!r}: {what} (supported: {', '.join(DTYPES)})")
+    if not isinstance(shape, list) or not all(_natural(d) for d in shape):
+        fail(f"{where} has shape {shape!r}: expected a list of non-negative integers")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(_natural(o) for o in offsets)
+            and offsets[0] <= offsets[1]):
+        fail(f"{where} has data_offsets {offsets!r}: expected [begin, end] with 0 <= begin <= end")
+    begin, end = offsets
+    nbytes = int(np.prod(shape, dtype=object)) * np.dtype(DTYPES[dtype]).itemsize
+    if end - begin != nbytes:
+        fail(f"{where} is {dtype}{shape} ({nbytes} bytes) but its data_offsets {offsets} "
+             f"hold {end - begin} bytes")
+    if end > data:
+        fail(f"{where} ends at byte {end} of the data, which has only {data} bytes "
+             "(a truncated file?)")
+    return name, dtype, tuple(shape), begin, end
+
+
+def _decode(raw: bytes, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
+    a = np.frombuffer(raw, DTYPES[dtype]).reshape(shape)
+    if dtype == "BF16":              # bfloat16 is the top half of a float32: widen exactly
+        return (a.astype(np.uint32) << 16).view(np.float32)
+    return a.astype(a.dtype.newbyteorder("="))       # a native, writable copy
+
+
+def _natural(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+class DuplicateKey(Exception):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    out = {}
+    for k, v in pairs:
+        if k in out:
+            raise DuplicateKey(k)
+        out[k] = v
+    return out
