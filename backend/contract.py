@@ -500,15 +500,21 @@ class Matmul:
         self.fn(a.ctypes.data, b.ctypes.data, c.ctypes.data, batch, m, n, k, *strides,
                 base + (-base % 64), next_job.ctypes.data, thread_index, thread_count)
 
-    def __call__(self, a: np.ndarray, b: np.ndarray, threads: int = 1) -> np.ndarray:
+    def __call__(self, a: np.ndarray, b: np.ndarray, threads: int = 1,
+                 out: np.ndarray | None = None) -> np.ndarray:
         """a @ b for operands of rank 2 or more (batch axes broadcast as NumPy does), computed
-        by `threads` Python threads (ctypes lets go of the GIL during the call)."""
+        by `threads` Python threads (ctypes lets go of the GIL during the call), into `out`
+        (C-contiguous, of the result's shape) when given."""
         shape = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
         a3, b3 = (np.ascontiguousarray(x if math.prod(x.shape[:-2]) == 1
                                        else np.broadcast_to(x, shape + x.shape[-2:]),
                                        dtype=NUMPY[self.dtype]) for x in (a, b))
         a3, b3 = (x.reshape((math.prod(x.shape[:-2]),) + x.shape[-2:]) for x in (a3, b3))
-        c = np.empty((math.prod(shape), a3.shape[1], b3.shape[2]), dtype=NUMPY[self.dtype])
+        c_shape = (math.prod(shape), a3.shape[1], b3.shape[2])
+        if out is not None and not (out.flags.c_contiguous and out.dtype == NUMPY[self.dtype]
+                                    and out.size == math.prod(c_shape)):
+            raise ValueError(f"out must be a C-contiguous {self.dtype} array of {c_shape}")
+        c = np.empty(c_shape, dtype=NUMPY[self.dtype]) if out is None else out.reshape(c_shape)
         with self._lock:                                   # one scratch buffer, one call
             scratch = self.scratch(threads)
             if len(self._pool) < threads - 1:

@@ -6,14 +6,20 @@ contiguous-compatible axes becomes a reduction kernel. A float `@` is a contract
 blocked kernel of backend/contract.py (einsums that are matrix products are rewritten as `@`
 first, ir/passes.py). Everything else — gathers, scatters, concatenation, random numbers,
 integer division — is a host step, evaluated by the reference interpreter on NumPy arrays
-(exact, and mostly cheap data movement). Every buffer is a contiguous row-major array."""
+(exact, and mostly cheap data movement). Every buffer is a contiguous row-major array.
+
+The buffer plan (`plan_memory`) places the values the kernels and contractions write in one
+arena, reused from call to call: two values share bytes only when one is dead before the
+other is written."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from math import prod
 
 from backend.llvm import can_compile, row_major
 from backend.loops import Instr, Load, LoopKernel, Reduce
 from ir.core import Function, Op, Value
+from ir.ops.base import np_dtype
 
 ELEMENTWISE = {"add", "sub", "mul", "div", "neg", "abs", "maximum", "minimum", "eq", "ne", "lt",
                "le", "gt", "ge", "and", "or", "xor", "where", "sqrt", "rsqrt", "floor", "cast",
@@ -177,3 +183,69 @@ def _reduction_kernel(name: str, op: Op) -> KernelStep:
     kernel = LoopKernel(name, outer, ((x.dtype, x.shape), (out.dtype, out.shape)), body,
                         reduce=Reduce(REDUCTIONS[op.prim], 0, 1, count), n=n)
     return KernelStep(kernel, (x, out), (out,))
+
+
+# ---------------------------------------------------------------- the buffer plan
+
+ALIGN = 64                                   # bytes: a cache line, and an AVX-512 vector
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Where the plan's intermediate values live: `offsets[v]` bytes into an arena of `size`
+    bytes. Values not in `offsets` (parameters, results, host outputs, and what those may
+    alias) get their own arrays."""
+    size: int
+    offsets: dict[Value, int]
+
+
+def reads(step: KernelStep | HostStep | ContractStep) -> tuple[Value, ...]:
+    return tuple(v for v in step.args if v not in step.writes) if isinstance(step, KernelStep) \
+        else step.op.inputs
+
+
+def writes(step: KernelStep | HostStep | ContractStep) -> tuple[Value, ...]:
+    return step.writes if isinstance(step, KernelStep) else step.op.outputs
+
+
+def nbytes(v: Value) -> int:
+    return prod(v.shape) * np_dtype(v.dtype).itemsize
+
+
+def plan_memory(plan: Plan) -> Memory:
+    """Offsets for the values that kernels and contractions write, greedily by size: each
+    value takes the lowest offset free of every value whose lifetime meets its own. A host
+    step's outputs may be views of its inputs (NumPy reshapes and slices), so such an input
+    lives as long as those outputs, and does not go in the arena if they are results."""
+    steps = plan.steps
+    escaping = set(plan.function.results)
+    end: dict[Value, int] = {}
+    for i, step in enumerate(steps):
+        for v in reads(step):
+            end[v] = i
+    for i in reversed(range(len(steps))):
+        step = steps[i]
+        if isinstance(step, HostStep):
+            outs = step.op.outputs
+            for v in step.op.inputs:
+                end[v] = max([end.get(v, i)] + [end.get(o, i) for o in outs])
+                if escaping.intersection(outs):
+                    escaping.add(v)
+    lifetimes = [(v, i, end.get(v, i)) for i, step in enumerate(steps)
+                 if not isinstance(step, HostStep) for v in writes(step) if v not in escaping]
+    lifetimes.sort(key=lambda t: -nbytes(t[0]))
+    placed: list[tuple[int, int, int, int]] = []          # (offset, size, first, last)
+    offsets: dict[Value, int] = {}
+    size = 0
+    for v, first, last in lifetimes:
+        need = -(-max(nbytes(v), 1) // ALIGN) * ALIGN
+        at = 0
+        # a value read at step i and one written at step i overlap: a kernel's buffers never alias
+        for off, n, _, _ in sorted(p for p in placed if p[2] <= last and first <= p[3]):
+            if at + need <= off:
+                break
+            at = max(at, off + n)
+        placed.append((at, need, first, last))
+        offsets[v] = at
+        size = max(size, at + need)
+    return Memory(size, offsets)

@@ -5,11 +5,15 @@ from __future__ import annotations
 import ctypes
 import os
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from math import prod
+from typing import Callable
 
 import numpy as np
 
 from backend.cpu import Compiled
-from backend.schedule import ContractStep, HostStep, KernelStep, Plan, schedule
+from backend.schedule import (ALIGN, ContractStep, HostStep, KernelStep, Memory, Plan, nbytes,
+                              plan_memory, reads, schedule)
 from ir import interp
 from ir.core import Function, Op, Value
 from ir.passes import einsum_as_matmul
@@ -32,28 +36,43 @@ def pool() -> ThreadPoolExecutor:
 
 
 class Executable:
-    """An IR function compiled for the host: its plan, its kernels, and the executables of
-    the scan and checkpoint bodies it holds."""
+    """An IR function compiled for the host: its plan, its kernels, its buffer plan, and the
+    executables of the scan and checkpoint bodies it holds."""
 
     def __init__(self, fn: Function, name: str = "k"):
         fn = einsum_as_matmul(fn)
         self.function = fn
         self.plan: Plan = schedule(fn, name)
         self.compiled = Compiled(self.plan.kernels) if self.plan.kernels else None
-        self.dead = _last_uses(self.plan)
+        self.memory = plan_memory(self.plan)
+        self.dead = [[v for v in dead if v not in self.memory.offsets] for dead in _last_uses(self.plan)]
+        self.launches = [_Launch.of(s, self.memory, self.compiled) if isinstance(s, KernelStep) else None
+                         for s in self.plan.steps]
         self.bodies: dict[int, Executable] = {}
         for i, step in enumerate(self.plan.steps):
             if isinstance(step, HostStep) and step.op.body is not None:
                 self.bodies[id(step.op)] = Executable(step.op.body, f"{name}_b{i}")
+        self._arenas: list[_Arena] = []
 
     def run(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
-        env: dict[Value, np.ndarray] = {p: _buffer(a, p) for p, a in zip(self.function.params, arrays)}
-        for step, dead in zip(self.plan.steps, self.dead):
-            if isinstance(step, KernelStep):
-                self.launch(step, env)
+        # an arena is used by one call at a time; a concurrent or nested call takes another
+        arena = self._arenas.pop() if self._arenas else _Arena(self)
+        try:
+            return self._run(arena, arrays)
+        finally:
+            self._arenas.append(arena)
+
+    def _run(self, arena: _Arena, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        env: dict[Value, np.ndarray] = dict(arena.views)
+        env.update((p, _buffer(a, p)) for p, a in zip(self.function.params, arrays))
+        for step, launch, pointers, dead in zip(self.plan.steps, self.launches, arena.pointers, self.dead):
+            if launch is not None:
+                launch(env, pointers)
             elif isinstance(step, ContractStep):
                 (out,) = step.op.outputs
-                env[out] = _buffer(matmul(*[env[v] for v in step.op.inputs], out.dtype), out)
+                if out not in env:
+                    env[out] = np.empty(out.shape, np_dtype(out.dtype))
+                matmul(*[env[v] for v in step.op.inputs], env[out])
             else:
                 outs = self.host(step.op, [env[v] for v in step.op.inputs])
                 env.update((v, _buffer(a, v)) for v, a in zip(step.op.outputs, outs))
@@ -69,33 +88,66 @@ class Executable:
             return body.run(inputs)
         return interp.evaluate(op, inputs)
 
-    def launch(self, step: KernelStep, env: dict[Value, np.ndarray]) -> None:
+
+class _Arena:
+    """One call's memory: the arena's bytes, a view of them for each value planned there, and
+    each kernel's argument array with the arena's addresses filled in."""
+
+    def __init__(self, exe: Executable):
+        self.memory = np.empty(exe.memory.size + ALIGN, np.uint8)
+        base = -self.memory.ctypes.data % ALIGN
+        self.views = {v: self.memory[base + off:base + off + nbytes(v)].view(np_dtype(v.dtype)).reshape(v.shape)
+                      for v, off in exe.memory.offsets.items()}
+        self.pointers = [None if launch is None else launch.pointers(self.views) for launch in exe.launches]
+
+
+@dataclass(frozen=True)
+class _Launch:
+    """How one kernel step is called: its function, the argument slots the arena does not
+    fix (filled each call), the values it allocates, and its split across threads."""
+    fn: Callable
+    args: tuple[Value, ...]
+    patches: tuple[tuple[int, Value], ...]
+    fresh: tuple[Value, ...]
+    extent: int
+    work: int
+
+    @staticmethod
+    def of(step: KernelStep, memory: Memory, compiled: Compiled) -> _Launch:
         k = step.kernel
-        for v in step.writes:
+        extent = (prod(k.shape) if k.is_reduction else k.shape[0]) if k.shape else 1
+        return _Launch(compiled.functions[k.name], step.args,
+                       tuple((i, v) for i, v in enumerate(step.args) if v not in memory.offsets),
+                       tuple(v for v in step.writes if v not in memory.offsets),
+                       extent, prod(k.shape) * max(k.n, 1))
+
+    def pointers(self, views: dict[Value, np.ndarray]) -> ctypes.Array:
+        return (ctypes.c_void_p * len(self.args))(*[views[v].ctypes.data if v in views else 0
+                                                    for v in self.args])
+
+    def __call__(self, env: dict[Value, np.ndarray], pointers: ctypes.Array) -> None:
+        for v in self.fresh:
             env[v] = np.empty(v.shape, dtype=np_dtype(v.dtype))
-        pointers = (ctypes.c_void_p * len(step.args))(*[env[v].ctypes.data for v in step.args])
-        fn = self.compiled.functions[k.name]
-        extent = (int(np.prod(k.shape)) if k.is_reduction else k.shape[0]) if k.shape else 1
-        work = int(np.prod(k.shape)) * max(k.n, 1)
-        parts = min(threads(), extent, max(1, work // MIN_WORK_PER_THREAD))
+        for i, v in self.patches:
+            pointers[i] = env[v].ctypes.data
+        parts = min(threads(), self.extent, max(1, self.work // MIN_WORK_PER_THREAD))
         if parts <= 1:
-            fn(pointers, 0, extent)
+            self.fn(pointers, 0, self.extent)
             return
-        bounds = [extent * i // parts for i in range(parts + 1)]
-        list(pool().map(lambda i: fn(pointers, bounds[i], bounds[i + 1]), range(parts)))
+        bounds = [self.extent * i // parts for i in range(parts + 1)]
+        list(pool().map(lambda i: self.fn(pointers, bounds[i], bounds[i + 1]), range(parts)))
 
 
 def _last_uses(plan: Plan) -> list[list[Value]]:
     """For each step, the values no later step (nor the result) reads: freed after it."""
-    reads = [step.args if isinstance(step, KernelStep) else step.op.inputs for step in plan.steps]
     keep = set(plan.function.results)
     last: dict[Value, int] = {}
-    for i, values in enumerate(reads):
-        for v in values:
+    for i, step in enumerate(plan.steps):
+        for v in reads(step):
             last[v] = i
     dead: list[list[Value]] = [[] for _ in plan.steps]
     for v, i in last.items():
-        if v not in keep and not (isinstance(plan.steps[i], KernelStep) and v in plan.steps[i].writes):
+        if v not in keep:
             dead[i].append(v)
     return dead
 
@@ -103,20 +155,17 @@ def _last_uses(plan: Plan) -> list[list[Value]]:
 _matmuls: dict[str, object] = {}
 
 
-def matmul(a: np.ndarray, b: np.ndarray, dtype: str) -> np.ndarray:
-    """a @ b (NumPy's rules for 1-D operands and batch axes) by the contraction kernel, with
-    the canonical k order: the reference's bits."""
+def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+    """out = a @ b (NumPy's rules for 1-D operands and batch axes) by the contraction kernel,
+    with the canonical k order: the reference's bits."""
+    dtype = {np.dtype(np.float32): "f32", np.dtype(np.float64): "f64"}[out.dtype]
     if dtype not in _matmuls:
         from backend.contract import Matmul
         _matmuls[dtype] = Matmul(dtype)
     a2 = a[None, :] if a.ndim == 1 else a
     b2 = b[:, None] if b.ndim == 1 else b
-    c = _matmuls[dtype](a2, b2, threads=threads())
-    if a.ndim == 1:
-        c = c[..., 0, :]
-    if b.ndim == 1:
-        c = c[..., 0]
-    return c
+    shape = np.broadcast_shapes(a2.shape[:-2], b2.shape[:-2]) + (a2.shape[-2], b2.shape[-1])
+    _matmuls[dtype](a2, b2, threads=threads(), out=out.reshape(shape))
 
 
 def _buffer(a: np.ndarray, v: Value) -> np.ndarray:
