@@ -18,8 +18,8 @@ from dsl.safetensors import SafetensorsError, read
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("safetensors")
-from safetensors.numpy import save_file as save_numpy       # noqa: E402
-from safetensors.torch import save_file as save_torch       # noqa: E402
+from safetensors.numpy import save_file as save_numpy
+from safetensors.torch import save_file as save_torch
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 spec = importlib.util.spec_from_file_location("gpt2_example", EXAMPLES / "gpt2.py")
@@ -191,13 +191,23 @@ def test_compiled_cpu_generation_matches_torch(weights, torch_run):
     assert_logits_match(full, want)
 
 
+def test_decode_is_one_specialisation_for_every_position(weights):
+    """A new token never compiles anything: decode's position is a run-time value."""
+    prog = dsl.load(str(EXAMPLES / "gpt2.bend"), device="reference")
+    p = gpt2.load(str(weights))
+    _, cache = prog.prefill(p, np.array([PROMPT], np.int32), CONFIG["n_head"], 40)
+    token = np.array([7], np.int32)
+    lowered = {id(prog.lower("decode", (p, token, np.int32(pos), cache), {})[0]) for pos in (5, 21, 39)}
+    assert len(lowered) == 1
+
+
 def test_generate_entry_runs_under_dslc_run(weights, torch_run, tmp_path, capsys):
     """examples/gpt2.py --npz writes the inputs of `dslc run --entry generate`, whose greedy
     fold over decode steps gives PyTorch's ids."""
     inputs, out = tmp_path / "in.npz", tmp_path / "out.npz"
     assert gpt2.main([str(weights), "--prompt", ",".join(map(str, PROMPT)), "--tokens", "8",
                       "--n-head", "4", "--npz", str(inputs)]) == 0
-    assert f"--dims n_head=4,n_new=8" in capsys.readouterr().out
+    assert "--dims n_head=4,n_new=8" in capsys.readouterr().out
     assert cli.main(["run", str(EXAMPLES / "gpt2.bend"), "--entry", "generate", "--inputs", str(inputs),
                      "--dims", "n_head=4,n_new=8", "--device", "reference", "-o", str(out)]) == 0
     with np.load(out) as got:
