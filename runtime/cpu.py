@@ -3,6 +3,7 @@ split across DSLC_THREADS threads (default: the number of cores)."""
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -20,12 +21,18 @@ from ir.passes import einsum_as_matmul
 from ir.ops.base import np_dtype
 
 MIN_WORK_PER_THREAD = 1 << 18          # elements; below this, threads cost more than they save
+MIN_MULTIPLY_ADDS_PER_THREAD = 1 << 20     # the same for a contraction
 _pool: ThreadPoolExecutor | None = None
 
 
 def threads() -> int:
     value = os.environ.get("DSLC_THREADS", "")
-    return max(1, int(value)) if value.isdigit() else os.cpu_count() or 1
+    return max(1, int(value)) if value.isdigit() else _cores()
+
+
+@functools.cache
+def _cores() -> int:
+    return os.cpu_count() or 1
 
 
 def pool() -> ThreadPoolExecutor:
@@ -53,6 +60,10 @@ class Executable:
             if isinstance(step, HostStep) and step.op.body is not None:
                 self.bodies[id(step.op)] = Executable(step.op.body, f"{name}_b{i}")
         self._arenas: list[_Arena] = []
+        # what needs no input is made once: constants, zeros, aranges (never written to)
+        self.made = {v: _buffer(a, v) for s in self.plan.steps
+                     if isinstance(s, HostStep) and not s.op.inputs and s.op.body is None
+                     for v, a in zip(s.op.outputs, interp.evaluate(s.op, []))}
 
     def run(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
         # an arena is used by one call at a time; a concurrent or nested call takes another
@@ -64,21 +75,23 @@ class Executable:
 
     def _run(self, arena: _Arena, arrays: list[np.ndarray]) -> list[np.ndarray]:
         env: dict[Value, np.ndarray] = dict(arena.views)
+        env.update(self.made)
         env.update((p, _buffer(a, p)) for p, a in zip(self.function.params, arrays))
+        n = threads()
         for step, launch, pointers, dead in zip(self.plan.steps, self.launches, arena.pointers, self.dead):
             if launch is not None:
-                launch(env, pointers)
+                launch(env, pointers, n)
             elif isinstance(step, ContractStep):
                 (out,) = step.op.outputs
                 if out not in env:
                     env[out] = np.empty(out.shape, np_dtype(out.dtype))
-                matmul(*[env[v] for v in step.op.inputs], env[out])
-            else:
+                matmul(*[env[v] for v in step.op.inputs], env[out], n)
+            elif step.op.outputs[0] not in self.made:
                 outs = self.host(step.op, [env[v] for v in step.op.inputs])
                 env.update((v, _buffer(a, v)) for v, a in zip(step.op.outputs, outs))
             for v in dead:                      # memory back as soon as nothing needs it
                 del env[v]
-        return [env[v] for v in self.function.results]
+        return [env[v].copy() if v in self.made else env[v] for v in self.function.results]
 
     def host(self, op: Op, inputs: list[np.ndarray]) -> list[np.ndarray]:
         body = self.bodies.get(id(op))
@@ -125,12 +138,12 @@ class _Launch:
         return (ctypes.c_void_p * len(self.args))(*[views[v].ctypes.data if v in views else 0
                                                     for v in self.args])
 
-    def __call__(self, env: dict[Value, np.ndarray], pointers: ctypes.Array) -> None:
+    def __call__(self, env: dict[Value, np.ndarray], pointers: ctypes.Array, threads: int) -> None:
         for v in self.fresh:
             env[v] = np.empty(v.shape, dtype=np_dtype(v.dtype))
         for i, v in self.patches:
             pointers[i] = env[v].ctypes.data
-        parts = min(threads(), self.extent, max(1, self.work // MIN_WORK_PER_THREAD))
+        parts = min(threads, self.extent, max(1, self.work // MIN_WORK_PER_THREAD))
         if parts <= 1:
             self.fn(pointers, 0, self.extent)
             return
@@ -155,9 +168,9 @@ def _last_uses(plan: Plan) -> list[list[Value]]:
 _matmuls: dict[str, object] = {}
 
 
-def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray, threads: int) -> None:
     """out = a @ b (NumPy's rules for 1-D operands and batch axes) by the contraction kernel,
-    with the canonical k order: the reference's bits."""
+    with the canonical k order: the reference's bits (on any number of threads)."""
     dtype = {np.dtype(np.float32): "f32", np.dtype(np.float64): "f64"}[out.dtype]
     if dtype not in _matmuls:
         from backend.contract import Matmul
@@ -165,7 +178,9 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
     a2 = a[None, :] if a.ndim == 1 else a
     b2 = b[:, None] if b.ndim == 1 else b
     shape = np.broadcast_shapes(a2.shape[:-2], b2.shape[:-2]) + (a2.shape[-2], b2.shape[-1])
-    _matmuls[dtype](a2, b2, threads=threads(), out=out.reshape(shape))
+    work = out.size * a2.shape[-1]
+    parts = min(threads, max(1, work // MIN_MULTIPLY_ADDS_PER_THREAD))
+    _matmuls[dtype](a2, b2, threads=parts, out=out.reshape(shape))
 
 
 def _buffer(a: np.ndarray, v: Value) -> np.ndarray:
