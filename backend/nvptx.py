@@ -1,94 +1,570 @@
-"""The NVPTX target: the kernels of the CPU backend's loop IR as PTX for NVIDIA GPUs.
+"""The NVPTX target: the loop IR's kernels, and the contraction kernel, as PTX for NVIDIA GPUs.
 
-Each kernel's function (backend/llvm.py) becomes a device function, called by a `__global__`
-wrapper once per thread with the range [t, t+1) of the kernel's outer extent: a map's first
-axis, or a reduction's result points. Every thread runs exactly the CPU's code for its part,
-so the results are the CPU's bits (the reductions keep their canonical lanes and tree). The
-math library is the CPU's; no call LLVM cannot select on NVPTX is emitted (ARCHITECTURE.md).
-This mapping is correct first; tiling across threads and warps comes with the GPU runtime.
+Every kernel computes exactly the bits the CPU backend computes (LANGUAGE.md §9):
+
+- A map kernel gives each thread one element (a grid-stride loop over the flattened space), so
+  neighbouring threads read and write neighbouring addresses: coalesced accesses.
+- A reduction kernel follows the canonical order of ir/numerics.py with warp shuffles: lane l
+  of a warp combines elements l, l+32, l+64, … left to right, then `shfl.down` by 16, 8, 4, 2,
+  1 is the halving tree (lane j ← lane j ⊕ lane j+s). Up to CHUNK elements, one warp reduces
+  one result; beyond, one block does: its warps reduce the chunks, whose results wait in shared
+  memory and are reduced again by the same rule (twice where there are more than CHUNK chunks).
+- The contraction kernel (C[b] = A[b] @ B[b]) is tiled through shared memory, double buffered:
+  each thread owns an 8 × 8 block of C for the whole K loop and accumulates
+  acc = fma(A[i, k], B[k, j], acc) from -0.0 in increasing k, the definition's order.
+
+The math library is the CPU's (backend/mathlib.py): no call LLVM cannot select on NVPTX is
+emitted (ARCHITECTURE.md). Static shared memory stays under 48 KiB, blocks at 256 threads.
 """
 from __future__ import annotations
 
+import math
 import shutil
 import subprocess
 import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import llvmlite.binding as llvm
 from llvmlite import ir
 
-from backend.llvm import I8, I32, I64, kernel_function
+from backend.llvm import I8, I32, I64, SCALAR, Emitter, memory_type, row_major
 from backend.loops import LoopKernel
+from ir.numerics import CHUNK, LANES
 
 TRIPLE = "nvptx64-nvidia-cuda"
 ARCHES = {"sm_80": "+ptx70", "sm_90": "+ptx80"}
-BLOCK = 256                                  # threads per block
+BLOCK = 256                                  # threads per block, every kernel
+WARP = 32
+MAX_BLOCKS = 65535 * 32                      # grids are grid-stride loops: more blocks add nothing
 MAX_GRID_X = 2 ** 31 - 1
+MAX_GRID_YZ = 65535
+SHARED_LIMIT = 48 * 1024                     # static shared memory per block (sm_80, sm_90)
+MAX_SECOND_LEVEL = 1024                      # chunk-of-chunk results one block keeps
 _lock = threading.Lock()
+
+assert LANES == WARP, "the canonical lanes are one warp"
 
 
 @dataclass(frozen=True)
 class Launch:
-    """How a kernel is launched: its entry name, the extent its threads cover, and the grid."""
+    """How a kernel is launched: its entry name, the work items its grid covers (elements of
+    a map, results of a reduction), threads per block, blocks, and static shared memory."""
     entry: str
     extent: int
     block: int
     grid: int
+    shared: int = 0
 
 
 def extent(k: LoopKernel) -> int:
-    if not k.shape:
-        return 1
-    if k.is_reduction:
-        total = 1
-        for n in k.shape:
-            total *= n
-        return total
-    return k.shape[0]
+    return math.prod(k.shape) if k.shape else 1
 
 
 def launch(k: LoopKernel) -> Launch:
+    """The launch shape of a loop kernel's GPU entry (see the module docstring)."""
     n = extent(k)
-    return Launch(f"{k.name}_gpu", n, BLOCK, max(1, -(-n // BLOCK)))
+    if not k.is_reduction:
+        blocks = -(-n // BLOCK)
+    elif k.n <= CHUNK:
+        blocks = -(-n // (BLOCK // WARP))            # a warp per result
+    else:
+        blocks = n                                    # a block per result
+    return Launch(f"{k.name}_gpu", n, BLOCK, max(1, min(blocks, MAX_BLOCKS)), _shared_bytes(k))
 
 
-def _sreg(b: ir.IRBuilder, module: ir.Module, name: str) -> ir.Value:
-    fn = module.globals.get(name) or ir.Function(module, ir.FunctionType(I32, []), name=name)
-    return b.zext(b.call(fn, []), I64)
+def _levels(k: LoopKernel) -> tuple[int, int]:
+    """A long reduction's chunk count and chunk-of-chunks count (0, 0 when n ≤ CHUNK)."""
+    if not k.is_reduction or k.n <= CHUNK:
+        return 0, 0
+    chunks = -(-k.n // CHUNK)
+    groups = -(-chunks // CHUNK)
+    if groups > MAX_SECOND_LEVEL:
+        raise ValueError(f"kernel {k.name}: a reduction of {k.n} elements is longer than the GPU "
+                         f"kernel reduces in one block ({CHUNK * CHUNK * MAX_SECOND_LEVEL})")
+    return chunks, groups
 
 
-def module_ir(kernels: list[LoopKernel]) -> ir.Module:
-    """One NVPTX module holding a global wrapper per kernel."""
+def _shared_bytes(k: LoopKernel) -> int:
+    chunks, groups = _levels(k)
+    if not chunks:
+        return 0
+    size = _bytes(k.body[k.reduce.value].dtype)
+    return size * (min(chunks, CHUNK) + (groups if groups > 1 else 0))
+
+
+def _bytes(dtype: str) -> int:
+    return {"f16": 2, "f32": 4, "f64": 8}[dtype]
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared helpers: special registers, barriers, shuffles, loops
+
+
+class _Builder:
+    """An IRBuilder for one GPU entry, with the NVPTX idioms the kernels are written in."""
+
+    def __init__(self, fn: ir.Function, index: ir.IntType):
+        self.fn, self.module, self.ity = fn, fn.module, index
+        self.b = ir.IRBuilder(fn.append_basic_block("entry"))
+        self.e = Emitter(self.b, self.module)
+
+    def c(self, v: int) -> ir.Constant:
+        return ir.Constant(self.ity, v)
+
+    def _declare(self, name: str, ret: ir.Type, args: list[ir.Type]) -> ir.Function:
+        return self.module.globals.get(name) or ir.Function(self.module, ir.FunctionType(ret, args), name)
+
+    def sreg(self, name: str) -> ir.Value:
+        """A special register (tid.x, ntid.x, ctaid.y, nctaid.z…) in the index type."""
+        value = self.b.call(self._declare(f"llvm.nvvm.read.ptx.sreg.{name}", I32, []), [])
+        return self.b.zext(value, self.ity) if self.ity.width > 32 else value
+
+    def barrier(self) -> None:
+        self.b.call(self._declare("llvm.nvvm.barrier0", ir.VoidType(), []), [])
+
+    def shfl_down(self, value: ir.Value, delta: int) -> ir.Value:
+        """The value of lane + delta of this warp (all 32 lanes take part)."""
+        b = self.b
+        shfl = self._declare("llvm.nvvm.shfl.sync.down.i32", I32, [I32] * 4)
+        call = lambda v: b.call(shfl, [ir.Constant(I32, -1), v, ir.Constant(I32, delta),
+                                       ir.Constant(I32, WARP - 1)])
+        width = {"half": 16, "float": 32, "double": 64}[str(value.type)]
+        bits = b.bitcast(value, ir.IntType(width))
+        if width == 16:
+            out = b.trunc(call(b.zext(bits, I32)), ir.IntType(16))
+        elif width == 32:
+            out = call(bits)
+        else:
+            lo = call(b.trunc(bits, I32))
+            hi = call(b.trunc(b.lshr(bits, ir.Constant(I64, 32)), I32))
+            out = b.or_(b.zext(lo, I64), b.shl(b.zext(hi, I64), ir.Constant(I64, 32)))
+        return b.bitcast(out, value.type)
+
+    def loop(self, start: ir.Value, stop: ir.Value, step: ir.Value, body: Callable[[ir.Value], None],
+             name: str = "i") -> None:
+        """for (i = start; i < stop; i += step) body(i), signed compare."""
+        b = self.b
+        before = b.block
+        head, inner, done = (self.fn.append_basic_block(f"{name}.{s}") for s in ("head", "body", "done"))
+        b.branch(head)
+        b.position_at_end(head)
+        i = b.phi(start.type, name)
+        i.add_incoming(start, before)
+        b.cbranch(b.icmp_signed("<", i, stop), inner, done)
+        b.position_at_end(inner)
+        body(i)
+        i.add_incoming(b.add(i, step), b.block)
+        b.branch(head)
+        b.position_at_end(done)
+
+    def shared(self, name: str, ty: ir.Type, count: int) -> ir.GlobalVariable:
+        g = ir.GlobalVariable(self.module, ir.ArrayType(ty, count), name, addrspace=3)
+        g.linkage = "internal"
+        g.initializer = ir.Constant(g.value_type, ir.Undefined)
+        g.align = 16
+        return g
+
+    def slot(self, ty: ir.Type) -> ir.Value:
+        """A local variable, allocated in the entry block (where LLVM turns it into registers)."""
+        block = self.b.block
+        self.b.position_at_start(self.fn.entry_basic_block)
+        ptr = self.b.alloca(ty)
+        self.b.position_at_end(block)
+        return ptr
+
+    def at(self, array: ir.Value, index: ir.Value) -> ir.Value:
+        """&array[index] for a shared-memory array."""
+        return self.b.gep(array, [ir.Constant(I32, 0), index], inbounds=True)
+
+
+def _entry(module: ir.Module, name: str, params: list[ir.Type], annotations, max_threads: int
+           ) -> ir.Function:
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), params), name=name)
+    for arg in fn.args:
+        if isinstance(arg.type, ir.PointerType):
+            arg.add_attribute("noalias")
+    annotations.add(module.add_metadata([fn, "kernel", ir.Constant(I32, 1)]))
+    annotations.add(module.add_metadata([fn, "maxntidx", ir.Constant(I32, max_threads)]))
+    return fn
+
+
+# ---------------------------------------------------------------------------------------------
+# Loop-IR kernels: maps and reductions
+
+
+def _index_type(k: LoopKernel) -> ir.IntType:
+    """32-bit index arithmetic where every offset and thread number fits (the GPU's integer
+    units are 32-bit), else 64-bit."""
+    largest = max([extent(k) * max(k.n, 1)] + [math.prod(s) for _, s in k.buffers])
+    return I32 if largest < 2 ** 30 else I64
+
+
+class _LoopKernelGen(_Builder):
+    def __init__(self, fn: ir.Function, k: LoopKernel):
+        super().__init__(fn, _index_type(k))
+        self.k, self.ptrs = k, list(fn.args)
+
+    def body(self, offset_of: Callable) -> list[ir.Value]:
+        """The kernel body's values, its loads at offset_of(load instruction)."""
+        b, values = self.b, []
+        for ins in self.k.body:
+            if ins.prim == "load":
+                v = b.load(b.gep(self.ptrs[ins.load.buffer], [offset_of(ins)], inbounds=True))
+                values.append(b.icmp_unsigned("!=", v, ir.Constant(I8, 0)) if ins.dtype == "bool" else v)
+            elif ins.prim == "const":
+                values.append(self.e.const(dict(ins.attrs)["value"], ins.dtype))
+            else:
+                args = [values[a] for a in ins.args]
+                dtypes = [self.k.body[a].dtype for a in ins.args]
+                values.append(self.e.apply(ins.prim, args, dtypes, ins.dtype, dict(ins.attrs)))
+        return values
+
+    def store(self, buffer: int, offset: ir.Value, value: ir.Value, dtype: str) -> None:
+        if dtype == "bool":
+            value = self.b.zext(value, I8)
+        self.b.store(value, self.b.gep(self.ptrs[buffer], [offset], inbounds=True))
+
+    def unravel(self, flat: ir.Value, shape: tuple[int, ...]) -> list[ir.Value]:
+        index, rest = [], flat
+        for d in reversed(shape):
+            index.append(self.b.urem(rest, self.c(d)) if d != 1 else self.c(0))
+            rest = self.b.udiv(rest, self.c(d)) if d != 1 else rest
+        return index[::-1]
+
+    def offset(self, index: list[ir.Value], strides: tuple[int, ...]) -> ir.Value:
+        total = self.c(0)
+        for i, s in zip(index, strides):
+            if s:
+                total = self.b.add(total, self.b.mul(i, self.c(s)))
+        return total
+
+    # -------------------------------------------------------- maps
+
+    def map(self) -> None:
+        """One element per thread, grid-stride: consecutive threads, consecutive elements."""
+        b, shape = self.b, self.k.shape
+        dense = row_major(shape)
+
+        def point(i: ir.Value) -> None:
+            index = self.unravel(i, shape)
+
+            def offset_of(ins) -> ir.Value:
+                same = all(s == r or n == 1 for s, r, n in zip(ins.load.strides, dense, shape))
+                return i if same else self.offset(index, ins.load.strides)
+
+            values = self.body(offset_of)
+            for buf, ins in self.k.stores:
+                self.store(buf, i, values[ins], self.k.body[ins].dtype)
+
+        first = b.add(b.mul(self.sreg("ctaid.x"), self.sreg("ntid.x")), self.sreg("tid.x"))
+        step = b.mul(self.sreg("nctaid.x"), self.sreg("ntid.x"))
+        self.loop(first, self.c(extent(self.k)), step, point, "elem")
+
+    # -------------------------------------------------------- reductions
+
+    def combine(self, a: ir.Value, c: ir.Value) -> ir.Value:
+        how, dtype = self.k.reduce.combine, self.dtype
+        if how == "add":
+            return self.b.fadd(a, c)
+        return self.e.apply("maximum" if how == "max" else "minimum", [a, c], [dtype, dtype], dtype, {})
+
+    @property
+    def dtype(self) -> str:
+        return self.k.body[self.k.reduce.value].dtype
+
+    def warp_reduce(self, lane: ir.Value, count: ir.Value, value_at: Callable) -> ir.Value:
+        """value_at(0 … count-1) combined in the canonical order by the 32 lanes of a warp:
+        lane l takes l, l+32, … left to right, then the shuffle-down tree. Valid in lane 0."""
+        b = self.b
+        identity = {"add": -0.0, "max": float("-inf"), "min": float("inf")}[self.k.reduce.combine]
+        acc = self.slot(SCALAR[self.dtype])
+        b.store(self.e.const(identity, self.dtype), acc)
+        self.loop(lane, count, self.c(WARP),
+                  lambda j: b.store(self.combine(b.load(acc), value_at(j)), acc), "lane")
+        value = b.load(acc)
+        s = WARP // 2
+        while s:
+            value = self.combine(value, self.shfl_down(value, s))
+            s //= 2
+        return value
+
+    def reduction(self) -> None:
+        b, k = self.b, self.k
+        r = k.reduce
+        outer = k.shape
+        tid = self.sreg("tid.x")
+        lane = b.urem(tid, self.c(WARP))
+        inner = {id(ins): ins.load.strides[-1] for ins in k.body if ins.prim == "load"}
+
+        def values_of(o: ir.Value) -> Callable:
+            index = self.unravel(o, outer)
+            base = {id(ins): self.offset(index, ins.load.strides[:-1])
+                    for ins in k.body if ins.prim == "load"}
+            return lambda j: self.body(
+                lambda ins: b.add(base[id(ins)], b.mul(j, self.c(inner[id(ins)]))))[r.value]
+
+        def finish(o: ir.Value, value: ir.Value, leader: ir.Value) -> None:
+            if r.count:
+                value = b.fdiv(value, self.e.const(float(r.count), self.dtype))
+            with b.if_then(leader):
+                self.store(r.buffer, o, value, self.dtype)
+
+        is_lane0 = b.icmp_unsigned("==", lane, self.c(0))
+        chunks, groups = _levels(k)
+        if not chunks:                                    # a warp per result
+            warps = b.udiv(b.mul(self.sreg("nctaid.x"), self.sreg("ntid.x")), self.c(WARP))
+            warp = b.udiv(b.add(b.mul(self.sreg("ctaid.x"), self.sreg("ntid.x")), tid), self.c(WARP))
+            self.loop(warp, self.c(extent(k)), warps,
+                      lambda o: finish(o, self.warp_reduce(lane, self.c(k.n), values_of(o)), is_lane0),
+                      "result")
+            return
+
+        # a block per result: its warps reduce chunks into `part`, warp 0 reduces `part`
+        # (into `group` when there are more than CHUNK chunks, then reduces `group`)
+        part = self.shared(f"{k.name}.part", SCALAR[self.dtype], min(chunks, CHUNK))
+        group = self.shared(f"{k.name}.group", SCALAR[self.dtype], groups) if groups > 1 else None
+        warp = b.udiv(tid, self.c(WARP))
+        warp0 = b.icmp_unsigned("==", warp, self.c(0))
+        leader = b.and_(warp0, is_lane0)
+        from_shared = lambda array: lambda j: b.load(self.at(array, j))
+
+        def one_result(o: ir.Value) -> None:
+            value_at = values_of(o)
+
+            def chunk(c: ir.Value, first: ir.Value) -> None:
+                start = b.mul(c, self.c(CHUNK))
+                size = b.sub(self.c(k.n), start)
+                size = b.select(b.icmp_signed("<", size, self.c(CHUNK)), size, self.c(CHUNK))
+                v = self.warp_reduce(lane, size, lambda j: value_at(b.add(start, j)))
+                with b.if_then(is_lane0):
+                    b.store(v, self.at(part, b.sub(c, first)))
+
+            def one_group(g: ir.Value) -> ir.Value | None:
+                first = b.mul(g, self.c(CHUNK))
+                stop = b.add(first, self.c(CHUNK))
+                stop = b.select(b.icmp_signed("<", stop, self.c(chunks)), stop, self.c(chunks))
+                self.loop(b.add(first, warp), stop, self.c(BLOCK // WARP), lambda c: chunk(c, first), "chunk")
+                self.barrier()
+                return b.sub(stop, first)
+
+            if groups == 1:
+                count = one_group(self.c(0))
+                with b.if_then(warp0):
+                    finish(o, self.warp_reduce(lane, count, from_shared(part)), leader)
+            else:
+                def each_group(g: ir.Value) -> None:
+                    count = one_group(g)
+                    with b.if_then(warp0):
+                        v = self.warp_reduce(lane, count, from_shared(part))
+                        with b.if_then(is_lane0):
+                            b.store(v, self.at(group, g))
+                    self.barrier()
+                self.loop(self.c(0), self.c(groups), self.c(1), each_group, "group")
+                with b.if_then(warp0):
+                    finish(o, self.warp_reduce(lane, self.c(groups), from_shared(group)), leader)
+            self.barrier()                                # `part` is free for the next result
+
+        self.loop(self.sreg("ctaid.x"), self.c(extent(k)), self.sreg("nctaid.x"), one_result, "result")
+
+
+def _kernel_entry(module: ir.Module, k: LoopKernel, annotations) -> None:
+    params = [memory_type(dt).as_pointer() for dt, _ in k.buffers]
+    fn = _entry(module, launch(k).entry, params, annotations, BLOCK)
+    gen = _LoopKernelGen(fn, k)
+    gen.reduction() if k.is_reduction else gen.map()
+    gen.b.ret_void()
+
+
+# ---------------------------------------------------------------------------------------------
+# The contraction kernel
+
+
+@dataclass(frozen=True)
+class MatmulTiles:
+    """A block computes bm × bn of C, k in steps of bk through shared memory; each of its
+    (bm/tm)·(bn/tn) threads owns tm × tn elements: rows ty·4 + {0…3} and bm/2 + ty·4 + {0…3},
+    columns likewise, so that its shared-memory reads are 4-vectors without bank conflicts."""
+    bm: int = 128
+    bn: int = 128
+    bk: int = 8
+    tm: int = 8
+    tn: int = 8
+    pad: int = 4                       # A is stored k-major with rows of bm + pad
+
+    @property
+    def threads(self) -> int:
+        return (self.bm // self.tm) * (self.bn // self.tn)
+
+    def shared_bytes(self, dtype: str) -> int:
+        return 2 * self.bk * (self.bm + self.pad + self.bn) * _bytes(dtype)
+
+
+TILES = MatmulTiles()
+
+
+def matmul_entry(dtype: str) -> str:
+    return f"dslc_matmul_{dtype}"
+
+
+def matmul_launch(dtype: str, batch: int, m: int, n: int) -> tuple[tuple[int, int, int], int, int]:
+    """(grid, threads per block, shared bytes) of the contraction kernel for C [batch, m, n]."""
+    t = TILES
+    grid = (-(-n // t.bn), -(-m // t.bm), min(batch, MAX_GRID_YZ))
+    if grid[1] > MAX_GRID_YZ:
+        raise ValueError(f"a matrix product of {m} rows is too tall for one launch")
+    return grid, t.threads, t.shared_bytes(dtype)
+
+
+def _matmul_entry(module: ir.Module, dtype: str, annotations, t: MatmulTiles = TILES) -> None:
+    """void dslc_matmul_T(const T *A, const T *B, T *C, i64 M, i64 N, i64 K, i64 a_stride,
+    i64 b_stride, i64 c_stride, i64 batch): C[z] = A[z] @ B[z], row-major, the strides being
+    the elements between batch entries (0 broadcasts). Launched by matmul_launch."""
+    scalar = SCALAR[dtype]
+    p = scalar.as_pointer()
+    fn = _entry(module, matmul_entry(dtype), [p, p, p] + [I64] * 7, annotations, t.threads)
+    A, B, C, M, N, K, sa, sb, sc, batch = fn.args
+    g = _Builder(fn, I64)
+    b, c = g.b, g.c
+    a_row = t.bm + t.pad
+    a_size, b_size = t.bk * a_row, t.bk * t.bn
+    a_tiles = g.shared(f"{fn.name}.a", scalar, 2 * a_size)      # [buffer][k][row]
+    b_tiles = g.shared(f"{fn.name}.b", scalar, 2 * b_size)      # [buffer][k][column]
+    vec4 = ir.VectorType(scalar, 4)
+    zero = ir.Constant(scalar, 0.0)
+    fma = g._declare(f"llvm.fma.{'f32' if dtype == 'f32' else 'f64'}", scalar, [scalar] * 3)
+
+    tid = g.sreg("tid.x")
+    tx, ty = b.urem(tid, c(t.bn // t.tn)), b.udiv(tid, c(t.bn // t.tn))
+    rows = [b.add(b.mul(ty, c(4)), c(i % 4 + (t.bm // 2) * (i // 4))) for i in range(t.tm)]
+    cols = [b.add(b.mul(tx, c(4)), c(j % 4 + (t.bn // 2) * (j // 4))) for j in range(t.tn)]
+    loads_a, loads_b = (t.bm * t.bk) // t.threads, (t.bk * t.bn) // t.threads
+    acc = g.slot(ir.ArrayType(scalar, t.tm * t.tn))               # registers once promoted
+    staged = g.slot(ir.ArrayType(scalar, loads_a + loads_b))      # the next tile, in flight
+    slot = lambda array, i: b.gep(array, [ir.Constant(I32, 0), ir.Constant(I32, i)], inbounds=True)
+
+    def one_product(z: ir.Value) -> None:
+        a_base = b.gep(A, [b.mul(z, sa)], inbounds=True)
+        b_base = b.gep(B, [b.mul(z, sb)], inbounds=True)
+        c_base = b.gep(C, [b.mul(z, sc)], inbounds=True)
+        i0, j0 = b.mul(g.sreg("ctaid.y"), c(t.bm)), b.mul(g.sreg("ctaid.x"), c(t.bn))
+        for i in range(t.tm * t.tn):
+            b.store(ir.Constant(scalar, -0.0), slot(acc, i))
+        tiles = b.sdiv(b.add(K, c(t.bk - 1)), c(t.bk))
+
+        # Thread tid fetches A[i0 + row, k0 + kk] and B[k0 + kk, j0 + col] for the (row, kk)
+        # and (kk, col) below; outside the matrices it fetches 0, which no stored element uses.
+        def a_element(q: int) -> tuple[ir.Value, ir.Value]:
+            e = b.add(tid, c(q * t.threads))
+            return b.udiv(e, c(t.bk)), b.urem(e, c(t.bk))
+
+        def b_element(q: int) -> tuple[ir.Value, ir.Value]:
+            e = b.add(tid, c(q * t.threads))
+            return b.udiv(e, c(t.bn)), b.urem(e, c(t.bn))
+
+        def fetch(tile: ir.Value) -> None:
+            k0 = b.mul(tile, c(t.bk))
+            for q in range(loads_a):
+                row, kk = a_element(q)
+                i, k = b.add(i0, row), b.add(k0, kk)
+                inside = b.and_(b.icmp_signed("<", i, M), b.icmp_signed("<", k, K))
+                at = b.select(inside, b.add(b.mul(i, K), k), c(0))
+                b.store(b.select(inside, b.load(b.gep(a_base, [at], inbounds=True)), zero), slot(staged, q))
+            for q in range(loads_b):
+                kk, col = b_element(q)
+                k, j = b.add(k0, kk), b.add(j0, col)
+                inside = b.and_(b.icmp_signed("<", k, K), b.icmp_signed("<", j, N))
+                at = b.select(inside, b.add(b.mul(k, N), j), c(0))
+                b.store(b.select(inside, b.load(b.gep(b_base, [at], inbounds=True)), zero),
+                        slot(staged, loads_a + q))
+
+        def stage(buffer: ir.Value) -> None:
+            for q in range(loads_a):
+                row, kk = a_element(q)
+                at = b.add(b.mul(buffer, c(a_size)), b.add(b.mul(kk, c(a_row)), row))
+                b.store(b.load(slot(staged, q)), g.at(a_tiles, at))
+            for q in range(loads_b):
+                kk, col = b_element(q)
+                at = b.add(b.mul(buffer, c(b_size)), b.add(b.mul(kk, c(t.bn)), col))
+                b.store(b.load(slot(staged, loads_a + q)), g.at(b_tiles, at))
+
+        def vectors(tiles_, base: ir.Value, first: list[ir.Value]) -> list[ir.Value]:
+            """The 4-vectors at base + first[0] and base + first[4], as scalars."""
+            out = []
+            for start in (first[0], first[4]):
+                ptr = b.bitcast(g.at(tiles_, b.add(base, start)), vec4.as_pointer(3))
+                v = b.load(ptr, align=16)
+                out += [b.extract_element(v, ir.Constant(I32, x)) for x in range(4)]
+            return out
+
+        def step(buffer: ir.Value, kk: ir.Value) -> None:
+            # ORDER: every element of this thread's block gains its k = k0 + kk term; the k
+            # loop is outermost, so each element's fmas run in increasing k.
+            a = vectors(a_tiles, b.add(b.mul(buffer, c(a_size)), b.mul(kk, c(a_row))), rows)
+            bv = vectors(b_tiles, b.add(b.mul(buffer, c(b_size)), b.mul(kk, c(t.bn))), cols)
+            for i in range(t.tm):
+                for j in range(t.tn):
+                    s = slot(acc, i * t.tn + j)
+                    b.store(b.call(fma, [a[i], bv[j], b.load(s)]), s)
+
+        def compute(tile: ir.Value) -> None:
+            buffer = b.urem(tile, c(2))
+            ahead = b.icmp_signed("<", b.add(tile, c(1)), tiles)
+            with b.if_then(ahead):
+                fetch(b.add(tile, c(1)))               # global loads in flight during the fmas
+            kc = b.sub(K, b.mul(tile, c(t.bk)))
+            with b.if_else(b.icmp_signed(">=", kc, c(t.bk))) as (whole, tail):
+                with whole:
+                    for kk in range(t.bk):
+                        step(buffer, c(kk))
+                with tail:                              # ORDER: K is never padded
+                    g.loop(c(0), kc, c(1), lambda kk: step(buffer, kk), "kk")
+            with b.if_then(ahead):
+                stage(b.sub(c(1), buffer))
+            g.barrier()
+
+        with b.if_then(b.icmp_signed(">", tiles, c(0))):
+            fetch(c(0))
+            stage(c(0))
+            g.barrier()
+        g.loop(c(0), tiles, c(1), compute, "tile")
+        for i in range(t.tm):
+            for j in range(t.tn):
+                row, col = b.add(i0, rows[i]), b.add(j0, cols[j])
+                inside = b.and_(b.icmp_signed("<", row, M), b.icmp_signed("<", col, N))
+                with b.if_then(inside):
+                    b.store(b.load(slot(acc, i * t.tn + j)),
+                            b.gep(c_base, [b.add(b.mul(row, N), col)], inbounds=True))
+
+    g.loop(g.sreg("ctaid.z"), batch, g.sreg("nctaid.z"), one_product, "batch")
+    b.ret_void()
+
+
+# ---------------------------------------------------------------------------------------------
+# Modules and PTX
+
+
+def module_ir(kernels: list[LoopKernel], matmuls: tuple[str, ...] = ()) -> ir.Module:
+    """One NVPTX module: a GPU entry per loop kernel, and the contraction kernel for each
+    dtype in `matmuls`."""
     module = ir.Module(name="dslc_gpu")
     module.triple = TRIPLE
     annotations = module.add_named_metadata("nvvm.annotations")
     for k in kernels:
-        body = kernel_function(module, k)
-        body.linkage = "internal"
-        body.attributes.add("alwaysinline")         # (its loops function is already inlined)
-        entry = launch(k).entry
-        fnty = ir.FunctionType(ir.VoidType(), [I8.as_pointer().as_pointer(), I64])
-        wrapper = ir.Function(module, fnty, name=entry)
-        buffers, n = wrapper.args
-        b = ir.IRBuilder(wrapper.append_basic_block("entry"))
-        t = b.add(b.mul(_sreg(b, module, "llvm.nvvm.read.ptx.sreg.ctaid.x"),
-                        _sreg(b, module, "llvm.nvvm.read.ptx.sreg.ntid.x")),
-                  _sreg(b, module, "llvm.nvvm.read.ptx.sreg.tid.x"))
-        with b.if_then(b.icmp_unsigned("<", t, n)):
-            b.call(body, [buffers, t, b.add(t, ir.Constant(I64, 1))])
-        b.ret_void()
-        annotations.add(module.add_metadata([wrapper, "kernel", ir.Constant(I32, 1)]))
+        _kernel_entry(module, k, annotations)
+    for dtype in matmuls:
+        _matmul_entry(module, dtype, annotations)
     return module
 
 
-def ptx(kernels: list[LoopKernel], arch: str = "sm_90") -> str:
-    """The PTX of the kernels for an architecture (sm_80 or sm_90)."""
+def ptx(kernels: list[LoopKernel], arch: str = "sm_90", matmuls: tuple[str, ...] = ()) -> str:
+    """The PTX of the kernels (and contraction kernels) for an architecture (sm_80 or sm_90)."""
     with _lock:
         llvm.initialize_all_targets()
         llvm.initialize_all_asmprinters()
-    text = str(module_ir(kernels))
+    text = str(module_ir(kernels, matmuls))
     machine = llvm.Target.from_triple(TRIPLE).create_target_machine(cpu=arch, features=ARCHES[arch],
                                                                     opt=3)
     mod = llvm.parse_assembly(text)

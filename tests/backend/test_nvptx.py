@@ -12,8 +12,11 @@ import pytest
 
 import dsl
 from backend import nvptx, schedule
+from backend.llvm import row_major
+from backend.loops import Instr, Load, LoopKernel, Reduce
 from dsl.program import example_inputs
 from ir.ad import grad_function
+from ir.numerics import CHUNK
 from ir.passes import optimize
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -71,7 +74,72 @@ def test_every_kernel_assembles(name, arch):
     for k in ks:
         shape = nvptx.launch(k)
         assert shape.block <= 1024 and shape.grid <= nvptx.MAX_GRID_X
-        assert f".entry {shape.entry}" in text or f".entry \"{shape.entry}\"" in text.replace("\"", "\"")
+        assert shape.shared <= nvptx.SHARED_LIMIT
+        assert f".entry {shape.entry}(" in text
+
+
+def reduction(name, dtype, outer, n, combine="add", columns=False, count=None):
+    """A reduction kernel: over the rows of an [*outer, n] array, or (columns) over the
+    columns of an [n, m] array (outer = (m,), the reduced axis's stride m)."""
+    if columns:
+        (m,) = outer
+        source, strides = (n, m), (1, m)
+    else:
+        source, strides = outer + (n,), row_major(outer + (n,))
+    return LoopKernel(name, outer, ((dtype, source), (dtype, outer)),
+                      (Instr("load", (), (), dtype, Load(0, strides)),),
+                      reduce=Reduce(combine, 0, 1, count), n=n)
+
+
+# Reductions of every length class: one warp (≤ CHUNK), a block with chunk results in shared
+# memory (≤ CHUNK²), and a block with a second level; rows and columns; every float dtype.
+REDUCTIONS = [
+    reduction("warp_rows", "f32", (7,), 100),
+    reduction("warp_cols", "f32", (5,), 300, "max", columns=True),
+    reduction("empty", "f32", (3,), 0),
+    reduction("one_level", "f32", (2,), 3 * CHUNK + 5, count=3 * CHUNK + 5),
+    reduction("two_levels", "f32", (), CHUNK * CHUNK + 7),
+    reduction("f64_max", "f64", (4,), 2 * CHUNK + 1, "max"),
+    reduction("f64_cols", "f64", (6,), 9000, "min", columns=True),
+    reduction("f16_min", "f16", (3,), 70, "min"),
+]
+
+
+@needs_ptxas
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_reductions_and_contractions_assemble_within_the_limits(arch):
+    """Every reduction shape class and both contraction kernels pass ptxas, with the shared
+    memory the launch shape declares, no spills in f32, and the canonical tree as shuffles."""
+    text = nvptx.ptx(REDUCTIONS, arch, matmuls=("f32", "f64"))
+    report = nvptx.ptxas(text, arch)
+    usage = dict(re.findall(r"Compiling entry function '(\w+)'.*?Used \d+ registers.*?(\d+ bytes smem|\n)",
+                            report, re.S))
+    for k in REDUCTIONS:
+        shape = nvptx.launch(k)
+        assert shape.block <= 1024 and 1 <= shape.grid <= nvptx.MAX_GRID_X
+        assert shape.shared <= nvptx.SHARED_LIMIT
+        smem = usage[shape.entry]
+        assert (int(smem.split()[0]) if "smem" in smem else 0) >= shape.shared
+        body = text.split(f".entry {shape.entry}(")[1].split("\n}\n")[0]
+        assert body.count("shfl.sync.down") >= 5, "the halving tree is five shuffles"
+    for dtype in ("f32", "f64"):
+        grid, block, shared = nvptx.matmul_launch(dtype, 3, 4096, 4096)
+        assert block <= 1024 and max(grid[1:]) <= nvptx.MAX_GRID_YZ and shared <= nvptx.SHARED_LIMIT
+        entry = nvptx.matmul_entry(dtype)
+        assert f".entry {entry}(" in text
+        assert int(usage[entry].split()[0]) == shared
+    f32 = report.split("Compiling entry function 'dslc_matmul_f32'")[1].split("Compile time")[0]
+    assert "0 bytes spill stores" in f32
+    mm = text.split(".entry dslc_matmul_f32(")[1].split("\n}\n")[0]
+    assert "fma.rn.f32" in mm and "ld.shared.v4" in mm and "bar.sync" in mm
+    assert not re.search(r"\b(add|mul|sub)\.(rn\.)?f32", mm), "only fmas touch the accumulators"
+
+
+def test_long_reductions_stay_within_shared_memory():
+    k = reduction("huge", "f64", (), CHUNK * CHUNK * nvptx.MAX_SECOND_LEVEL)
+    assert nvptx.launch(k).shared <= nvptx.SHARED_LIMIT
+    with pytest.raises(ValueError, match="longer than"):
+        nvptx.launch(reduction("too_long", "f64", (), CHUNK * CHUNK * nvptx.MAX_SECOND_LEVEL + 1))
 
 
 def test_ptxas_rejection_is_reported():
