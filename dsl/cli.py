@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import traceback
+import zipfile
 
 import numpy as np
 
 import dsl
+from dsl import safetensors
 
 from frontend.check import check_file
 from frontend.diagnostics import DslError
@@ -70,11 +73,7 @@ def cmd_run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     prog = dsl.load(args.file, device=args.device)
-    try:
-        with np.load(args.inputs) as data:
-            arrays = {k: data[k] for k in data.files}
-    except (OSError, ValueError) as e:
-        raise DslError(None, f"cannot read inputs from {args.inputs}: {e}") from None
+    arrays = read_arrays(args.inputs)
     result = prog.call(args.entry, **prog.inputs_from_arrays(args.entry, arrays, args.dims or {}))
     flat = dsl.program.flatten_python(result, "out")
     if args.output:
@@ -83,6 +82,21 @@ def cmd_run(args: argparse.Namespace) -> int:
         for name, value in flat.items():
             print(f"{name}: {value.dtype}{list(value.shape)}\n{value}")
     return 0
+
+
+def read_arrays(path: str) -> dict[str, np.ndarray]:
+    """The named arrays of an .npz or .safetensors file; an unreadable file is a DslError."""
+    if path.endswith(".safetensors"):
+        return safetensors.read(path)
+    try:
+        with open(path, "rb"):                  # a missing file says so, not "not an archive"
+            pass
+        if not zipfile.is_zipfile(path):
+            raise ValueError("not an .npz archive (a zip of .npy arrays) or a .safetensors file")
+        with np.load(path, allow_pickle=False) as data:
+            return {k: data[k] for k in data.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+        raise DslError(None, f"cannot read inputs from {path}: {e or type(e).__name__}") from None
 
 
 def parse_values(text: str) -> dict[str, float]:
@@ -178,7 +192,8 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("file", metavar="FILE")
     run.add_argument("--entry", required=True)
     run.add_argument("--inputs", required=True, metavar="IN.npz",
-                     help="one array per parameter (records as p.W1, lists as xs[0])")
+                     help="an .npz or .safetensors file with one array per parameter "
+                     "(records as p.W1, lists as xs[0])")
     run.add_argument("-o", "--output", metavar="OUT.npz")
     run.add_argument("--dims", type=parse_dims, help="values of static int parameters")
     run.add_argument("--device", choices=["auto", "reference", "cpu", "cuda"], default="auto")
@@ -214,6 +229,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:                     # `dslc run … | head`: the reader has had enough
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except Exception:
         traceback.print_exc()
         print(f"dslc: internal error: {REPORT}", file=sys.stderr)

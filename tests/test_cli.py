@@ -111,6 +111,46 @@ def test_run_reads_named_arrays_and_writes_the_result(tmp_path: Path):
         assert list(out.files) == ["out"] and np.array_equal(out["out"], want)
 
 
+def test_run_reads_safetensors_inputs(tmp_path: Path):
+    import numpy as np
+    from safetensors.numpy import save_file
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    save_file({"x": x}, str(tmp_path / "in.safetensors"))
+    (tmp_path / "f.bend").write_text("def f(x: f32[N, M]) -> f32[N]:\n  return sum(x * x, axis=1)\n")
+    r = dslc("run", str(tmp_path / "f.bend"), "--entry", "f", "--inputs", str(tmp_path / "in.safetensors"),
+             "-o", str(tmp_path / "out.npz"))
+    assert r.returncode == 0, r.stderr
+    with np.load(tmp_path / "out.npz") as out:
+        assert np.array_equal(out["out"], np.array([5, 50], np.float32))
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"", "not an .npz archive"),
+    (b"def f(x: f32) -> f32:\n  return x\n", "not an .npz archive"),
+    (None, "No such file or directory"),
+])
+def test_run_refuses_unreadable_inputs_with_a_diagnostic(tmp_path: Path, content, message):
+    inputs = tmp_path / "in.npz"
+    if content is not None:
+        inputs.write_bytes(content)
+    r = dslc("run", str(MLP), "--entry", "loss", "--inputs", str(inputs))
+    assert r.returncode == 1 and f"cannot read inputs from {inputs}: " in r.stderr
+    assert message in r.stderr and "Traceback" not in r.stderr
+
+
+def test_run_into_a_closed_pipe_is_quiet(tmp_path: Path):
+    import numpy as np
+    np.savez(tmp_path / "in.npz", x=np.zeros((200, 200), np.float32))
+    (tmp_path / "f.bend").write_text("def f(x: f32[N, M]) -> f32[N, M]:\n  return x + 1.0\n")
+    p = subprocess.Popen([sys.executable, "-m", "dsl", "run", str(tmp_path / "f.bend"), "--entry", "f",
+                          "--inputs", str(tmp_path / "in.npz")], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    p.stdout.readline()
+    p.stdout.close()                            # as `| head -1` does
+    assert p.wait(timeout=120) == 0
+    assert p.stderr.read() == b""
+
+
 def test_run_names_a_missing_input(tmp_path: Path):
     import numpy as np
     np.savez(tmp_path / "in.npz", x=np.zeros((4, 3), np.float32))
