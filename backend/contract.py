@@ -6,13 +6,15 @@ and registers as BLIS does it, whose every output element is still
 so its bits are those of ir.numerics.contract (LANGUAGE.md §9) at any tile size and any
 thread count. The generated function, in C:
 
-    void NAME(const T *A, const T *B, T *C,             /* row-major [M,K], [K,N], [M,N] */
+    void NAME(const T *A, const T *B, T *C,             /* [M,K], [K,N], row-major [M,N] */
               int64_t batch, int64_t M, int64_t N, int64_t K,
               int64_t a_stride, int64_t b_stride, int64_t c_stride,
+              int64_t a_row, int64_t a_col, int64_t b_row, int64_t b_col,
               T *scratch, int64_t *next_job, int64_t thread_index, int64_t thread_count);
 
 T is float (f32) or double (f64); the strides are the elements between batch entries (0
-broadcasts an operand). C need not be initialised and must not overlap A, B or scratch. K = 0
+broadcasts an operand), and A[i, k] is A[i·a_row + k·a_col] (B likewise), so a transposed
+or sliced operand is read in place; B's rows are read as vectors where b_col is 1. C need not be initialised and must not overlap A, B or scratch. K = 0
 gives -0.0 everywhere (the empty sum); M, N or batch ≤ 0 does nothing.
 
 Threads: C is cut into jobs (one batch entry × a block of rows × a block of columns, each
@@ -50,6 +52,7 @@ SCALAR = {"f32": ir.FloatType(), "f64": ir.DoubleType()}
 NUMPY = {"f32": np.float32, "f64": np.float64}
 SIZE = {"f32": 4, "f64": 8}
 UNROLL = 4      # k steps per trip of the register tile's main loop
+PACK_ROWS = 16  # rows of a transposed B packed per pass (a cache line of f32)
 
 
 @dataclass(frozen=True)
@@ -263,11 +266,12 @@ def build_matmul(module: ir.Module, name: str, dtype: str, tiles: Tiles | None =
     t = tiles or host_tiles(dtype)
     tile = _build_tile(module, f"{name}.tile", dtype, t)
     p = SCALAR[dtype].as_pointer()
-    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [p, p, p] + [I64] * 7 +
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [p, p, p] + [I64] * 11 +
                                              [p, I64.as_pointer(), I64, I64]), name)
-    A, B, C, batch, M, N, K, sa, sb, sc, scratch, next_job, tid, nthreads = fn.args
-    for arg, label in zip(fn.args, "A B C batch M N K a_stride b_stride c_stride scratch "
-                                   "next_job thread_index thread_count".split()):
+    (A, B, C, batch, M, N, K, sa, sb, sc, a_row, a_col, b_row, b_col,
+     scratch, next_job, tid, nthreads) = fn.args
+    for arg, label in zip(fn.args, "A B C batch M N K a_stride b_stride c_stride a_row a_col "
+                                   "b_row b_col scratch next_job thread_index thread_count".split()):
         arg.name = label
     e = _Emitter(fn, dtype, t)
     b = e.b
@@ -306,21 +310,24 @@ def build_matmul(module: ir.Module, name: str, dtype: str, tiles: Tiles | None =
     bi = b.sdiv(job, b.mul(n_cols, n_rows))
     i0, j0 = b.mul(jm, rows), b.mul(jn, cols)
     mj, nj = e.min(rows, b.sub(M, i0)), e.min(cols, b.sub(N, j0))
-    a_base = e.at(A, b.mul(bi, sa), b.mul(i0, K))
-    b_base = e.at(B, b.mul(bi, sb), j0)
+    a_base = e.at(A, b.mul(bi, sa), b.mul(i0, a_row))
+    b_base = e.at(B, b.mul(bi, sb), b.mul(j0, b_col))
     c_base = e.at(C, b.mul(bi, sc), b.mul(i0, N), j0)
     live = b.and_(b.icmp_signed(">", mj, _i64(0)), b.icmp_signed(">", nj, _i64(0)))
     with b.if_then(live):
-        _job(e, tile, a_base, b_base, c_base, mj, nj, K, N, a_pack, b_pack, edge)
+        _job(e, tile, (a_base, a_row, a_col), (b_base, b_row, b_col), c_base, mj, nj, K, N,
+             a_pack, b_pack, edge)
     b.branch(head)
     b.position_at_end(done)
     b.ret_void()
     return fn
 
 
-def _job(e: _Emitter, tile, a_base, b_base, c_base, mj, nj, K, N, a_pack, b_pack, edge) -> None:
-    """C[:mj, :nj] (row stride N) = A[:mj, :K] (row stride K) @ B[:K, :nj] (row stride N)."""
+def _job(e: _Emitter, tile, a, b_, c_base, mj, nj, K, N, a_pack, b_pack, edge) -> None:
+    """C[:mj, :nj] (row stride N) = A[:mj, :K] @ B[:K, :nj], a and b_ being each operand's
+    (base, row stride, column stride)."""
     b, t = e.b, e.tiles
+    (a_base, a_row, a_col), (b_base, b_row, b_col) = a, b_
     with b.if_then(b.icmp_signed("==", K, _i64(0)), likely=False):
         minus_zero = ir.Constant(e.scalar, -0.0)
         with e.loop(0, mj, 1, "zr") as i, e.loop(0, nj, 1, "zc") as j:
@@ -332,13 +339,14 @@ def _job(e: _Emitter, tile, a_base, b_base, c_base, mj, nj, K, N, a_pack, b_pack
     with e.loop(0, K, t.kc, "pc") as pc:
         kc = e.min(t.kc, b.sub(K, pc))
         first = b.icmp_signed("==", pc, _i64(0))
-        _pack_b(e, e.at(b_base, b.mul(pc, N)), N, kc, nj, b_pack)
+        _pack_b(e, e.at(b_base, b.mul(pc, b_row)), b_row, b_col, kc, nj, b_pack)
         # ORDER: the row blocks, and the tiles within them, partition the job's elements; each
         # runs this K block once, so the order in which they are visited does not matter.
         with e.loop(0, mj, t.mc, "ic") as ic:
             mb = e.min(t.mc, b.sub(mj, ic))
             c_block = e.at(c_base, b.mul(ic, N))
-            _pack_a(e, e.at(a_base, b.mul(ic, K), pc), K, kc, mb, a_pack)
+            _pack_a(e, e.at(a_base, b.mul(ic, a_row), b.mul(pc, a_col)), a_row, a_col, kc, mb,
+                    a_pack)
             with e.loop(0, nj, t.nr, "jr") as jr:
                 n_edge = e.min(t.nr, b.sub(nj, jr))
                 with e.loop(0, mb, t.mr, "ir") as ir_:
@@ -390,23 +398,43 @@ def _copy_rows(e: _Emitter, src, src_ld, dst, dst_ld, m, n) -> None:
             e.masked_store(e.masked_load(e.at(s, v * t.width), mask), e.at(d, v * t.width), mask)
 
 
-def _pack_b(e: _Emitter, src, ld, kc, nj, dst) -> None:
-    """dst[q][k][c] = src[k, q·nr + c] (0 past column nj): panels of nr columns. Row by row,
-    so that src is read in order."""
+def _pack_b(e: _Emitter, src, ld, col, kc, nj, dst) -> None:
+    """dst[q][k][c] = src[k·ld + (q·nr + c)·col] (0 past column nj): panels of nr columns.
+    Rows of vectors where col is 1; otherwise column by column, so that a transposed B (ld 1)
+    is read in order."""
     b, t = e.b, e.tiles
-    with e.loop(0, kc, 1, "pbk") as k:
-        row, out = e.at(src, b.mul(k, ld)), e.at(dst, b.mul(k, _i64(t.nr)))
-        with e.loop(0, nj, t.nr, "pbj") as j:
-            left = b.sub(nj, j)
-            panel = e.at(out, b.mul(j, kc))
-            for v in range(t.nv):
-                value = e.masked_load(e.at(row, j, v * t.width), e.lanes_below(left, v))
-                e.store_vec(value, e.at(panel, v * t.width))
+    with b.if_else(b.icmp_signed("==", col, _i64(1))) as (rows, columns):
+        with rows:
+            with e.loop(0, kc, 1, "pbk") as k:
+                row, out = e.at(src, b.mul(k, ld)), e.at(dst, b.mul(k, _i64(t.nr)))
+                with e.loop(0, nj, t.nr, "pbj") as j:
+                    left = b.sub(nj, j)
+                    panel = e.at(out, b.mul(j, kc))
+                    for v in range(t.nv):
+                        value = e.masked_load(e.at(row, j, v * t.width), e.lanes_below(left, v))
+                        e.store_vec(value, e.at(panel, v * t.width))
+        with columns:
+            # blocks of PACK_ROWS rows: each column's run of them is one cache line read,
+            # and the panel rows they fill stay in L1 while the nr columns are copied
+            zero = ir.Constant(e.scalar, 0.0)
+            with e.loop(0, e.ceil_div(nj, t.nr), 1, "pbq") as q, \
+                    e.loop(0, kc, PACK_ROWS, "pbb") as k0:
+                panel = e.at(dst, b.mul(q, b.mul(kc, _i64(t.nr))), b.mul(k0, _i64(t.nr)))
+                rows = e.min(PACK_ROWS, b.sub(kc, k0))
+                with e.loop(0, t.nr, 1, "pbc") as c:
+                    j = b.add(b.mul(q, _i64(t.nr)), c)
+                    inside = b.icmp_signed("<", j, nj)
+                    column = e.at(src, b.mul(b.select(inside, j, _i64(0)), col), b.mul(k0, ld))
+                    with e.loop(0, rows, 1, "pbr") as k:
+                        value = b.load(e.at(column, b.mul(k, ld)), align=e.align)
+                        b.store(b.select(inside, value, zero), e.at(panel, b.mul(k, _i64(t.nr)), c),
+                                align=e.align)
 
 
-def _pack_a(e: _Emitter, src, ld, kc, mb, dst) -> None:
-    """dst[p][k][r] = src[p·mr + r, k] (0 past row mb): panels of mr rows. A whole panel
-    copies one k of its mr rows at a time (the scalar form: vectorised, LLVM would scatter)."""
+def _pack_a(e: _Emitter, src, ld, col, kc, mb, dst) -> None:
+    """dst[p][k][r] = src[(p·mr + r)·ld + k·col] (0 past row mb): panels of mr rows. A whole
+    panel copies one k of its mr rows at a time (the scalar form: vectorised, LLVM would
+    scatter)."""
     b, t = e.b, e.tiles
     zero = ir.Constant(e.scalar, 0.0)
     with e.loop(0, mb, t.mr, "pap") as i:
@@ -416,8 +444,9 @@ def _pack_a(e: _Emitter, src, ld, kc, mb, dst) -> None:
                 rows = [e.at(src, b.mul(b.add(i, _i64(r)), ld)) for r in range(t.mr)]
                 with e.loop(0, kc, 1, "pak") as k:
                     out = e.at(panel, b.mul(k, _i64(t.mr)))
+                    at = b.mul(k, col)
                     for r, row in enumerate(rows):
-                        b.store(b.load(e.at(row, k), align=e.align), e.at(out, r), align=e.align)
+                        b.store(b.load(e.at(row, at), align=e.align), e.at(out, r), align=e.align)
             with part:
                 with e.loop(0, kc, 1, "pae") as k:
                     out = e.at(panel, b.mul(k, _i64(t.mr)))
@@ -425,7 +454,7 @@ def _pack_a(e: _Emitter, src, ld, kc, mb, dst) -> None:
                         row = b.add(i, _i64(r))
                         inside = b.icmp_signed("<", row, mb)
                         safe = b.select(inside, row, _i64(0))
-                        value = b.load(e.at(src, b.mul(safe, ld), k), align=e.align)
+                        value = b.load(e.at(src, b.mul(safe, ld), b.mul(k, col)), align=e.align)
                         b.store(b.select(inside, value, zero), e.at(out, r), align=e.align)
 
 
@@ -466,7 +495,7 @@ class Matmul:
         self.engine = llvm.create_mcjit_compiler(mod, tm)
         self.engine.finalize_object()
         self.assembly = tm.emit_assembly(mod)
-        self.fn = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * 3, *[ctypes.c_int64] * 7,
+        self.fn = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * 3, *[ctypes.c_int64] * 11,
                                    ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
                                    ctypes.c_int64)(
             self.engine.get_function_address("matmul"))
@@ -483,22 +512,23 @@ class Matmul:
 
     def call(self, a: np.ndarray, b: np.ndarray, c: np.ndarray, scratch: np.ndarray,
              next_job: np.ndarray, thread_index: int, thread_count: int) -> None:
-        """One thread's part of c = a @ b: a [batch|1, M, K], b [batch|1, K, N] and c
-        [batch, M, N], C-contiguous and of the kernel's dtype; next_job is an int64[1],
-        zero before the first thread starts, shared by the thread_count calls."""
+        """One thread's part of c = a @ b: a [batch|1, M, K] and b [batch|1, K, N] of any
+        strides, c [batch, M, N] C-contiguous, all of the kernel's dtype; next_job is an
+        int64[1], zero before the first thread starts, shared by the thread_count calls."""
         for x in (a, b, c, scratch):
-            if x.dtype != NUMPY[self.dtype] or not x.flags.c_contiguous:
-                raise ValueError(f"want C-contiguous {self.dtype} arrays, got {x.dtype}")
+            if x.dtype != NUMPY[self.dtype] or x is not a and x is not b and not x.flags.c_contiguous:
+                raise ValueError(f"want {self.dtype} arrays (c and scratch C-contiguous), got {x.dtype}")
         (batch, m, n), k = c.shape, a.shape[-1]
         if (a.shape[1:], b.shape[1:]) != ((m, k), (k, n)) or {len(a), len(b)} - {1, batch} \
                 or scratch.nbytes < thread_count * self.tiles.scratch_elements * a.itemsize + 64 \
                 or next_job.dtype != np.int64 or not 0 <= thread_index < thread_count:
             raise ValueError(f"arguments do not fit: {a.shape} @ {b.shape} -> {c.shape}, "
                              f"scratch {scratch.size}, thread {thread_index} of {thread_count}")
-        strides = [0 if len(x) == 1 else math.prod(x.shape[1:]) for x in (a, b, c)]
+        batches = [0 if len(x) == 1 else x.strides[0] // x.itemsize for x in (a, b, c)]
+        rows_cols = [s // x.itemsize for x in (a, b) for s in x.strides[1:]]
         base = scratch.ctypes.data
-        self.fn(a.ctypes.data, b.ctypes.data, c.ctypes.data, batch, m, n, k, *strides,
-                base + (-base % 64), next_job.ctypes.data, thread_index, thread_count)
+        self.fn(a.ctypes.data, b.ctypes.data, c.ctypes.data, batch, m, n, k, *batches,
+                *rows_cols, base + (-base % 64), next_job.ctypes.data, thread_index, thread_count)
 
     def __call__(self, a: np.ndarray, b: np.ndarray, threads: int = 1,
                  out: np.ndarray | None = None) -> np.ndarray:
@@ -506,11 +536,11 @@ class Matmul:
         by `threads` Python threads (ctypes lets go of the GIL during the call), into `out`
         (C-contiguous, of the result's shape) when given."""
         shape = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
-        a3, b3 = (np.ascontiguousarray(x if math.prod(x.shape[:-2]) == 1
-                                       else np.broadcast_to(x, shape + x.shape[-2:]),
-                                       dtype=NUMPY[self.dtype]) for x in (a, b))
-        a3, b3 = (x.reshape((math.prod(x.shape[:-2]),) + x.shape[-2:]) for x in (a3, b3))
-        c_shape = (math.prod(shape), a3.shape[1], b3.shape[2])
+        a, b = (x.astype(NUMPY[self.dtype], copy=False) for x in (a, b))
+        # one B for every batch entry: the batch is more rows of A (B is packed once)
+        rows = _rows(a) if math.prod(b.shape[:-2]) == 1 < math.prod(shape) else None
+        a3, b3 = (rows, _batched(b, ())) if rows is not None else (_batched(a, shape), _batched(b, shape))
+        c_shape = (math.prod(shape) if rows is None else 1, a3.shape[1], b3.shape[2])
         if out is not None and not (out.flags.c_contiguous and out.dtype == NUMPY[self.dtype]
                                     and out.size == math.prod(c_shape)):
             raise ValueError(f"out must be a C-contiguous {self.dtype} array of {c_shape}")
@@ -526,4 +556,28 @@ class Matmul:
             self.call(a3, b3, c, scratch, next_job, 0, threads)    # thread 0 is this one
             for f in others:
                 f.result()
-        return c.reshape(shape + c.shape[1:])
+        return c.reshape(shape + (a.shape[-2], b.shape[-1]))
+
+
+def _batched(x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """x as [batch|1, rows, columns] for the batch axes `shape`, read in place where its batch
+    axes step through memory as one (a transposed or sliced matrix is); a copy otherwise."""
+    if math.prod(x.shape[:-2]) == 1:
+        return x.reshape((1,) + x.shape[-2:])
+    x = np.broadcast_to(x, shape + x.shape[-2:])
+    axes = [(n, s) for n, s in zip(x.shape[:-2], x.strides[:-2]) if n != 1]
+    if any(s != n * t for (_, s), (n, t) in zip(axes, axes[1:])):
+        x = np.ascontiguousarray(x)
+        axes = [(math.prod(x.shape[:-2]), x.strides[-3])]
+    return np.lib.stride_tricks.as_strided(x, (math.prod(shape),) + x.shape[-2:],
+                                           (axes[-1][1],) + x.strides[-2:])
+
+
+def _rows(x: np.ndarray) -> np.ndarray | None:
+    """x [..., rows, columns] as [1, all rows, columns] in place, or None where its rows do not
+    step through memory as one axis."""
+    axes = [(n, s) for n, s in zip(x.shape[:-1], x.strides[:-1]) if n != 1]
+    if any(s != n * t for (_, s), (n, t) in zip(axes, axes[1:])):
+        return None
+    return np.lib.stride_tricks.as_strided(x, (1, math.prod(x.shape[:-1]), x.shape[-1]),
+                                           (0, axes[-1][1] if axes else 0, x.strides[-1]))

@@ -266,15 +266,15 @@ class _KernelGen:
 
         level(0, [])
 
-    def offset(self, index: list[ir.Value], strides: tuple[int, ...]) -> ir.Value:
-        total = ir.Constant(I64, 0)
+    def offset(self, index: list[ir.Value], strides: tuple[int, ...], start: int = 0) -> ir.Value:
+        total = ir.Constant(I64, start)
         for i, s in zip(index, strides):
             if s:
                 total = self.b.add(total, self.b.mul(i, ir.Constant(I64, s)))
         return total
 
     def point(self, index: list[ir.Value], out_offset: ir.Value) -> None:
-        values = self.body(lambda ins: self.offset(index, ins.load.strides))
+        values = self.body(lambda ins: self.offset(index, ins.load.strides, ins.load.offset))
         for buf, ins in self.k.stores:
             self.store(buf, out_offset, values[ins], self.k.body[ins].dtype)
 
@@ -293,7 +293,7 @@ class _KernelGen:
                 index.append(b.urem(rest, ir.Constant(I64, d)))
                 rest = b.udiv(rest, ir.Constant(I64, d))
             index.reverse()
-            base = {id(ins): self.offset(index, ins.load.strides[:-1])
+            base = {id(ins): self.offset(index, ins.load.strides[:-1], ins.load.offset)
                     for ins in self.k.body if ins.prim == "load"}
 
             def value_at(j: ir.Value, lanes: int = 0) -> ir.Value:

@@ -5,8 +5,9 @@ A map kernel evaluates its body at every point of `shape` and stores values into
 that shape. A reduction kernel's space is its result's axes followed by the reduced axes
 (collapsed into one, `n` long); it combines the body's value over the reduced index in the
 canonical order of ir/numerics.py and stores one value per result point. Buffers are read
-through affine accesses: an element offset that is a sum of index × stride per axis (stride 0
-where the buffer is broadcast), so transposes and broadcasts cost nothing."""
+through affine accesses: an element offset that is a constant plus a sum of index × stride per
+axis (stride 0 where the buffer is broadcast), so transposes, broadcasts and slices cost
+nothing."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -15,9 +16,11 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Load:
-    """buffer[Σ index[d] * strides[d]]; for a reduction, the last stride is the reduced axis's."""
+    """buffer[offset + Σ index[d] * strides[d]]; for a reduction, the last stride is the
+    reduced axis's."""
     buffer: int
     strides: tuple[int, ...]
+    offset: int = 0
 
 
 @dataclass(frozen=True)
@@ -62,7 +65,8 @@ def to_text(k: LoopKernel) -> str:
     lines = [f"kernel {k.name}({args}) {space}:"]
     for i, ins in enumerate(k.body):
         if ins.prim == "load":
-            lines.append(f"  %{i} = load b{ins.load.buffer}{list(ins.load.strides)} : {ins.dtype}")
+            at = f" + {ins.load.offset}" if ins.load.offset else ""
+            lines.append(f"  %{i} = load b{ins.load.buffer}{list(ins.load.strides)}{at} : {ins.dtype}")
         else:
             attrs = "".join(f", {a}={v!r}" for a, v in ins.attrs)
             args = ", ".join(f"%{a}" for a in ins.args)

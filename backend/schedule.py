@@ -4,9 +4,11 @@ Consecutive elementwise ops of one shape fuse into one map kernel: their interme
 never touch memory, and only values used later are stored. A float reduction over
 contiguous-compatible axes becomes a reduction kernel. A float `@` is a contraction step for the
 blocked kernel of backend/contract.py (einsums that are matrix products are rewritten as `@`
-first, ir/passes.py). Everything else — gathers, scatters, concatenation, random numbers,
-integer division — is a host step, evaluated by the reference interpreter on NumPy arrays
-(exact, and mostly cheap data movement). Every buffer is a contiguous row-major array.
+first, ir/passes.py). Transposes, reshapes, broadcasts and slices are views
+(backend/views.py): read in place by the kernels, contractions and host steps that use
+them. Everything else — gathers, scatters, concatenation, random numbers, integer division —
+is a host step, evaluated by the reference interpreter on NumPy arrays (exact, and mostly
+cheap data movement). Every buffer is a contiguous row-major array.
 
 The buffer plan (`plan_memory`) places the values the kernels and contractions write in one
 arena, reused from call to call: two values share bytes only when one is dead before the
@@ -16,8 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import prod
 
-from backend.llvm import can_compile, row_major
+from backend.llvm import can_compile
 from backend.loops import Instr, Load, LoopKernel, Reduce
+from backend.views import VIEWS, View, identity, load_strides, view_of
 from ir.core import Function, Op, Value
 from ir.ops.base import np_dtype
 
@@ -41,15 +44,26 @@ class HostStep:
 
 
 @dataclass(frozen=True)
+class ViewStep:
+    """op's result as a NumPy view of its input, for the host steps and contractions that
+    read it; kernels read the buffer in place through `view` (backend/views.py)."""
+    op: Op
+    view: View
+
+
+@dataclass(frozen=True)
 class ContractStep:
     """A float `@`, run by the blocked contraction kernel (backend/contract.py)."""
     op: Op
 
 
+Step = KernelStep | HostStep | ViewStep | ContractStep
+
+
 @dataclass(frozen=True)
 class Plan:
     function: Function
-    steps: tuple[KernelStep | HostStep | ContractStep, ...]
+    steps: tuple[Step, ...]
 
     @property
     def kernels(self) -> list[LoopKernel]:
@@ -72,32 +86,58 @@ def schedule(fn: Function, name: str = "k") -> Plan:
     # anything else that does)
     constants = {op.outputs[0]: op.attrs["value"] for op in fn.ops
                  if op.prim == "constant" and op.outputs[0].shape == () and op.outputs[0].dtype != "bf16"}
-    steps: list[KernelStep | HostStep] = []
+    views: dict[Value, tuple[Op, View]] = {}
+    made: set[Value] = set()                  # views a ViewStep has made
+    steps: list[Step] = []
     group: list[Op] = []
+    in_group: set[Value] = set()
     names = (f"{name}_{i}" for i in range(10 ** 9))
 
     def flush() -> None:
         if group:
-            steps.append(_map_kernel(next(names), group, users, results, constants))
+            steps.append(_map_kernel(next(names), group, users, results, constants, views))
             group.clear()
+            in_group.clear()
+
+    def need(v: Value) -> None:
+        """A host step or contraction reads v: make it if it is a view."""
+        if v in views and v not in made:
+            op, view = views[v]
+            need(op.inputs[0])
+            steps.append(ViewStep(op, view))
+            made.add(v)
 
     for op in fn.ops:
+        source = views[op.inputs[0]][1] if op.inputs and op.inputs[0] in views else None
+        view = view_of(op, source or identity(op.inputs[0])) if op.prim in VIEWS else None
         if op.prim == "constant" and op.outputs[0] in constants:
             steps.append(HostStep(op))     # needs nothing, so it may run before the group
+        elif view is not None:
+            views[op.outputs[0]] = (op, view)
         elif fusible(op):
-            if group and _shape(group[-1]) != _shape(op):
+            # a view of a value the group computes is read at other points: store it first
+            if group and (_shape(group[-1]) != _shape(op) or
+                          any(views[v][1].base in in_group for v in op.inputs if v in views)):
                 flush()
             group.append(op)
+            in_group.update(op.outputs)
         elif op.prim in REDUCTIONS and _reducible(op):
             flush()
-            steps.append(_reduction_kernel(next(names), op))
-        elif op.prim == "matmul" and op.outputs[0].dtype in ("f32", "f64"):
-            flush()
-            steps.append(ContractStep(op))
+            x = op.inputs[0]
+            view = views[x][1] if x in views else identity(x)
+            if _reduced_stride(op, view) is None:       # axes that do not read as one
+                steps.append(_copy_kernel(next(names), x, view))
+                view = identity(x)
+            steps.append(_reduction_kernel(next(names), op, view))
         else:
             flush()
-            steps.append(HostStep(op))
+            for v in op.inputs:
+                need(v)
+            is_matmul = op.prim == "matmul" and op.outputs[0].dtype in ("f32", "f64")
+            steps.append(ContractStep(op) if is_matmul else HostStep(op))
     flush()
+    for v in fn.results:
+        need(v)
     return Plan(fn, tuple(steps))
 
 
@@ -105,19 +145,8 @@ def _shape(op: Op) -> tuple[int, ...]:
     return op.outputs[0].shape
 
 
-def _broadcast_strides(shape: tuple[int, ...], space: tuple[int, ...]) -> tuple[int, ...]:
-    """Element strides of a contiguous buffer of `shape` read at each point of `space`
-    (NumPy broadcasting: missing leading axes and length-1 axes have stride 0)."""
-    strides, acc = [], 1
-    for n in reversed(shape):
-        strides.append(acc if n != 1 else 0)
-        acc *= n
-    strides = list(reversed(strides))
-    return tuple([0] * (len(space) - len(shape)) + strides)
-
-
 def _map_kernel(name: str, ops: list[Op], users: dict[Value, int], results: set[Value],
-                constants: dict[Value, object]) -> KernelStep:
+                constants: dict[Value, object], views: dict[Value, tuple[Op, View]]) -> KernelStep:
     space = _shape(ops[0])
     uses_inside: dict[Value, int] = {}
     for op in ops:
@@ -132,9 +161,11 @@ def _map_kernel(name: str, ops: list[Op], users: dict[Value, int], results: set[
             body.append(Instr("const", (), (("value", constants[v]),), v.dtype))
             where[v] = len(body) - 1
         if v not in where:
-            if v not in args:
-                args.append(v)
-            body.append(Instr("load", (), (), v.dtype, Load(args.index(v), _broadcast_strides(v.shape, space))))
+            view = views[v][1] if v in views else identity(v)
+            if view.base not in args:
+                args.append(view.base)
+            load = Load(args.index(view.base), load_strides(view, v.shape, space), view.offset)
+            body.append(Instr("load", (), (), v.dtype, load))
             where[v] = len(body) - 1
         return where[v]
 
@@ -150,6 +181,14 @@ def _map_kernel(name: str, ops: list[Op], users: dict[Value, int], results: set[
     return KernelStep(kernel, tuple(args + written), tuple(written))
 
 
+def _copy_kernel(name: str, v: Value, view: View) -> KernelStep:
+    """v made contiguous from its view."""
+    load = Load(0, load_strides(view, v.shape, v.shape), view.offset)
+    buffers = ((view.base.dtype, view.base.shape), (v.dtype, v.shape))
+    kernel = LoopKernel(name, v.shape, buffers, (Instr("load", (), (), v.dtype, load),), ((1, 0),))
+    return KernelStep(kernel, (view.base, v), (v,))
+
+
 def _axes(op: Op) -> tuple[int, ...]:
     rank = len(op.inputs[0].shape)
     axis = op.attrs.get("axis")
@@ -158,8 +197,8 @@ def _axes(op: Op) -> tuple[int, ...]:
 
 
 def _reducible(op: Op) -> bool:
-    """A float reduction whose reduced axes are adjacent in memory, so that they read as one
-    strided axis (others run on the host)."""
+    """A float reduction whose reduced axes are adjacent, so that they read as one strided
+    axis (others run on the host)."""
     x = op.inputs[0]
     if x.dtype not in ("f32", "f64", "f16") or not can_compile("add", [x.dtype], x.dtype):
         return False
@@ -167,22 +206,29 @@ def _reducible(op: Op) -> bool:
     return not axes or axes == tuple(range(axes[0], axes[-1] + 1))
 
 
-def _reduction_kernel(name: str, op: Op) -> KernelStep:
+def _reduced_stride(op: Op, view: View) -> int | None:
+    """The one stride that walks the reduced axes of the view in row-major order, or None
+    where they do not read as one axis."""
+    shape = op.inputs[0].shape
+    axes = [a for a in _axes(op) if shape[a] != 1]
+    if any(view.strides[a] != view.strides[b] * shape[b] for a, b in zip(axes, axes[1:])):
+        return None
+    return view.strides[axes[-1]] if axes else 1
+
+
+def _reduction_kernel(name: str, op: Op, view: View) -> KernelStep:
     x, out = op.inputs[0], op.outputs[0]
     axes = _axes(op)
     kept = [i for i in range(len(x.shape)) if i not in axes]
-    strides = row_major(x.shape)
-    n = 1
-    for a in axes:
-        n *= x.shape[a]
-    inner = strides[axes[-1]] if axes else 1
-    load = Load(0, tuple(strides[i] for i in kept) + (inner,))
+    n = prod(x.shape[a] for a in axes)
+    load = Load(0, tuple(view.strides[i] for i in kept) + (_reduced_stride(op, view),), view.offset)
     body = (Instr("load", (), (), x.dtype, load),)
     outer = tuple(x.shape[i] for i in kept)
     count = n if op.prim == "mean" else None
-    kernel = LoopKernel(name, outer, ((x.dtype, x.shape), (out.dtype, out.shape)), body,
+    base = view.base
+    kernel = LoopKernel(name, outer, ((base.dtype, base.shape), (out.dtype, out.shape)), body,
                         reduce=Reduce(REDUCTIONS[op.prim], 0, 1, count), n=n)
-    return KernelStep(kernel, (x, out), (out,))
+    return KernelStep(kernel, (base, out), (out,))
 
 
 # ---------------------------------------------------------------- the buffer plan
@@ -193,18 +239,19 @@ ALIGN = 64                                   # bytes: a cache line, and an AVX-5
 @dataclass(frozen=True)
 class Memory:
     """Where the plan's intermediate values live: `offsets[v]` bytes into an arena of `size`
-    bytes. Values not in `offsets` (parameters, results, host outputs, and what those may
-    alias) get their own arrays."""
+    bytes. Values not in `offsets` (parameters, results, host outputs and views, and what
+    results may alias) get their own arrays."""
     size: int
     offsets: dict[Value, int]
 
 
-def reads(step: KernelStep | HostStep | ContractStep) -> tuple[Value, ...]:
-    return tuple(v for v in step.args if v not in step.writes) if isinstance(step, KernelStep) \
-        else step.op.inputs
+def reads(step: Step) -> tuple[Value, ...]:
+    if isinstance(step, KernelStep):
+        return tuple(v for v in step.args if v not in step.writes)
+    return step.op.inputs
 
 
-def writes(step: KernelStep | HostStep | ContractStep) -> tuple[Value, ...]:
+def writes(step: Step) -> tuple[Value, ...]:
     return step.writes if isinstance(step, KernelStep) else step.op.outputs
 
 
@@ -215,8 +262,9 @@ def nbytes(v: Value) -> int:
 def plan_memory(plan: Plan) -> Memory:
     """Offsets for the values that kernels and contractions write, greedily by size: each
     value takes the lowest offset free of every value whose lifetime meets its own. A host
-    step's outputs may be views of its inputs (NumPy reshapes and slices), so such an input
-    lives as long as those outputs, and does not go in the arena if they are results."""
+    step's outputs may be views of its inputs (NumPy reshapes and slices), and a view step's
+    are, so such an input lives as long as those outputs, and does not go in the arena if they
+    are results."""
     steps = plan.steps
     escaping = set(plan.function.results)
     end: dict[Value, int] = {}
@@ -225,14 +273,15 @@ def plan_memory(plan: Plan) -> Memory:
             end[v] = i
     for i in reversed(range(len(steps))):
         step = steps[i]
-        if isinstance(step, HostStep):
+        if isinstance(step, (HostStep, ViewStep)):
             outs = step.op.outputs
-            for v in step.op.inputs:
+            for v in reads(step):
                 end[v] = max([end.get(v, i)] + [end.get(o, i) for o in outs])
                 if escaping.intersection(outs):
                     escaping.add(v)
     lifetimes = [(v, i, end.get(v, i)) for i, step in enumerate(steps)
-                 if not isinstance(step, HostStep) for v in writes(step) if v not in escaping]
+                 if isinstance(step, (KernelStep, ContractStep))
+                 for v in writes(step) if v not in escaping]
     lifetimes.sort(key=lambda t: -nbytes(t[0]))
     placed: list[tuple[int, int, int, int]] = []          # (offset, size, first, last)
     offsets: dict[Value, int] = {}

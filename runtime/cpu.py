@@ -13,8 +13,8 @@ from typing import Callable
 import numpy as np
 
 from backend.cpu import Compiled
-from backend.schedule import (ALIGN, ContractStep, HostStep, KernelStep, Memory, Plan, nbytes,
-                              plan_memory, reads, schedule)
+from backend.schedule import (ALIGN, ContractStep, HostStep, KernelStep, Memory, Plan, ViewStep,
+                              nbytes, plan_memory, reads, schedule)
 from ir import interp
 from ir.core import Function, Op, Value
 from ir.passes import einsum_as_matmul
@@ -61,6 +61,7 @@ class Executable:
                 self.bodies[id(step.op)] = Executable(step.op.body, f"{name}_b{i}")
         self._arenas: list[_Arena] = []
         # what needs no input is made once: constants, zeros, aranges (never written to)
+        self.views = {s.op.outputs[0] for s in self.plan.steps if isinstance(s, ViewStep)}
         self.made = {v: _buffer(a, v) for s in self.plan.steps
                      if isinstance(s, HostStep) and not s.op.inputs and s.op.body is None
                      for v, a in zip(s.op.outputs, interp.evaluate(s.op, []))}
@@ -86,12 +87,17 @@ class Executable:
                 if out not in env:
                     env[out] = np.empty(out.shape, np_dtype(out.dtype))
                 matmul(*[env[v] for v in step.op.inputs], env[out], n)
+            elif isinstance(step, ViewStep):
+                (out,) = step.op.outputs
+                env[out] = interp.evaluate(step.op, [env[step.op.inputs[0]]])[0]
             elif step.op.outputs[0] not in self.made:
                 outs = self.host(step.op, [env[v] for v in step.op.inputs])
                 env.update((v, _buffer(a, v)) for v, a in zip(step.op.outputs, outs))
             for v in dead:                      # memory back as soon as nothing needs it
                 del env[v]
-        return [env[v].copy() if v in self.made else env[v] for v in self.function.results]
+        # a result never shares memory with a value made once, nor is a strided view
+        return [env[v].copy() if v in self.made or v in self.views else env[v]
+                for v in self.function.results]
 
     def host(self, op: Op, inputs: list[np.ndarray]) -> list[np.ndarray]:
         body = self.bodies.get(id(op))

@@ -253,3 +253,20 @@ def test_no_fast_math_in_the_ir(kernels):
         for flag in ("fast", "contract", "reassoc", "afn", "nnan", "ninf", "nsz", "arcp"):
             assert f" {flag} " not in kernel.llvm_ir
         assert "llvm.fma.v" in kernel.llvm_ir
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f64"])
+def test_transposed_and_sliced_operands_are_read_in_place(kernels, dtype):
+    """Operands of any strides (a transpose, a slice, a head split) give the bits of their
+    contiguous copies, on any number of threads."""
+    kernel = kernels[dtype]
+    make = random_f32 if dtype == "f32" else short_f64
+    for m, n, k in [(7, 13, 29), (70, 130, 33)]:
+        a_t, b_t = make((3, k, m)).transpose(0, 2, 1), make((3, n, k)).transpose(0, 2, 1)
+        a_s = make((3, m, 2 * k))[:, :, ::2]
+        heads = make((m, 3, k)).transpose(1, 0, 2)
+        for a, b in [(a_t, make((3, k, n))), (make((3, m, k)), b_t), (a_t, b_t), (a_s, b_t),
+                     (heads, b_t), (a_t[0], b_t), (a_t, b_t[1])]:
+            want = bits(reference(np.ascontiguousarray(a), np.ascontiguousarray(b)))
+            for threads in (1, 2, 3):
+                assert bits(kernel(a, b, threads=threads)) == want
