@@ -15,6 +15,7 @@ import dsl
 from backend.schedule import KernelStep
 from ir import interp
 from ir.core import Builder, tensor_type
+from ir.ops.shape import SliceSpec
 from runtime.cpu import Executable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -185,3 +186,45 @@ def test_programs_give_the_same_bits_on_every_run_and_thread_count(name, monkeyp
         runs.append(prog.value_and_grad("loss", wrt=wrt)(**args))
     for other in runs[1:]:
         same_bits(other, runs[0])
+
+
+def test_a_transpose_feeding_a_kernel_is_a_strided_load():
+    from backend.schedule import HostStep
+    def build(b, x, y):
+        t = b.emit("transpose", x, perm=(1, 0))
+        return [b.emit("add", b.emit("mul", t, y), b.constant(1.0, "f32"))]
+    got, want, exe = run_both(build, f32(17, 33), f32(33, 17))
+    same_bits(got, want)
+    assert not any(isinstance(s, HostStep) and s.op.prim == "transpose" for s in exe.plan.steps)
+    (load,) = [i.load for k in exe.plan.kernels for i in k.body if i.prim == "load" and i.load.buffer == 0]
+    assert load.strides == (1, 33)
+
+
+def test_slices_reshapes_and_broadcasts_are_read_in_place():
+    def build(b, x, y):
+        s = b.emit("index", x, items=(1, SliceSpec(2, 14, 3), SliceSpec()))     # [4, 6]
+        r = b.emit("reshape", b.emit("transpose", s, perm=(1, 0)), shape=(6, 2, 2))
+        e = b.emit("expand_dims", b.emit("broadcast_to", y, shape=(2, 2)), axis=0)
+        return [b.emit("sub", r, e), r]
+    got, want, exe = run_both(build, f32(3, 15, 6), f32(2))
+    same_bits(got, want)
+    assert {type(s).__name__ for s in exe.plan.steps} <= {"KernelStep", "ViewStep"}
+
+
+@pytest.mark.parametrize("perm, axis", [((1, 0, 2), (1, 2)), ((2, 0, 1), (1, 2)), ((0, 2, 1), 1)])
+def test_reductions_of_views_follow_the_canonical_order(perm, axis):
+    # a transposed input whose reduced axes read as one stride is reduced in place; one whose
+    # axes do not is first copied by a kernel
+    got, want, _ = run_both(lambda b, v: [b.emit("sum", b.emit("transpose", v, perm=perm), axis=axis)],
+                            f32(5, 40, 70))
+    same_bits(got, want)
+
+
+def test_a_contraction_reads_a_transposed_operand_in_place():
+    from backend.schedule import ContractStep, ViewStep
+    def build(b, x, y):
+        return [b.emit("matmul", b.emit("transpose", x, perm=(0, 2, 1)), b.emit("transpose", y))]
+    got, want, exe = run_both_any(build, f32(3, 40, 24), f32(50, 40))
+    same_bits(got, want)
+    assert sum(isinstance(s, ViewStep) for s in exe.plan.steps) == 2
+    assert any(isinstance(s, ContractStep) for s in exe.plan.steps)
