@@ -212,7 +212,10 @@ class _LoopKernelGen(_Builder):
         b, values = self.b, []
         for ins in self.k.body:
             if ins.prim == "load":
-                v = b.load(b.gep(self.ptrs[ins.load.buffer], [offset_of(ins)], inbounds=True))
+                at = offset_of(ins)
+                if getattr(ins.load, "offset", 0):            # a view that starts inside its buffer
+                    at = b.add(at, self.c(ins.load.offset))
+                v = b.load(b.gep(self.ptrs[ins.load.buffer], [at], inbounds=True))
                 values.append(b.icmp_unsigned("!=", v, ir.Constant(I8, 0)) if ins.dtype == "bool" else v)
             elif ins.prim == "const":
                 values.append(self.e.const(dict(ins.attrs)["value"], ins.dtype))

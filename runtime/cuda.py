@@ -1,0 +1,542 @@
+"""Running compiled code on an NVIDIA GPU: the plan of backend/schedule.py walked as the CPU
+runtime walks it, with device memory for buffers and PTX kernels (backend/nvptx.py).
+
+The PTX is loaded through pycuda (`module_from_buffer`) where it is installed, else through
+NVIDIA's `cuda.bindings`; both sit behind one small driver interface. Tensors stay on the
+GPU between the steps of a program, and a call returns `DeviceArray`s, which stay there
+until `np.asarray(x)` or `x.numpy()` copies them to the host; passing one back in (the
+parameters of a training loop) copies nothing. Kernel steps and contractions run on the GPU.
+Host steps (gathers, scatters, random numbers, concatenation, transposes…) still run on the
+host, with a copy each way; reshapes only re-label the device buffer. A failed allocation or
+launch is a DslError naming the kernel, and a wait for the GPU gives up after
+DSLC_CUDA_TIMEOUT seconds (default 120) rather than hang.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from backend import nvptx
+from backend.schedule import ContractStep, HostStep, KernelStep, Plan, reads, schedule
+from frontend.diagnostics import DslError
+from ir import interp
+from ir.core import Function, Op, Value
+from ir.ops.base import np_dtype
+from ir.passes import einsum_as_matmul
+from runtime import cache
+
+VIEWS = ("reshape", "expand_dims", "squeeze")    # host ops whose result is the same bytes
+
+
+class DriverError(Exception):
+    """A CUDA driver call that failed: which call, and the driver's words for why."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Drivers: the few CUDA calls the runtime makes, through pycuda or cuda.bindings
+
+
+class BindingsDriver:
+    """The CUDA driver API through NVIDIA's cuda.bindings (cuda-python)."""
+    name = "cuda.bindings"
+
+    def __init__(self):
+        from cuda.bindings import driver as cu
+        self.cu = cu
+        self._call("cuInit", 0)
+        if self._call("cuDeviceGetCount") < 1:
+            raise DriverError("the CUDA driver sees no GPU")
+        self.device = self._call("cuDeviceGet", 0)
+        self.context = self._call("cuDevicePrimaryCtxRetain", self.device)
+        self._call("cuCtxSetCurrent", self.context)
+        attr = cu.CUdevice_attribute
+        self.capability = (self._call("cuDeviceGetAttribute", attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, self.device),
+                           self._call("cuDeviceGetAttribute", attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, self.device))
+        self.device_name = self._call("cuDeviceGetName", 256, self.device).split(b"\0")[0].decode()
+
+    def _call(self, name: str, *args: Any) -> Any:
+        err, *out = getattr(self.cu, name)(*args)
+        if err != self.cu.CUresult.CUDA_SUCCESS:
+            _, text = self.cu.cuGetErrorString(err)
+            raise DriverError(f"{name}: {text.decode() if text else err}")
+        return out[0] if len(out) == 1 else out or None
+
+    def load(self, ptx: str) -> Any:
+        image = ctypes.create_string_buffer(ptx.encode())
+        return self._call("cuModuleLoadData", ctypes.addressof(image))
+
+    def function(self, module: Any, name: str) -> Any:
+        return self._call("cuModuleGetFunction", module, name.encode())
+
+    def alloc(self, nbytes: int) -> int:
+        return int(self._call("cuMemAlloc", nbytes))
+
+    def free(self, ptr: int) -> None:
+        self._call("cuMemFree", ptr)
+
+    def upload(self, ptr: int, array: np.ndarray) -> None:
+        self._call("cuMemcpyHtoD", ptr, array.ctypes.data, array.nbytes)
+
+    def download(self, array: np.ndarray, ptr: int) -> None:
+        self._call("cuMemcpyDtoH", array.ctypes.data, ptr, array.nbytes)
+
+    def launch(self, fn: Any, grid: tuple[int, int, int], block: int, pointers: list[int],
+               integers: list[int]) -> None:
+        values = [ctypes.c_void_p(p) for p in pointers] + [ctypes.c_int64(i) for i in integers]
+        params = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
+        self._call("cuLaunchKernel", fn, *grid, block, 1, 1, 0, 0, ctypes.addressof(params), 0)
+
+    def record(self) -> Any:
+        event = self._call("cuEventCreate", 2)            # CU_EVENT_DISABLE_TIMING
+        self._call("cuEventRecord", event, 0)
+        return event
+
+    def done(self, event: Any) -> bool:
+        err, = self.cu.cuEventQuery(event)
+        if err == self.cu.CUresult.CUDA_ERROR_NOT_READY:
+            return False
+        self._call("cuEventDestroy", event)
+        if err != self.cu.CUresult.CUDA_SUCCESS:
+            _, text = self.cu.cuGetErrorString(err)
+            raise DriverError(f"cuEventQuery: {text.decode() if text else err}")
+        return True
+
+
+class PycudaDriver:
+    """The CUDA driver API through pycuda."""
+    name = "pycuda"
+
+    def __init__(self):
+        import pycuda.driver as drv
+        self.drv = drv
+        try:
+            drv.init()
+            if drv.Device.count() < 1:
+                raise DriverError("the CUDA driver sees no GPU")
+            dev = drv.Device(0)
+            self.context = dev.retain_primary_context()
+            self.context.push()
+            self.capability = dev.compute_capability()
+            self.device_name = dev.name()
+        except drv.Error as e:
+            raise DriverError(f"pycuda: {e}") from None
+        self._live: dict[int, Any] = {}
+
+    def _guard(self, what: str, fn, *args, **kwargs) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except self.drv.Error as e:
+            raise DriverError(f"{what}: {e}") from None
+
+    def load(self, ptx: str) -> Any:
+        return self._guard("module_from_buffer", self.drv.module_from_buffer, ptx.encode())
+
+    def function(self, module: Any, name: str) -> Any:
+        return self._guard("get_function", module.get_function, name)
+
+    def alloc(self, nbytes: int) -> int:
+        allocation = self._guard("mem_alloc", self.drv.mem_alloc, nbytes)
+        self._live[int(allocation)] = allocation
+        return int(allocation)
+
+    def free(self, ptr: int) -> None:
+        self._guard("free", self._live.pop(ptr).free)
+
+    def upload(self, ptr: int, array: np.ndarray) -> None:
+        self._guard("memcpy_htod", self.drv.memcpy_htod, ptr, array)
+
+    def download(self, array: np.ndarray, ptr: int) -> None:
+        self._guard("memcpy_dtoh", self.drv.memcpy_dtoh, array, ptr)
+
+    def launch(self, fn: Any, grid: tuple[int, int, int], block: int, pointers: list[int],
+               integers: list[int]) -> None:
+        args = [np.uintp(p) for p in pointers] + [np.int64(i) for i in integers]
+        self._guard("launch", fn, *args, grid=grid, block=(block, 1, 1))
+
+    def record(self) -> Any:
+        event = self._guard("Event", self.drv.Event)
+        self._guard("Event.record", event.record)
+        return event
+
+    def done(self, event: Any) -> bool:
+        return self._guard("Event.query", event.query)
+
+
+def _open_driver():
+    """The first loader that works: DSLC_CUDA_LOADER ('pycuda' or 'cuda.bindings') if set,
+    else pycuda, else cuda.bindings. Raises DslError saying why none did."""
+    wanted = os.environ.get("DSLC_CUDA_LOADER")
+    loaders = [d for d in (PycudaDriver, BindingsDriver) if wanted in (None, "", d.name)]
+    reasons = []
+    for loader in loaders:
+        try:
+            drv = loader()
+        except ImportError:
+            reasons.append(f"{loader.name} is not installed")
+            continue
+        except Exception as e:     # the edge: a missing libcuda shows up as any exception
+            reasons.append(f"{loader.name}: {e}")
+            continue
+        if drv.capability < (8, 0):
+            reasons.append(f"{drv.device_name} is sm_{drv.capability[0]}{drv.capability[1]}; "
+                           "dslc needs sm_80 or newer")
+            continue
+        return drv
+    raise DslError(None, "device 'cuda' is not usable: " + ("; ".join(reasons) or
+                                                           f"unknown loader {wanted!r}"))
+
+
+@functools.cache
+def driver():
+    """The process's CUDA driver (opened once); DslError where no GPU is usable."""
+    return _open_driver()
+
+
+def usable() -> bool:
+    """Whether a GPU can run programs here: a loader imports, the driver loads, a device exists."""
+    try:
+        driver()
+        return True
+    except DslError:
+        return False
+
+
+def arch(drv) -> str:
+    """The PTX target for the device: sm_90 from Hopper on, sm_80 for Ampere and Ada."""
+    return "sm_90" if drv.capability >= (9, 0) else "sm_80"
+
+
+# ---------------------------------------------------------------------------------------------
+# Device memory
+
+
+class Memory:
+    """Device allocations, reused: a freed block waits in a free list for a request of the same
+    size (a program asks for the same sizes every call), and cached blocks are given back to
+    the driver only when an allocation fails."""
+
+    def __init__(self, drv):
+        self.drv = drv
+        self.free_lists: dict[int, list[int]] = {}
+
+    def take(self, nbytes: int, purpose: str) -> int:
+        if nbytes == 0:
+            return 0
+        blocks = self.free_lists.get(nbytes)
+        if blocks:
+            return blocks.pop()
+        try:
+            return self.drv.alloc(nbytes)
+        except DriverError:
+            self.release()
+        try:
+            return self.drv.alloc(nbytes)
+        except DriverError as e:
+            raise DslError(None, f"GPU memory: cannot allocate {nbytes} bytes for {purpose} ({e})") from None
+
+    def give(self, ptr: int, nbytes: int) -> None:
+        if nbytes:
+            self.free_lists.setdefault(nbytes, []).append(ptr)
+
+    def release(self) -> None:
+        """Return every cached block to the driver (after the GPU has finished with them)."""
+        wait(self.drv, "freeing memory")
+        for blocks in self.free_lists.values():
+            for ptr in blocks:
+                self.drv.free(ptr)
+        self.free_lists.clear()
+
+
+class _Buffer:
+    """One allocation; it goes back to the free list when the last array using it goes."""
+
+    def __init__(self, memory: Memory, nbytes: int, purpose: str):
+        self.memory, self.nbytes = memory, nbytes
+        self.ptr = memory.take(nbytes, purpose)
+
+    def __del__(self):
+        try:
+            self.memory.give(self.ptr, self.nbytes)
+        except Exception:            # at interpreter exit the free lists may be gone already
+            pass
+
+
+class DeviceArray:
+    """A tensor in GPU memory. `np.asarray(x)` or `x.numpy()` copies it to the host."""
+
+    def __init__(self, buffer: _Buffer, shape: tuple[int, ...], dtype: np.dtype):
+        self.buffer, self.shape, self.dtype = buffer, tuple(shape), np.dtype(dtype)
+
+    @property
+    def ptr(self) -> int:
+        return self.buffer.ptr
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    def numpy(self) -> np.ndarray:
+        out = np.empty(self.shape, self.dtype)
+        if out.nbytes:
+            try:
+                self.buffer.memory.drv.download(out, self.ptr)
+            except DriverError as e:
+                raise DslError(None, f"copying a result from the GPU failed ({e}); a kernel "
+                                     "before it failed (DSLC_CUDA_SYNC=1 names which)") from None
+        return out
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        out = self.numpy()
+        return out if dtype is None else out.astype(dtype)
+
+    def view(self, shape: tuple[int, ...]) -> DeviceArray:
+        """The same bytes with another shape of as many elements (a reshape)."""
+        assert math.prod(shape) == self.size, (shape, self.shape)
+        return DeviceArray(self.buffer, shape, self.dtype)
+
+    def tobytes(self) -> bytes:
+        return self.numpy().tobytes()
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, index):
+        return self.numpy()[index]
+
+    def __float__(self) -> float:
+        return float(self.numpy())
+
+    def __int__(self) -> int:
+        return int(self.numpy())
+
+    def __repr__(self) -> str:
+        return f"DeviceArray({self.numpy()!r})"
+
+
+def wait(drv, after: str, timeout: float | None = None) -> None:
+    """Block until the GPU has finished all work so far; DslError if it failed or took longer
+    than the timeout (DSLC_CUDA_TIMEOUT seconds, default 120)."""
+    limit = timeout if timeout is not None else float(os.environ.get("DSLC_CUDA_TIMEOUT", "120"))
+    try:
+        event = drv.record()
+        start = time.perf_counter()
+        while not drv.done(event):
+            elapsed = time.perf_counter() - start
+            if elapsed > limit:
+                raise DslError(None, f"the GPU did not finish {after} within {limit:g} s "
+                                     "(DSLC_CUDA_TIMEOUT)")
+            time.sleep(0 if elapsed < 1e-3 else 1e-4)
+    except DriverError as e:
+        raise DslError(None, f"the GPU failed in {after}: {e}") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Executables
+
+
+@functools.cache
+def _generator_digest() -> str:
+    """A digest of the code that makes the PTX: a change to it must not reuse cached PTX."""
+    folder = Path(nvptx.__file__).parent
+    return hashlib.sha256(b"".join((folder / f).read_bytes() for f in
+                                   ("nvptx.py", "llvm.py", "loops.py", "mathlib.py"))).hexdigest()
+
+
+def compile_ptx(kernels: list, matmuls: tuple[str, ...], target: str) -> str:
+    """The PTX of these kernels, from the on-disk cache where it holds exactly them."""
+    k = cache.key("ptx", repr(kernels), repr(matmuls), target, _generator_digest())
+    cached = cache.load(k)
+    if cached is not None:
+        return cached.decode()
+    text = nvptx.ptx(kernels, target, matmuls)
+    cache.store(k, text.encode())
+    return text
+
+
+class Executable:
+    """An IR function compiled for the GPU: its plan, the loaded PTX module, and the
+    executables of the scan and checkpoint bodies it holds. Same interface as the CPU's:
+    `run(arrays)` takes NumPy or device arrays and returns DeviceArrays."""
+
+    def __init__(self, fn: Function, name: str = "k", drv=None):
+        self.drv = drv or driver()
+        self.memory = _memory(self.drv)
+        fn = einsum_as_matmul(fn)
+        self.function = fn
+        self.plan: Plan = schedule(fn, name)
+        self.matmuls = tuple(sorted({s.op.outputs[0].dtype for s in self.plan.steps
+                                     if isinstance(s, ContractStep)}))
+        try:
+            self.launches = {k.name: nvptx.launch(k) for k in self.plan.kernels}
+        except ValueError as e:                   # a kernel beyond what the GPU kernels cover
+            raise DslError(None, f"'{name}' cannot run on the GPU: {e}") from None
+        self.functions: dict[str, Any] = {}
+        if self.plan.kernels or self.matmuls:
+            text = compile_ptx(self.plan.kernels, self.matmuls, arch(self.drv))
+            try:
+                module = self.drv.load(text)
+                entries = [s.entry for s in self.launches.values()] + [nvptx.matmul_entry(d) for d in self.matmuls]
+                self.functions = {e: self.drv.function(module, e) for e in entries}
+            except DriverError as e:
+                raise DslError(None, f"loading the GPU kernels of '{name}' failed: {e}") from None
+        self.dead = _last_uses(self.plan)
+        self.bodies: dict[int, Executable] = {}
+        for i, step in enumerate(self.plan.steps):
+            if isinstance(step, HostStep) and step.op.body is not None:
+                self.bodies[id(step.op)] = Executable(step.op.body, f"{name}_b{i}", self.drv)
+        self.constants: dict[int, list[DeviceArray]] = {}    # host ops of no inputs, made once
+        self.sync = os.environ.get("DSLC_CUDA_SYNC") == "1"
+
+    def run(self, arrays: list) -> list[DeviceArray]:
+        env: dict[Value, DeviceArray] = {p: self.to_device(a, p) for p, a in zip(self.function.params, arrays)}
+        self.launched: list[str] = []
+        for step, dead in zip(self.plan.steps, self.dead):
+            if isinstance(step, KernelStep):
+                self.kernel(step, env)
+            elif isinstance(step, ContractStep):
+                self.contract(step, env)
+            else:
+                self.host(step.op, env)
+            for v in dead:                      # memory back as soon as nothing needs it
+                del env[v]
+        if self.launched:
+            self.wait()
+        return [env[v] for v in self.function.results]
+
+    def wait(self) -> None:
+        names = ", ".join(dict.fromkeys(self.launched))
+        wait(self.drv, f"kernel {names}" if len(self.launched) == 1 else
+             f"one of the kernels {names} (DSLC_CUDA_SYNC=1 names which)")
+        self.launched = []
+
+    # -------------------------------------------------------- memory
+
+    def empty(self, v: Value, purpose: str) -> DeviceArray:
+        dtype = np_dtype(v.dtype)
+        return DeviceArray(_Buffer(self.memory, math.prod(v.shape) * dtype.itemsize, purpose), v.shape, dtype)
+
+    def to_device(self, a, v: Value) -> DeviceArray:
+        """An input as a device buffer of v's dtype and shape (a DeviceArray as it is)."""
+        if isinstance(a, DeviceArray) and a.dtype == np_dtype(v.dtype) and a.shape == v.shape:
+            return a
+        host = np.ascontiguousarray(np.asarray(a, dtype=np_dtype(v.dtype))).reshape(v.shape)
+        out = self.empty(v, f"an input of shape {list(v.shape)}")
+        if host.nbytes:
+            try:
+                self.drv.upload(out.ptr, host)
+            except DriverError as e:
+                raise DslError(None, f"copying an input to the GPU failed: {e}") from None
+        return out
+
+    # -------------------------------------------------------- steps
+
+    def _launch(self, entry: str, grid: tuple[int, int, int], block: int, pointers: list[int],
+                integers: list[int] = ()) -> None:
+        try:
+            self.drv.launch(self.functions[entry], grid, block, pointers, list(integers))
+        except DriverError as e:
+            raise DslError(None, f"GPU kernel {entry} failed to launch: {e}") from None
+        self.launched.append(entry)
+        if self.sync:
+            self.wait()
+
+    def kernel(self, step: KernelStep, env: dict[Value, DeviceArray]) -> None:
+        shape = self.launches[step.kernel.name]
+        for v in step.writes:
+            env[v] = self.empty(v, f"the result of kernel {shape.entry}")
+        if shape.extent == 0:
+            return
+        self._launch(shape.entry, (shape.grid, 1, 1), shape.block, [env[v].ptr for v in step.args])
+
+    def contract(self, step: ContractStep, env: dict[Value, DeviceArray]) -> None:
+        """out = a @ b by the tiled contraction kernel (NumPy's rules for 1-D operands and
+        batch axes; an operand broadcast along some batch axes only is expanded on the host)."""
+        (out,) = step.op.outputs
+        a, b = (self.to_device(env[v], v) for v in step.op.inputs)
+        a2 = a.shape if a.ndim > 1 else (1,) + a.shape
+        b2 = b.shape if b.ndim > 1 else b.shape + (1,)
+        batch_shape = np.broadcast_shapes(a2[:-2], b2[:-2])
+        batch, (m, k), n = math.prod(batch_shape), a2[-2:], b2[-1]
+        strides = []
+        for x, v, shape in ((a, step.op.inputs[0], a2), (b, step.op.inputs[1], b2)):
+            if math.prod(shape[:-2]) == 1 or shape[:-2] == batch_shape:
+                strides.append(0 if math.prod(shape[:-2]) == 1 else math.prod(shape[-2:]))
+                continue
+            full = np.ascontiguousarray(np.broadcast_to(x.numpy().reshape(shape), batch_shape + shape[-2:]))
+            expanded = DeviceArray(_Buffer(self.memory, full.nbytes, "a broadcast operand of @"),
+                                   full.shape, full.dtype)
+            self.drv.upload(expanded.ptr, full)
+            if v is step.op.inputs[0]:
+                a = expanded
+            else:
+                b = expanded
+            strides.append(math.prod(shape[-2:]))
+        entry = nvptx.matmul_entry(out.dtype)
+        env[out] = c = self.empty(out, f"the result of {entry}")
+        if batch * m * n == 0:
+            return
+        grid, block, _ = nvptx.matmul_launch(out.dtype, batch, m, n)
+        self._launch(entry, grid, block, [a.ptr, b.ptr, c.ptr], [m, n, k, *strides, m * n, batch])
+
+    def host(self, op: Op, env: dict[Value, DeviceArray]) -> None:
+        """A host step: its inputs copied to the host, evaluated as the CPU runtime does, its
+        outputs copied back; reshapes re-label the buffer instead; ops of no inputs run once."""
+        if op.prim in VIEWS:
+            env[op.outputs[0]] = env[op.inputs[0]].view(op.outputs[0].shape)
+            return
+        if id(op) in self.constants:
+            env.update(zip(op.outputs, self.constants[id(op)]))
+            return
+        body = self.bodies.get(id(op))
+        if op.prim == "checkpoint":
+            outs = body.run([env[v] for v in op.inputs])
+        else:
+            inputs = [env[v].numpy() for v in op.inputs]
+            if op.prim == "scan":
+                outs = interp.scan(op, inputs, lambda arrays: [np.asarray(x) for x in body.run(arrays)])
+            else:
+                outs = interp.evaluate(op, inputs)
+        outs = [self.to_device(a, v) for a, v in zip(outs, op.outputs)]
+        env.update(zip(op.outputs, outs))
+        if not op.inputs and op.body is None:
+            self.constants[id(op)] = outs
+
+
+_memories: dict[int, Memory] = {}
+
+
+def _memory(drv) -> Memory:
+    """One memory pool per driver."""
+    return _memories.setdefault(id(drv), Memory(drv))
+
+
+def _last_uses(plan: Plan) -> list[list[Value]]:
+    """For each step, the values no later step (nor the result) reads: freed after it."""
+    keep = set(plan.function.results)
+    last: dict[Value, int] = {}
+    for i, step in enumerate(plan.steps):
+        for v in reads(step):
+            last[v] = i
+        for v in (step.writes if isinstance(step, KernelStep) else step.op.outputs):
+            last.setdefault(v, i)
+    dead: list[list[Value]] = [[] for _ in plan.steps]
+    for v, i in last.items():
+        if v not in keep:
+            dead[i].append(v)
+    return dead

@@ -1,0 +1,270 @@
+"""The GPU runtime's logic without a GPU: device selection, and runtime/cuda.py driven through
+a fake driver whose "device memory" is host memory and whose launches run the same loop
+kernels compiled for the CPU (the contraction through the CPU's contraction kernel). What
+is tested is everything around the kernels: uploads, device-resident results, buffers freed
+and reused, host steps, reshapes as views, scan bodies, the contraction's batch strides,
+and failures becoming DslErrors that name the kernel. The PTX itself is tested by ptxas
+(tests/backend/test_nvptx.py) and on a GPU (tests/gpu/)."""
+from __future__ import annotations
+
+import ctypes
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import dsl
+from backend import nvptx
+from backend.contract import Matmul
+from backend.cpu import Compiled
+from frontend.diagnostics import DslError
+from runtime import cuda
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests"))
+import test_programs as programs  # noqa: E402
+
+
+class FakeDriver:
+    """Host memory as device memory; a module is the loop kernels it was compiled from."""
+    name = "fake"
+    capability = (9, 0)
+    device_name = "fake GPU"
+
+    def __init__(self):
+        self.blocks: dict[int, np.ndarray] = {}
+        self.pending: tuple = ()
+        self.uploads = self.allocs = self.launches = 0
+        self.fail_launch: str | None = None
+        self.fail_alloc_over: int | None = None
+        self.never_done = False
+
+    def compile_ptx(self, kernels, matmuls, target):
+        self.pending = (list(kernels), matmuls)
+        return "fake ptx"
+
+    def load(self, ptx):
+        kernels, _ = self.pending
+        return {"compiled": Compiled(kernels) if kernels else None,
+                "kernels": {nvptx.launch(k).entry: k for k in kernels}}
+
+    def function(self, module, name):
+        return module, name
+
+    def alloc(self, nbytes):
+        if self.fail_alloc_over is not None and nbytes > self.fail_alloc_over:
+            raise cuda.DriverError("cuMemAlloc: out of memory")
+        try:
+            block = np.empty(nbytes, np.uint8)
+        except MemoryError:
+            raise cuda.DriverError("cuMemAlloc: out of memory") from None
+        self.allocs += 1
+        self.blocks[block.ctypes.data] = block
+        return block.ctypes.data
+
+    def free(self, ptr):
+        del self.blocks[ptr]
+
+    def upload(self, ptr, array):
+        self.uploads += 1
+        ctypes.memmove(ptr, array.ctypes.data, array.nbytes)
+
+    def download(self, array, ptr):
+        ctypes.memmove(array.ctypes.data, ptr, array.nbytes)
+
+    def launch(self, fn, grid, block, pointers, integers):
+        (module, entry) = fn
+        if entry == self.fail_launch:
+            raise cuda.DriverError("cuLaunchKernel: too many resources requested for launch")
+        if block > 1024:
+            raise cuda.DriverError("cuLaunchKernel: invalid argument")
+        self.launches += 1
+        if entry.startswith("dslc_matmul_"):
+            return self.matmul(entry.rsplit("_", 1)[1], grid, pointers, integers)
+        k = module["kernels"][entry]
+        extent = (math.prod(k.shape) if k.is_reduction else k.shape[0]) if k.shape else 1
+        module["compiled"].functions[k.name]((ctypes.c_void_p * len(pointers))(*pointers), 0, extent)
+
+    def matmul(self, dtype, grid, pointers, integers):
+        m, n, k, sa, sb, sc, batch = integers
+        t = np.float32 if dtype == "f32" else np.float64
+
+        def view(ptr, count):
+            return np.ctypeslib.as_array((ctypes.c_byte * (count * np.dtype(t).itemsize)).from_address(ptr)).view(t)
+
+        if k == 0:                                 # the empty sum
+            view(pointers[2], batch * m * n)[:] = -0.0
+            return
+        a = view(pointers[0], (batch if sa else 1) * m * k).reshape(-1, m, k)
+        b = view(pointers[1], (batch if sb else 1) * k * n).reshape(-1, k, n)
+        assert grid == nvptx.matmul_launch(dtype, batch, m, n)[0]
+        view(pointers[2], batch * m * n)[:] = Matmul(dtype)(a, b).reshape(-1)
+
+    def record(self):
+        return object()
+
+    def done(self, event):
+        return not self.never_done
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    drv = FakeDriver()
+    monkeypatch.setattr(cuda, "driver", lambda: drv)
+    monkeypatch.setattr(cuda, "compile_ptx", drv.compile_ptx)
+    monkeypatch.delenv("DSLC_DEVICE", raising=False)
+    return drv
+
+
+def bits(x) -> np.ndarray:
+    a = np.asarray(x)
+    return a.reshape(-1).view(np.uint8) if a.dtype.kind in "fiub" else a
+
+
+def assert_same(got, want, path="result"):
+    """Equal structure and bit-identical arrays."""
+    if isinstance(want, dict):
+        assert set(got) == set(want), path
+        for k in want:
+            assert_same(got[k], want[k], f"{path}.{k}")
+    elif isinstance(want, (list, tuple)):
+        assert len(got) == len(want), path
+        for i, (g, w) in enumerate(zip(got, want)):
+            assert_same(g, w, f"{path}[{i}]")
+    else:
+        g, w = np.asarray(got), np.asarray(want)
+        assert g.shape == w.shape and g.dtype == w.dtype, path
+        assert np.array_equal(bits(g), bits(w)), f"{path} differs"
+
+
+# ---------------------------------------------------------------- device selection
+
+def test_auto_falls_back_to_the_cpu_without_a_gpu(monkeypatch):
+    monkeypatch.delenv("DSLC_DEVICE", raising=False)
+    monkeypatch.setattr(cuda, "usable", lambda: False)
+    assert dsl.loads("def f(x: f32[3]) -> f32[3]:\n  return x + 1.0\n").device == "cpu"
+
+
+def test_auto_picks_the_gpu_where_one_is_usable(fake):
+    assert dsl.loads("def f(x: f32[3]) -> f32[3]:\n  return x + 1.0\n").device == "cuda"
+
+
+def test_dslc_device_overrides_auto(monkeypatch):
+    monkeypatch.setenv("DSLC_DEVICE", "reference")
+    assert dsl.loads("def f(x: f32[3]) -> f32[3]:\n  return x + 1.0\n").device == "reference"
+
+
+def test_cuda_without_a_gpu_is_a_clear_error(monkeypatch):
+    """Here no loader imports or no driver loads: the error says which and why."""
+    monkeypatch.setenv("DSLC_CUDA_LOADER", "")
+    cuda.driver.cache_clear()
+    try:
+        if cuda.usable():
+            pytest.skip("this machine has a usable GPU")
+        with pytest.raises(DslError, match="device 'cuda' is not usable: .*(pycuda|cuda.bindings)"):
+            dsl.loads("def f(x: f32[3]) -> f32[3]:\n  return x + 1.0\n", device="cuda")
+    finally:
+        cuda.driver.cache_clear()
+
+
+def test_unknown_loader_is_named(monkeypatch):
+    monkeypatch.setenv("DSLC_CUDA_LOADER", "opencl")
+    with pytest.raises(DslError, match="unknown loader 'opencl'"):
+        cuda._open_driver()
+
+
+# ---------------------------------------------------------------- the runtime on a fake GPU
+
+CASES = ["mlp", "layer_norm", "attention", "lstm", "conv2d"]
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_programs_and_gradients_match_the_cpu_bit_for_bit(fake, name):
+    inputs = getattr(programs, {"conv2d": "conv", "mlp": "mlp", "layer_norm": "layer_norm",
+                                "attention": "attention", "lstm": "lstm"}[name] + "_inputs")(0)
+    path = str(programs.PROGRAMS / f"{name}.bend")
+    gpu, cpu = dsl.load(path, device="cuda"), dsl.load(path, device="cpu")
+    first = next(iter(inputs))
+    got = gpu.value_and_grad("loss", wrt=first)(**inputs)
+    want = cpu.value_and_grad("loss", wrt=first)(**inputs)
+    assert isinstance(got[0], cuda.DeviceArray)
+    assert_same(got, want)
+    assert fake.launches > 0
+
+
+STEP = """
+def step(w: f32[4, 3], x: f32[5, 4], lr: f32) -> (f32[4, 3], f32):
+  def loss(w):
+    y = reshape(x @ w, [15])
+    return mean(y * y)
+  l, g = value_and_grad(loss, wrt=w)(w)
+  return w - lr * g, l
+"""
+
+
+def test_results_stay_on_the_device_and_go_back_in_without_a_copy(fake):
+    prog = dsl.loads(STEP, device="cuda")
+    rng = np.random.default_rng(0)
+    w, x = rng.standard_normal((4, 3), np.float32), rng.standard_normal((5, 4), np.float32)
+    w1, l1 = prog.step(w, x, np.float32(0.1))
+    assert isinstance(w1, cuda.DeviceArray) and w1.shape == (4, 3) and w1.dtype == np.float32
+    uploads = fake.uploads
+    prog.step(w, x, np.float32(0.1))
+    from_host = fake.uploads - uploads
+    uploads = fake.uploads
+    w2, _ = prog.step(w1, x, np.float32(0.1))
+    assert fake.uploads - uploads == from_host - 1          # w1 is already there
+    cpu = dsl.loads(STEP, device="cpu")
+    c1, cl = cpu.step(w, x, np.float32(0.1))
+    c2, _ = cpu.step(c1, x, np.float32(0.1))
+    assert_same((w1, l1, w2), (c1, cl, c2))
+    assert float(l1) == float(cl) and w2.numpy().shape == (4, 3)
+
+
+def test_buffers_are_reused_across_calls(fake):
+    prog = dsl.loads(STEP, device="cuda")
+    w, x = np.ones((4, 3), np.float32), np.ones((5, 4), np.float32)
+    prog.step(w, x, np.float32(0.1))
+    allocs = fake.allocs
+    for _ in range(3):
+        prog.step(w, x, np.float32(0.1))
+    assert fake.allocs == allocs
+
+
+@pytest.mark.parametrize("a_shape, b_shape", [((3, 4), (4, 5)), ((4,), (4, 5)), ((3, 4), (4,)),
+                                              ((2, 3, 4), (4, 5)), ((3, 4), (2, 4, 5)),
+                                              ((2, 1, 3, 4), (1, 2, 4, 5)), ((2, 3, 0), (2, 0, 5))])
+def test_contraction_batch_and_vector_shapes(fake, a_shape, b_shape):
+    src = f"def f(a: f32{list(a_shape)}, b: f32{list(b_shape)}):\n  return a @ b\n"
+    rng = np.random.default_rng(1)
+    a, b = rng.standard_normal(a_shape, np.float32), rng.standard_normal(b_shape, np.float32)
+    got = np.asarray(dsl.loads(src, device="cuda").f(a, b))
+    want = np.asarray(dsl.loads(src, device="cpu").f(a, b))
+    assert_same(got, want)
+    assert got.shape == np.matmul(a, b).shape
+    if a.size and b.size:
+        np.testing.assert_allclose(got, np.matmul(a, b), rtol=1e-5, atol=1e-5)
+
+
+def test_a_failing_launch_names_the_kernel(fake):
+    prog = dsl.loads("def f(x: f32[8]) -> f32[8]:\n  return exp(x) * 2.0\n", device="cuda")
+    fake.fail_launch = "f_0_gpu"
+    with pytest.raises(DslError, match="GPU kernel f_0_gpu failed to launch: .*too many resources"):
+        prog.f(np.ones(8, np.float32))
+
+
+def test_a_failing_allocation_is_a_dsl_error(fake):
+    prog = dsl.loads("def f(x: f32[1000]) -> f32[1000]:\n  return exp(x)\n", device="cuda")
+    fake.fail_alloc_over = 1000
+    with pytest.raises(DslError, match="cannot allocate 4000 bytes for .*f_0_gpu|an input"):
+        prog.f(np.ones(1000, np.float32))
+
+
+def test_a_gpu_that_never_finishes_times_out_instead_of_hanging(fake, monkeypatch):
+    monkeypatch.setenv("DSLC_CUDA_TIMEOUT", "0.05")
+    prog = dsl.loads("def f(x: f32[8]) -> f32[8]:\n  return exp(x)\n", device="cuda")
+    fake.never_done = True
+    with pytest.raises(DslError, match="did not finish kernel f_0_gpu within 0.05 s"):
+        prog.f(np.ones(8, np.float32))
