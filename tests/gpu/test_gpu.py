@@ -1,0 +1,205 @@
+"""On a GPU: every kernel class, every test program and every example gives the CPU backend's
+bits (LANGUAGE.md §9), outputs and gradients; the runtime's failures are DslErrors. Skipped
+where no GPU is usable; scripts/gpu-check runs these on a machine that has one."""
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import dsl
+from dsl.program import example_inputs
+from frontend.diagnostics import DslError
+from ir.numerics import CHUNK
+from runtime import cuda
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests"))
+import test_programs as programs  # noqa: E402
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not cuda.usable(), reason="no usable NVIDIA GPU")]
+
+
+def same_bits(got, want) -> bool:
+    """Bit-identical arrays (one NaN equals another: payloads are not part of the result)."""
+    g, w = np.asarray(got), np.asarray(want)
+    if g.shape != w.shape or g.dtype != w.dtype:
+        return False
+    if g.dtype.kind == "f":
+        as_bits = lambda a: np.ascontiguousarray(a).view(f"u{a.itemsize}")
+        return bool(np.all((np.isnan(g) & np.isnan(w)) | (as_bits(g) == as_bits(w))))
+    return bool(np.array_equal(g, w))
+
+
+def leaves(value, path="result"):
+    if isinstance(value, dict):
+        for k in value:
+            yield from leaves(value[k], f"{path}.{k}")
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            yield from leaves(v, f"{path}[{i}]")
+    elif isinstance(value, dsl.Key):
+        yield path, value.words
+    else:
+        yield path, value
+
+
+def assert_same(got, want):
+    pairs = list(zip(leaves(got), leaves(want)))
+    assert len(pairs) == len(list(leaves(want))), "the results differ in structure"
+    differ = [p for (p, g), (_, w) in pairs if not same_bits(g, w)]
+    assert not differ, f"not bit-identical to the CPU: {', '.join(differ)}"
+
+
+def both(source: str, name: str = "<gpu test>"):
+    return dsl.loads(source, name=name, device="cuda"), dsl.loads(source, name=name, device="cpu")
+
+
+def special(rng, shape, dtype=np.float32) -> np.ndarray:
+    """Random normals with the values that break careless kernels sprinkled in."""
+    x = rng.standard_normal(shape).astype(dtype)
+    flat = x.reshape(-1)
+    picks = rng.integers(0, flat.size, size=min(flat.size, 8))
+    flat[picks] = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-40, -3.5, 3.5], dtype)[:len(picks)]
+    return x
+
+
+# ---------------------------------------------------------------- kernels
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f64"])
+@pytest.mark.parametrize("m, k, n", [(1, 1, 1), (3, 0, 4), (5, 7, 3), (129, 9, 130), (64, 17, 257),
+                                     (300, 513, 200), (1024, 1024, 1024)])
+def test_matmul_is_bit_identical(dtype, m, k, n):
+    gpu, cpu = both(f"def f(a: {dtype}[M, K], b: {dtype}[K, N]) -> {dtype}[M, N]:\n  return a @ b\n")
+    rng = np.random.default_rng(m * 7 + k)
+    t = np.float32 if dtype == "f32" else np.float64
+    a, b = rng.standard_normal((m, k)).astype(t), rng.standard_normal((k, n)).astype(t)
+    assert_same(gpu.f(a, b), cpu.f(a, b))
+
+
+def test_batched_and_broadcast_matmul_is_bit_identical():
+    gpu, cpu = both("def f(a: f32[B, H, T, D], b: f32[H, D, S], v: f32[D]) -> (f32[B, H, T, S], f32[B, H, T]):\n"
+                    "  return a @ b, a @ v\n")
+    rng = np.random.default_rng(0)
+    a, b, v = special(rng, (2, 3, 33, 20)), special(rng, (3, 20, 45)), special(rng, (20,))
+    assert_same(gpu.f(a, b, v), cpu.f(a, b, v))
+
+
+@pytest.mark.parametrize("n", [1, 31, 33, 4096, 4097, 3 * CHUNK + 5])
+@pytest.mark.parametrize("op", ["sum", "mean", "max", "min"])
+def test_row_and_column_reductions_are_bit_identical(op, n):
+    gpu, cpu = both(f"def f(x: f32[R, N]) -> (f32[R], f32[N]):\n  return {op}(x, axis=1), {op}(x, axis=0)\n")
+    x = special(np.random.default_rng(n), (5, n))
+    assert_same(gpu.f(x), cpu.f(x))
+
+
+def test_reductions_of_two_levels_and_f64_are_bit_identical():
+    gpu, cpu = both("def f(x: f32[N], y: f64[R, M]) -> (f32, f64[R]):\n  return sum(x), mean(y, axis=-1)\n")
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal(CHUNK * CHUNK + 77).astype(np.float32)
+    y = rng.standard_normal((3, 5 * CHUNK + 1))
+    assert_same(gpu.f(x, y), cpu.f(x, y))
+
+
+MATH = ["exp", "log", "tanh", "sigmoid", "sin", "cos", "sqrt", "rsqrt", "floor", "abs", "exp2", "log2"]
+
+
+@pytest.mark.parametrize("fn", MATH)
+def test_elementwise_math_is_bit_identical(fn):
+    gpu, cpu = both(f"def f(x: f32[N], y: f64[N]) -> (f32[N], f64[N]):\n  return {fn}(x), {fn}(y)\n")
+    rng = np.random.default_rng(3)
+    x = special(rng, (100_003,)) * 30
+    assert_same(gpu.f(x, x.astype(np.float64)), cpu.f(x, x.astype(np.float64)))
+
+
+def test_broadcasts_casts_and_selections_are_bit_identical():
+    gpu, cpu = both("def f(x: f32[A, B], b: f32[B], i: i32[A, 1]) -> (f32[A, B], i32[A, B], bool[A, B]):\n"
+                    "  y = where(x > b, x / b, maximum(x, b) - cast(i, f32))\n"
+                    "  return y, cast(x, i32) * 3 + i, (x < 0.0) & (b > 0.0)\n")
+    rng = np.random.default_rng(4)
+    x, b = special(rng, (257, 129)), special(rng, (129,))
+    i = rng.integers(-5, 5, (257, 1)).astype(np.int32)
+    assert_same(gpu.f(x, b, i), cpu.f(x, b, i))
+
+
+# ---------------------------------------------------------------- programs and examples
+
+
+PROGRAMS = {"mlp": "mlp", "layer_norm": "layer_norm", "attention": "attention", "lstm": "lstm",
+            "conv2d": "conv"}
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("name", PROGRAMS)
+def test_test_programs_are_bit_identical(name, seed):
+    inputs = getattr(programs, f"{PROGRAMS[name]}_inputs")(seed)
+    path = str(programs.PROGRAMS / f"{name}.bend")
+    gpu, cpu = dsl.load(path, device="cuda"), dsl.load(path, device="cpu")
+    for wrt in [k for k, v in inputs.items() if any(np.asarray(a).dtype.kind == "f" for _, a in leaves(v))]:
+        assert_same(gpu.value_and_grad("loss", wrt=wrt)(**inputs),
+                    cpu.value_and_grad("loss", wrt=wrt)(**inputs))
+
+
+# Small sizes for every example's dimension names (one letter means one thing per example).
+EXAMPLE_DIMS = {"B": 4, "N": 2, "T": 8, "L": 2, "V": 11, "D": 16, "H": 2, "G": 1, "E": 4,
+                "C1": 4, "C2": 8, "P": 8, "rope": True, "p.blocks": 2}
+EXAMPLES = sorted(p.stem for p in (ROOT / "examples").glob("*.bend")
+                  if "def init(" in p.read_text() and "def loss(" in p.read_text())
+
+
+def example_case(name: str, device: str):
+    """An example program, its parameters from its own init, and random inputs for loss."""
+    prog = dsl.load(str(ROOT / "examples" / f"{name}.bend"), device=device)
+    init = prog._def("init")
+    statics = {p.name: EXAMPLE_DIMS[p.name] for p in init.params if p.name != "key"}
+    params = prog.init(dsl.key(0), **statics)
+    d = prog._def("loss")
+    first, *rest = d.params                 # the parameters, then the data
+    args = example_inputs(dataclasses.replace(d, params=rest), prog._resolved.main, EXAMPLE_DIMS)
+    rng = np.random.default_rng(0)
+    for name, a in args.items():
+        if isinstance(a, np.ndarray):       # indices 0 and 1 are in range for every example
+            args[name] = (rng.standard_normal(a.shape).astype(a.dtype) if a.dtype.kind == "f"
+                          else rng.integers(0, 2, a.shape).astype(a.dtype))
+    return prog, {first.name: params, **args}, first.name
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_examples_are_bit_identical(name):
+    gpu, args, wrt = example_case(name, "cuda")
+    cpu, _, _ = example_case(name, "cpu")
+    assert_same(gpu.value_and_grad("loss", wrt=wrt)(**args), cpu.value_and_grad("loss", wrt=wrt)(**args))
+
+
+# ---------------------------------------------------------------- the runtime
+
+
+def test_results_stay_on_the_gpu_until_asked_for():
+    gpu, cpu = both("def f(x: f32[N]) -> f32[N]:\n  return x * 2.0 + 1.0\n")
+    x = np.arange(10, dtype=np.float32)
+    y = gpu.f(x)
+    assert isinstance(y, cuda.DeviceArray)
+    z = gpu.f(y)                                   # back in without a copy
+    assert_same(z, cpu.f(cpu.f(x)))
+    assert z.numpy().dtype == np.float32
+
+
+def test_an_impossible_allocation_is_a_dsl_error():
+    memory = cuda.Memory(cuda.driver())
+    with pytest.raises(DslError, match="cannot allocate"):
+        memory.take(1 << 52, "a test")
+
+
+def test_a_failing_launch_names_the_kernel():
+    gpu, _ = both("def f(x: f32[N]) -> f32[N]:\n  return exp(x)\n")
+    gpu.f(np.ones(4, np.float32))
+    exe = next(iter(gpu._executables.values()))[1]
+    entry = next(iter(exe.functions))
+    exe.launched = []
+    with pytest.raises(DslError, match=f"GPU kernel {entry} failed to launch"):
+        exe._launch(entry, (1, 1, 1), 4096, [0, 0])          # 4096 threads: more than a block holds
