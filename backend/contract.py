@@ -37,15 +37,20 @@ from __future__ import annotations
 
 import concurrent.futures
 import ctypes
+import functools
+import hashlib
 import math
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterator
 
 import numpy as np
 from llvmlite import binding as llvm
 from llvmlite import ir
+
+from runtime import cache
 
 I1, I32, I64 = ir.IntType(1), ir.IntType(32), ir.IntType(64)
 SCALAR = {"f32": ir.FloatType(), "f64": ir.DoubleType()}
@@ -484,17 +489,21 @@ class Matmul:
     def __init__(self, dtype: str, tiles: Tiles | None = None):
         self.dtype, self.tiles = dtype, tiles or host_tiles(dtype)
         tm = host_target_machine()
-        module = ir.Module(name=f"matmul_{dtype}")
-        module.triple = llvm.get_process_triple()
-        module.data_layout = str(tm.target_data)
-        build_matmul(module, "matmul", dtype, self.tiles)
-        self.llvm_ir = str(module)
-        mod = llvm.parse_assembly(self.llvm_ir)
-        mod.verify()
-        optimize(mod, tm)
-        self.engine = llvm.create_mcjit_compiler(mod, tm)
+        # object code from the on-disk cache when this code made it for this machine before
+        k = cache.key(_source_digest(), dtype, repr(self.tiles), tm.triple,
+                      llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten(),
+                      "O3 jitdefault")
+        cached = cache.load(k)
+        if cached is not None:
+            self.engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), tm)
+            self.engine.add_object_file(llvm.ObjectFileRef.from_data(cached))
+        else:
+            mod = llvm.parse_assembly(self.llvm_ir)
+            mod.verify()
+            optimize(mod, tm)
+            self.engine = llvm.create_mcjit_compiler(mod, tm)
+            self.engine.set_object_cache(lambda _, data: cache.store(k, data), lambda _: None)
         self.engine.finalize_object()
-        self.assembly = tm.emit_assembly(mod)
         self.fn = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * 3, *[ctypes.c_int64] * 11,
                                    ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
                                    ctypes.c_int64)(
@@ -502,6 +511,14 @@ class Matmul:
         self._pool: list[concurrent.futures.ThreadPoolExecutor] = []
         self._lock = threading.Lock()
         self._scratch = np.empty(0, dtype=NUMPY[self.dtype])
+
+    @functools.cached_property
+    def llvm_ir(self) -> str:
+        module = ir.Module(name=f"matmul_{self.dtype}")
+        module.triple = llvm.get_process_triple()
+        module.data_layout = str(host_target_machine().target_data)
+        build_matmul(module, "matmul", self.dtype, self.tiles)
+        return str(module)
 
     def scratch(self, threads: int) -> np.ndarray:
         """Scratch for `threads` threads (kept: a fresh buffer costs page faults each call)."""
@@ -557,6 +574,12 @@ class Matmul:
             for f in others:
                 f.result()
         return c.reshape(shape + (a.shape[-2], b.shape[-1]))
+
+
+@functools.cache
+def _source_digest() -> str:
+    """A digest of this module: a change to the kernel must not reuse the old object code."""
+    return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
 
 
 def _batched(x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:

@@ -1,16 +1,21 @@
-"""The on-disk compile cache: object code stored under a key that covers everything it
-depends on (the LLVM IR, the target CPU and its features, the versions of dslc, llvmlite and
-LLVM). `~/.cache/dslc`, or $DSLC_CACHE_DIR. Writes are atomic; an entry whose header or
-checksum does not match is ignored and rebuilt, never executed."""
+"""The on-disk compile cache: object code, and the pickled products of the stages before it
+(lowered IR, kernel plans), stored under a key that covers everything they depend on (the
+source, the code that made them, the target CPU and its features, the versions of dslc,
+llvmlite and LLVM). `~/.cache/dslc`, or $DSLC_CACHE_DIR. Writes are atomic; an entry whose
+header or checksum does not match is ignored and rebuilt, never executed or unpickled."""
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
+import pickle
 import tempfile
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from typing import Any
 
 MAGIC = b"dslc-object-v1\n"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def versions() -> str:
@@ -35,14 +40,26 @@ def key(*parts: str) -> str:
     return h.hexdigest()
 
 
-def _path(k: str) -> Path:
-    return cache_dir() / k[:2] / f"{k}.o"
+@functools.cache
+def code_digest(*folders: str) -> str:
+    """A digest of the Python and .bend sources under these folders of dslc: what they make
+    must not be reused once they change."""
+    h = hashlib.sha256()
+    for folder in folders:
+        for path in sorted((ROOT / folder).rglob("*")):
+            if path.suffix in (".py", ".bend"):
+                h.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()
 
 
-def load(k: str) -> bytes | None:
-    """The object code stored under k, or None when absent or not exactly what was stored."""
+def _path(k: str, kind: str) -> Path:
+    return cache_dir() / k[:2] / f"{k}.{kind}"
+
+
+def load(k: str, kind: str = "o") -> bytes | None:
+    """The bytes stored under k, or None when absent or not exactly what was stored."""
     try:
-        blob = _path(k).read_bytes()
+        blob = _path(k, kind).read_bytes()
     except OSError:
         return None
     head = MAGIC + k.encode() + b"\n"
@@ -52,10 +69,10 @@ def load(k: str) -> bytes | None:
     return data if hashlib.sha256(data).digest() == digest else None
 
 
-def store(k: str, data: bytes) -> None:
+def store(k: str, data: bytes, kind: str = "o") -> None:
     """Store atomically (a reader sees the old entry or the new one, never half of one);
     a cache that cannot be written is not an error."""
-    path = _path(k)
+    path = _path(k, kind)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
@@ -64,3 +81,13 @@ def store(k: str, data: bytes) -> None:
         os.replace(tmp, path)
     except OSError:
         pass
+
+
+def load_pickled(k: str) -> Any | None:
+    """The Python value stored under k by store_pickled, or None."""
+    data = load(k, "pkl")
+    return None if data is None else pickle.loads(data)
+
+
+def store_pickled(k: str, value: Any) -> None:
+    store(k, pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL), "pkl")

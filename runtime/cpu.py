@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import hashlib
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from ir import interp
 from ir.core import Function, Op, Value
 from ir.passes import einsum_as_matmul
 from ir.ops.base import np_dtype
+from runtime import cache
 
 MIN_WORK_PER_THREAD = 1 << 18          # elements; below this, threads cost more than they save
 MIN_MULTIPLY_ADDS_PER_THREAD = 1 << 20     # the same for a contraction
@@ -47,11 +49,9 @@ class Executable:
     executables of the scan and checkpoint bodies it holds."""
 
     def __init__(self, fn: Function, name: str = "k"):
-        fn = einsum_as_matmul(fn)
-        self.function = fn
-        self.plan: Plan = schedule(fn, name)
+        self.plan, self.memory = _planned(fn, name)
+        self.function = fn = self.plan.function
         self.compiled = Compiled(self.plan.kernels) if self.plan.kernels else None
-        self.memory = plan_memory(self.plan)
         self.dead = [[v for v in dead if v not in self.memory.offsets] for dead in _last_uses(self.plan)]
         self.launches = [_Launch.of(s, self.memory, self.compiled) if isinstance(s, KernelStep) else None
                          for s in self.plan.steps]
@@ -106,6 +106,42 @@ class Executable:
         if op.prim == "checkpoint":
             return body.run(inputs)
         return interp.evaluate(op, inputs)
+
+
+def _planned(fn: Function, name: str) -> tuple[Plan, Memory]:
+    """fn's plan and buffer plan, from the on-disk cache when this scheduler planned exactly
+    this function before (the plan holds its own copy of the function, which the executable
+    then runs)."""
+    k = cache.key("plan", cache.code_digest("backend", "ir"), name, _digest(fn))
+    planned = cache.load_pickled(k)
+    if planned is None:
+        plan = schedule(einsum_as_matmul(fn), name)
+        planned = plan, plan_memory(plan)
+        cache.store_pickled(k, planned)
+    return planned
+
+
+def _digest(fn: Function) -> str:
+    """A digest of fn's ops, their parameters and types, and how values flow between them —
+    not of the values' ids, which differ from one lowering to the next."""
+    h = hashlib.sha256()
+    number: dict[Value, int] = {}
+
+    def walk(f: Function) -> None:
+        for v in f.params:
+            number[v] = len(number)
+            h.update(repr(v.type).encode())
+        for op in f.ops:
+            h.update(repr((op.prim, op.params, [number[v] for v in op.inputs],
+                           [v.type for v in op.outputs])).encode())
+            if op.body is not None:
+                walk(op.body)
+            for v in op.outputs:
+                number[v] = len(number)
+        h.update(repr([number[v] for v in f.results]).encode())
+
+    walk(fn)
+    return h.hexdigest()
 
 
 class _Arena:

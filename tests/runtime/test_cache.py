@@ -60,3 +60,58 @@ def test_the_key_covers_the_compiler_versions(monkeypatch):
     k = cache.key("ir")
     monkeypatch.setattr(cache, "versions", lambda: "dslc 9.9")
     assert cache.key("ir") != k
+
+
+def pickled(root):
+    return sorted(p for p in root.rglob("*.pkl"))
+
+
+def test_a_second_executable_of_the_same_function_reuses_its_plan(cache_dir, monkeypatch):
+    x = np.arange(120, dtype=np.float32).reshape(40, 3)
+    want = Executable(program()).run([x])[0]
+    assert pickled(cache_dir), "the plan was not stored"
+    monkeypatch.setattr("runtime.cpu.schedule", lambda *a: pytest.fail("planned again"))
+    got = Executable(program()).run([x])[0]       # a new lowering: other value ids, same plan
+    assert got.tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("damage", ["flip a byte", "another key"])
+def test_a_damaged_or_foreign_plan_is_planned_again_never_unpickled(cache_dir, damage, monkeypatch):
+    x = np.ones((40, 3), np.float32)
+    Executable(program()).run([x])
+    for entry in pickled(cache_dir):
+        blob = bytearray(entry.read_bytes())
+        if damage == "flip a byte":
+            blob[-3] ^= 0xFF
+        else:
+            blob = blob.replace(entry.stem.encode(), b"0" * len(entry.stem))
+        entry.write_bytes(bytes(blob))
+    monkeypatch.setattr("pickle.loads", lambda *a: pytest.fail("a damaged entry was unpickled"))
+    got = Executable(program()).run([x])[0]
+    assert np.array_equal(got, np.full(40, 3.0, np.float32))
+
+
+def test_the_code_digest_covers_every_source(tmp_path, monkeypatch):
+    (tmp_path / "backend").mkdir()
+    source = tmp_path / "backend" / "schedule.py"
+    source.write_text("A = 1\n")
+    monkeypatch.setattr(cache, "ROOT", tmp_path)
+    cache.code_digest.cache_clear()
+    try:
+        before = cache.code_digest("backend")
+        source.write_text("A = 2\n")
+        cache.code_digest.cache_clear()
+        assert cache.code_digest("backend") != before
+    finally:
+        cache.code_digest.cache_clear()
+
+
+def test_a_second_load_of_the_same_source_skips_lowering(cache_dir, monkeypatch):
+    import dsl
+    source = "def f(x: f32[N]) -> f32:\n  return sum(x * x)\n"
+    x = np.arange(5, dtype=np.float32)
+    assert dsl.loads(source, device="cpu").f(x) == 30.0
+    monkeypatch.setattr(dsl.Program, "_lower", lambda *a: pytest.fail("lowered again"))
+    assert dsl.loads(source, device="cpu").f(x) == 30.0
+    with pytest.raises(BaseException, match="lowered again"):      # other shapes: lowered
+        dsl.loads(source, device="cpu").f(np.ones(4, np.float32))
