@@ -6,8 +6,9 @@ NVIDIA's `cuda.bindings`; both sit behind one small driver interface. Tensors st
 GPU between the steps of a program, and a call returns `DeviceArray`s, which stay there
 until `np.asarray(x)` or `x.numpy()` copies them to the host; passing one back in (the
 parameters of a training loop) copies nothing. Kernel steps and contractions run on the GPU.
-Host steps (gathers, scatters, random numbers, concatenation, transposes…) still run on the
-host, with a copy each way; reshapes only re-label the device buffer. A failed allocation or
+Transposes and broadcasts run as strided-copy kernels, reshapes only re-label the device
+buffer; the other host steps (gathers, scatters, random numbers, concatenation…) still run on
+the host, with a copy each way. A failed allocation or
 launch is a DslError naming the kernel, and a wait for the GPU gives up after
 DSLC_CUDA_TIMEOUT seconds (default 120) rather than hang.
 """
@@ -25,6 +26,8 @@ from typing import Any
 import numpy as np
 
 from backend import nvptx
+from backend.llvm import SCALAR, row_major
+from backend.loops import Instr, Load, LoopKernel
 from backend.schedule import ContractStep, HostStep, KernelStep, Plan, reads, schedule
 from frontend.diagnostics import DslError
 from ir import interp
@@ -34,6 +37,7 @@ from ir.passes import einsum_as_matmul
 from runtime import cache
 
 VIEWS = ("reshape", "expand_dims", "squeeze")    # host ops whose result is the same bytes
+COPIES = ("transpose", "broadcast_to")           # host ops run on the GPU as strided copies
 
 
 class DriverError(Exception):
@@ -382,13 +386,17 @@ class Executable:
         self.plan: Plan = schedule(fn, name)
         self.matmuls = tuple(sorted({s.op.outputs[0].dtype for s in self.plan.steps
                                      if isinstance(s, ContractStep)}))
+        self.copies = {id(s.op): k for i, s in enumerate(self.plan.steps)
+                       if not isinstance(s, (KernelStep, ContractStep))
+                       and (k := copy_kernel(f"{name}_copy{i}", s.op)) is not None}
+        kernels = self.plan.kernels + list(self.copies.values())
         try:
-            self.launches = {k.name: nvptx.launch(k) for k in self.plan.kernels}
+            self.launches = {k.name: nvptx.launch(k) for k in kernels}
         except ValueError as e:                   # a kernel beyond what the GPU kernels cover
             raise DslError(None, f"'{name}' cannot run on the GPU: {e}") from None
         self.functions: dict[str, Any] = {}
-        if self.plan.kernels or self.matmuls:
-            text = compile_ptx(self.plan.kernels, self.matmuls, arch(self.drv))
+        if kernels or self.matmuls:
+            text = compile_ptx(kernels, self.matmuls, arch(self.drv))
             try:
                 module = self.drv.load(text)
                 entries = [s.entry for s in self.launches.values()] + [nvptx.matmul_entry(d) for d in self.matmuls]
@@ -457,12 +465,16 @@ class Executable:
             self.wait()
 
     def kernel(self, step: KernelStep, env: dict[Value, DeviceArray]) -> None:
-        shape = self.launches[step.kernel.name]
-        for v in step.writes:
+        self.run_kernel(step.kernel, step.args, step.writes, env)
+
+    def run_kernel(self, k: LoopKernel, args: tuple[Value, ...], writes: tuple[Value, ...],
+                   env: dict[Value, DeviceArray]) -> None:
+        shape = self.launches[k.name]
+        for v in writes:
             env[v] = self.empty(v, f"the result of kernel {shape.entry}")
         if shape.extent == 0:
             return
-        self._launch(shape.entry, (shape.grid, 1, 1), shape.block, [env[v].ptr for v in step.args])
+        self._launch(shape.entry, (shape.grid, 1, 1), shape.block, [env[v].ptr for v in args])
 
     def contract(self, step: ContractStep, env: dict[Value, DeviceArray]) -> None:
         """out = a @ b by the tiled contraction kernel (NumPy's rules for 1-D operands and
@@ -500,6 +512,9 @@ class Executable:
         if op.prim in VIEWS:
             env[op.outputs[0]] = env[op.inputs[0]].view(op.outputs[0].shape)
             return
+        if id(op) in self.copies:
+            self.run_kernel(self.copies[id(op)], op.inputs + op.outputs, op.outputs, env)
+            return
         if id(op) in self.constants:
             env.update(zip(op.outputs, self.constants[id(op)]))
             return
@@ -516,6 +531,24 @@ class Executable:
         env.update(zip(op.outputs, outs))
         if not op.inputs and op.body is None:
             self.constants[id(op)] = outs
+
+
+def copy_kernel(name: str, op: Op) -> LoopKernel | None:
+    """A transpose or broadcast_to as a map kernel that reads its input through strides
+    (out[i] = x[Σ i[d] · strides[d]]), so that it runs on the GPU; None for other ops."""
+    if op.prim not in COPIES or op.inputs[0].dtype not in SCALAR:
+        return None
+    (x,), (out,) = op.inputs, op.outputs
+    dense = row_major(x.shape)
+    if op.prim == "transpose":
+        perm = op.attrs.get("perm")
+        axes = range(len(x.shape) - 1, -1, -1) if perm is None else [int(a) % len(x.shape) for a in perm]
+        strides = tuple(dense[a] for a in axes)
+    else:                                   # missing leading axes and length-1 axes repeat
+        lead = len(out.shape) - len(x.shape)
+        strides = (0,) * lead + tuple(0 if n == 1 else s for n, s in zip(x.shape, dense))
+    return LoopKernel(name, out.shape, ((x.dtype, x.shape), (out.dtype, out.shape)),
+                      (Instr("load", (), (), x.dtype, Load(0, strides)),), ((1, 0),))
 
 
 _memories: dict[int, Memory] = {}

@@ -17,6 +17,7 @@ from backend.loops import Instr, Load, LoopKernel, Reduce
 from dsl.program import example_inputs
 from ir.ad import grad_function
 from ir.numerics import CHUNK
+from runtime.cuda import copy_kernel
 from ir.passes import optimize
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,8 +52,12 @@ def xor():
 
 
 def kernels(fn, name):
-    """The kernels of fn and of the scan and checkpoint bodies it holds."""
-    out = list(schedule.schedule(fn, name).kernels)
+    """The kernels of fn and of the scan and checkpoint bodies it holds, and the GPU
+    runtime's strided copies for its transposes and broadcasts."""
+    plan = schedule.schedule(fn, name)
+    out = list(plan.kernels) + [k for i, s in enumerate(plan.steps)
+                                if not isinstance(s, (schedule.KernelStep, schedule.ContractStep))
+                                and (k := copy_kernel(f"{name}_copy{i}", s.op)) is not None]
     for i, op in enumerate(fn.ops):
         if op.body is not None:
             out += kernels(op.body, f"{name}_b{i}")
