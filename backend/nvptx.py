@@ -388,13 +388,15 @@ def _kernel_entry(module: ir.Module, k: LoopKernel, annotations) -> None:
 @dataclass(frozen=True)
 class MatmulTiles:
     """A block computes bm × bn of C, k in steps of bk through shared memory; each of its
-    (bm/tm)·(bn/tn) threads owns tm × tn elements: rows ty·4 + {0…3} and bm/2 + ty·4 + {0…3},
-    columns likewise, so that its shared-memory reads are 4-vectors without bank conflicts."""
-    bm: int = 128
-    bn: int = 128
+    (bm/tm)·(bn/tn) threads owns tm × tn elements in 4-vectors: rows ty·4 + {0…3} (and, for
+    tm = 8, bm/2 + ty·4 + {0…3}), columns likewise, so that its shared-memory reads are
+    4-vectors without bank conflicts."""
+    name: str
+    bm: int
+    bn: int
+    tm: int
+    tn: int
     bk: int = 8
-    tm: int = 8
-    tn: int = 8
     pad: int = 4                       # A is stored k-major with rows of bm + pad
 
     @property
@@ -405,29 +407,41 @@ class MatmulTiles:
         return 2 * self.bk * (self.bm + self.pad + self.bn) * _bytes(dtype)
 
 
-TILES = MatmulTiles()
+# Large products take 128 × 128 tiles (8 × 8 per thread); products too small to give the GPU
+# a few hundred such blocks take 64 × 64 tiles (4 × 4 per thread). The bits are the same.
+TILES = (MatmulTiles("large", 128, 128, 8, 8), MatmulTiles("small", 64, 64, 4, 4))
+ENOUGH_BLOCKS = 256
 
 
-def matmul_entry(dtype: str) -> str:
-    return f"dslc_matmul_{dtype}"
+@dataclass(frozen=True)
+class MatmulLaunch:
+    entry: str
+    grid: tuple[int, int, int]
+    block: int
+    shared: int
 
 
-def matmul_launch(dtype: str, batch: int, m: int, n: int) -> tuple[tuple[int, int, int], int, int]:
-    """(grid, threads per block, shared bytes) of the contraction kernel for C [batch, m, n]."""
-    t = TILES
-    grid = (-(-n // t.bn), -(-m // t.bm), min(batch, MAX_GRID_YZ))
+def matmul_entry(dtype: str, t: MatmulTiles) -> str:
+    return f"dslc_matmul_{dtype}_{t.name}"
+
+
+def matmul_launch(dtype: str, batch: int, m: int, n: int) -> MatmulLaunch:
+    """The contraction kernel and launch shape for C [batch, m, n]."""
+    grids = [(-(-n // t.bn), -(-m // t.bm), min(batch, MAX_GRID_YZ)) for t in TILES]
+    large = grids[0][0] * grids[0][1] * grids[0][2] >= ENOUGH_BLOCKS
+    t, grid = (TILES[0], grids[0]) if large else (TILES[1], grids[1])
     if grid[1] > MAX_GRID_YZ:
         raise ValueError(f"a matrix product of {m} rows is too tall for one launch")
-    return grid, t.threads, t.shared_bytes(dtype)
+    return MatmulLaunch(matmul_entry(dtype, t), grid, t.threads, t.shared_bytes(dtype))
 
 
-def _matmul_entry(module: ir.Module, dtype: str, annotations, t: MatmulTiles = TILES) -> None:
-    """void dslc_matmul_T(const T *A, const T *B, T *C, i64 M, i64 N, i64 K, i64 a_stride,
+def _matmul_entry(module: ir.Module, dtype: str, annotations, t: MatmulTiles) -> None:
+    """void dslc_matmul_T_TILES(const T *A, const T *B, T *C, i64 M, i64 N, i64 K, i64 a_stride,
     i64 b_stride, i64 c_stride, i64 batch): C[z] = A[z] @ B[z], row-major, the strides being
     the elements between batch entries (0 broadcasts). Launched by matmul_launch."""
     scalar = SCALAR[dtype]
     p = scalar.as_pointer()
-    fn = _entry(module, matmul_entry(dtype), [p, p, p] + [I64] * 7, annotations, t.threads)
+    fn = _entry(module, matmul_entry(dtype, t), [p, p, p] + [I64] * 7, annotations, t.threads)
     A, B, C, M, N, K, sa, sb, sc, batch = fn.args
     g = _Builder(fn, I64)
     b, c = g.b, g.c
@@ -443,6 +457,8 @@ def _matmul_entry(module: ir.Module, dtype: str, annotations, t: MatmulTiles = T
     tx, ty = b.urem(tid, c(t.bn // t.tn)), b.udiv(tid, c(t.bn // t.tn))
     rows = [b.add(b.mul(ty, c(4)), c(i % 4 + (t.bm // 2) * (i // 4))) for i in range(t.tm)]
     cols = [b.add(b.mul(tx, c(4)), c(j % 4 + (t.bn // 2) * (j // 4))) for j in range(t.tn)]
+    # ty·4 + {0…3} covers bm / (tm / 4) rows; with tm = 8 a second group lies bm/2 further on
+    assert t.tm in (4, 8) and t.tn in (4, 8) and (t.bm // t.tm) * t.tm == t.bm
     loads_a, loads_b = (t.bm * t.bk) // t.threads, (t.bk * t.bn) // t.threads
     acc = g.slot(ir.ArrayType(scalar, t.tm * t.tn))               # registers once promoted
     staged = g.slot(ir.ArrayType(scalar, loads_a + loads_b))      # the next tile, in flight
@@ -494,9 +510,9 @@ def _matmul_entry(module: ir.Module, dtype: str, annotations, t: MatmulTiles = T
                 b.store(b.load(slot(staged, loads_a + q)), g.at(b_tiles, at))
 
         def vectors(tiles_, base: ir.Value, first: list[ir.Value]) -> list[ir.Value]:
-            """The 4-vectors at base + first[0] and base + first[4], as scalars."""
+            """The 4-vectors at base + first[0] (and base + first[4]), as scalars."""
             out = []
-            for start in (first[0], first[4]):
+            for start in first[::4]:
                 ptr = b.bitcast(g.at(tiles_, b.add(base, start)), vec4.as_pointer(3))
                 v = b.load(ptr, align=16)
                 out += [b.extract_element(v, ir.Constant(I32, x)) for x in range(4)]
@@ -558,7 +574,8 @@ def module_ir(kernels: list[LoopKernel], matmuls: tuple[str, ...] = ()) -> ir.Mo
     for k in kernels:
         _kernel_entry(module, k, annotations)
     for dtype in matmuls:
-        _matmul_entry(module, dtype, annotations)
+        for t in TILES:
+            _matmul_entry(module, dtype, annotations, t)
     return module
 
 

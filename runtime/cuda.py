@@ -399,7 +399,8 @@ class Executable:
             text = compile_ptx(kernels, self.matmuls, arch(self.drv))
             try:
                 module = self.drv.load(text)
-                entries = [s.entry for s in self.launches.values()] + [nvptx.matmul_entry(d) for d in self.matmuls]
+                entries = [s.entry for s in self.launches.values()] + \
+                    [nvptx.matmul_entry(d, t) for d in self.matmuls for t in nvptx.TILES]
                 self.functions = {e: self.drv.function(module, e) for e in entries}
             except DriverError as e:
                 raise DslError(None, f"loading the GPU kernels of '{name}' failed: {e}") from None
@@ -499,12 +500,11 @@ class Executable:
             else:
                 b = expanded
             strides.append(math.prod(shape[-2:]))
-        entry = nvptx.matmul_entry(out.dtype)
-        env[out] = c = self.empty(out, f"the result of {entry}")
+        env[out] = c = self.empty(out, f"the result of {nvptx.matmul_entry(out.dtype, nvptx.TILES[0])}")
         if batch * m * n == 0:
             return
-        grid, block, _ = nvptx.matmul_launch(out.dtype, batch, m, n)
-        self._launch(entry, grid, block, [a.ptr, b.ptr, c.ptr], [m, n, k, *strides, m * n, batch])
+        shape = nvptx.matmul_launch(out.dtype, batch, m, n)
+        self._launch(shape.entry, shape.grid, shape.block, [a.ptr, b.ptr, c.ptr], [m, n, k, *strides, m * n, batch])
 
     def host(self, op: Op, env: dict[Value, DeviceArray]) -> None:
         """A host step: its inputs copied to the host, evaluated as the CPU runtime does, its

@@ -128,16 +128,21 @@ def test_reductions_and_contractions_assemble_within_the_limits(arch):
         body = text.split(f".entry {shape.entry}(")[1].split("\n}\n")[0]
         assert body.count("shfl.sync.down") >= 5, "the halving tree is five shuffles"
     for dtype in ("f32", "f64"):
-        grid, block, shared = nvptx.matmul_launch(dtype, 3, 4096, 4096)
-        assert block <= 1024 and max(grid[1:]) <= nvptx.MAX_GRID_YZ and shared <= nvptx.SHARED_LIMIT
-        entry = nvptx.matmul_entry(dtype)
-        assert f".entry {entry}(" in text
-        assert int(usage[entry].split()[0]) == shared
-    f32 = report.split("Compiling entry function 'dslc_matmul_f32'")[1].split("Compile time")[0]
-    assert "0 bytes spill stores" in f32
-    mm = text.split(".entry dslc_matmul_f32(")[1].split("\n}\n")[0]
-    assert "fma.rn.f32" in mm and "ld.shared.v4" in mm and "bar.sync" in mm
-    assert not re.search(r"\b(add|mul|sub)\.(rn\.)?f32", mm), "only fmas touch the accumulators"
+        for batch, m, n, tiles in ((3, 4096, 4096, "large"), (8, 64, 64, "small")):
+            shape = nvptx.matmul_launch(dtype, batch, m, n)
+            assert shape.entry == f"dslc_matmul_{dtype}_{tiles}"
+            assert shape.block <= 1024 and max(shape.grid[1:]) <= nvptx.MAX_GRID_YZ
+            assert shape.shared <= nvptx.SHARED_LIMIT
+            assert f".entry {shape.entry}(" in text
+            assert int(usage[shape.entry].split()[0]) == shape.shared
+    for tiles in nvptx.TILES:
+        entry = nvptx.matmul_entry("f32", tiles)
+        f32 = report.split(f"Compiling entry function '{entry}'")[1].split("Compile time")[0]
+        assert "0 bytes spill stores" in f32
+        mm = text.split(f".entry {entry}(")[1].split("\n}\n")[0]
+        assert mm.count("fma.rn.f32") >= tiles.bk * tiles.tm * tiles.tn
+        assert "ld.shared.v4" in mm and "bar.sync" in mm
+        assert not re.search(r"\b(add|mul|sub)\.(rn\.)?f32", mm), "only fmas touch the accumulators"
 
 
 def test_long_reductions_stay_within_shared_memory():

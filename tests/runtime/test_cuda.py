@@ -82,7 +82,7 @@ class FakeDriver:
             raise cuda.DriverError("cuLaunchKernel: invalid argument")
         self.launches += 1
         if entry.startswith("dslc_matmul_"):
-            return self.matmul(entry.rsplit("_", 1)[1], grid, pointers, integers)
+            return self.matmul(entry.split("_")[2], grid, pointers, integers)
         k = module["kernels"][entry]
         extent = (math.prod(k.shape) if k.is_reduction else k.shape[0]) if k.shape else 1
         module["compiled"].functions[k.name]((ctypes.c_void_p * len(pointers))(*pointers), 0, extent)
@@ -99,7 +99,7 @@ class FakeDriver:
             return
         a = view(pointers[0], (batch if sa else 1) * m * k).reshape(-1, m, k)
         b = view(pointers[1], (batch if sb else 1) * k * n).reshape(-1, k, n)
-        assert grid == nvptx.matmul_launch(dtype, batch, m, n)[0]
+        assert grid == nvptx.matmul_launch(dtype, batch, m, n).grid
         view(pointers[2], batch * m * n)[:] = Matmul(dtype)(a, b).reshape(-1)
 
     def record(self):
