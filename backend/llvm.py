@@ -281,31 +281,74 @@ class _KernelGen:
     # -------------------------------------------------------- reductions
 
     def reduction(self, lo: ir.Value, hi: ir.Value) -> None:
-        """For each result point o in [lo, hi): the reduced value in the canonical order."""
+        """For each result point o in [lo, hi): the reduced value in the canonical order.
+        Where the reduced axis is strided and consecutive result points are consecutive in
+        memory (a sum over a leading axis), LANES result points at a time are reduced side by
+        side, each in its own canonical order, with vector loads across them."""
+        outer = self.k.shape
+        loads = [ins.load for ins in self.k.body if ins.prim == "load"]
+        across = (outer and outer[-1] >= LANES and all(l.strides[-2] in (0, 1) for l in loads)
+                  and any(l.strides[-1] != 1 for l in loads))
+        if not across:
+            loop(self.b, lo, hi, lambda o: self.reduce_points(o, 0))
+            return
+        b = self.b
+        at = self.slot(I64)
+        b.store(lo, at)
+        head, body, after = (b.append_basic_block(n) for n in ("points", "point", "points_done"))
+        b.branch(head)
+        b.position_at_end(head)
+        o = b.load(at)
+        b.cbranch(b.icmp_signed("<", o, hi), body, after)
+        b.position_at_end(body)
+        width = ir.Constant(I64, LANES)
+        in_row = b.icmp_signed("<=", b.add(b.urem(o, ir.Constant(I64, outer[-1])), width),
+                               ir.Constant(I64, outer[-1]))
+        whole = b.and_(in_row, b.icmp_signed("<=", b.add(o, width), hi))
+        with b.if_else(whole) as (vector, scalar):
+            with vector:
+                self.reduce_points(o, LANES)
+                b.store(b.add(o, width), at)
+            with scalar:
+                self.reduce_points(o, 0)
+                b.store(b.add(o, ir.Constant(I64, 1)), at)
+        b.branch(head)
+        b.position_at_end(after)
+
+    def reduce_points(self, o: ir.Value, points: int) -> None:
+        """Reduce result point o (points = 0), or the `points` consecutive ones from o, each in
+        the canonical order."""
         r = self.k.reduce
         outer = self.k.shape
         dtype = self.k.body[r.value].dtype
         b = self.b
+        index, rest = [], o
+        for d in reversed(outer):
+            index.append(b.urem(rest, ir.Constant(I64, d)))
+            rest = b.udiv(rest, ir.Constant(I64, d))
+        index.reverse()
+        base = {id(ins): self.offset(index, ins.load.strides[:-1], ins.load.offset)
+                for ins in self.k.body if ins.prim == "load"}
 
-        def each(o: ir.Value) -> None:
-            index, rest = [], o
-            for d in reversed(outer):
-                index.append(b.urem(rest, ir.Constant(I64, d)))
-                rest = b.udiv(rest, ir.Constant(I64, d))
-            index.reverse()
-            base = {id(ins): self.offset(index, ins.load.strides[:-1], ins.load.offset)
-                    for ins in self.k.body if ins.prim == "load"}
+        def value_at(j: ir.Value, lanes: int = 0) -> ir.Value:
+            offsets = lambda ins: b.add(base[id(ins)], b.mul(j, ir.Constant(I64, ins.load.strides[-1])))
+            if points:          # one value for each of the points, at the same j
+                return self.body(offsets, points, lambda ins: ins.load.strides[-2])[r.value]
+            return self.body(offsets, lanes, lambda ins: ins.load.strides[-1])[r.value]
 
-            def value_at(j: ir.Value, lanes: int = 0) -> ir.Value:
-                offsets = lambda ins: b.add(base[id(ins)], b.mul(j, ir.Constant(I64, ins.load.strides[-1])))
-                return self.body(offsets, lanes, lambda ins: ins.load.strides[-1])[r.value]
-
+        if points:
+            result = self.reduce(self.k.n, value_at, dtype, r.combine, points)
+        else:
             result = self.reduce(self.k.n, value_at, dtype, r.combine)
-            if r.count:
-                result = b.fdiv(result, self.e.const(float(r.count), dtype))
+        if r.count:
+            count = self.e.const(float(r.count), dtype)
+            result = b.fdiv(result, self.e.splat(count, points) if points else count)
+        if points:
+            ptr = b.gep(self.ptrs[r.buffer], [o])
+            b.store(result, b.bitcast(ptr, ir.VectorType(memory_type(dtype), points).as_pointer()),
+                    align=_bits(dtype) // 8)
+        else:
             self.store(r.buffer, o, result, dtype)
-
-        loop(b, lo, hi, each)
 
     def slot(self, ty: ir.Type, count: int = 1) -> ir.Value:
         """Stack memory allocated once at the function's entry, not once per loop iteration."""
@@ -325,25 +368,30 @@ class _KernelGen:
         value = {"add": -0.0, "max": float("-inf"), "min": float("inf")}[how]
         return self.e.const(value, dtype)
 
-    def reduce(self, n: int, value_at: Callable, dtype: str, how: str) -> ir.Value:
-        """Combine value_at(0 … n-1) in the canonical order (ir/numerics.py)."""
+    def reduce(self, n: int, value_at: Callable, dtype: str, how: str, points: int = 0) -> ir.Value:
+        """Combine value_at(0 … n-1) in the canonical order (ir/numerics.py); with `points`,
+        value_at gives vectors of that many independent values, each combined in that order."""
         b = self.b
+        lanes = self.lanes_across if points else self.lanes
         if n <= CHUNK:
-            return self.lanes(n, value_at, dtype, how)
+            return lanes(n, value_at, dtype, how, points)
         chunks = -(-n // CHUNK)
-        partial = self.slot(SCALAR[dtype], chunks)
+        ty = ir.VectorType(SCALAR[dtype], points) if points else SCALAR[dtype]
+        partial = self.slot(ty, chunks)
 
         def chunk(c: ir.Value) -> None:
             start = b.mul(c, ir.Constant(I64, CHUNK))
             # every chunk but the last is full; the last is reduced by the same code below
-            v = self.lanes(CHUNK, lambda j, lanes=0: value_at(b.add(start, j), lanes), dtype, how)
+            v = lanes(CHUNK, lambda j, lanes=0: value_at(b.add(start, j), lanes), dtype, how, points)
             b.store(v, b.gep(partial, [c]))
 
         loop(b, ir.Constant(I64, 0), ir.Constant(I64, n // CHUNK), chunk)
         if n % CHUNK:
             start = ir.Constant(I64, (n // CHUNK) * CHUNK)
-            v = self.lanes(n % CHUNK, lambda j, lanes=0: value_at(b.add(start, j), lanes), dtype, how)
+            v = lanes(n % CHUNK, lambda j, lanes=0: value_at(b.add(start, j), lanes), dtype, how, points)
             b.store(v, b.gep(partial, [ir.Constant(I64, chunks - 1)]))
+        if points:
+            return self.reduce(chunks, lambda j, lanes=0: b.load(b.gep(partial, [j])), dtype, how, points)
         return self.reduce(chunks, lambda j, lanes=0: self._load_partial(partial, j, lanes, dtype),
                            dtype, how)
 
@@ -354,7 +402,29 @@ class _KernelGen:
         vptr = b.bitcast(b.gep(partial, [j]), ir.VectorType(SCALAR[dtype], lanes).as_pointer())
         return b.load(vptr)
 
-    def lanes(self, n: int, value_at: Callable, dtype: str, how: str) -> ir.Value:
+    def lanes_across(self, n: int, value_at: Callable, dtype: str, how: str, points: int) -> ir.Value:
+        """lanes() for `points` independent reductions at once: lane l is a vector holding
+        lane l of each of them (LANES vectors in stack memory), then the halving tree."""
+        b = self.b
+        vty = ir.VectorType(SCALAR[dtype], points)
+        acc = self.slot(vty, LANES)
+        start = self.e.splat(self.identity(how, dtype), points)
+        for lane in range(LANES):
+            b.store(start, b.gep(acc, [ir.Constant(I64, lane)]))
+
+        def element(j: ir.Value) -> None:                  # element j goes to lane j mod LANES
+            ptr = b.gep(acc, [b.urem(j, ir.Constant(I64, LANES))])
+            b.store(self.combine(how, b.load(ptr), value_at(j), dtype), ptr)
+
+        loop(b, ir.Constant(I64, 0), ir.Constant(I64, n), element)
+        lanes = [b.load(b.gep(acc, [ir.Constant(I64, lane)])) for lane in range(LANES)]
+        width = LANES // 2
+        while width:
+            lanes = [self.combine(how, lanes[j], lanes[j + width], dtype) for j in range(width)]
+            width //= 2
+        return lanes[0]
+
+    def lanes(self, n: int, value_at: Callable, dtype: str, how: str, points: int = 0) -> ir.Value:
         """At most CHUNK values: LANES lanes left to right, then the halving tree."""
         b = self.b
         vty = ir.VectorType(SCALAR[dtype], LANES)

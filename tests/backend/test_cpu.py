@@ -122,7 +122,8 @@ def test_a_fused_chain_with_broadcasting_where_and_casts():
 
 @pytest.mark.parametrize("shape, axis", [((5000,), None), ((3, 70), 1), ((70, 3), 0),
                                          ((2, 3, 4, 5), (1, 2)), ((9000, 2), 0), ((7,), 0),
-                                         ((2, 40000), -1), ((4, 1), (0, 1))])
+                                         ((2, 40000), -1), ((4, 1), (0, 1)), ((7, 70), 0),
+                                         ((5000, 40), 0), ((3, 33, 100), 1), ((16, 8, 65), 0)])
 @pytest.mark.parametrize("prim", ["sum", "mean", "max", "min"])
 def test_reductions_follow_the_canonical_order(prim, shape, axis):
     x = f32(*shape) * np.float32(10.0) ** rng.integers(-3, 4, shape).astype(np.float32)
@@ -134,6 +135,15 @@ def test_reductions_of_nan_and_signed_zeros():
     x = np.array([[-0.0, -0.0, -0.0], [0.0, -0.0, np.nan], [-np.inf, -np.inf, 1.0]], np.float32)
     for prim in ("sum", "max", "min"):
         got, want, _ = run_both(lambda b, v: [b.emit(prim, v, axis=1)], x)
+        same_bits(got, want)
+
+
+def test_column_reductions_of_nan_and_signed_zeros():
+    # reduced over a strided axis, 32 result points side by side (and the rest one by one)
+    x = np.tile(np.array([[-0.0], [0.0], [np.nan], [-np.inf], [1.0]], np.float32), (1, 70))
+    x[2, ::3] = -0.0
+    for prim in ("sum", "max", "min", "mean"):
+        got, want, _ = run_both(lambda b, v: [b.emit(prim, v, axis=0)], x)
         same_bits(got, want)
 
 
