@@ -50,6 +50,7 @@ import numpy as np
 from llvmlite import binding as llvm
 from llvmlite import ir
 
+from backend.cpu import address
 from runtime import cache
 
 I1, I32, I64 = ir.IntType(1), ir.IntType(32), ir.IntType(64)
@@ -543,9 +544,9 @@ class Matmul:
                              f"scratch {scratch.size}, thread {thread_index} of {thread_count}")
         batches = [0 if len(x) == 1 else x.strides[0] // x.itemsize for x in (a, b, c)]
         rows_cols = [s // x.itemsize for x in (a, b) for s in x.strides[1:]]
-        base = scratch.ctypes.data
-        self.fn(a.ctypes.data, b.ctypes.data, c.ctypes.data, batch, m, n, k, *batches,
-                *rows_cols, base + (-base % 64), next_job.ctypes.data, thread_index, thread_count)
+        base = address(scratch)
+        self.fn(address(a), address(b), address(c), batch, m, n, k, *batches,
+                *rows_cols, base + (-base % 64), address(next_job), thread_index, thread_count)
 
     def __call__(self, a: np.ndarray, b: np.ndarray, threads: int = 1,
                  out: np.ndarray | None = None) -> np.ndarray:

@@ -52,6 +52,15 @@ def optimise(mod: llvm.ModuleRef) -> None:
     pb.getModulePassManager().run(mod, pb)
 
 
+def address(a) -> int:
+    """The address of a NumPy array's first element, the fast way where the array is a
+    writable contiguous block (ctypes' own route is three times slower)."""
+    try:
+        return ctypes.addressof(ctypes.c_char.from_buffer(a))
+    except (TypeError, ValueError):          # read-only, strided or empty
+        return a.ctypes.data
+
+
 class Compiled:
     """A JIT-compiled module; kernels are looked up by name. Object code comes from the
     on-disk cache when an entry exists for exactly these kernels, this code generator and this

@@ -13,7 +13,7 @@ from typing import Callable
 
 import numpy as np
 
-from backend.cpu import Compiled
+from backend.cpu import Compiled, address
 from backend.schedule import (ALIGN, ContractStep, HostStep, KernelStep, Memory, Plan, ViewStep,
                               nbytes, plan_memory, reads, schedule)
 from ir import interp
@@ -184,7 +184,7 @@ class _Launch:
         for v in self.fresh:
             env[v] = np.empty(v.shape, dtype=np_dtype(v.dtype))
         for i, v in self.patches:
-            pointers[i] = env[v].ctypes.data
+            pointers[i] = address(env[v])
         parts = min(threads, self.extent, max(1, self.work // MIN_WORK_PER_THREAD))
         if parts <= 1:
             self.fn(pointers, 0, self.extent)
