@@ -103,11 +103,28 @@ def _bytes(dtype: str) -> int:
 # Shared helpers: special registers, barriers, shuffles, loops
 
 
+@dataclass(frozen=True)
+class Target:
+    """Where the kernels run: an NVIDIA GPU, or, to test the kernels' logic without one, the
+    host, where each NVVM intrinsic becomes a call of the same type to `emulated.<name>` (a
+    test provides them) and shared memory is ordinary memory."""
+    triple: str
+    shared: int                      # the address space of shared memory
+    prefix: str = ""                 # before each NVVM intrinsic's name
+
+
+GPU = Target(TRIPLE, 3)
+
+
+def emulator() -> Target:
+    return Target(llvm.get_default_triple(), 0, "emulated.")
+
+
 class _Builder:
     """An IRBuilder for one GPU entry, with the NVPTX idioms the kernels are written in."""
 
-    def __init__(self, fn: ir.Function, index: ir.IntType):
-        self.fn, self.module, self.ity = fn, fn.module, index
+    def __init__(self, fn: ir.Function, index: ir.IntType, target: Target):
+        self.fn, self.module, self.ity, self.target = fn, fn.module, index, target
         self.b = ir.IRBuilder(fn.append_basic_block("entry"))
         self.e = Emitter(self.b, self.module)
 
@@ -117,18 +134,21 @@ class _Builder:
     def _declare(self, name: str, ret: ir.Type, args: list[ir.Type]) -> ir.Function:
         return self.module.globals.get(name) or ir.Function(self.module, ir.FunctionType(ret, args), name)
 
+    def nvvm(self, name: str, ret: ir.Type, args: list[ir.Type]) -> ir.Function:
+        return self._declare(self.target.prefix + name, ret, args)
+
     def sreg(self, name: str) -> ir.Value:
         """A special register (tid.x, ntid.x, ctaid.y, nctaid.z…) in the index type."""
-        value = self.b.call(self._declare(f"llvm.nvvm.read.ptx.sreg.{name}", I32, []), [])
+        value = self.b.call(self.nvvm(f"llvm.nvvm.read.ptx.sreg.{name}", I32, []), [])
         return self.b.zext(value, self.ity) if self.ity.width > 32 else value
 
     def barrier(self) -> None:
-        self.b.call(self._declare("llvm.nvvm.barrier0", ir.VoidType(), []), [])
+        self.b.call(self.nvvm("llvm.nvvm.barrier0", ir.VoidType(), []), [])
 
     def shfl_down(self, value: ir.Value, delta: int) -> ir.Value:
         """The value of lane + delta of this warp (all 32 lanes take part)."""
         b = self.b
-        shfl = self._declare("llvm.nvvm.shfl.sync.down.i32", I32, [I32] * 4)
+        shfl = self.nvvm("llvm.nvvm.shfl.sync.down.i32", I32, [I32] * 4)
         call = lambda v: b.call(shfl, [ir.Constant(I32, -1), v, ir.Constant(I32, delta),
                                        ir.Constant(I32, WARP - 1)])
         width = {"half": 16, "float": 32, "double": 64}[str(value.type)]
@@ -161,7 +181,7 @@ class _Builder:
         b.position_at_end(done)
 
     def shared(self, name: str, ty: ir.Type, count: int) -> ir.GlobalVariable:
-        g = ir.GlobalVariable(self.module, ir.ArrayType(ty, count), name, addrspace=3)
+        g = ir.GlobalVariable(self.module, ir.ArrayType(ty, count), name, addrspace=self.target.shared)
         g.linkage = "internal"
         g.initializer = ir.Constant(g.value_type, ir.Undefined)
         g.align = 16
@@ -203,8 +223,8 @@ def _index_type(k: LoopKernel) -> ir.IntType:
 
 
 class _LoopKernelGen(_Builder):
-    def __init__(self, fn: ir.Function, k: LoopKernel):
-        super().__init__(fn, _index_type(k))
+    def __init__(self, fn: ir.Function, k: LoopKernel, target: Target):
+        super().__init__(fn, _index_type(k), target)
         self.k, self.ptrs = k, list(fn.args)
 
     def body(self, offset_of: Callable) -> list[ir.Value]:
@@ -373,10 +393,10 @@ class _LoopKernelGen(_Builder):
         self.loop(self.sreg("ctaid.x"), self.c(extent(k)), self.sreg("nctaid.x"), one_result, "result")
 
 
-def _kernel_entry(module: ir.Module, k: LoopKernel, annotations) -> None:
+def _kernel_entry(module: ir.Module, k: LoopKernel, annotations, target: Target) -> None:
     params = [memory_type(dt).as_pointer() for dt, _ in k.buffers]
     fn = _entry(module, launch(k).entry, params, annotations, BLOCK)
-    gen = _LoopKernelGen(fn, k)
+    gen = _LoopKernelGen(fn, k, target)
     gen.reduction() if k.is_reduction else gen.map()
     gen.b.ret_void()
 
@@ -435,7 +455,7 @@ def matmul_launch(dtype: str, batch: int, m: int, n: int) -> MatmulLaunch:
     return MatmulLaunch(matmul_entry(dtype, t), grid, t.threads, t.shared_bytes(dtype))
 
 
-def _matmul_entry(module: ir.Module, dtype: str, annotations, t: MatmulTiles) -> None:
+def _matmul_entry(module: ir.Module, dtype: str, annotations, t: MatmulTiles, target: Target) -> None:
     """void dslc_matmul_T_TILES(const T *A, const T *B, T *C, i64 M, i64 N, i64 K, i64 a_stride,
     i64 b_stride, i64 c_stride, i64 batch): C[z] = A[z] @ B[z], row-major, the strides being
     the elements between batch entries (0 broadcasts). Launched by matmul_launch."""
@@ -443,7 +463,7 @@ def _matmul_entry(module: ir.Module, dtype: str, annotations, t: MatmulTiles) ->
     p = scalar.as_pointer()
     fn = _entry(module, matmul_entry(dtype, t), [p, p, p] + [I64] * 7, annotations, t.threads)
     A, B, C, M, N, K, sa, sb, sc, batch = fn.args
-    g = _Builder(fn, I64)
+    g = _Builder(fn, I64, target)
     b, c = g.b, g.c
     a_row = t.bm + t.pad
     a_size, b_size = t.bk * a_row, t.bk * t.bn
@@ -513,7 +533,7 @@ def _matmul_entry(module: ir.Module, dtype: str, annotations, t: MatmulTiles) ->
             """The 4-vectors at base + first[0] (and base + first[4]), as scalars."""
             out = []
             for start in first[::4]:
-                ptr = b.bitcast(g.at(tiles_, b.add(base, start)), vec4.as_pointer(3))
+                ptr = b.bitcast(g.at(tiles_, b.add(base, start)), vec4.as_pointer(target.shared))
                 v = b.load(ptr, align=16)
                 out += [b.extract_element(v, ir.Constant(I32, x)) for x in range(4)]
             return out
@@ -565,17 +585,17 @@ def _matmul_entry(module: ir.Module, dtype: str, annotations, t: MatmulTiles) ->
 # Modules and PTX
 
 
-def module_ir(kernels: list[LoopKernel], matmuls: tuple[str, ...] = ()) -> ir.Module:
-    """One NVPTX module: a GPU entry per loop kernel, and the contraction kernel for each
+def module_ir(kernels: list[LoopKernel], matmuls: tuple[str, ...] = (), target: Target = GPU) -> ir.Module:
+    """One NVPTX module: a GPU entry per loop kernel, and the contraction kernels for each
     dtype in `matmuls`."""
     module = ir.Module(name="dslc_gpu")
-    module.triple = TRIPLE
+    module.triple = target.triple
     annotations = module.add_named_metadata("nvvm.annotations")
     for k in kernels:
-        _kernel_entry(module, k, annotations)
+        _kernel_entry(module, k, annotations, target)
     for dtype in matmuls:
         for t in TILES:
-            _matmul_entry(module, dtype, annotations, t)
+            _matmul_entry(module, dtype, annotations, t, target)
     return module
 
 
