@@ -6,6 +6,7 @@ header or checksum does not match is ignored and rebuilt, never executed or unpi
 from __future__ import annotations
 
 import functools
+import gc
 import hashlib
 import os
 import pickle
@@ -84,9 +85,19 @@ def store(k: str, data: bytes, kind: str = "o") -> None:
 
 
 def load_pickled(k: str) -> Any | None:
-    """The Python value stored under k by store_pickled, or None."""
+    """The Python value stored under k by store_pickled, or None. Unpickled with the cycle
+    collector paused: the many objects it makes are all alive, and collections triggered by
+    their number would each walk the whole heap."""
     data = load(k, "pkl")
-    return None if data is None else pickle.loads(data)
+    if data is None:
+        return None
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return pickle.loads(data)
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def store_pickled(k: str, value: Any) -> None:

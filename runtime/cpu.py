@@ -126,14 +126,19 @@ def _digest(fn: Function) -> str:
     not of the values' ids, which differ from one lowering to the next."""
     h = hashlib.sha256()
     number: dict[Value, int] = {}
+    types: dict[object, int] = {}               # each distinct type spelled out once
 
     def walk(f: Function) -> None:
         for v in f.params:
             number[v] = len(number)
             h.update(repr(v.type).encode())
         for op in f.ops:
+            for v in op.outputs:
+                if v.type not in types:
+                    types[v.type] = len(types)
+                    h.update(repr(v.type).encode())
             h.update(repr((op.prim, op.params, [number[v] for v in op.inputs],
-                           [v.type for v in op.outputs])).encode())
+                           [types[v.type] for v in op.outputs])).encode())
             if op.body is not None:
                 walk(op.body)
             for v in op.outputs:
