@@ -109,13 +109,39 @@ class FakeDriver:
         return not self.never_done
 
 
-@pytest.fixture
-def fake(monkeypatch):
-    drv = FakeDriver()
+class EmulatedDriver(FakeDriver):
+    """The fake driver launching the GPU kernels themselves, their IR run on the host by
+    tests/gpu/emulator.py: the runtime's launch shapes and arguments meet the real kernels."""
+
+    def load(self, ptx):
+        from emulator import Emulator
+        kernels, matmuls = self.pending
+        return {"emulator": Emulator(kernels, matmuls)}
+
+    def launch(self, fn, grid, block, pointers, integers):
+        (module, entry) = fn
+        self.launches += 1
+        if not entry.startswith("dslc_matmul_"):
+            grid = (min(grid[0], 2), 1, 1)          # a loop kernel's grid-stride loop covers the rest
+        module["emulator"].launch(entry, grid, block, pointers, integers)
+
+
+def install(monkeypatch, drv):
     monkeypatch.setattr(cuda, "driver", lambda: drv)
     monkeypatch.setattr(cuda, "compile_ptx", drv.compile_ptx)
     monkeypatch.delenv("DSLC_DEVICE", raising=False)
     return drv
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    return install(monkeypatch, FakeDriver())
+
+
+@pytest.fixture
+def emulated(monkeypatch):
+    sys.path.insert(0, str(ROOT / "tests" / "gpu"))
+    return install(monkeypatch, EmulatedDriver())
 
 
 def bits(x) -> np.ndarray:
@@ -180,10 +206,13 @@ def test_unknown_loader_is_named(monkeypatch):
 CASES = ["mlp", "layer_norm", "attention", "lstm", "conv2d"]
 
 
+def inputs_of(name: str) -> dict:
+    return getattr(programs, ("conv" if name == "conv2d" else name) + "_inputs")(0)
+
+
 @pytest.mark.parametrize("name", CASES)
 def test_programs_and_gradients_match_the_cpu_bit_for_bit(fake, name):
-    inputs = getattr(programs, {"conv2d": "conv", "mlp": "mlp", "layer_norm": "layer_norm",
-                                "attention": "attention", "lstm": "lstm"}[name] + "_inputs")(0)
+    inputs = inputs_of(name)
     path = str(programs.PROGRAMS / f"{name}.bend")
     gpu, cpu = dsl.load(path, device="cuda"), dsl.load(path, device="cpu")
     first = next(iter(inputs))
@@ -192,6 +221,18 @@ def test_programs_and_gradients_match_the_cpu_bit_for_bit(fake, name):
     assert isinstance(got[0], cuda.DeviceArray)
     assert_same(got, want)
     assert fake.launches > 0
+
+
+@pytest.mark.parametrize("name", ["mlp", "layer_norm", "attention"])
+def test_the_gpu_kernels_run_by_the_runtime_give_the_cpu_bits(emulated, name):
+    """End to end without a GPU: the runtime launching the GPU kernels' own IR (emulated)."""
+    inputs = inputs_of(name)
+    path = str(programs.PROGRAMS / f"{name}.bend")
+    first = next(iter(inputs))
+    got = dsl.load(path, device="cuda").value_and_grad("loss", wrt=first)(**inputs)
+    want = dsl.load(path, device="cpu").value_and_grad("loss", wrt=first)(**inputs)
+    assert_same(got, want)
+    assert emulated.launches > 0
 
 
 STEP = """
