@@ -8,14 +8,16 @@ import hashlib
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from itertools import accumulate
 from math import prod
 from typing import Callable
 
 import numpy as np
 
-from backend.cpu import Compiled, address
-from backend.schedule import (ALIGN, ContractStep, HostStep, KernelStep, Memory, Plan, ViewStep,
-                              nbytes, plan_memory, reads, schedule)
+from backend.cpu import Compiled, Run, address
+from backend.loops import LoopKernel
+from backend.schedule import (ALIGN, ContractStep, HostStep, KernelStep, Memory, Plan, Step,
+                              ViewStep, nbytes, plan_memory, reads, schedule)
 from ir import interp
 from ir.core import Function, Op, Value
 from ir.passes import einsum_as_matmul
@@ -51,20 +53,30 @@ class Executable:
     def __init__(self, fn: Function, name: str = "k"):
         self.plan, self.memory = _planned(fn, name)
         self.function = fn = self.plan.function
-        self.compiled = Compiled(self.plan.kernels) if self.plan.kernels else None
+        steps = self.plan.steps
+        # what needs no input is made once: constants, zeros, aranges (never written to)
+        self.made = {v: _buffer(a, v) for s in steps if _made_once(s)
+                     for v, a in zip(s.op.outputs, interp.evaluate(s.op, []))}
+        self.views = {s.op.outputs[0] for s in steps if isinstance(s, ViewStep)}
+        groups = _runs(steps)
+        runs = tuple(Run(f"{name}_run{j}", tuple(steps[i].kernel.name for i in group),
+                         tuple(accumulate((len(steps[i].args) for i in group[:-1]), initial=0)),
+                         tuple(_extent(steps[i].kernel) for i in group))
+                     for j, group in enumerate(groups))
+        self.compiled = Compiled(self.plan.kernels, runs) if self.plan.kernels else None
+        self.launches: list[Callable | None] = [
+            _Launch.of(s, self.memory, self.compiled) if isinstance(s, KernelStep) else None for s in steps]
+        for run, group in zip(runs, groups):
+            self.launches[group[0]] = _Launch.of_run(run, [steps[i] for i in group], self.memory,
+                                                     self.compiled)
+            for i in group[1:]:
+                self.launches[i] = _in_run
         self.dead = [[v for v in dead if v not in self.memory.offsets] for dead in _last_uses(self.plan)]
-        self.launches = [_Launch.of(s, self.memory, self.compiled) if isinstance(s, KernelStep) else None
-                         for s in self.plan.steps]
         self.bodies: dict[int, Executable] = {}
-        for i, step in enumerate(self.plan.steps):
+        for i, step in enumerate(steps):
             if isinstance(step, HostStep) and step.op.body is not None:
                 self.bodies[id(step.op)] = Executable(step.op.body, f"{name}_b{i}")
         self._arenas: list[_Arena] = []
-        # what needs no input is made once: constants, zeros, aranges (never written to)
-        self.views = {s.op.outputs[0] for s in self.plan.steps if isinstance(s, ViewStep)}
-        self.made = {v: _buffer(a, v) for s in self.plan.steps
-                     if isinstance(s, HostStep) and not s.op.inputs and s.op.body is None
-                     for v, a in zip(s.op.outputs, interp.evaluate(s.op, []))}
 
     def run(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
         # an arena is used by one call at a time; a concurrent or nested call takes another
@@ -149,6 +161,35 @@ def _digest(fn: Function) -> str:
     return h.hexdigest()
 
 
+def _made_once(step: Step) -> bool:
+    return isinstance(step, HostStep) and not step.op.inputs and step.op.body is None
+
+
+def _extent(k: LoopKernel) -> int:
+    """The range a kernel's threads split: a map's first axis, a reduction's result points."""
+    return (prod(k.shape) if k.is_reduction else k.shape[0]) if k.shape else 1
+
+
+def _single_threaded(k: LoopKernel) -> bool:
+    return prod(k.shape) * max(k.n, 1) < 2 * MIN_WORK_PER_THREAD or _extent(k) <= 1
+
+
+def _runs(steps: tuple[Step, ...]) -> list[list[int]]:
+    """Runs of two or more consecutive kernel steps that always run on one thread, with
+    nothing between them but steps made once: each is called as one function."""
+    runs: list[list[int]] = [[]]
+    for i, step in enumerate(steps):
+        if isinstance(step, KernelStep) and _single_threaded(step.kernel):
+            runs[-1].append(i)
+        elif not _made_once(step) and runs[-1]:
+            runs.append([])
+    return [run for run in runs if len(run) > 1]
+
+
+def _in_run(env: dict, pointers: None, threads: int) -> None:
+    """A kernel step called by the run it belongs to."""
+
+
 class _Arena:
     """One call's memory: the arena's bytes, a view of them for each value planned there, and
     each kernel's argument array with the arena's addresses filled in."""
@@ -158,7 +199,8 @@ class _Arena:
         base = -self.memory.ctypes.data % ALIGN
         self.views = {v: self.memory[base + off:base + off + nbytes(v)].view(np_dtype(v.dtype)).reshape(v.shape)
                       for v, off in exe.memory.offsets.items()}
-        self.pointers = [None if launch is None else launch.pointers(self.views) for launch in exe.launches]
+        self.pointers = [launch.pointers(self.views) if isinstance(launch, _Launch) else None
+                         for launch in exe.launches]
 
 
 @dataclass(frozen=True)
@@ -175,11 +217,18 @@ class _Launch:
     @staticmethod
     def of(step: KernelStep, memory: Memory, compiled: Compiled) -> _Launch:
         k = step.kernel
-        extent = (prod(k.shape) if k.is_reduction else k.shape[0]) if k.shape else 1
         return _Launch(compiled.functions[k.name], step.args,
                        tuple((i, v) for i, v in enumerate(step.args) if v not in memory.offsets),
                        tuple(v for v in step.writes if v not in memory.offsets),
-                       extent, prod(k.shape) * max(k.n, 1))
+                       _extent(k), prod(k.shape) * max(k.n, 1))
+
+    @staticmethod
+    def of_run(run: Run, steps: list[KernelStep], memory: Memory, compiled: Compiled) -> _Launch:
+        """A run's launch: the kernels' argument arrays end to end, on one thread."""
+        args = tuple(v for s in steps for v in s.args)
+        return _Launch(compiled.functions[run.name], args,
+                       tuple((i, v) for i, v in enumerate(args) if v not in memory.offsets),
+                       tuple(v for s in steps for v in s.writes if v not in memory.offsets), 1, 0)
 
     def pointers(self, views: dict[Value, np.ndarray]) -> ctypes.Array:
         return (ctypes.c_void_p * len(self.args))(*[views[v].ctypes.data if v in views else 0

@@ -238,3 +238,14 @@ def test_a_contraction_reads_a_transposed_operand_in_place():
     same_bits(got, want)
     assert sum(isinstance(s, ViewStep) for s in exe.plan.steps) == 2
     assert any(isinstance(s, ContractStep) for s in exe.plan.steps)
+
+
+def test_a_run_of_small_kernels_is_one_call_with_the_same_bits():
+    from runtime.cpu import _in_run
+    def build(b, x, w):
+        h = b.emit("sum", b.emit("mul", x, w), axis=1, keepdims=True)        # map, reduction
+        y = b.emit("sub", x, h)                                              # map
+        return [b.emit("max", y, axis=0), b.emit("mul", y, y)]               # reduction, result
+    got, want, exe = run_both(build, f32(40, 30), f32(30))
+    same_bits(got, want)
+    assert sum(launch is _in_run for launch in exe.launches) >= 2
