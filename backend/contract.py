@@ -553,11 +553,14 @@ class Matmul:
         """a @ b for operands of rank 2 or more (batch axes broadcast as NumPy does), computed
         by `threads` Python threads (ctypes lets go of the GIL during the call), into `out`
         (C-contiguous, of the result's shape) when given."""
-        shape = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+        shape = () if a.ndim == b.ndim == 2 else np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
         a, b = (x.astype(NUMPY[self.dtype], copy=False) for x in (a, b))
         # one B for every batch entry: the batch is more rows of A (B is packed once)
         rows = _rows(a) if math.prod(b.shape[:-2]) == 1 < math.prod(shape) else None
-        a3, b3 = (rows, _batched(b, ())) if rows is not None else (_batched(a, shape), _batched(b, shape))
+        if rows is not None:
+            a3, b3 = rows, _batched(b, ())
+        else:
+            a3, b3 = (x[None] if x.ndim == 2 else _batched(x, shape) for x in (a, b))
         c_shape = (math.prod(shape) if rows is None else 1, a3.shape[1], b3.shape[2])
         if out is not None and not (out.flags.c_contiguous and out.dtype == NUMPY[self.dtype]
                                     and out.size == math.prod(c_shape)):

@@ -273,10 +273,9 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray, threads: int) -> None:
         _matmuls[dtype] = Matmul(dtype)
     a2 = a[None, :] if a.ndim == 1 else a
     b2 = b[:, None] if b.ndim == 1 else b
-    shape = np.broadcast_shapes(a2.shape[:-2], b2.shape[:-2]) + (a2.shape[-2], b2.shape[-1])
     work = out.size * a2.shape[-1]
     parts = min(threads, max(1, work // MIN_MULTIPLY_ADDS_PER_THREAD))
-    _matmuls[dtype](a2, b2, threads=parts, out=out.reshape(shape))
+    _matmuls[dtype](a2, b2, threads=parts, out=out)
 
 
 def _buffer(a: np.ndarray, v: Value) -> np.ndarray:
