@@ -162,9 +162,9 @@ def example_case(name: str, device: str):
     first, *rest = d.params                 # the parameters, then the data
     args = example_inputs(dataclasses.replace(d, params=rest), prog._resolved.main, EXAMPLE_DIMS)
     rng = np.random.default_rng(0)
-    for name, a in args.items():
+    for arg, a in args.items():
         if isinstance(a, np.ndarray):       # indices 0 and 1 are in range for every example
-            args[name] = (rng.standard_normal(a.shape).astype(a.dtype) if a.dtype.kind == "f"
+            args[arg] = (rng.standard_normal(a.shape).astype(a.dtype) if a.dtype.kind == "f"
                           else rng.integers(0, 2, a.shape).astype(a.dtype))
     return prog, {first.name: params, **args}, first.name
 

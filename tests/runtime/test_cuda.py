@@ -88,7 +88,7 @@ class FakeDriver:
         module["compiled"].functions[k.name]((ctypes.c_void_p * len(pointers))(*pointers), 0, extent)
 
     def matmul(self, dtype, grid, pointers, integers):
-        m, n, k, sa, sb, sc, batch = integers
+        m, n, k, sa, sb, _, batch = integers
         t = np.float32 if dtype == "f32" else np.float64
 
         def view(ptr, count):
