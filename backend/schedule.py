@@ -2,7 +2,9 @@
 
 Consecutive elementwise ops of one shape fuse into one map kernel: their intermediate values
 never touch memory, and only values used later are stored. A float reduction over
-contiguous-compatible axes becomes a reduction kernel. A float `@` is a contraction step for the
+contiguous-compatible axes becomes a reduction kernel, which computes its input itself when
+the open map kernel makes it for the reduction alone (the softmax's exp, the variance's
+square). A float `@` is a contraction step for the
 blocked kernel of backend/contract.py (einsums that are matrix products are rewritten as `@`
 first, ir/passes.py). Transposes, reshapes, broadcasts and slices are views
 (backend/views.py): read in place by the kernels, contractions and host steps that use
@@ -95,7 +97,9 @@ def schedule(fn: Function, name: str = "k") -> Plan:
 
     def flush() -> None:
         if group:
-            steps.append(_map_kernel(next(names), group, users, results, constants, views))
+            step = _map_kernel(next(names), group, users, results, constants, views)
+            if step.writes:                 # (all it made may have gone into reductions)
+                steps.append(step)
             group.clear()
             in_group.clear()
 
@@ -122,13 +126,22 @@ def schedule(fn: Function, name: str = "k") -> Plan:
             group.append(op)
             in_group.update(op.outputs)
         elif op.prim in REDUCTIONS and _reducible(op):
-            flush()
             x = op.inputs[0]
-            view = views[x][1] if x in views else identity(x)
-            if _reduced_stride(op, view) is None:       # axes that do not read as one
-                steps.append(_copy_kernel(next(names), x, view))
-                view = identity(x)
-            steps.append(_reduction_kernel(next(names), op, view))
+            # read only by this reduction: the ops of the group that make x are computed in
+            # the reduction's loop instead, and x is never stored
+            fused = (x in in_group and users[x] == 1 and x not in results and
+                     _reduction_kernel(next(names), op, _cone(group, x), views, constants))
+            if fused:
+                users[x] -= 1
+                steps.append(fused)
+                continue
+            if x in in_group or x in views and views[x][1].base in in_group:
+                flush()
+            kernel = _reduction_kernel(next(names), op, [], views, constants)
+            if kernel is None:                          # axes that do not read as one
+                steps.append(_copy_kernel(next(names), x, views[x][1]))
+                kernel = _reduction_kernel(next(names), op, [], {}, constants)
+            steps.append(kernel)
         else:
             flush()
             for v in op.inputs:
@@ -206,29 +219,69 @@ def _reducible(op: Op) -> bool:
     return not axes or axes == tuple(range(axes[0], axes[-1] + 1))
 
 
-def _reduced_stride(op: Op, view: View) -> int | None:
-    """The one stride that walks the reduced axes of the view in row-major order, or None
-    where they do not read as one axis."""
+def _cone(group: list[Op], x: Value) -> list[Op]:
+    """The ops of the group that x depends on, in order."""
+    wanted, cone = {x}, []
+    for op in reversed(group):
+        if wanted.intersection(op.outputs):
+            cone.append(op)
+            wanted.update(op.inputs)
+    return cone[::-1]
+
+
+def _reduced(op: Op, strides: tuple[int, ...]) -> tuple[int, ...] | None:
+    """A load's strides over the reduction's input, as its kept axes' strides and the one
+    stride that walks the reduced axes in row-major order; None where they do not read as
+    one axis."""
     shape = op.inputs[0].shape
-    axes = [a for a in _axes(op) if shape[a] != 1]
-    if any(view.strides[a] != view.strides[b] * shape[b] for a, b in zip(axes, axes[1:])):
+    axes = _axes(op)
+    walked = [a for a in axes if shape[a] != 1]
+    if any(strides[a] != strides[b] * shape[b] for a, b in zip(walked, walked[1:])):
         return None
-    return view.strides[axes[-1]] if axes else 1
+    kept = tuple(strides[i] for i in range(len(shape)) if i not in axes)
+    return kept + (strides[walked[-1]] if walked else 1,)
 
 
-def _reduction_kernel(name: str, op: Op, view: View) -> KernelStep:
+def _reduction_kernel(name: str, op: Op, cone: list[Op], views: dict[Value, tuple[Op, View]],
+                      constants: dict[Value, object]) -> KernelStep | None:
+    """A reduction of op's input, computed at each point by the ops of `cone` from loads
+    (only a load of the input when the cone is empty); None where a load's reduced axes do
+    not read as one axis."""
     x, out = op.inputs[0], op.outputs[0]
     axes = _axes(op)
-    kept = [i for i in range(len(x.shape)) if i not in axes]
+    args: list[Value] = []
+    body: list[Instr] = []
+    where: dict[Value, int] = {}
+
+    def operand(v: Value) -> int | None:
+        if v not in where and v in constants:
+            body.append(Instr("const", (), (("value", constants[v]),), v.dtype))
+            where[v] = len(body) - 1
+        if v not in where:
+            view = views[v][1] if v in views else identity(v)
+            strides = _reduced(op, load_strides(view, v.shape, x.shape))
+            if strides is None:
+                return None
+            if view.base not in args:
+                args.append(view.base)
+            body.append(Instr("load", (), (), v.dtype, Load(args.index(view.base), strides, view.offset)))
+            where[v] = len(body) - 1
+        return where[v]
+
+    for c in cone:
+        inputs = [operand(v) for v in c.inputs]
+        if None in inputs:
+            return None
+        body.append(Instr(c.prim, tuple(inputs), c.params, c.outputs[0].dtype))
+        where[c.outputs[0]] = len(body) - 1
+    if operand(x) is None:
+        return None
     n = prod(x.shape[a] for a in axes)
-    load = Load(0, tuple(view.strides[i] for i in kept) + (_reduced_stride(op, view),), view.offset)
-    body = (Instr("load", (), (), x.dtype, load),)
-    outer = tuple(x.shape[i] for i in kept)
-    count = n if op.prim == "mean" else None
-    base = view.base
-    kernel = LoopKernel(name, outer, ((base.dtype, base.shape), (out.dtype, out.shape)), body,
-                        reduce=Reduce(REDUCTIONS[op.prim], 0, 1, count), n=n)
-    return KernelStep(kernel, (base, out), (out,))
+    outer = tuple(x.shape[i] for i in range(len(x.shape)) if i not in axes)
+    buffers = tuple((v.dtype, v.shape) for v in args) + ((out.dtype, out.shape),)
+    reduce = Reduce(REDUCTIONS[op.prim], where[x], len(args), n if op.prim == "mean" else None)
+    kernel = LoopKernel(name, outer, buffers, tuple(body), reduce=reduce, n=n)
+    return KernelStep(kernel, tuple(args) + (out,), (out,))
 
 
 # ---------------------------------------------------------------- the buffer plan

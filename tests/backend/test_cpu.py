@@ -249,3 +249,20 @@ def test_a_run_of_small_kernels_is_one_call_with_the_same_bits():
     got, want, exe = run_both(build, f32(40, 30), f32(30))
     same_bits(got, want)
     assert sum(launch is _in_run for launch in exe.launches) >= 2
+
+
+def test_a_reduction_computes_its_input_in_its_own_loop():
+    # the variance of layer norm: (x - mean)^2 is made inside the reduction, never stored
+    def build(b, x, g):
+        mu = b.emit("mean", x, axis=-1, keepdims=True)
+        d = b.emit("sub", x, mu)
+        square = b.emit("mul", d, d)
+        var = b.emit("mean", square, axis=-1, keepdims=True)
+        y = b.emit("mul", b.emit("mul", d, b.emit("rsqrt", b.emit("add", var, b.constant(1e-5, "f32")))), g)
+        return [y, b.emit("sum", b.emit("mul", y, g), axis=0)]
+    got, want, exe = run_both(build, f32(6, 50, 70), f32(70))
+    same_bits(got, want)
+    written = {v for s in exe.plan.steps if isinstance(s, KernelStep) for v in s.writes}
+    (square,) = [op.outputs[0] for op in exe.function.ops if op.prim == "mul"][:1]
+    assert square not in written
+    assert any(k.is_reduction and len(k.body) > 1 for k in exe.plan.kernels)
