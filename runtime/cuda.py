@@ -6,9 +6,9 @@ NVIDIA's `cuda.bindings`; both sit behind one small driver interface. Tensors st
 GPU between the steps of a program, and a call returns `DeviceArray`s, which stay there
 until `np.asarray(x)` or `x.numpy()` copies them to the host; passing one back in (the
 parameters of a training loop) copies nothing. Kernel steps and contractions run on the GPU.
-Transposes and broadcasts run as strided-copy kernels, reshapes only re-label the device
-buffer; the other host steps (gathers, scatters, random numbers, concatenation…) still run on
-the host, with a copy each way. A failed allocation or
+Transposes, broadcasts, indexing and slices run as strided-copy kernels, reshapes only
+re-label the device buffer; the other host steps (gathers, scatters, random numbers,
+concatenation…) still run on the host, with a copy each way. A failed allocation or
 launch is a DslError naming the kernel, and a wait for the GPU gives up after
 DSLC_CUDA_TIMEOUT seconds (default 120) rather than hang.
 """
@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from backend import nvptx
-from backend.llvm import SCALAR, row_major
+from backend import nvptx, views
+from backend.llvm import SCALAR
 from backend.loops import Instr, Load, LoopKernel
 from backend.schedule import ContractStep, HostStep, KernelStep, Plan, reads, schedule
 from frontend.diagnostics import DslError
@@ -37,7 +37,7 @@ from ir.passes import einsum_as_matmul
 from runtime import cache
 
 VIEWS = ("reshape", "expand_dims", "squeeze")    # host ops whose result is the same bytes
-COPIES = ("transpose", "broadcast_to")           # host ops run on the GPU as strided copies
+COPIES = tuple(sorted(set(views.VIEWS) - set(VIEWS)))   # run on the GPU as strided copies
 
 
 class DriverError(Exception):
@@ -534,21 +534,17 @@ class Executable:
 
 
 def copy_kernel(name: str, op: Op) -> LoopKernel | None:
-    """A transpose or broadcast_to as a map kernel that reads its input through strides
-    (out[i] = x[Σ i[d] · strides[d]]), so that it runs on the GPU; None for other ops."""
+    """A transpose, broadcast, index or slice as a map kernel that reads its input through
+    the op's view (backend/views.py: out[i] = x[offset + Σ i[d] · strides[d]]), so that it
+    runs on the GPU; None for other ops."""
     if op.prim not in COPIES or op.inputs[0].dtype not in SCALAR:
         return None
     (x,), (out,) = op.inputs, op.outputs
-    dense = row_major(x.shape)
-    if op.prim == "transpose":
-        perm = op.attrs.get("perm")
-        axes = range(len(x.shape) - 1, -1, -1) if perm is None else [int(a) % len(x.shape) for a in perm]
-        strides = tuple(dense[a] for a in axes)
-    else:                                   # missing leading axes and length-1 axes repeat
-        lead = len(out.shape) - len(x.shape)
-        strides = (0,) * lead + tuple(0 if n == 1 else s for n, s in zip(x.shape, dense))
+    view = views.view_of(op, views.identity(x))
+    if view is None:
+        return None
     return LoopKernel(name, out.shape, ((x.dtype, x.shape), (out.dtype, out.shape)),
-                      (Instr("load", (), (), x.dtype, Load(0, strides)),), ((1, 0),))
+                      (Instr("load", (), (), x.dtype, Load(0, view.strides, view.offset)),), ((1, 0),))
 
 
 _memories: dict[int, Memory] = {}

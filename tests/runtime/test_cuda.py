@@ -311,9 +311,9 @@ def test_a_gpu_that_never_finishes_times_out_instead_of_hanging(fake, monkeypatc
         prog.f(np.ones(8, np.float32))
 
 
-def test_transposes_and_broadcasts_run_as_kernels_without_copies_to_the_host(fake):
-    src = ("def f(x: f32[2, 3, 4], b: f32[3, 1]) -> (f32[4, 2, 3], f32[2, 3, 5], bool[1, 3]):\n"
-           "  return transpose(x, [2, 0, 1]), broadcast_to(b, [2, 3, 5]), transpose(b > 0.0)\n")
+def test_transposes_broadcasts_and_slices_run_as_kernels_without_copies_to_the_host(fake):
+    src = ("def f(x: f32[2, 3, 4], b: f32[3, 1]) -> (f32[4, 2, 3], f32[2, 3, 5], bool[1, 3], f32[2, 4], f32[1, 3, 4]):\n"
+           "  return transpose(x, [2, 0, 1]), broadcast_to(b, [2, 3, 5]), transpose(b > 0.0), x[:, 1], x[1:2]\n")
     prog = dsl.loads(src, device="cuda")
     rng = np.random.default_rng(2)
     x, b = rng.standard_normal((2, 3, 4), np.float32), rng.standard_normal((3, 1), np.float32)
