@@ -14,8 +14,8 @@ from gpt import tokens, vocabulary
 
 MASK = len(vocabulary())                                           # [MASK]: the last token
 DIMS = {"V": MASK + 1, "D": 128, "L": 4, "H": 4, "G": 4, "T": 64,
-        "lr": 2e-3, "warmup": 100, "steps": 1500}                 # the schedule of step
-SETTINGS = {"steps": 1500, "batch_size": 32, "eval_every": 250, "eval_examples": 256,
+        "lr": 2e-3, "warmup": 100, "steps": 1250}                 # the schedule of step
+SETTINGS = {"steps": 1250, "batch_size": 32, "eval_every": 250, "eval_examples": 256,
             "eval_batch_size": 32}
 
 

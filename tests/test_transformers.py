@@ -211,3 +211,14 @@ def test_full_gpt_run_matches_its_twin_within_0_02_nats():
     print(f"gpt valid loss: dslc {got:.4f} in {dslc_time:.0f} s (wall, all of dsl.train), "
           f"PyTorch twin {twin:.4f} in {twin_time:.0f} s")
     assert abs(got - twin) < 0.02
+
+
+@pytest.mark.slow
+@needs_slow
+def test_full_bert_run_guesses_half_the_masked_characters():
+    """examples/bert.py's settings on the CPU backend: the masked-token accuracy on the
+    held-out tenth, where always guessing the commonest character (' ') gets 25%."""
+    t0 = time.perf_counter()
+    result = dsl.train(str(BERT), device="cpu", progress=sys.stderr, checkpoint_dir=None)
+    print(f"\n{result}\nbert wall time {time.perf_counter() - t0:.0f} s (all of dsl.train)")
+    assert result.metrics["valid"]["accuracy"] >= 0.5
