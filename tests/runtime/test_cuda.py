@@ -322,3 +322,111 @@ def test_transposes_broadcasts_and_slices_run_as_kernels_without_copies_to_the_h
     got = prog.f(x, b)
     assert fake.uploads - uploads == 2   # the inputs only: nothing went to the host and back
     assert_same(got, dsl.loads(src, device="reference").f(x, b))
+
+
+# ---------------------------------------------------------------- the cuda.bindings driver
+
+
+class MockBindings:
+    """The part of cuda.bindings.driver the runtime calls, recording each call: every
+    function returns (CUresult, *values) as the real module does."""
+
+    class CUresult:
+        CUDA_SUCCESS, CUDA_ERROR_NOT_READY, CUDA_ERROR_OUT_OF_MEMORY = 0, 600, 2
+
+    class CUdevice_attribute:
+        CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75
+        CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76
+
+    def __init__(self):
+        self.calls: list[tuple] = []
+
+    def __getattr__(self, name):
+        if name.startswith("_"):
+            raise AttributeError(name)
+
+        def call(*args):
+            self.calls.append((name, args))
+            return getattr(self, "_" + name, lambda *a: (0,))(*args)
+        return call
+
+    def _cuDeviceGetCount(self):
+        return 0, 1
+
+    def _cuDeviceGetAttribute(self, attr, dev):
+        return 0, 9 if attr == 75 else 0
+
+    def _cuDeviceGetName(self, length, dev):
+        return 0, b"Mock H200\0\0"
+
+    def _cuDeviceGet(self, i):
+        return 0, "device"
+
+    def _cuDevicePrimaryCtxRetain(self, dev):
+        return 0, "context"
+
+    def _cuMemAlloc(self, n):
+        return (2, None) if n > 1 << 40 else (0, 0x7000)
+
+    def _cuModuleLoadData(self, image):
+        self.ptx = ctypes.string_at(image)
+        return 0, "module"
+
+    def _cuModuleGetFunction(self, module, name):
+        return 0, ("function", name)
+
+    def _cuEventCreate(self, flags):
+        return 0, "event"
+
+    def _cuEventQuery(self, event):
+        return (0,)
+
+    def _cuGetErrorString(self, err):
+        return 0, b"out of memory"
+
+
+def bindings_driver() -> tuple[cuda.BindingsDriver, MockBindings]:
+    mock = MockBindings()
+    drv = cuda.BindingsDriver.__new__(cuda.BindingsDriver)
+    drv.cu = mock
+    return drv, mock
+
+
+def test_the_bindings_driver_opens_the_device_and_reads_its_capability(monkeypatch):
+    mock = MockBindings()
+    package, bindings = type(sys)("cuda"), type(sys)("cuda.bindings")
+    package.bindings, bindings.driver = bindings, mock
+    for name, module in (("cuda", package), ("cuda.bindings", bindings), ("cuda.bindings.driver", mock)):
+        monkeypatch.setitem(sys.modules, name, module)
+    drv = cuda.BindingsDriver()
+    assert drv.capability == (9, 0) and drv.device_name == "Mock H200" and cuda.arch(drv) == "sm_90"
+    assert ("cuCtxSetCurrent", ("context",)) in mock.calls
+
+
+def test_the_bindings_driver_passes_each_kernel_parameter_by_address():
+    drv, mock = bindings_driver()
+    seen = {}
+
+    def launch(fn, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+        slots = (ctypes.c_void_p * 4).from_address(params)
+        seen["args"] = [ctypes.c_uint64.from_address(slots[i]).value for i in range(2)] + \
+                       [ctypes.c_int64.from_address(slots[i]).value for i in range(2, 4)]
+        seen["shape"] = (fn, gx, gy, gz, bx, by, bz, shared, stream, extra)
+        return (0,)
+    mock._cuLaunchKernel = launch
+    drv.launch("f", (3, 2, 1), 256, [0x1000, 0x2000], [7, -1])
+    assert seen["args"] == [0x1000, 0x2000, 7, -1]
+    assert seen["shape"] == ("f", 3, 2, 1, 256, 1, 1, 0, 0, 0)
+
+
+def test_the_bindings_driver_loads_ptx_null_terminated_and_reports_errors():
+    drv, mock = bindings_driver()
+    assert drv.function(drv.load(".version 8.0"), "k_gpu") == ("function", b"k_gpu")
+    assert mock.ptx == b".version 8.0"                 # string_at stops at the terminator
+    assert drv.alloc(64) == 0x7000
+    with pytest.raises(cuda.DriverError, match="cuMemAlloc: out of memory"):
+        drv.alloc(1 << 41)
+    array = np.arange(4, dtype=np.float32)
+    drv.upload(0x7000, array)
+    assert mock.calls[-1] == ("cuMemcpyHtoD", (0x7000, array.ctypes.data, 16))
+    assert drv.done(drv.record())
