@@ -92,8 +92,8 @@ def main() -> None:
         except Exception as e:            # report the others: a partial result is a result
             results[name] = {"error": f"{type(e).__name__}: {e}"}
         print(f"{name}: {json.dumps(results[name])}", flush=True)
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=1) + "\n")
+        if args.json:                     # after each one: a later one may run out of time
+            args.json.write_text(json.dumps(results, indent=1) + "\n")
 
 
 if __name__ == "__main__":
