@@ -19,7 +19,7 @@ from backend.loops import LoopKernel
 from backend.schedule import (ALIGN, ContractStep, HostStep, KernelStep, Memory, Plan, Step,
                               ViewStep, nbytes, plan_memory, reads, schedule)
 from ir import interp
-from ir.core import Function, Op, Value
+from ir.core import Function, Op, Value, bind_inputs
 from ir.passes import einsum_as_matmul
 from ir.ops.base import np_dtype
 from runtime import cache
@@ -65,7 +65,8 @@ class Executable:
                      for j, group in enumerate(groups))
         self.compiled = Compiled(self.plan.kernels, runs) if self.plan.kernels else None
         self.launches: list[Callable | None] = [
-            _Launch.of(s, self.memory, self.compiled) if isinstance(s, KernelStep) else None for s in steps]
+            _Launch.of(s, self.memory, self.compiled) if isinstance(s, KernelStep) else
+            _View.of(s) if isinstance(s, ViewStep) else None for s in steps]
         for run, group in zip(runs, groups):
             self.launches[group[0]] = _Launch.of_run(run, [steps[i] for i in group], self.memory,
                                                      self.compiled)
@@ -99,9 +100,6 @@ class Executable:
                 if out not in env:
                     env[out] = np.empty(out.shape, np_dtype(out.dtype))
                 matmul(*[env[v] for v in step.op.inputs], env[out], n)
-            elif isinstance(step, ViewStep):
-                (out,) = step.op.outputs
-                env[out] = interp.evaluate(step.op, [env[step.op.inputs[0]]])[0]
             elif step.op.outputs[0] not in self.made:
                 outs = self.host(step.op, [env[v] for v in step.op.inputs])
                 env.update((v, _buffer(a, v)) for v, a in zip(step.op.outputs, outs))
@@ -184,6 +182,24 @@ def _runs(steps: tuple[Step, ...]) -> list[list[int]]:
         elif not _made_once(step) and runs[-1]:
             runs.append([])
     return [run for run in runs if len(run) > 1]
+
+
+@dataclass(frozen=True)
+class _View:
+    """A view step: NumPy's view of the input, with the op's parameters bound once."""
+    evaluate: Callable
+    source: Value
+    value: Value
+
+    @staticmethod
+    def of(step: ViewStep) -> _View:
+        op = step.op
+        params = bind_inputs(op.primitive, (None,), op.attrs)
+        del params[op.primitive.params[0].name]
+        return _View(functools.partial(op.primitive.evaluate, **params), op.inputs[0], op.outputs[0])
+
+    def __call__(self, env: dict[Value, np.ndarray], pointers: None, threads: int) -> None:
+        env[self.value] = self.evaluate(env[self.source])
 
 
 def _in_run(env: dict, pointers: None, threads: int) -> None:
