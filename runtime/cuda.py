@@ -429,9 +429,10 @@ class Executable:
         return [env[v] for v in self.function.results]
 
     def wait(self) -> None:
-        names = ", ".join(dict.fromkeys(self.launched))
-        wait(self.drv, f"kernel {names}" if len(self.launched) == 1 else
-             f"one of the kernels {names} (DSLC_CUDA_SYNC=1 names which)")
+        names = list(dict.fromkeys(self.launched))
+        listed = ", ".join(names) if len(names) <= 4 else f"{', '.join(names[:2])}, … {names[-1]}"
+        wait(self.drv, f"kernel {names[0]}" if len(names) == 1 else
+             f"one of the {len(names)} kernels {listed} (DSLC_CUDA_SYNC=1 names which)")
         self.launched = []
 
     # -------------------------------------------------------- memory
