@@ -68,10 +68,6 @@ def cmd_grad(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    if args.device == "cuda":
-        print("dslc: --device cuda needs the GPU backend, which this version does not have yet",
-              file=sys.stderr)
-        return 2
     prog = dsl.load(args.file, device=args.device)
     arrays = read_arrays(args.inputs)
     result = prog.call(args.entry, **prog.inputs_from_arrays(args.entry, arrays, args.dims or {}))
@@ -133,10 +129,6 @@ def seed(text: str) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     from pathlib import Path
     from dsl.train import train
-    if args.device == "cuda":
-        print("dslc: dslc train on --device cuda needs the GPU backend, which this version "
-              "does not have yet; --device cpu (or auto) trains on the CPU", file=sys.stderr)
-        return 2
     ckpt = args.checkpoint_dir if args.checkpoint_dir is not None else \
         str(Path("checkpoints") / Path(args.file).stem)
     try:

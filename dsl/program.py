@@ -5,6 +5,7 @@ cached per input signature) and runs it. Records come back as `Record`s, keys as
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -91,7 +92,7 @@ class Program:
         if device not in DEVICES:
             raise ValueError(f"device must be one of {', '.join(DEVICES)}, got {device!r}")
         self._resolved = resolved
-        self.device = os.environ.get("DSLC_DEVICE", "cpu") if device == "auto" else device
+        self.device = pick_device(device)
         self._cache: dict[Any, Lowered] = {}
         self._last: dict[str, tuple[Lowered, Inputs]] = {}
         self._grads: dict[Any, Function] = {}
@@ -124,7 +125,10 @@ class Program:
     def executable(self, fn: Function):
         """fn compiled for this program's device (once per function)."""
         if id(fn) not in self._executables:
-            from runtime.cpu import Executable
+            if self.device == "cuda":
+                from runtime.cuda import Executable
+            else:
+                from runtime.cpu import Executable
             self._executables[id(fn)] = (fn, Executable(fn, fn.name))
         return self._executables[id(fn)][1]
 
@@ -339,12 +343,28 @@ class Program:
         return Lowered(fn, layout, [flatten(a)[1] for a in inputs.abstract], inputs.arg_leaves)
 
 
-DEVICES = ("auto", "cpu", "reference")      # auto: $DSLC_DEVICE, else the CPU backend
+DEVICES = ("auto", "cpu", "cuda", "reference")   # auto: $DSLC_DEVICE, else the GPU if usable, else the CPU
+
+
+def pick_device(device: str) -> str:
+    """The device a program runs on; 'cuda' only where a GPU is usable (else a DslError)."""
+    if device == "auto":
+        device = os.environ.get("DSLC_DEVICE", "")
+        if not device:
+            from runtime import cuda
+            return "cuda" if cuda.usable() else "cpu"
+        if device not in DEVICES or device == "auto":
+            raise ValueError(f"DSLC_DEVICE must be one of cpu, cuda, reference, got {device!r}")
+    if device == "cuda":
+        from runtime import cuda
+        cuda.driver()                     # raises DslError saying why no GPU is usable
+    return device
 
 
 def load(path: str, device: str = "auto") -> Program:
-    """dsl.load("model.bend"): its functions run on `device` ('auto': the CPU backend until
-    the GPU backend exists; 'reference': the NumPy interpreter, the definition)."""
+    """dsl.load("model.bend"): its functions run on `device` ('auto': $DSLC_DEVICE, else the
+    GPU where one is usable, else the CPU backend; 'reference': the NumPy interpreter, the
+    definition)."""
     return Program(deep(lambda: load_program(path)), device)
 
 
@@ -386,18 +406,21 @@ def _literal_default(p: ast.Param) -> Any:
     raise DslError(p.default.span, f"an entry point's default for '{p.name}' must be a literal")
 
 
+DTYPE_NAMES = {np.dtype(v): k for k, v in NUMPY_DTYPES.items()}     # (one name each)
+
+
 def from_python(b: Builder, value: Any, t: ast.TypeExpr, mod, where: str, arrays: list):
     """The abstract value of a Python input for a parameter annotated t; arrays become
     parameters of b and are appended to `arrays` in the same order."""
     name = "/".join(t.name) if isinstance(t, ast.NamedType) else None
     if isinstance(t, ast.TensorTypeExpr) or name in NUMPY_DTYPES and name != "bool":
         dtype = t.dtype if isinstance(t, ast.TensorTypeExpr) else name
-        arr = np.asarray(value)
-        if not isinstance(value, np.ndarray):
+        arr = value if _on_device(value) else np.asarray(value)
+        if not isinstance(value, np.ndarray) and not _on_device(value):
             arr = arr.astype(NUMPY_DTYPES.get(dtype, arr.dtype))
-        if arr.dtype not in [np.dtype(v) for v in NUMPY_DTYPES.values()]:
+        dt = DTYPE_NAMES.get(arr.dtype)
+        if dt is None:
             raise DslError(t.span, f"'{where}' must be an array of a dslc dtype, got {arr.dtype}")
-        dt = next(k for k, v in NUMPY_DTYPES.items() if np.dtype(v) == arr.dtype)
         arrays.append(arr)
         param = b.param(tensor_type(dt, arr.shape))
         return TensorV(param.type, ir=param)
@@ -431,6 +454,12 @@ def from_python(b: Builder, value: Any, t: ast.TypeExpr, mod, where: str, arrays
                                                f"{where}.{f.name}", arrays)))
         return RecordV(entity.node.name, tuple(fields), entity)
     raise DslError(t.span, f"a value of type '{name}' cannot be passed from Python")
+
+
+def _on_device(value: Any) -> bool:
+    """A GPU runtime's array (runtime/cuda.py), passed on as it is, without a copy."""
+    cuda = sys.modules.get("runtime.cuda")          # not loaded: no such array exists
+    return cuda is not None and isinstance(value, cuda.DeviceArray)
 
 
 def example_inputs(d: ast.Def, mod, dims: dict[str, int]) -> dict[str, Any]:

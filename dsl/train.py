@@ -67,8 +67,8 @@ and `init_opt` make: a checkpoint of another model (or of other sizes) is an err
 the first difference. `steps` counts from the start of the run, so a resumed run goes on
 from the checkpoint's step to `steps`.
 
-Training runs on the CPU backend (`device` "auto" or "cpu") or on the reference
-interpreter ("reference"); the GPU is not built yet.
+Training runs where `device` says: "auto" (the GPU where one is usable, else the CPU backend),
+"cpu", "cuda" or "reference" (the interpreter).
 """
 from __future__ import annotations
 
@@ -85,7 +85,7 @@ from typing import Any, Callable, TextIO
 
 import numpy as np
 
-from dsl.program import Key, Program, Record, flatten_python, key as seed_key, load
+from dsl.program import DEVICES, Key, Program, Record, flatten_python, key as seed_key, load
 from frontend import ast
 from frontend.check import check_file
 from frontend.diagnostics import Diagnostic, DslError, Note
@@ -97,7 +97,6 @@ SPLITS = ("train", "valid", "test")
 STEP, EVAL, SAMPLE = 0x73746570, 0x6576616C, 0x73616D70          # "step", "eval", "samp"
 DEFAULTS = {"steps": 1000, "batch_size": 32, "eval_every": None, "eval_examples": 4096,
             "eval_batch_size": 256, "checkpoint_every": None, "samples": True}
-DEVICES = ("auto", "cpu", "reference")
 
 
 def fold_in(k: Key, i: int) -> Key:

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 import dsl
 from dsl.train import Model, batch_indices, load_checkpoint, State, write_png
+from runtime import cuda
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -41,7 +42,7 @@ def dslc(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
 def run_steps(name: str, steps: int = 20, **kw):
     """dsl.train for a few steps: the initial weights, the batches and the losses it used."""
     path = str(EXAMPLES / f"{name}.bend")
-    p0, _ = Model(path).init(kw.get("seed") or 0)
+    p0, _ = Model(path, dims=kw.get("dims")).init(kw.get("seed") or 0)
     batches, losses = [], []
     dsl.train(path, steps=steps, progress=None, final_eval=False,
               on_step=lambda t, b, l: (batches.append(b), losses.append(l)), **kw)
@@ -309,8 +310,14 @@ def test_resume_with_another_seed_is_refused(tmp_path):
                "was trained with seed 1, not 2")
 
 
+@pytest.mark.skipif(cuda.usable(), reason="this machine has a GPU")
+def test_training_on_a_missing_gpu_says_why():
+    r = dslc("train", str(XOR), "--device", "cuda", "--checkpoint-dir", "")
+    assert r.returncode == 1 and "error: device 'cuda' is not usable: " in r.stderr
+    assert "Traceback" not in r.stderr
+
+
 @pytest.mark.parametrize("args, message", [
-    (["--device", "cuda"], "does not have yet"),
     (["--steps", "-3"], "expected a count"),
     (["--hyper", "lr"], "expected NAME=NUMBER"),
 ])
