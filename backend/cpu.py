@@ -54,6 +54,8 @@ def module_ir(kernels: list[LoopKernel], runs: tuple[Run, ...] = ()) -> ir.Modul
     entries = {k.name: kernel_function(module, k) for k in kernels}
     table_type = ir.IntType(8).as_pointer().as_pointer()
     for run in runs:
+        for name in run.kernels:          # called, not copied: a copy would be compiled again
+            entries[name].attributes.add("noinline")
         fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [table_type, I64, I64]), name=run.name)
         b = ir.IRBuilder(fn.append_basic_block("entry"))
         for name, offset, extent in zip(run.kernels, run.offsets, run.extents):
