@@ -1,5 +1,7 @@
 """Running compiled code on the CPU: NumPy arrays as buffers, kernels called through ctypes,
-split across DSLC_THREADS threads (default: the number of cores)."""
+split across DSLC_THREADS threads (default: the number of cores). Intermediate values live in
+an arena reused from call to call (the buffer plan of backend/schedule.py), runs of small
+kernels are one call each, and plans come from the compile cache when they can."""
 from __future__ import annotations
 
 import ctypes
