@@ -65,15 +65,16 @@ def gpt_loss(w, b, rope: bool):
     return F.cross_entropy(z.reshape(-1, z.shape[-1]), y.reshape(-1))
 
 
-def adamw_twin(loss_fn, p, batches, dims: dict, **hyper):
-    """PyTorch's AdamW (betas 0.9, 0.99; weight decay 0.01) on the schedule of the models' step."""
+def scheduled_adamw_twin(loss_fn, p, batches, dims: dict):
+    """loss_fn(weights, batch, t) minimised from dslc's weights p by PyTorch's AdamW (betas 0.9,
+    0.99; weight decay 0.01) on the schedule of the models' step; (the weights, the losses)."""
     w = weights(p)
     opt = torch.optim.AdamW(leaves(w), betas=(0.9, 0.99), weight_decay=0.01)
     losses = []
     for t, b in enumerate(batches):
         for group in opt.param_groups:
             group["lr"] = warmup_cosine(t, dims["lr"], dims["warmup"], dims["steps"])
-        loss = loss_fn(w, b, t, **hyper)
+        loss = loss_fn(w, b, t)
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -91,7 +92,7 @@ def test_gpt_first_20_steps_match_a_pytorch_twin(rope, G):
     dims = {**TINY_GPT, "rope": rope, "G": G}
     p0, batches, losses = run_steps("gpt", dims=dims, batch_size=4)
     assert p0["wpe"].shape == ((0, 16) if rope else (gpt_loader.DIMS["T"], 16))
-    _, want = adamw_twin(lambda w, b, t: gpt_loss(w, b, rope), p0, batches, dims)
+    _, want = scheduled_adamw_twin(lambda w, b, t: gpt_loss(w, b, rope), p0, batches, dims)
     np.testing.assert_allclose(losses, want, rtol=1e-4)
     assert losses[-1] < losses[0] - 0.5                                 # and it learns
 
@@ -151,7 +152,7 @@ def test_bert_first_20_steps_match_a_pytorch_twin():
         z = bert_scores(w, inputs)
         return F.cross_entropy(z.reshape(-1, V), torch.as_tensor(targets).long().reshape(-1))
 
-    _, want = adamw_twin(loss, p0, batches, TINY_BERT)
+    _, want = scheduled_adamw_twin(loss, p0, batches, TINY_BERT)
     np.testing.assert_allclose(losses, want, rtol=1e-4)
     assert losses[-1] < losses[0] - 0.5
 
@@ -202,7 +203,7 @@ def test_full_gpt_run_matches_its_twin_within_0_02_nats():
     dims = gpt_loader.DIMS
     t0 = time.perf_counter()
     p0, _ = Model(str(GPT)).init(0)
-    w, _ = adamw_twin(lambda w, b, t: gpt_loss(w, b, dims["rope"]), p0, batches, dims)
+    w, _ = scheduled_adamw_twin(lambda w, b, t: gpt_loss(w, b, dims["rope"]), p0, batches, dims)
     with torch.no_grad():                             # the mean over every held-out window
         valid = gpt_loader.load("valid")
         twin = gpt_loss(w, valid, dims["rope"]).item()
