@@ -314,7 +314,7 @@ class Program:
         inputs = self._inputs(b, d, _bind_python(d, args, kwargs))
         key = (name, inputs.key)
         if key not in self._cache:
-            self._cache[key] = deep(lambda: self._lower(d, b, inputs))
+            self._cache[key] = self._lowered(d, b, inputs)
         self._last[name] = (self._cache[key], inputs)
         return self._cache[key], inputs
 
@@ -325,6 +325,19 @@ class Program:
             abstract.append(from_python(b, bound[p.name], p.type, self._resolved.main, p.name, arrays))
             arg_leaves.append(list(range(start, len(arrays))))
         return Inputs(abstract, arrays, arg_leaves)
+
+    def _lowered(self, d: ast.Def, b: Builder, inputs: Inputs) -> Lowered:
+        """d lowered for these inputs, from the on-disk cache (runtime/cache.py) when the same
+        sources were lowered for the same input signature before."""
+        from runtime import cache
+        sources = sorted((m.path, m.source.text) for m in self._resolved.modules.values())
+        k = cache.key("lowered", cache.code_digest("frontend", "ir", "dsl"), repr(sources),
+                      d.name, repr(inputs.key))
+        low = cache.load_pickled(k)
+        if low is None:
+            low = deep(lambda: self._lower(d, b, inputs))
+            cache.store_pickled(k, low)
+        return low
 
     def _lower(self, d: ast.Def, b: Builder, inputs: Inputs) -> Lowered:
         checker = Checker(self._resolved, builder=b)
