@@ -41,6 +41,11 @@ class Value:
     def __repr__(self) -> str:
         return f"%{self.id}"
 
+    def __setstate__(self, state: dict) -> None:
+        # ids are unique within one process only (passes key on them): an unpickled value,
+        # made by another process, takes a fresh one
+        self.__dict__.update(state, id=next(_ids))
+
 
 @dataclass(frozen=True, eq=False)
 class Op:

@@ -115,3 +115,12 @@ def test_a_second_load_of_the_same_source_skips_lowering(cache_dir, monkeypatch)
     assert dsl.loads(source, device="cpu").f(x) == 30.0
     with pytest.raises(BaseException, match="lowered again"):      # other shapes: lowered
         dsl.loads(source, device="cpu").f(np.ones(4, np.float32))
+
+
+def test_values_of_a_cached_function_never_share_an_id_with_this_process_values():
+    import pickle
+    fn = program()
+    back = pickle.loads(pickle.dumps(fn))        # as if stored by another process
+    values = {v for f in (fn, back) for op in f.ops for v in op.outputs + op.inputs}
+    assert len({v.id for v in values}) == len(values)
+
