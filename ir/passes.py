@@ -160,7 +160,7 @@ def fold_constants(fn: Function) -> Function:
         elif (op.body is None and op.prim not in RANDOM and len(op.outputs) == 1
               and (op.inputs or op.prim in CONSTRUCTORS)
               and all(v in constant for v in op.inputs) and not op.outputs[0].is_key
-              and int(np.prod(op.outputs[0].shape)) <= FOLD_LIMIT):
+              and 0 < int(np.prod(op.outputs[0].shape)) <= FOLD_LIMIT):   # a literal has no empty shape
             value = interp.evaluate(op, [constant[v] for v in op.inputs])[0]
             constant[op.outputs[0]] = value
             op = Op("constant", (), (("dtype", op.outputs[0].dtype), ("value", _literal(value))), op.outputs)
