@@ -202,6 +202,7 @@ class Program:
         shapes, and the steps that run them. Returns the manifest."""
         import json
         from backend import cpu, nvptx, schedule
+        from runtime.cuda import gpu_kernels
         d = self._def(name)
         low, inputs = self._specialised(d, dims)
         fn = low.function
@@ -215,30 +216,41 @@ class Program:
         for step in plan.steps:
             for v in (step.writes if isinstance(step, schedule.KernelStep) else step.op.outputs):
                 ids.setdefault(v, len(ids))
+        gpu = gpu_kernels(plan, name) if target == "ptx" else None
         kernels = []
-        for k in plan.kernels:
+        for k in (gpu.kernels if gpu else plan.kernels):
             entry = {"name": k.name, "buffers": [[dt, list(shape)] for dt, shape in k.buffers],
                      "reduction": k.is_reduction}
-            if target == "ptx":
-                shape = nvptx.launch(k)
+            if gpu:
+                shape = gpu.launches[k.name]
                 entry["launch"] = {"entry": shape.entry, "extent": shape.extent,
                                    "block": shape.block, "grid": shape.grid}
             kernels.append(entry)
-        if target == "ptx":
-            (folder / "kernels.ptx").write_text(nvptx.ptx(plan.kernels))
+        if gpu:
+            (folder / "kernels.ptx").write_text(nvptx.ptx(gpu.kernels, matmuls=gpu.matmuls))
         else:
             mod = llvm_module(cpu.module_ir(plan.kernels))
             (folder / "kernels.o").write_bytes(cpu.target_machine().emit_object(mod))
+
+        def step_entry(s) -> dict:
+            if isinstance(s, schedule.KernelStep):
+                return {"kernel": s.kernel.name, "args": [ids[v] for v in s.args]}
+            inputs, outputs = [ids[v] for v in s.op.inputs], [ids[v] for v in s.op.outputs]
+            if gpu and id(s.op) in gpu.copies:
+                return {"kernel": gpu.copies[id(s.op)].name, "args": inputs + outputs}
+            if isinstance(s, schedule.ContractStep):      # dslc's contraction kernel
+                return {"matmul": s.op.outputs[0].dtype, "inputs": inputs, "outputs": outputs}
+            return {"host": s.op.prim, "inputs": inputs, "outputs": outputs}
+
         manifest = {
             "entry": name, "target": target, "gradient_of": grad,
             "params": [{"id": ids[v], "dtype": v.dtype, "shape": list(v.shape)} for v in fn.params],
             "results": [{"id": ids[v], "dtype": v.dtype, "shape": list(v.shape)} for v in fn.results],
             "kernels": kernels,
-            "steps": [{"kernel": s.kernel.name, "args": [ids[v] for v in s.args]}
-                      if isinstance(s, schedule.KernelStep) else
-                      {"host": s.op.prim, "inputs": [ids[v] for v in s.op.inputs],
-                       "outputs": [ids[v] for v in s.op.outputs]} for s in plan.steps],
+            "steps": [step_entry(s) for s in plan.steps],
         }
+        if gpu:
+            manifest["matmul_entries"] = [e for e in gpu.entries if e.startswith("dslc_matmul_")]
         (folder / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
         return manifest
 
@@ -292,7 +304,9 @@ class Program:
             return str(cpu.module_ir(plan.kernels))
         if level == "ptx":
             from backend import nvptx
-            return nvptx.ptx(plan.kernels)
+            from runtime.cuda import gpu_kernels
+            gpu = gpu_kernels(plan, name)
+            return nvptx.ptx(gpu.kernels, matmuls=gpu.matmuls)
         return "\n".join(loops.to_text(s.kernel) if isinstance(s, schedule.KernelStep)
                          else f"host {s.op.prim}" for s in plan.steps) + "\n"
 

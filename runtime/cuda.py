@@ -20,6 +20,7 @@ import hashlib
 import math
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -373,6 +374,36 @@ def compile_ptx(kernels: list, matmuls: tuple[str, ...], target: str) -> str:
     return text
 
 
+@dataclass(frozen=True)
+class GpuKernels:
+    """What a plan runs on the GPU: its loop kernels and the copy kernels of its data movement
+    (by the id of the op they replace), their launch shapes, and the dtypes of its products."""
+    kernels: list[LoopKernel]
+    copies: dict[int, LoopKernel]
+    launches: dict[str, nvptx.Launch]
+    matmuls: tuple[str, ...]
+
+    @property
+    def entries(self) -> list[str]:
+        """The PTX entry points, the contraction kernel's in each tile size included."""
+        return [s.entry for s in self.launches.values()] + \
+            [nvptx.matmul_entry(d, t) for d in self.matmuls for t in nvptx.TILES]
+
+
+def gpu_kernels(plan: Plan, name: str) -> GpuKernels:
+    """The GPU kernels of a plan (no GPU needed: `dslc compile --target ptx` writes them)."""
+    matmuls = tuple(sorted({s.op.outputs[0].dtype for s in plan.steps if isinstance(s, ContractStep)}))
+    copies = {id(s.op): k for i, s in enumerate(plan.steps)
+              if not isinstance(s, (KernelStep, ContractStep))
+              and (k := copy_kernel(f"{name}_copy{i}", s.op)) is not None}
+    kernels = plan.kernels + list(copies.values())
+    try:
+        launches = {k.name: nvptx.launch(k) for k in kernels}
+    except ValueError as e:                   # a kernel beyond what the GPU kernels cover
+        raise DslError(None, f"'{name}' cannot run on the GPU: {e}") from None
+    return GpuKernels(kernels, copies, launches, matmuls)
+
+
 class Executable:
     """An IR function compiled for the GPU: its plan, the loaded PTX module, and the
     executables of the scan and checkpoint bodies it holds. Same interface as the CPU's:
@@ -384,24 +415,14 @@ class Executable:
         fn = einsum_as_matmul(fn)
         self.function = fn
         self.plan: Plan = schedule(fn, name)
-        self.matmuls = tuple(sorted({s.op.outputs[0].dtype for s in self.plan.steps
-                                     if isinstance(s, ContractStep)}))
-        self.copies = {id(s.op): k for i, s in enumerate(self.plan.steps)
-                       if not isinstance(s, (KernelStep, ContractStep))
-                       and (k := copy_kernel(f"{name}_copy{i}", s.op)) is not None}
-        kernels = self.plan.kernels + list(self.copies.values())
-        try:
-            self.launches = {k.name: nvptx.launch(k) for k in kernels}
-        except ValueError as e:                   # a kernel beyond what the GPU kernels cover
-            raise DslError(None, f"'{name}' cannot run on the GPU: {e}") from None
+        gpu = gpu_kernels(self.plan, name)
+        self.matmuls, self.copies, self.launches = gpu.matmuls, gpu.copies, gpu.launches
         self.functions: dict[str, Any] = {}
-        if kernels or self.matmuls:
-            text = compile_ptx(kernels, self.matmuls, arch(self.drv))
+        if gpu.kernels or self.matmuls:
+            text = compile_ptx(gpu.kernels, self.matmuls, arch(self.drv))
             try:
                 module = self.drv.load(text)
-                entries = [s.entry for s in self.launches.values()] + \
-                    [nvptx.matmul_entry(d, t) for d in self.matmuls for t in nvptx.TILES]
-                self.functions = {e: self.drv.function(module, e) for e in entries}
+                self.functions = {e: self.drv.function(module, e) for e in gpu.entries}
             except DriverError as e:
                 raise DslError(None, f"loading the GPU kernels of '{name}' failed: {e}") from None
         self.dead = _last_uses(self.plan)

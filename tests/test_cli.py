@@ -171,5 +171,11 @@ def test_compile_writes_code_and_a_manifest(tmp_path: Path, target, artifact):
     assert [p["shape"] for p in manifest["params"]] == [[3, 5], [5], [5, 2], [2], [4, 3], [4]]
     assert len(manifest["results"]) == 5             # the loss, then the 4 gradients of p
     assert manifest["kernels"] and all("buffers" in k for k in manifest["kernels"])
+    kinds = {next(iter(s)) for s in manifest["steps"]}
+    assert {"kernel", "matmul"} <= kinds              # x @ W1 and the like: the contraction kernel
     if target == "ptx":
         assert all(k["launch"]["block"] <= 1024 for k in manifest["kernels"])
+        ptx = (tmp_path / "out" / artifact).read_text()
+        assert manifest["matmul_entries"] and all(f".entry {e}(" in ptx for e in manifest["matmul_entries"])
+        assert all(f".entry {k['launch']['entry']}(" in ptx for k in manifest["kernels"])
+        assert "host" not in kinds or all(s.get("host") != "transpose" for s in manifest["steps"])
