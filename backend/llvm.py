@@ -179,6 +179,16 @@ def kernel_function(module: ir.Module, k: LoopKernel) -> ir.Function:
     return fn
 
 
+def grain(k: LoopKernel) -> int:
+    """What the start of a thread's range should be a multiple of, for speed alone: LANES
+    for a reduction whose result points are reduced LANES at a time side by side."""
+    if not k.is_reduction or not k.shape or k.shape[-1] < LANES:
+        return 1
+    loads = [ins.load for ins in k.body if ins.prim == "load"]
+    across = all(l.strides[-2] in (0, 1) for l in loads) and any(l.strides[-1] != 1 for l in loads)
+    return LANES if across else 1
+
+
 def loop(b: ir.IRBuilder, start: ir.Value, stop: ir.Value, body: Callable[[ir.Value], None],
          step: int = 1) -> None:
     """for i in range(start, stop, step): body(i) — as basic blocks, leaving b after the loop."""
@@ -286,10 +296,7 @@ class _KernelGen:
         memory (a sum over a leading axis), LANES result points at a time are reduced side by
         side, each in its own canonical order, with vector loads across them."""
         outer = self.k.shape
-        loads = [ins.load for ins in self.k.body if ins.prim == "load"]
-        across = (outer and outer[-1] >= LANES and all(l.strides[-2] in (0, 1) for l in loads)
-                  and any(l.strides[-1] != 1 for l in loads))
-        if not across:
+        if grain(self.k) == 1:
             loop(self.b, lo, hi, lambda o: self.reduce_points(o, 0))
             return
         b = self.b

@@ -1,14 +1,15 @@
 """Running compiled code on the CPU: NumPy arrays as buffers, kernels called through ctypes,
 split across DSLC_THREADS threads (default: the number of cores). Intermediate values live in
-an arena reused from call to call (the buffer plan of backend/schedule.py), runs of small
-kernels are one call each, and plans come from the compile cache when they can."""
+an arena reused from call to call (the buffer plan of backend/schedule.py), runs of
+consecutive kernels are one call each (shared by the threads when large enough), and plans
+come from the compile cache when they can."""
 from __future__ import annotations
 
 import ctypes
 import functools
 import hashlib
 import os
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import accumulate
 from math import prod
@@ -16,7 +17,8 @@ from typing import Callable
 
 import numpy as np
 
-from backend.cpu import Compiled, Run, address
+from backend.cpu import Compiled, Run, address, sync_words
+from backend.llvm import grain
 from backend.loops import LoopKernel
 from backend.schedule import (ALIGN, ContractStep, HostStep, KernelStep, Memory, Plan, Step,
                               ViewStep, nbytes, plan_memory, reads, schedule)
@@ -28,6 +30,8 @@ from runtime import cache
 
 MIN_WORK_PER_THREAD = 1 << 18          # elements; below this, threads cost more than they save
 MIN_MULTIPLY_ADDS_PER_THREAD = 1 << 20     # the same for a contraction
+MIN_RUN_WORK = 1 << 19      # elements a run's kernels visit, in all: below this, one thread
+MIN_CHUNK_WORK = 1 << 12    # elements of one chunk of a kernel in a run (see backend/cpu.py)
 _pool: ThreadPoolExecutor | None = None
 
 
@@ -63,15 +67,17 @@ class Executable:
         groups = _runs(steps)
         runs = tuple(Run(f"{name}_run{j}", tuple(steps[i].kernel.name for i in group),
                          tuple(accumulate((len(steps[i].args) for i in group[:-1]), initial=0)),
-                         tuple(_extent(steps[i].kernel) for i in group))
+                         tuple(_extent(steps[i].kernel) for i in group),
+                         tuple(_chunks(steps[i].kernel) for i in group),
+                         tuple(grain(steps[i].kernel) for i in group))
                      for j, group in enumerate(groups))
         self.compiled = Compiled(self.plan.kernels, runs) if self.plan.kernels else None
         self.launches: list[Callable | None] = [
             _Launch.of(s, self.memory, self.compiled) if isinstance(s, KernelStep) else
             _View.of(s) if isinstance(s, ViewStep) else None for s in steps]
         for run, group in zip(runs, groups):
-            self.launches[group[0]] = _Launch.of_run(run, [steps[i] for i in group], self.memory,
-                                                     self.compiled)
+            self.launches[group[0]] = _RunLaunch.of(run, [steps[i] for i in group], self.memory,
+                                                    self.compiled)
             for i in group[1:]:
                 self.launches[i] = _in_run
         self.dead = [[v for v in dead if v not in self.memory.offsets] for dead in _last_uses(self.plan)]
@@ -170,16 +176,22 @@ def _extent(k: LoopKernel) -> int:
     return (prod(k.shape) if k.is_reduction else k.shape[0]) if k.shape else 1
 
 
-def _single_threaded(k: LoopKernel) -> bool:
-    return prod(k.shape) * max(k.n, 1) < 2 * MIN_WORK_PER_THREAD or _extent(k) <= 1
+def _chunks(k: LoopKernel) -> int:
+    """The most chunks a run's threads may cut a kernel into: no chunk under MIN_CHUNK_WORK
+    elements, whose claiming would cost more than it saves."""
+    return max(1, min(-(-_extent(k) // grain(k)), _work(k) // MIN_CHUNK_WORK))
+
+
+def _work(k: LoopKernel) -> int:
+    return prod(k.shape) * max(k.n, 1)
 
 
 def _runs(steps: tuple[Step, ...]) -> list[list[int]]:
-    """Runs of two or more consecutive kernel steps that always run on one thread, with
-    nothing between them but steps made once: each is called as one function."""
+    """Runs of two or more consecutive kernel steps, with nothing between them but steps
+    made once: each is called as one function."""
     runs: list[list[int]] = [[]]
     for i, step in enumerate(steps):
-        if isinstance(step, KernelStep) and _single_threaded(step.kernel):
+        if isinstance(step, KernelStep):
             runs[-1].append(i)
         elif not _made_once(step) and runs[-1]:
             runs.append([])
@@ -217,8 +229,8 @@ class _Arena:
         base = -self.memory.ctypes.data % ALIGN
         self.views = {v: self.memory[base + off:base + off + nbytes(v)].view(np_dtype(v.dtype)).reshape(v.shape)
                       for v, off in exe.memory.offsets.items()}
-        self.pointers = [launch.pointers(self.views) if isinstance(launch, _Launch) else None
-                         for launch in exe.launches]
+        self.pointers = [launch.pointers(self.views) if isinstance(launch, (_Launch, _RunLaunch))
+                         else None for launch in exe.launches]
 
 
 @dataclass(frozen=True)
@@ -238,19 +250,10 @@ class _Launch:
         return _Launch(compiled.functions[k.name], step.args,
                        tuple((i, v) for i, v in enumerate(step.args) if v not in memory.offsets),
                        tuple(v for v in step.writes if v not in memory.offsets),
-                       _extent(k), prod(k.shape) * max(k.n, 1))
-
-    @staticmethod
-    def of_run(run: Run, steps: list[KernelStep], memory: Memory, compiled: Compiled) -> _Launch:
-        """A run's launch: the kernels' argument arrays end to end, on one thread."""
-        args = tuple(v for s in steps for v in s.args)
-        return _Launch(compiled.functions[run.name], args,
-                       tuple((i, v) for i, v in enumerate(args) if v not in memory.offsets),
-                       tuple(v for s in steps for v in s.writes if v not in memory.offsets), 1, 0)
+                       _extent(k), _work(k))
 
     def pointers(self, views: dict[Value, np.ndarray]) -> ctypes.Array:
-        return (ctypes.c_void_p * len(self.args))(*[views[v].ctypes.data if v in views else 0
-                                                    for v in self.args])
+        return _table(self.args, views)
 
     def __call__(self, env: dict[Value, np.ndarray], pointers: ctypes.Array, threads: int) -> None:
         for v in self.fresh:
@@ -263,6 +266,67 @@ class _Launch:
             return
         bounds = [self.extent * i // parts for i in range(parts + 1)]
         list(pool().map(lambda i: self.fn(pointers, bounds[i], bounds[i + 1]), range(parts)))
+
+
+@dataclass(frozen=True)
+class _RunLaunch:
+    """How a run is called: its function, the kernels' argument slots end to end (the ones
+    the arena does not fix filled each call), the values it allocates, the elements its
+    kernels visit in all (whether it is worth waking other threads for) and its kernels."""
+    fn: Callable
+    args: tuple[Value, ...]
+    patches: tuple[tuple[int, Value], ...]
+    fresh: tuple[Value, ...]
+    work: int
+    kernels: int
+
+    @staticmethod
+    def of(run: Run, steps: list[KernelStep], memory: Memory, compiled: Compiled) -> _RunLaunch:
+        args = tuple(v for s in steps for v in s.args)
+        return _RunLaunch(compiled.functions[run.name], args,
+                          tuple((i, v) for i, v in enumerate(args) if v not in memory.offsets),
+                          tuple(v for s in steps for v in s.writes if v not in memory.offsets),
+                          sum(_work(s.kernel) for s in steps), len(steps))
+
+    def pointers(self, views: dict[Value, np.ndarray]) -> _RunTable:
+        return _RunTable(_table(self.args + (None,), views), self.kernels)
+
+    def __call__(self, env: dict[Value, np.ndarray], pointers: _RunTable, threads: int) -> None:
+        for v in self.fresh:
+            env[v] = np.empty(v.shape, dtype=np_dtype(v.dtype))
+        pointers.reset()
+        table = pointers.table
+        for i, v in self.patches:
+            table[i] = address(env[v])
+        if threads <= 1 or self.work < MIN_RUN_WORK:
+            self.fn(table, 0, 1)
+            return
+        pointers.helpers = [pool().submit(self.fn, table, t, threads) for t in range(1, threads)]
+        self.fn(table, 0, threads)      # returns with every chunk done, late helpers or not
+
+
+class _RunTable:
+    """A run's argument table in one arena, whose last slot points at the run's
+    synchronisation words (backend/cpu.py), and the helper calls of its latest call: a helper
+    may still be on its way in (to find the run closed) when the caller is done with it."""
+
+    def __init__(self, table: ctypes.Array, kernels: int):
+        self.table = table
+        self.words = np.zeros(sync_words(kernels), np.int64)
+        table[-1] = self.words.ctypes.data
+        self.helpers: list[Future] = []
+
+    def reset(self) -> None:
+        """Zero the words for a call, once no helper of the last one can read them."""
+        for helper in self.helpers:
+            helper.result()
+        self.helpers = []
+        self.words.fill(0)
+
+
+def _table(args: tuple[Value | None, ...], views: dict[Value, np.ndarray]) -> ctypes.Array:
+    """Kernel arguments' addresses: the arena's where it holds the value, else 0 (patched)."""
+    return (ctypes.c_void_p * len(args))(*[views[v].ctypes.data if v in views else 0 for v in args])
 
 
 def _last_uses(plan: Plan) -> list[list[Value]]:
