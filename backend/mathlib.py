@@ -1,8 +1,11 @@
 """Exact-mode math library: exp, log, tanh, sin … as LLVM IR built from + * fma and bit ops.
 
 Each public function takes an `llvmlite.ir.IRBuilder` and a value of type float, double,
-<N x float> or <N x double>, appends a straight-line sequence of instructions (no branches, no
-calls except `llvm.fma` and `llvm.sqrt`) and returns the result, of the same type. That sequence
+<N x float> or <N x double>, appends a straight-line sequence of instructions (no calls except
+`llvm.fma` and `llvm.sqrt`) and returns the result, of the same type. The one exception to
+"straight-line": sin and cos branch, when some lane's |x| is beyond 2^22 (float) or 2^50 (double),
+to the Payne-Hanek reduction, and leave the builder at the end of a new block (a caller that
+builds a phi after them takes the incoming block from `b.block`). That sequence
 *is* the definition of the result: it uses only IEEE operations that every target rounds the same
 way (fadd fsub fmul fdiv, fma, sqrt, integer and bit operations, compares and selects), never
 fast-math flags, so the CPU and the GPU produce the same bits. The vector variants run the same
@@ -60,7 +63,8 @@ class Format:
     two_over_pi: tuple     # RN(2/pi) and RN(2/pi - that)
     pio2: tuple            # pi/2 = sum of four parts, each the rounding of what the others leave
     sin_tiny: float        # below this |x|, sin x rounds to x
-    sincos_max: float      # the documented range of sin/cos; beyond it the result is NaN
+    cody_waite_max: float  # sin/cos reduce |x| up to this by Cody-Waite, beyond by Payne-Hanek
+    ph_digits: int         # Payne-Hanek: digits of 2/pi multiplied by the mantissa
     tanh_small: float      # below this |x| tanh uses its odd polynomial
     rsqrt_scale: int       # rsqrt rescales x by 2^(+-2s) when |x| is outside 2^(+-2s)
     # Polynomials (coefficients of u^0, u^1, …, fitted as described in the module docstring):
@@ -81,7 +85,8 @@ F32 = Format(
     log_split=0x3F2AAAAB, two_thirds=H("0x1.555556p-1"), two_thirds_lo=H("-0x1.555556p-26"),
     two_over_pi=(H("0x1.45f306p-1"), H("0x1.b9391p-26")),
     pio2=(H("0x1.921fb6p+0"), H("-0x1.777a5cp-25"), H("-0x1.ee59dap-50"), H("0x1.98a2e0p-77")),
-    sin_tiny=H("0x1p-12"), sincos_max=H("0x1p22"), tanh_small=0.55, rsqrt_scale=32,
+    sin_tiny=H("0x1p-12"), cody_waite_max=H("0x1p22"), ph_digits=6, tanh_small=0.55,
+    rsqrt_scale=32,
     exp_q=(H("0x1p-1"), H("0x1.55553cp-3"), H("0x1.5554f2p-5"), H("0x1.113746p-7"),
            H("0x1.6d413ap-10"), H("0x1.6b515ap-13")),
     log_t=(H("0x1.999aa2p-2"), H("0x1.2419ap-2"), H("0x1.e8ff2p-3")),
@@ -104,7 +109,8 @@ F64 = Format(
     two_over_pi=(H("0x1.45f306dc9c883p-1"), H("-0x1.6b01ec5417056p-55")),
     pio2=(H("0x1.921fb54442d18p+0"), H("0x1.1a62633145c07p-54"), H("-0x1.f1976b7ed8fbcp-110"),
           H("0x1.4cf98e804177dp-164")),
-    sin_tiny=H("0x1p-27"), sincos_max=H("0x1p50"), tanh_small=0.55, rsqrt_scale=256,
+    sin_tiny=H("0x1p-27"), cody_waite_max=H("0x1p50"), ph_digits=10, tanh_small=0.55,
+    rsqrt_scale=256,
     exp_q=(H("0x1.0000000000000p-1"), H("0x1.555555555555bp-3"), H("0x1.5555555555501p-5"),
            H("0x1.111111110ebcep-7"), H("0x1.6c16c16c30ac9p-10"), H("0x1.a01a01b3b6e27p-13"),
            H("0x1.a01a01355adf3p-16"), H("0x1.71ddef906fa3bp-19"), H("0x1.27e5b5ad3afe2p-22"),
@@ -499,7 +505,7 @@ def sigmoid(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
 
 def _sincos_reduce(f: Format, x: _V):
     """(q, rh, rl): x = q*pi/2 + rh + rl with |rh + rl| <= pi/4 (plus a hair), for |x| <=
-    sincos_max. Cody-Waite with pi/2 in four parts, every product k*p_i kept exactly (fma) and
+    cody_waite_max. Cody-Waite with pi/2 in four parts, every product k*p_i kept exactly (fma) and
     summed without loss, so the reduced argument is right to ~2^-(3p) absolute even when x is
     extremely close to a multiple of pi/2."""
     c, c_lo = f.two_over_pi
@@ -537,26 +543,189 @@ def _cos_poly(f: Format, r: _V, rl: _V) -> _V:
     return hi + (lo + tail)
 
 
+# Payne-Hanek: beyond cody_waite_max, x = m * 2^e (m the integer mantissa) is reduced exactly.
+# Only the bits of 2/pi from about 2^-e on matter: earlier ones make m * 2^e * bit a multiple
+# of 4 (a whole number of turns), later ones are below the precision kept. Those bits are
+# fetched from a table of 2/pi in DIGIT-bit digits and multiplied by m in integer arithmetic.
+
+DIGIT = 22          # bits per digit: a digit converts to a float exactly (shifter trick, even
+                    # for float) and sums of products of digits fit an i64 with room for carries
+LEAD = 2            # zero digits before 2/pi's first, so the window's start is never negative
+
+
+def _two_over_pi_digits(count: int) -> list:
+    """The first `count` DIGIT-bit digits of 2/pi after the binary point, preceded by LEAD
+    zeros: pi by Machin's formula in integer arithmetic, with 64 guard bits."""
+    bits = count * DIGIT + 64
+    one = 1 << bits
+
+    def atan_inv(n):                        # atan(1/n) * 2^bits, by its Taylor series
+        total, term, k = 0, one // n, 0
+        while term:
+            total += term // (2 * k + 1) * (-1) ** k
+            term //= n * n
+            k += 1
+        return total
+    pi = 16 * atan_inv(5) - 4 * atan_inv(239)
+    frac = ((2 * one * one) // pi) >> 64    # 2/pi * 2^(count*DIGIT), truncated
+    mask = (1 << DIGIT) - 1
+    return [0] * LEAD + [(frac >> (DIGIT * (count - 1 - i))) & mask for i in range(count)]
+
+
+# Enough for the largest double (e = 971) and the widest window (10 digits), plus one.
+TWO_OVER_PI = _two_over_pi_digits((971 + DIGIT) // DIGIT + 12)
+
+
+def _table(b: ir.IRBuilder) -> ir.GlobalVariable:
+    """The digits of 2/pi as an internal constant i32 array of the module (one per module)."""
+    name = "mathlib.two_over_pi"
+    g = b.module.globals.get(name)
+    if g is None:
+        t = ir.ArrayType(ir.IntType(32), len(TWO_OVER_PI))
+        g = ir.GlobalVariable(b.module, t, name)
+        g.global_constant = True
+        g.linkage = "internal"
+        g.initializer = ir.Constant(t, TWO_OVER_PI)
+    return g
+
+
+def _digit_at(i: _V) -> _V:
+    """TWO_OVER_PI[i] as an i64, i an i64 (or a vector of them: one load per lane)."""
+    b, g = i.b, _table(i.b)
+
+    def load(idx):
+        ptr = b.gep(g, [ir.Constant(ir.IntType(64), 0), idx], inbounds=True,
+                    source_etype=g.value_type)
+        return b.zext(b.load(ptr, typ=ir.IntType(32)), ir.IntType(64))
+    t = i.type
+    if not isinstance(t, ir.VectorType):
+        return _V(b, load(i.v))
+    out = ir.Constant(t, ir.Undefined)
+    for lane in range(t.count):
+        out = b.insert_element(out, load(b.extract_element(i.v, ir.Constant(ir.IntType(32), lane))),
+                               ir.Constant(ir.IntType(32), lane))
+    return _V(b, out)
+
+
+def _to_i64(i: _V) -> _V:
+    t = i.type
+    wide = ir.VectorType(ir.IntType(64), t.count) if isinstance(t, ir.VectorType) else ir.IntType(64)
+    return i if t == wide else _V(i.b, i.b.zext(i.v, wide))
+
+
+def _from_i64(i: _V, like: _V) -> _V:
+    """An i64 value that fits, as like's integer type."""
+    t = _int_type(like.type)
+    return i if i.type == t else _V(i.b, i.b.trunc(i.v, t))
+
+
+def _payne_hanek(f: Format, x: _V):
+    """(q, rh, rl) as _sincos_reduce gives them, for finite |x| > cody_waite_max (other lanes
+    may hold anything: they are replaced by a harmless value and their result is unused)."""
+    n, mask = f.ph_digits, (1 << DIGIT) - 1
+    a = _abs(x)
+    big = (a > f.cody_waite_max) & (a < float("inf"))
+    ia = _bits(_select(big, a, 2.0 * f.cody_waite_max))
+    m = _to_i64((ia & ((1 << f.mant) - 1)) | (1 << f.mant))        # a = m * 2^e
+    e = _to_i64(ia >> f.mant) - (f.bias + f.mant)
+    # The window: n digits of 2/pi from bit e - DIGIT + 1 on, W = sum w_j 2^(DIGIT (n-1-j)), so
+    # that a * 2/pi = m * W * 2^(-DIGIT (n-1)) mod 4 (bits before the window give multiples of
+    # 4; those after it, less than 2^(p - DIGIT (n-1))). The window starts inside table digit
+    # k0 at bit offset sh.
+    start = e + (LEAD - 1) * DIGIT                                  # >= 0 for e >= -1
+    k0 = _V(x.b, x.b.udiv(start.v, start.like(DIGIT).v))
+    sh = start - k0 * DIGIT
+    d = [_digit_at(k0 + k) for k in range(n + 1)]
+    w = [((d[k] << sh) | (d[k + 1] >> (DIGIT - sh))) & mask for k in range(n)]
+    # P = m * W in base 2^DIGIT, least significant digit first; digits above n-1 only add
+    # multiples of 4 and are not formed.
+    md = [(m >> (DIGIT * i)) & mask for i in range(-(-(f.mant + 1) // DIGIT))]
+    col = [None] * n
+    for i, mi in enumerate(md):
+        for j, wj in enumerate(w):
+            k = i + n - 1 - j
+            if k < n:
+                col[k] = mi * wj if col[k] is None else col[k] + mi * wj
+    c, carry = [], None
+    for k in range(n):
+        t = col[k] if carry is None else col[k] + carry
+        c.append(t & mask)
+        carry = t >> DIGIT
+    # c[n-1] holds the integer part (its low 2 bits, the quadrant), c[n-2] … c[0] the fraction.
+    # Round to the nearest quadrant: a fraction >= 1/2 becomes fraction - 1, q + 1.
+    up = _select(c[n - 2] >= (1 << (DIGIT - 1)), c[0].like(1), 0)
+    q = c[n - 1] + up
+    top = c[n - 2] - (up << DIGIT)                                  # signed, in [-2^21, 2^21)
+    # The fraction as a double-word: digits summed exactly from the least significant (all
+    # positive) up; only the last sum, with the signed top digit, may cancel, and it is exact.
+    scale = [x.like(2.0 ** (-DIGIT * (n - 1 - k))) for k in range(n - 1)]
+    hi, lo = _int_to_float(_from_i64(c[0], x), x) * scale[0], x.like(0.0)
+    for k in range(1, n - 1):
+        v = _int_to_float(_from_i64(top if k == n - 2 else c[k], x), x) * scale[k]
+        hi, err = _two_sum(v, hi)
+        lo = lo + err
+    fh, fl = _fast_two_sum(hi, lo)
+    p1, p2 = f.pio2[:2]                                             # r = fraction * pi/2
+    rh, rl = _two_prod(fh, p1)
+    rl = rl + fma(fh, p2, fl * p1)
+    rh, rl = _fast_two_sum(rh, rl)
+    # sin and cos are odd and even: reduce |x|, then negate q and r for x < 0.
+    neg = x < 0.0
+    q = _from_i64(q, x)
+    return (_select(neg, _iconst(x, 0) - q, q), _select(neg, -rh, rh), _select(neg, -rl, rl))
+
+
+def _any(mask: _V) -> ir.Value:
+    """An i1: whether any lane of the mask is set."""
+    b, t = mask.b, mask.type
+    if not isinstance(t, ir.VectorType):
+        return mask.v
+    out = b.extract_element(mask.v, ir.Constant(ir.IntType(32), 0))
+    for lane in range(1, t.count):
+        out = b.or_(out, b.extract_element(mask.v, ir.Constant(ir.IntType(32), lane)))
+    return out
+
+
+def _reduce(f: Format, x: _V):
+    """(q, rh, rl) for every finite x: Cody-Waite, and where some lane is beyond its range, a
+    branch to Payne-Hanek for that lane. The builder ends in a new block (the join)."""
+    b = x.b
+    fast = _sincos_reduce(f, x)
+    a = _abs(x)
+    big = (a > f.cody_waite_max) & (a < float("inf"))
+    before = b.block
+    with b.if_then(_any(big), likely=False):
+        slow = [_select(big, s, v) for s, v in zip(_payne_hanek(f, x), fast)]
+        slow_end = b.block
+    out = []
+    for v, s in zip(fast, slow):
+        phi = b.phi(v.type)
+        phi.add_incoming(v.v, before)
+        phi.add_incoming(s.v, slow_end)
+        out.append(_V(b, phi))
+    return out
+
+
 def _sincos(b: ir.IRBuilder, x: ir.Value, quadrant_shift: int) -> ir.Value:
     x, f = _wrap(b, x)
-    q, r, rl = _sincos_reduce(f, x)
+    q, r, rl = _reduce(f, x)
     q = q + quadrant_shift                      # cos x = sin(x + pi/2)
     s, c = _sin_poly(f, r, rl), _cos_poly(f, r, rl)
     y = _select((q & 1).eq(0), s, c)            # quadrants 1, 3: the cosine of r
     y = _xor_sign(y, (q & 2) << (f.bits - 2))  # quadrants 2, 3: negated
     if quadrant_shift == 0:
         y = _select(_abs(x) < f.sin_tiny, x, y) # sin x = x exactly here; keeps sin(-0) = -0
-    y = _select(_abs(x) <= f.sincos_max, y, _nan(x))   # inf, NaN, and beyond the range: NaN
+    y = _select(_abs(x) < float("inf"), y, _nan(x))     # inf and NaN: NaN
     return y.v
 
 
 def sin(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
-    """sin x, accurate for |x| <= 2^20 (float) or 2^40 (double); NaN beyond."""
+    """sin x for every float; NaN for inf and NaN. Branches (rarely) for |x| > 2^22 / 2^50."""
     return _sincos(b, x, 0)
 
 
 def cos(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
-    """cos x, accurate for |x| <= 2^20 (float) or 2^40 (double); NaN beyond."""
+    """cos x for every float; NaN for inf and NaN. Branches (rarely) for |x| > 2^22 / 2^50."""
     return _sincos(b, x, 1)
 
 

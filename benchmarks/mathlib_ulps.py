@@ -69,7 +69,7 @@ def host_module() -> ir.Module:
                 vals = [b.load(a, typ=vt, align=np.dtype(dtype).itemsize) for a in addr[:-1]]
                 b.store(_emit(name, b, vals), addr[-1], align=np.dtype(dtype).itemsize)
                 nxt = b.add(i, i64(width))
-                i.add_incoming(nxt, loop)
+                i.add_incoming(nxt, b.block)        # sin and cos end in a block of their own
                 b.cbranch(b.icmp_signed("<", nxt, n), loop, done)
                 b.position_at_end(done)
                 b.ret_void()
@@ -236,12 +236,14 @@ def inputs(name, n, rng, dtype):
                             rng.uniform(0.5, 2.0, n - 3 * q).astype(dtype)])
         return (x,)
     if name in ("sin", "cos"):
-        top = float(mathlib._format(TYPES[dtype]).sincos_max)
-        k = np.round(rng.uniform(-top, top, q) / (np.pi / 2))   # near multiples of pi/2
+        # near multiples of pi/2 (as far as float64 can place them: the Cody-Waite range), and
+        # every exponent up to the largest float (the Payne-Hanek range above 2^22 / 2^50)
+        top = float(mathlib._format(TYPES[dtype]).cody_waite_max)
+        k = np.round(rng.uniform(-top, top, q) / (np.pi / 2))
         near = (k * (np.pi / 2)).astype(dtype)
         near = np.nextafter(near, near + rng.choice([-1, 1], q).astype(dtype))
         return (np.concatenate([rng.uniform(-4, 4, q).astype(dtype), near,
-                                log_uniform(rng, n - 2 * q, tiny, top, dtype)]),)
+                                log_uniform(rng, n - 2 * q, tiny, big, dtype)]),)
     if name == "pow":
         span = 1e30 if f32 else 1e300
         x = log_uniform(rng, n, 1 / span, span, dtype, signs=False)
