@@ -602,12 +602,13 @@ def _digit_at(i: _V) -> _V:
         return _V(b, load(i.v))
     out = ir.Constant(t, ir.Undefined)
     for lane in range(t.count):
-        out = b.insert_element(out, load(b.extract_element(i.v, ir.Constant(ir.IntType(32), lane))),
-                               ir.Constant(ir.IntType(32), lane))
+        at = ir.Constant(ir.IntType(32), lane)
+        out = b.insert_element(out, load(b.extract_element(i.v, at)), at)
     return _V(b, out)
 
 
 def _to_i64(i: _V) -> _V:
+    """A non-negative integer (of x's integer type) widened to i64."""
     t = i.type
     wide = ir.VectorType(ir.IntType(64), t.count) if isinstance(t, ir.VectorType) else ir.IntType(64)
     return i if t == wide else _V(i.b, i.b.zext(i.v, wide))
@@ -619,13 +620,17 @@ def _from_i64(i: _V, like: _V) -> _V:
     return i if i.type == t else _V(i.b, i.b.trunc(i.v, t))
 
 
+def _beyond_cody_waite(f: Format, x: _V) -> _V:
+    """The lanes that take Payne-Hanek: finite, and too large for Cody-Waite."""
+    a = _abs(x)
+    return (a > f.cody_waite_max) & (a < float("inf"))
+
+
 def _payne_hanek(f: Format, x: _V):
     """(q, rh, rl) as _sincos_reduce gives them, for finite |x| > cody_waite_max (other lanes
     may hold anything: they are replaced by a harmless value and their result is unused)."""
     n, mask = f.ph_digits, (1 << DIGIT) - 1
-    a = _abs(x)
-    big = (a > f.cody_waite_max) & (a < float("inf"))
-    ia = _bits(_select(big, a, 2.0 * f.cody_waite_max))
+    ia = _bits(_select(_beyond_cody_waite(f, x), _abs(x), 2.0 * f.cody_waite_max))
     m = _to_i64((ia & ((1 << f.mant) - 1)) | (1 << f.mant))        # a = m * 2^e
     e = _to_i64(ia >> f.mant) - (f.bias + f.mant)
     # The window: n digits of 2/pi from bit e - DIGIT + 1 on, W = sum w_j 2^(DIGIT (n-1-j)), so
@@ -691,8 +696,7 @@ def _reduce(f: Format, x: _V):
     branch to Payne-Hanek for that lane. The builder ends in a new block (the join)."""
     b = x.b
     fast = _sincos_reduce(f, x)
-    a = _abs(x)
-    big = (a > f.cody_waite_max) & (a < float("inf"))
+    big = _beyond_cody_waite(f, x)
     before = b.block
     with b.if_then(_any(big), likely=False):
         slow = [_select(big, s, v) for s, v in zip(_payne_hanek(f, x), fast)]
