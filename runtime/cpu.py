@@ -28,10 +28,9 @@ from ir.passes import einsum_as_matmul
 from ir.ops.base import np_dtype
 from runtime import cache
 
-MIN_WORK_PER_THREAD = 1 << 18          # elements; below this, threads cost more than they save
-MIN_MULTIPLY_ADDS_PER_THREAD = 1 << 20     # the same for a contraction
 MIN_RUN_WORK = 1 << 19      # elements a run's kernels visit, in all: below this, one thread
 MIN_CHUNK_WORK = 1 << 12    # elements of one chunk of a kernel in a run (see backend/cpu.py)
+MIN_MULTIPLY_ADDS_PER_THREAD = 1 << 20     # a contraction's threads get at least this many
 _pool: ThreadPoolExecutor | None = None
 
 
@@ -72,9 +71,8 @@ class Executable:
                          tuple(grain(steps[i].kernel) for i in group))
                      for j, group in enumerate(groups))
         self.compiled = Compiled(self.plan.kernels, runs) if self.plan.kernels else None
-        self.launches: list[Callable | None] = [
-            _Launch.of(s, self.memory, self.compiled) if isinstance(s, KernelStep) else
-            _View.of(s) if isinstance(s, ViewStep) else None for s in steps]
+        self.launches: list[Callable | None] = [_View.of(s) if isinstance(s, ViewStep) else None
+                                                for s in steps]
         for run, group in zip(runs, groups):
             self.launches[group[0]] = _RunLaunch.of(run, [steps[i] for i in group], self.memory,
                                                     self.compiled)
@@ -187,7 +185,7 @@ def _work(k: LoopKernel) -> int:
 
 
 def _runs(steps: tuple[Step, ...]) -> list[list[int]]:
-    """Runs of two or more consecutive kernel steps, with nothing between them but steps
+    """Runs of consecutive kernel steps (one or more), with nothing between them but steps
     made once: each is called as one function."""
     runs: list[list[int]] = [[]]
     for i, step in enumerate(steps):
@@ -195,7 +193,7 @@ def _runs(steps: tuple[Step, ...]) -> list[list[int]]:
             runs[-1].append(i)
         elif not _made_once(step) and runs[-1]:
             runs.append([])
-    return [run for run in runs if len(run) > 1]
+    return [run for run in runs if run]
 
 
 @dataclass(frozen=True)
@@ -229,43 +227,8 @@ class _Arena:
         base = -self.memory.ctypes.data % ALIGN
         self.views = {v: self.memory[base + off:base + off + nbytes(v)].view(np_dtype(v.dtype)).reshape(v.shape)
                       for v, off in exe.memory.offsets.items()}
-        self.pointers = [launch.pointers(self.views) if isinstance(launch, (_Launch, _RunLaunch))
-                         else None for launch in exe.launches]
-
-
-@dataclass(frozen=True)
-class _Launch:
-    """How one kernel step is called: its function, the argument slots the arena does not
-    fix (filled each call), the values it allocates, and its split across threads."""
-    fn: Callable
-    args: tuple[Value, ...]
-    patches: tuple[tuple[int, Value], ...]
-    fresh: tuple[Value, ...]
-    extent: int
-    work: int
-
-    @staticmethod
-    def of(step: KernelStep, memory: Memory, compiled: Compiled) -> _Launch:
-        k = step.kernel
-        return _Launch(compiled.functions[k.name], step.args,
-                       tuple((i, v) for i, v in enumerate(step.args) if v not in memory.offsets),
-                       tuple(v for v in step.writes if v not in memory.offsets),
-                       _extent(k), _work(k))
-
-    def pointers(self, views: dict[Value, np.ndarray]) -> ctypes.Array:
-        return _table(self.args, views)
-
-    def __call__(self, env: dict[Value, np.ndarray], pointers: ctypes.Array, threads: int) -> None:
-        for v in self.fresh:
-            env[v] = np.empty(v.shape, dtype=np_dtype(v.dtype))
-        for i, v in self.patches:
-            pointers[i] = address(env[v])
-        parts = min(threads, self.extent, max(1, self.work // MIN_WORK_PER_THREAD))
-        if parts <= 1:
-            self.fn(pointers, 0, self.extent)
-            return
-        bounds = [self.extent * i // parts for i in range(parts + 1)]
-        list(pool().map(lambda i: self.fn(pointers, bounds[i], bounds[i + 1]), range(parts)))
+        self.pointers = [launch.pointers(self.views) if isinstance(launch, _RunLaunch) else None
+                         for launch in exe.launches]
 
 
 @dataclass(frozen=True)

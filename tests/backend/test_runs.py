@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import runtime.cpu as cpu
 from backend.cpu import CLOSED, JOINED, LEFT
 from ir import interp
 from ir.core import Builder, tensor_type
+from runtime import cpu
 from runtime.cpu import Executable, _RunLaunch
 
 rng = np.random.default_rng(5)
