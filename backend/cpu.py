@@ -53,9 +53,10 @@ class Run:
     grains: tuple[int, ...]         # what each kernel's chunks start on a multiple of
 
 
-# How the threads of a run share it: the table's last slot points at zeroed i64 words, each
-# counter on its own cache line. Each kernel's range is cut into chunks (1 for one thread,
-# else up to 4 a thread, no more than Run.chunks) that threads claim by an atomic add on the kernel's `claimed` counter;
+# How the threads of a run share it (a call for one thread runs the kernels whole, touching
+# nothing else): the table's last slot points at zeroed i64 words, each counter on its own
+# cache line. Each kernel's range is cut into chunks (up to 4 a thread, no more than
+# Run.chunks) that threads claim by an atomic add on the kernel's `claimed` counter;
 # a chunk's points are computed whole by whoever claims it, so the bits do not depend on the
 # threads. Nobody starts kernel i + 1 before kernel i's `done` counter reaches its chunks. A
 # thread t > 0 registers on `joined`; thread 0, after the last kernel, closes `joined` (a late
@@ -95,6 +96,10 @@ def _run_body(fn: ir.Function, run: Run, entries: list[ir.Function], sync_slot: 
     c = lambda n: ir.Constant(I64, n)
     words = b.bitcast(b.load(b.gep(table, [c(sync_slot)])), I64.as_pointer())
     word = lambda i: b.gep(words, [c(i)])
+    with b.if_then(b.icmp_signed("==", threads, c(1))):      # alone: no counters, no waits
+        for entry, offset, extent in zip(entries, run.offsets, run.extents):
+            b.call(entry, [b.gep(table, [c(offset)]), c(0), c(extent)])
+        b.ret_void()
     helper = b.icmp_signed("!=", thread, c(0))
     with b.if_then(helper):
         joined = b.atomic_rmw("add", word(JOINED), c(1), "acq_rel")
@@ -105,7 +110,7 @@ def _run_body(fn: ir.Function, run: Run, entries: list[ir.Function], sync_slot: 
                                                                   run.chunks, run.grains)):
         claimed, done = word(LINE * (2 + 2 * j)), word(LINE * (3 + 2 * j))
         units = c(-(-extent // grain))
-        chunks = b.select(b.icmp_signed(">", threads, c(1)), _min(b, c(most), per_thread), c(1))
+        chunks = _min(b, c(most), per_thread)
         head, body, after = (b.append_basic_block(f"k{j}_{x}") for x in ("claim", "chunk", "done"))
         b.branch(head)
         b.position_at_end(head)

@@ -91,6 +91,7 @@ class Executable:
         try:
             return self._run(arena, arrays)
         finally:
+            arena.settle()
             self._arenas.append(arena)
 
     def _run(self, arena: _Arena, arrays: list[np.ndarray]) -> list[np.ndarray]:
@@ -219,16 +220,26 @@ def _in_run(env: dict, pointers: None, threads: int) -> None:
 
 
 class _Arena:
-    """One call's memory: the arena's bytes, a view of them for each value planned there, and
-    each kernel's argument array with the arena's addresses filled in."""
+    """One call's memory: the arena's bytes, a view of them for each value planned there,
+    each run's argument table with the arena's addresses filled in, and the helper calls the
+    runs started (a helper may still be on its way in, to find its run closed, when the
+    caller is done with the run)."""
 
     def __init__(self, exe: Executable):
         self.memory = np.empty(exe.memory.size + ALIGN, np.uint8)
         base = -self.memory.ctypes.data % ALIGN
         self.views = {v: self.memory[base + off:base + off + nbytes(v)].view(np_dtype(v.dtype)).reshape(v.shape)
                       for v, off in exe.memory.offsets.items()}
-        self.pointers = [launch.pointers(self.views) if isinstance(launch, _RunLaunch) else None
-                         for launch in exe.launches]
+        self.helpers: list[Future] = []
+        self.pointers = [launch.pointers(self.views, self.helpers) if isinstance(launch, _RunLaunch)
+                         else None for launch in exe.launches]
+
+    def settle(self) -> None:
+        """Wait for the helpers of this call: none may outlive it (nor read the words the next
+        call zeroes, nor run code an executable let go of has freed)."""
+        for helper in self.helpers:
+            helper.result()
+        self.helpers.clear()
 
 
 @dataclass(frozen=True)
@@ -251,40 +262,32 @@ class _RunLaunch:
                           tuple(v for s in steps for v in s.writes if v not in memory.offsets),
                           sum(_work(s.kernel) for s in steps), len(steps))
 
-    def pointers(self, views: dict[Value, np.ndarray]) -> _RunTable:
-        return _RunTable(_table(self.args + (None,), views), self.kernels)
+    def pointers(self, views: dict[Value, np.ndarray], helpers: list[Future]) -> _RunTable:
+        return _RunTable(_table(self.args + (None,), views), self.kernels, helpers)
 
     def __call__(self, env: dict[Value, np.ndarray], pointers: _RunTable, threads: int) -> None:
         for v in self.fresh:
             env[v] = np.empty(v.shape, dtype=np_dtype(v.dtype))
-        pointers.reset()
         table = pointers.table
         for i, v in self.patches:
             table[i] = address(env[v])
         if threads <= 1 or self.work < MIN_RUN_WORK:
             self.fn(table, 0, 1)
             return
-        pointers.helpers = [pool().submit(self.fn, table, t, threads) for t in range(1, threads)]
+        pointers.words.fill(0)
+        pointers.helpers.extend(pool().submit(self.fn, table, t, threads) for t in range(1, threads))
         self.fn(table, 0, threads)      # returns with every chunk done, late helpers or not
 
 
 class _RunTable:
     """A run's argument table in one arena, whose last slot points at the run's
-    synchronisation words (backend/cpu.py), and the helper calls of its latest call: a helper
-    may still be on its way in (to find the run closed) when the caller is done with it."""
+    synchronisation words (backend/cpu.py), and the arena's list of helper calls."""
 
-    def __init__(self, table: ctypes.Array, kernels: int):
+    def __init__(self, table: ctypes.Array, kernels: int, helpers: list[Future]):
         self.table = table
         self.words = np.zeros(sync_words(kernels), np.int64)
         table[-1] = self.words.ctypes.data
-        self.helpers: list[Future] = []
-
-    def reset(self) -> None:
-        """Zero the words for a call, once no helper of the last one can read them."""
-        for helper in self.helpers:
-            helper.result()
-        self.helpers = []
-        self.words.fill(0)
+        self.helpers = helpers
 
 
 def _table(args: tuple[Value | None, ...], views: dict[Value, np.ndarray]) -> ctypes.Array:

@@ -64,7 +64,7 @@ def run_alone(exe: Executable, arrays: list[np.ndarray], threads: int) -> list[n
     def alone(self, env, pointers, n):
         for v in self.fresh:
             env[v] = np.empty(v.shape, dtype=cpu.np_dtype(v.dtype))
-        pointers.reset()
+        pointers.words.fill(0)
         for i, v in self.patches:
             pointers.table[i] = cpu.address(env[v])
         self.fn(pointers.table, 0, threads)
