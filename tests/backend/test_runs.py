@@ -93,3 +93,12 @@ def test_a_helper_after_the_run_is_closed_leaves_at_once(monkeypatch):
             launch.fn(pointers.table, 1, 2)
             assert pointers.words[JOINED] == before[JOINED] + 1
             assert (np.delete(pointers.words, JOINED) == np.delete(before, JOINED)).all()
+
+
+def test_no_helper_outlives_its_call(monkeypatch):
+    # a helper still queued when its executable is let go of would run freed code
+    for _ in range(10):
+        exe, arrays, want = compiled(monkeypatch)
+        monkeypatch.setenv("DSLC_THREADS", "3")
+        same_bits(exe.run(arrays), want)
+        assert all(not arena.helpers for arena in exe._arenas)
