@@ -308,6 +308,23 @@ def writes(step: Step) -> tuple[Value, ...]:
     return step.writes if isinstance(step, KernelStep) else step.op.outputs
 
 
+def last_uses(plan: Plan) -> list[list[Value]]:
+    """For each step, the values it reads or writes that no later step reads and the function
+    does not return: a runtime frees them after it."""
+    kept = set(plan.function.results)
+    last: dict[Value, int] = {}
+    for i, step in enumerate(plan.steps):
+        for v in writes(step):
+            last.setdefault(v, i)
+        for v in reads(step):
+            last[v] = i
+    dead: list[list[Value]] = [[] for _ in plan.steps]
+    for v, i in last.items():
+        if v not in kept:
+            dead[i].append(v)
+    return dead
+
+
 def nbytes(v: Value) -> int:
     return prod(v.shape) * np_dtype(v.dtype).itemsize
 

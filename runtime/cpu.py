@@ -21,7 +21,7 @@ from backend.cpu import Compiled, Run, address, sync_words
 from backend.llvm import grain
 from backend.loops import LoopKernel
 from backend.schedule import (ALIGN, ContractStep, HostStep, KernelStep, Memory, Plan, Step,
-                              ViewStep, nbytes, plan_memory, reads, schedule)
+                              ViewStep, last_uses, nbytes, plan_memory, schedule)
 from ir import interp
 from ir.core import Function, Op, Value, bind_inputs
 from ir.passes import einsum_as_matmul
@@ -78,7 +78,7 @@ class Executable:
                                                     self.compiled)
             for i in group[1:]:
                 self.launches[i] = _in_run
-        self.dead = [[v for v in dead if v not in self.memory.offsets] for dead in _last_uses(self.plan)]
+        self.dead = [[v for v in dead if v not in self.memory.offsets] for dead in last_uses(self.plan)]
         self.bodies: dict[int, Executable] = {}
         for i, step in enumerate(steps):
             if isinstance(step, HostStep) and step.op.body is not None:
@@ -293,20 +293,6 @@ class _RunTable:
 def _table(args: tuple[Value | None, ...], views: dict[Value, np.ndarray]) -> ctypes.Array:
     """Kernel arguments' addresses: the arena's where it holds the value, else 0 (patched)."""
     return (ctypes.c_void_p * len(args))(*[views[v].ctypes.data if v in views else 0 for v in args])
-
-
-def _last_uses(plan: Plan) -> list[list[Value]]:
-    """For each step, the values no later step (nor the result) reads: freed after it."""
-    keep = set(plan.function.results)
-    last: dict[Value, int] = {}
-    for i, step in enumerate(plan.steps):
-        for v in reads(step):
-            last[v] = i
-    dead: list[list[Value]] = [[] for _ in plan.steps]
-    for v, i in last.items():
-        if v not in keep:
-            dead[i].append(v)
-    return dead
 
 
 _matmuls: dict[str, object] = {}

@@ -29,7 +29,7 @@ import numpy as np
 from backend import nvptx, views
 from backend.llvm import SCALAR
 from backend.loops import Instr, Load, LoopKernel
-from backend.schedule import ContractStep, HostStep, KernelStep, Plan, reads, schedule
+from backend.schedule import ContractStep, HostStep, KernelStep, Plan, last_uses, schedule
 from frontend.diagnostics import DslError
 from ir import interp
 from ir.core import Function, Op, Value
@@ -425,7 +425,7 @@ class Executable:
                 self.functions = {e: self.drv.function(module, e) for e in gpu.entries}
             except DriverError as e:
                 raise DslError(None, f"loading the GPU kernels of '{name}' failed: {e}") from None
-        self.dead = _last_uses(self.plan)
+        self.dead = last_uses(self.plan)
         self.bodies: dict[int, Executable] = {}
         for i, step in enumerate(self.plan.steps):
             if isinstance(step, HostStep) and step.op.body is not None:
@@ -577,17 +577,3 @@ def _memory(drv) -> Memory:
     return _memories.setdefault(id(drv), Memory(drv))
 
 
-def _last_uses(plan: Plan) -> list[list[Value]]:
-    """For each step, the values no later step (nor the result) reads: freed after it."""
-    keep = set(plan.function.results)
-    last: dict[Value, int] = {}
-    for i, step in enumerate(plan.steps):
-        for v in reads(step):
-            last[v] = i
-        for v in (step.writes if isinstance(step, KernelStep) else step.op.outputs):
-            last.setdefault(v, i)
-    dead: list[list[Value]] = [[] for _ in plan.steps]
-    for v, i in last.items():
-        if v not in keep:
-            dead[i].append(v)
-    return dead
