@@ -8,6 +8,7 @@ values, hashable, so that equal ops can be recognised.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass, field
 from typing import Any
@@ -81,6 +82,12 @@ def concrete(shape: tuple[int, ...]) -> tuple[Dim, ...]:
 
 
 def tensor_type(dtype: str, shape: tuple[int, ...]) -> TensorType:
+    return _tensor_type(dtype, tuple(shape))
+
+
+@functools.lru_cache(maxsize=4096)
+def _tensor_type(dtype: str, shape: tuple[int, ...]) -> TensorType:
+    # one object per type: a call's input signature then compares by identity, not field by field
     return TensorType(dtype, concrete(shape))
 
 
