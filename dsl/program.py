@@ -442,8 +442,9 @@ def from_python(b: Builder, value: Any, t: ast.TypeExpr, mod, where: str, arrays
     name = "/".join(t.name) if isinstance(t, ast.NamedType) else None
     if isinstance(t, ast.TensorTypeExpr) or name in NUMPY_DTYPES and name != "bool":
         dtype = t.dtype if isinstance(t, ast.TensorTypeExpr) else name
-        arr = value if _on_device(value) else np.asarray(value)
+        arr = value
         if not isinstance(value, np.ndarray) and not _on_device(value):
+            arr = np.asarray(value)
             arr = arr.astype(NUMPY_DTYPES.get(dtype, arr.dtype))
         dt = DTYPE_NAMES.get(arr.dtype)
         if dt is None:
