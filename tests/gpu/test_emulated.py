@@ -14,8 +14,7 @@ import pytest
 from backend import nvptx, schedule
 from backend.contract import Matmul
 from backend.cpu import Compiled
-from backend.llvm import row_major
-from backend.loops import Instr, Load, LoopKernel, Reduce
+from backend.loops import LoopKernel
 from ir import numerics
 from ir.ad import grad_function
 from ir.passes import optimize
@@ -26,7 +25,9 @@ from emulator import Emulator  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "backend"))
 import test_programs as programs  # noqa: E402
+from test_nvptx import reduction  # noqa: E402  (the same reduction kernels, run here)
 
 NUMPY = {"f16": np.float16, "f32": np.float32, "f64": np.float64, "i32": np.int32, "i64": np.int64,
          "u32": np.uint32, "bool": np.bool_}
@@ -68,17 +69,6 @@ def same_bits(g: np.ndarray, c: np.ndarray) -> bool:
     if g.dtype.kind == "f":
         same |= np.isnan(g) & np.isnan(c)
     return bool(np.all(same))
-
-
-def reduction(name, dtype, outer, n, combine="add", columns=False, count=None):
-    if columns:
-        (m,) = outer
-        source, strides = (n, m), (1, m)
-    else:
-        source, strides = outer + (n,), row_major(outer + (n,))
-    return LoopKernel(name, outer, ((dtype, source), (dtype, outer)),
-                      (Instr("load", (), (), dtype, Load(0, strides)),),
-                      reduce=Reduce(combine, 0, 1, count), n=n)
 
 
 def test_reductions_follow_the_canonical_order():
