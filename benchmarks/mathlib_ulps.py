@@ -19,6 +19,7 @@ import argparse
 import ctypes
 import sys
 import time
+from collections.abc import Iterator
 from functools import lru_cache
 from pathlib import Path
 
@@ -32,6 +33,7 @@ from backend import mathlib  # noqa: E402
 FUNCTIONS = ["exp", "exp2", "log", "log2", "tanh", "sigmoid", "sin", "cos", "rsqrt", "pow"]
 TYPES = {np.float32: ir.FloatType(), np.float64: ir.DoubleType()}
 WIDTH = {np.float32: 8, np.float64: 4}          # the vector variants: one AVX-512 register / 2
+I64 = ir.IntType(64)
 
 
 def _emit(name, b, args):
@@ -47,32 +49,44 @@ def kernel_name(name, dtype, width):
 # Host kernels: void k(T *x, [T *y,] T *out, i64 n) applies the function to n elements, `width`
 # at a time (n must be a multiple of width).
 
+def kernel_functions(mod: ir.Module, names) -> Iterator[tuple[str, type, int, ir.Function]]:
+    """void k(T *x, [T *y,] T *out, i64 n) declared in mod for every function of names, dtype
+    and width: (name, dtype, width, the function)."""
+    ptr = ir.PointerType()
+    for name in names:
+        nin = 2 if name in mathlib.BINARY else 1
+        for dtype in TYPES:
+            for width in (1, WIDTH[dtype]):
+                yield name, dtype, width, ir.Function(
+                    mod, ir.FunctionType(ir.VoidType(), [ptr] * (nin + 1) + [I64]),
+                    kernel_name(name, dtype, width))
+
+
+def apply_at(b: ir.IRBuilder, name: str, dtype, width: int, fn: ir.Function, i: ir.Value) -> None:
+    """out[i : i + width] = name(x[i : i + width], …), in the kernel fn."""
+    t = TYPES[dtype]
+    vt = t if width == 1 else ir.VectorType(t, width)
+    addr = [b.gep(p, [i], source_etype=t) for p in fn.args[:-1]]
+    vals = [b.load(a, typ=vt, align=np.dtype(dtype).itemsize) for a in addr[:-1]]
+    b.store(_emit(name, b, vals), addr[-1], align=np.dtype(dtype).itemsize)
+
+
 def host_module() -> ir.Module:
     mod = ir.Module(name="mathlib_host")
-    i64 = ir.IntType(64)
-    ptr = ir.PointerType()
-    for name in FUNCTIONS:
-        nin = 2 if name in mathlib.BINARY else 1
-        for dtype, t in TYPES.items():
-            for width in (1, WIDTH[dtype]):
-                vt = t if width == 1 else ir.VectorType(t, width)
-                fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [ptr] * (nin + 1) + [i64]),
-                                 kernel_name(name, dtype, width))
-                entry, loop, done = (fn.append_basic_block(s) for s in ("entry", "loop", "done"))
-                b = ir.IRBuilder(entry)
-                n = fn.args[-1]
-                b.cbranch(b.icmp_signed(">", n, i64(0)), loop, done)
-                b.position_at_end(loop)
-                i = b.phi(i64)
-                i.add_incoming(i64(0), entry)
-                addr = [b.gep(p, [i], source_etype=t) for p in fn.args[:-1]]
-                vals = [b.load(a, typ=vt, align=np.dtype(dtype).itemsize) for a in addr[:-1]]
-                b.store(_emit(name, b, vals), addr[-1], align=np.dtype(dtype).itemsize)
-                nxt = b.add(i, i64(width))
-                i.add_incoming(nxt, b.block)        # sin and cos end in a block of their own
-                b.cbranch(b.icmp_signed("<", nxt, n), loop, done)
-                b.position_at_end(done)
-                b.ret_void()
+    for name, dtype, width, fn in kernel_functions(mod, FUNCTIONS):
+        entry, loop, done = (fn.append_basic_block(s) for s in ("entry", "loop", "done"))
+        b = ir.IRBuilder(entry)
+        n = fn.args[-1]
+        b.cbranch(b.icmp_signed(">", n, I64(0)), loop, done)
+        b.position_at_end(loop)
+        i = b.phi(I64)
+        i.add_incoming(I64(0), entry)
+        apply_at(b, name, dtype, width, fn, i)
+        nxt = b.add(i, I64(width))
+        i.add_incoming(nxt, b.block)        # sin and cos end in a block of their own
+        b.cbranch(b.icmp_signed("<", nxt, n), loop, done)
+        b.position_at_end(done)
+        b.ret_void()
     return mod
 
 
@@ -131,31 +145,23 @@ def nvptx_target_machine():
 def nvptx_module(names=FUNCTIONS) -> ir.Module:
     mod = ir.Module(name="mathlib_nvptx")
     mod.triple = "nvptx64-nvidia-cuda"
-    i32, i64, ptr = ir.IntType(32), ir.IntType(64), ir.PointerType()
+    i32 = ir.IntType(32)
     sreg = {r: ir.Function(mod, ir.FunctionType(i32, []), f"llvm.nvvm.read.ptx.sreg.{r}")
             for r in ("tid.x", "ntid.x", "ctaid.x")}
-    for name in names:
-        nin = 2 if name in mathlib.BINARY else 1
-        for dtype, t in TYPES.items():
-            for width in (1, WIDTH[dtype]):
-                vt = t if width == 1 else ir.VectorType(t, width)
-                fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [ptr] * (nin + 1) + [i64]),
-                                 kernel_name(name, dtype, width))
-                body, done = fn.append_basic_block("body"), fn.append_basic_block("done")
-                b = ir.IRBuilder(fn.append_basic_block("entry"))
-                fn.blocks.insert(0, fn.blocks.pop())          # entry first
-                tid = b.add(b.mul(b.call(sreg["ctaid.x"], []), b.call(sreg["ntid.x"], [])),
-                            b.call(sreg["tid.x"], []))
-                i = b.mul(b.zext(tid, i64), i64(width))
-                b.cbranch(b.icmp_signed("<", i, fn.args[-1]), body, done)
-                b.position_at_end(body)
-                addr = [b.gep(p, [i], source_etype=t) for p in fn.args[:-1]]
-                vals = [b.load(a, typ=vt, align=np.dtype(dtype).itemsize) for a in addr[:-1]]
-                b.store(_emit(name, b, vals), addr[-1], align=np.dtype(dtype).itemsize)
-                b.branch(done)
-                b.position_at_end(done)
-                b.ret_void()
-                mod.add_named_metadata("nvvm.annotations", [fn, "kernel", i32(1)])
+    for name, dtype, width, fn in kernel_functions(mod, names):
+        body, done = fn.append_basic_block("body"), fn.append_basic_block("done")
+        b = ir.IRBuilder(fn.append_basic_block("entry"))
+        fn.blocks.insert(0, fn.blocks.pop())          # entry first
+        tid = b.add(b.mul(b.call(sreg["ctaid.x"], []), b.call(sreg["ntid.x"], [])),
+                    b.call(sreg["tid.x"], []))
+        i = b.mul(b.zext(tid, I64), I64(width))
+        b.cbranch(b.icmp_signed("<", i, fn.args[-1]), body, done)
+        b.position_at_end(body)
+        apply_at(b, name, dtype, width, fn, i)
+        b.branch(done)
+        b.position_at_end(done)
+        b.ret_void()
+        mod.add_named_metadata("nvvm.annotations", [fn, "kernel", i32(1)])
     return mod
 
 
