@@ -209,6 +209,23 @@ def loop(b: ir.IRBuilder, start: ir.Value, stop: ir.Value, body: Callable[[ir.Va
     b.position_at_end(after)
 
 
+def evaluate_body(e: Emitter, k: LoopKernel, load: Callable[[Instr], ir.Value],
+                  widen: Callable[[ir.Value], ir.Value] = lambda c: c) -> list[ir.Value]:
+    """The values of k's body in order, on any target: each load by load(instr), each constant
+    widened as the loads are (a splat across vector lanes), each operation by the Emitter."""
+    values: list[ir.Value] = []
+    for ins in k.body:
+        if ins.prim == "load":
+            values.append(load(ins))
+        elif ins.prim == "const":
+            values.append(widen(e.const(dict(ins.attrs)["value"], ins.dtype)))
+        else:
+            args = [values[a] for a in ins.args]
+            dtypes = [k.body[a].dtype for a in ins.args]
+            values.append(e.apply(ins.prim, args, dtypes, ins.dtype, dict(ins.attrs)))
+    return values
+
+
 class _KernelGen:
     def __init__(self, b: ir.IRBuilder, module: ir.Module, k: LoopKernel, ptrs: list[ir.Value]):
         self.b, self.k, self.ptrs = b, k, ptrs
@@ -236,18 +253,9 @@ class _KernelGen:
     def body(self, offset_of: Callable[[Instr], ir.Value], lanes: int = 0,
              lane_stride_of: Callable[[Instr], int] = lambda ins: 0) -> list[ir.Value]:
         """Evaluate the kernel body; loads at offset_of(load)."""
-        values: list[ir.Value] = []
-        for ins in self.k.body:
-            if ins.prim == "load":
-                values.append(self.load(ins, offset_of(ins), lanes, lane_stride_of(ins)))
-            elif ins.prim == "const":
-                c = self.e.const(dict(ins.attrs)["value"], ins.dtype)
-                values.append(self.e.splat(c, lanes) if lanes else c)
-            else:
-                args = [values[a] for a in ins.args]
-                dtypes = [self.k.body[a].dtype for a in ins.args]
-                values.append(self.e.apply(ins.prim, args, dtypes, ins.dtype, dict(ins.attrs)))
-        return values
+        return evaluate_body(self.e, self.k,
+                             lambda ins: self.load(ins, offset_of(ins), lanes, lane_stride_of(ins)),
+                             lambda c: self.e.splat(c, lanes) if lanes else c)
 
     def store(self, buffer: int, offset: ir.Value, value: ir.Value, dtype: str) -> None:
         b = self.b

@@ -30,8 +30,8 @@ from typing import Callable
 import llvmlite.binding as llvm
 from llvmlite import ir
 
-from backend.llvm import I8, I32, I64, SCALAR, Emitter, memory_type, row_major
-from backend.loops import LoopKernel
+from backend.llvm import I8, I32, I64, SCALAR, Emitter, evaluate_body, memory_type, row_major
+from backend.loops import Instr, LoopKernel
 from ir.numerics import CHUNK, LANES
 
 TRIPLE = "nvptx64-nvidia-cuda"
@@ -229,21 +229,14 @@ class _LoopKernelGen(_Builder):
 
     def body(self, offset_of: Callable) -> list[ir.Value]:
         """The kernel body's values, its loads at offset_of(load instruction)."""
-        b, values = self.b, []
-        for ins in self.k.body:
-            if ins.prim == "load":
-                at = offset_of(ins)
-                if getattr(ins.load, "offset", 0):            # a view that starts inside its buffer
-                    at = b.add(at, self.c(ins.load.offset))
-                v = b.load(b.gep(self.ptrs[ins.load.buffer], [at], inbounds=True))
-                values.append(b.icmp_unsigned("!=", v, ir.Constant(I8, 0)) if ins.dtype == "bool" else v)
-            elif ins.prim == "const":
-                values.append(self.e.const(dict(ins.attrs)["value"], ins.dtype))
-            else:
-                args = [values[a] for a in ins.args]
-                dtypes = [self.k.body[a].dtype for a in ins.args]
-                values.append(self.e.apply(ins.prim, args, dtypes, ins.dtype, dict(ins.attrs)))
-        return values
+        return evaluate_body(self.e, self.k, lambda ins: self.load(ins, offset_of(ins)))
+
+    def load(self, ins: Instr, at: ir.Value) -> ir.Value:
+        b = self.b
+        if getattr(ins.load, "offset", 0):            # a view that starts inside its buffer
+            at = b.add(at, self.c(ins.load.offset))
+        v = b.load(b.gep(self.ptrs[ins.load.buffer], [at], inbounds=True))
+        return b.icmp_unsigned("!=", v, ir.Constant(I8, 0)) if ins.dtype == "bool" else v
 
     def store(self, buffer: int, offset: ir.Value, value: ir.Value, dtype: str) -> None:
         if dtype == "bool":
