@@ -308,6 +308,12 @@ def writes(step: Step) -> tuple[Value, ...]:
     return step.writes if isinstance(step, KernelStep) else step.op.outputs
 
 
+def made_once(op: Op) -> bool:
+    """An op of no inputs and no body (a constant, zeros, an arange): its outputs never change,
+    so a runtime makes them once per executable."""
+    return not op.inputs and op.body is None
+
+
 def last_uses(plan: Plan) -> list[list[Value]]:
     """For each step, the values it reads or writes that no later step reads and the function
     does not return: a runtime frees them after it."""

@@ -21,7 +21,8 @@ from backend.cpu import Compiled, Run, address, sync_words
 from backend.llvm import grain
 from backend.loops import LoopKernel
 from backend.schedule import (ALIGN, ContractStep, HostStep, KernelStep, Memory, Plan, Step,
-                              ViewStep, last_uses, nbytes, plan_memory, schedule)
+                              ViewStep, last_uses, made_once, nbytes, plan_memory,
+                              schedule)
 from ir import interp
 from ir.core import Function, Op, Value, bind_inputs
 from ir.passes import einsum_as_matmul
@@ -167,7 +168,7 @@ def _digest(fn: Function) -> str:
 
 
 def _made_once(step: Step) -> bool:
-    return isinstance(step, HostStep) and not step.op.inputs and step.op.body is None
+    return isinstance(step, HostStep) and made_once(step.op)
 
 
 def _extent(k: LoopKernel) -> int:

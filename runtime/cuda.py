@@ -29,7 +29,7 @@ import numpy as np
 from backend import nvptx, views
 from backend.llvm import SCALAR
 from backend.loops import Instr, Load, LoopKernel
-from backend.schedule import ContractStep, HostStep, KernelStep, Plan, last_uses, schedule
+from backend.schedule import ContractStep, HostStep, KernelStep, Plan, last_uses, made_once, schedule
 from frontend.diagnostics import DslError
 from ir import interp
 from ir.core import Function, Op, Value
@@ -551,7 +551,7 @@ class Executable:
                 outs = interp.evaluate(op, inputs)
         outs = [self.to_device(a, v) for a, v in zip(outs, op.outputs)]
         env.update(zip(op.outputs, outs))
-        if not op.inputs and op.body is None:
+        if made_once(op):
             self.constants[id(op)] = outs
 
 
