@@ -85,12 +85,11 @@ def read_arrays(path: str) -> dict[str, np.ndarray]:
     if path.endswith(".safetensors"):
         return safetensors.read(path)
     try:
-        with open(path, "rb"):                  # a missing file says so, not "not an archive"
-            pass
-        if not zipfile.is_zipfile(path):
-            raise ValueError("not an .npz archive (a zip of .npy arrays) or a .safetensors file")
-        with np.load(path, allow_pickle=False) as data:
-            return {k: data[k] for k in data.files}
+        with open(path, "rb") as f:             # a missing file says so, not "not an archive"
+            if not zipfile.is_zipfile(f):
+                raise ValueError("not an .npz archive (a zip of .npy arrays) or a .safetensors file")
+            with np.load(f, allow_pickle=False) as data:
+                return {k: data[k] for k in data.files}
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
         raise DslError(None, f"cannot read inputs from {path}: {e or type(e).__name__}") from None
 
