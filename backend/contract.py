@@ -193,20 +193,32 @@ def _suffix(t: ir.Type) -> str:
     return f"v{t.count}{name[str(t.element)]}" if isinstance(t, ir.VectorType) else name[str(t)]
 
 
-def _build_tile(module: ir.Module, name: str, dtype: str, t: Tiles) -> ir.Function:
-    """void tile(const T *a, const T *b, i64 kc, T *c, i64 ldc, i1 first): the mr × nr block
-    of C at c (row stride ldc) gains kc steps from the packed panels a ([kc][mr]) and b
-    ([kc][nr]); with `first` it starts from -0.0 instead of c's contents."""
+def _build_tile(module: ir.Module, name: str, dtype: str, t: Tiles, nv: int) -> ir.Function:
+    """void tile(const T *a, const T *b, i64 kc, T *c, i64 ldc, i1 first, i64 m, i64 n): the
+    m × n corner (m ≤ mr, n ≤ nv·width) of the mr × nv-vector block of C at c (row stride ldc)
+    gains kc steps from the packed panels a ([kc][mr]) and b ([kc][nr], its first nv vectors);
+    with `first` it starts from -0.0 instead of c's contents."""
     p = SCALAR[dtype].as_pointer()
-    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [p, p, I64, p, I64, I1]), name)
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [p, p, I64, p, I64, I1, I64, I64]),
+                     name)
     fn.linkage = "internal"
-    a_pack, b_pack, kc, c, ldc, first = fn.args
+    a_pack, b_pack, kc, c, ldc, first, m, n = fn.args
     for arg in (a_pack, b_pack, c):
         arg.add_attribute("noalias")
     e = _Emitter(fn, dtype, t)
     b = e.b
     fma = e.intrinsic(f"llvm.fma.{_suffix(e.vec)}", e.vec, [e.vec] * 3)
-    c_at = [[e.at(c, b.mul(_i64(r), ldc), v * t.width) for v in range(t.nv)] for r in range(t.mr)]
+    # C is read and written through masks: rows past m and columns past n are not touched
+    # (their lanes compute on A's and B's zero padding), so an edge tile needs no copy of C.
+    # A masked-off row's address is row m - 1's, an address inside C.
+    rows = [b.icmp_signed("<", _i64(r), m) for r in range(t.mr)]
+    c_at = [[e.at(c, b.mul(e.min(r, b.sub(m, _i64(1))), ldc), v * t.width) for v in range(nv)]
+            for r in range(t.mr)]
+    none = ir.Constant(ir.VectorType(I1, t.width), [0] * t.width)
+    masks = [[b.select(rows[r], e.lanes_below(n, v), none) for v in range(nv)]
+             for r in range(t.mr)]
+    tile_c = [(ptr, mask) for ptr_row, mask_row in zip(c_at, masks)
+              for ptr, mask in zip(ptr_row, mask_row)]
 
     # ORDER: the accumulators are C itself. The first K block starts from -0.0, as the
     # definition does; a later one reloads exactly the value the previous block stored.
@@ -214,7 +226,7 @@ def _build_tile(module: ir.Module, name: str, dtype: str, t: Tiles) -> ir.Functi
         with from_zero:
             zero_block = b.block
         with from_c:
-            loaded = [e.load_vec(ptr) for row in c_at for ptr in row]
+            loaded = [e.masked_load(ptr, mask) for ptr, mask in tile_c]
             load_block = b.block
     acc = []
     for value in loaded:
@@ -226,11 +238,11 @@ def _build_tile(module: ir.Module, name: str, dtype: str, t: Tiles) -> ir.Functi
     def step(acc: list, k) -> list:
         # ORDER: one k for every element of the tile: lane (r, j) gains A[r, k]·B[k, j].
         # The vectors run across j (distinct elements), never across k.
-        bs = [e.load_vec(e.at(b_pack, b.mul(k, _i64(t.nr)), v * t.width)) for v in range(t.nv)]
+        bs = [e.load_vec(e.at(b_pack, b.mul(k, _i64(t.nr)), v * t.width)) for v in range(nv)]
         out = []
         for r in range(t.mr):
             a = e.splat(b.load(e.at(a_pack, b.mul(k, _i64(t.mr)), r), align=e.align))
-            out += [b.call(fma, [a, bs[v], acc[r * t.nv + v]]) for v in range(t.nv)]
+            out += [b.call(fma, [a, bs[v], acc[r * nv + v]]) for v in range(nv)]
         return out
 
     def k_loop(acc: list, start, stop, stride: int, name: str) -> tuple[list, ir.Value]:
@@ -259,8 +271,8 @@ def _build_tile(module: ir.Module, name: str, dtype: str, t: Tiles) -> ir.Functi
 
     acc, k = k_loop(acc, _i64(0), kc, UNROLL, "main")
     acc, _ = k_loop(acc, k, kc, 1, "rest")           # ORDER: the tail comes after, in k order
-    for value, ptr in zip(acc, (ptr for row in c_at for ptr in row)):
-        e.store_vec(value, ptr)
+    for value, (ptr, mask) in zip(acc, tile_c):
+        e.masked_store(value, ptr, mask)
     b.ret_void()
     return fn
 
@@ -268,9 +280,10 @@ def _build_tile(module: ir.Module, name: str, dtype: str, t: Tiles) -> ir.Functi
 def build_matmul(module: ir.Module, name: str, dtype: str, tiles: Tiles | None = None
                  ) -> ir.Function:
     """Add NAME (the C signature is in this module's docstring) and its internal tile
-    function NAME.tile to module."""
+    tile functions NAME.tile1 … NAME.tile{nv} (one per tile width in vectors) to module."""
     t = tiles or host_tiles(dtype)
-    tile = _build_tile(module, f"{name}.tile", dtype, t)
+    tiles_by_width = [_build_tile(module, f"{name}.tile{nv}", dtype, t, nv)
+                      for nv in range(1, t.nv + 1)]
     p = SCALAR[dtype].as_pointer()
     fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [p, p, p] + [I64] * 11 +
                                              [p, I64.as_pointer(), I64, I64]), name)
@@ -281,8 +294,6 @@ def build_matmul(module: ir.Module, name: str, dtype: str, tiles: Tiles | None =
         arg.name = label
     e = _Emitter(fn, dtype, t)
     b = e.b
-    edge = b.alloca(ir.ArrayType(e.scalar, t.mr * t.nr), name="edge")
-    edge = b.bitcast(edge, p)
     a_pack = e.at(scratch, b.mul(tid, _i64(t.scratch_elements)))
     b_pack = e.at(a_pack, t.mc * t.kc)
 
@@ -321,15 +332,15 @@ def build_matmul(module: ir.Module, name: str, dtype: str, tiles: Tiles | None =
     c_base = e.at(C, b.mul(bi, sc), b.mul(i0, N), j0)
     live = b.and_(b.icmp_signed(">", mj, _i64(0)), b.icmp_signed(">", nj, _i64(0)))
     with b.if_then(live):
-        _job(e, tile, (a_base, a_row, a_col), (b_base, b_row, b_col), c_base, mj, nj, K, N,
-             a_pack, b_pack, edge)
+        _job(e, tiles_by_width, (a_base, a_row, a_col), (b_base, b_row, b_col), c_base, mj, nj,
+             K, N, a_pack, b_pack)
     b.branch(head)
     b.position_at_end(done)
     b.ret_void()
     return fn
 
 
-def _job(e: _Emitter, tile, a, b_, c_base, mj, nj, K, N, a_pack, b_pack, edge) -> None:
+def _job(e: _Emitter, tiles_by_width, a, b_, c_base, mj, nj, K, N, a_pack, b_pack) -> None:
     """C[:mj, :nj] (row stride N) = A[:mj, :K] @ B[:K, :nj], a and b_ being each operand's
     (base, row stride, column stride)."""
     b, t = e.b, e.tiles
@@ -360,19 +371,23 @@ def _job(e: _Emitter, tile, a, b_, c_base, mj, nj, K, N, a_pack, b_pack, edge) -
                     m_edge = e.min(t.mr, b.sub(mb, ir_))
                     a_tile, b_tile = e.at(a_pack, b.mul(ir_, kc)), e.at(b_pack, b.mul(jr, kc))
                     c_tile = e.at(c_block, b.mul(ir_, N), jr)
-                    full = b.and_(b.icmp_signed("==", m_edge, _i64(t.mr)),
-                                  b.icmp_signed("==", n_edge, _i64(t.nr)))
-                    with b.if_else(full) as (whole, part):
-                        with whole:
-                            b.call(tile, [a_tile, b_tile, kc, c_tile, N, first])
-                        with part:
-                            # A tile over the edge of C works in `edge` (row stride nr); its
-                            # rows and columns past the edge come from zero padding and are
-                            # never stored.
-                            with b.if_then(b.not_(first)):
-                                _copy_rows(e, c_tile, N, edge, _i64(t.nr), m_edge, n_edge)
-                            b.call(tile, [a_tile, b_tile, kc, edge, _i64(t.nr), first])
-                            _copy_rows(e, edge, _i64(t.nr), c_tile, N, m_edge, n_edge)
+                    _call_narrowest(e, tiles_by_width, n_edge,
+                                    [a_tile, b_tile, kc, c_tile, N, first, m_edge, n_edge])
+
+
+def _call_narrowest(e: _Emitter, tiles_by_width, n, args) -> None:
+    """Call the narrowest tile function whose vectors cover n columns: a column edge spends
+    no whole tile on a few columns."""
+    b = e.b
+    done = e.fn.append_basic_block("tile.done")
+    cases = [e.fn.append_basic_block(f"tile{nv}") for nv in range(1, len(tiles_by_width) + 1)]
+    switch = b.switch(e.ceil_div(n, e.tiles.width), cases[-1])
+    for nv, (case, tile) in enumerate(zip(cases, tiles_by_width), start=1):
+        switch.add_case(_i64(nv), case)
+        b.position_at_end(case)
+        b.call(tile, args)
+        b.branch(done)
+    b.position_at_end(done)
 
 
 def _prefetch_next(e: _Emitter, c_block, ldc, ir_, jr, mb, nj) -> None:
@@ -392,16 +407,6 @@ def _prefetch_next(e: _Emitter, c_block, ldc, ir_, jr, mb, nj) -> None:
         for col in [b.add(j, _i64(c)) for c in range(0, t.nr, line)] + [last]:
             b.call(prefetch, [b.bitcast(e.at(row, e.min(col, last)), ir.PointerType()),
                               ir.Constant(I32, 1), ir.Constant(I32, 3), ir.Constant(I32, 1)])
-
-
-def _copy_rows(e: _Emitter, src, src_ld, dst, dst_ld, m, n) -> None:
-    """dst[:m, :n] = src[:m, :n], rows of at most nr elements."""
-    b, t = e.b, e.tiles
-    with e.loop(0, m, 1, "cr") as r:
-        s, d = e.at(src, b.mul(r, src_ld)), e.at(dst, b.mul(r, dst_ld))
-        for v in range(t.nv):
-            mask = e.lanes_below(n, v)
-            e.masked_store(e.masked_load(e.at(s, v * t.width), mask), e.at(d, v * t.width), mask)
 
 
 def _pack_b(e: _Emitter, src, ld, col, kc, nj, dst) -> None:
