@@ -2,6 +2,7 @@
 cotangent with the other operands."""
 from __future__ import annotations
 
+import math
 import string
 from typing import Any
 
@@ -66,14 +67,20 @@ class MatMul(Primitive):
 
     def vjp(self, b: Any, op: Any, cts: tuple) -> tuple:
         """With 1-D operands made matrices: ct @ rhsᵀ and lhsᵀ @ ct, summed over the batch
-        axes each operand was broadcast along."""
+        axes each operand was broadcast along (a matrix rhs: one product over all the rows)."""
         (lhs, rhs), (ct,) = op.inputs, cts
         a = lhs if len(lhs.shape) > 1 else _reshaped(b, lhs, (1, *lhs.shape))
         c = rhs if len(rhs.shape) > 1 else _reshaped(b, rhs, (*rhs.shape, 1))
         dropped = (len(lhs.shape) == 1) + (len(rhs.shape) == 1)
         g = _reshaped(b, ct, ct.shape[:len(ct.shape) - 2 + dropped] + (a.shape[-2], c.shape[-1]))
         da = unbroadcast(b, b.emit("matmul", g, _swap_last(b, c)), a.shape)
-        dc = unbroadcast(b, b.emit("matmul", _swap_last(b, a), g), c.shape)
+        if len(c.shape) == 2 < len(a.shape):
+            # a matrix shared by a batch (x @ W): one product whose k runs over every row of
+            # the batch, not a product per batch entry and then their sum
+            rows = lambda v: _reshaped(b, v, (math.prod(v.shape[:-1]), v.shape[-1]))
+            dc = b.emit("matmul", _swap_last(b, rows(a)), rows(g))
+        else:
+            dc = unbroadcast(b, b.emit("matmul", _swap_last(b, a), g), c.shape)
         return _reshaped(b, da, lhs.shape), _reshaped(b, dc, rhs.shape)
 
 

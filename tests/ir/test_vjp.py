@@ -497,3 +497,14 @@ def test_grad_of_grad_of_a_scalar_function(name: str, fn: str, d2: Callable) -> 
     x0 = np.array(0.7)
     (got,) = run(grad_function(grad_function(f, wrt=[0]), wrt=[0]), [x0])
     np.testing.assert_allclose(got, d2(x0), rtol=1e-12)
+
+
+def test_a_matrix_shared_by_a_batch_gets_one_product_over_all_rows() -> None:
+    """x[B, T, K] @ W[K, N]: W's cotangent is xᵀ @ ct with k over all B·T rows (as PyTorch
+    computes it), not B products summed — equal to float64 rounding, and made by the product itself."""
+    case = Case("matmul", [normal(3, 5, 4), normal(4, 2)], torch.matmul, wrt=[1])
+    (got,), g = ir_grads(case)
+    assert [op.prim for op in g.ops if op.outputs[0] in g.results] == ["matmul"]
+    x, w = case.args
+    (ct,) = weights(program(case), case)
+    np.testing.assert_allclose(got, x.reshape(15, 4).T @ ct.reshape(15, 2), rtol=1e-13)
