@@ -10,7 +10,7 @@ thread count. The generated function, in C:
               int64_t batch, int64_t M, int64_t N, int64_t K,
               int64_t a_stride, int64_t b_stride, int64_t c_stride,
               int64_t a_row, int64_t a_col, int64_t b_row, int64_t b_col,
-              T *scratch, int64_t *next_job, int64_t thread_index, int64_t thread_count);
+              T *scratch, int64_t *counters, int64_t thread_index, int64_t thread_count);
 
 T is float (f32) or double (f64); the strides are the elements between batch entries (0
 broadcasts an operand), and A[i, k] is A[i·a_row + k·a_col] (B likewise), so a transposed
@@ -20,11 +20,13 @@ gives -0.0 everywhere (the empty sum); M, N or batch ≤ 0 does nothing.
 Threads: C is cut into jobs (one batch entry × a block of rows × a block of columns, each
 running the whole K loop of its elements; about 4 per thread where the shape allows). The
 runtime calls the function once for every thread_index in [0, thread_count), concurrently or
-one after another, all with the same arguments except thread_index, and waits for all of them.
-*next_job is zero before the first call starts: each call takes the next job from it with an
-atomic add until none is left, so a thread the OS holds up leaves its share to the others, and
-every element is written by exactly one call. The job grid depends on thread_count; the bits
-depend on neither the grid nor which thread ran a job.
+one after another, all with the same arguments except thread_index. counters (COUNTERS words)
+are zero before the first call starts: each call takes the next job with an atomic add until
+none is left, so a thread the OS holds up leaves its share to the others, and every element is
+written by exactly one call. The call of thread 0 returns when every job is finished; the
+others may return later (having found no job, they touched nothing but the counters, which
+must outlive them). The job grid depends on thread_count; the bits depend on neither the grid
+nor which thread ran a job.
 
 Scratch: thread t packs its panels into scratch[t·S, (t+1)·S), S = Tiles.scratch_elements;
 any alignment works, 64 bytes is faster.
@@ -50,7 +52,7 @@ import numpy as np
 from llvmlite import binding as llvm
 from llvmlite import ir
 
-from backend.cpu import address
+from backend.cpu import _wait_function, address
 from runtime import cache
 
 I1, I32, I64 = ir.IntType(1), ir.IntType(32), ir.IntType(64)
@@ -59,6 +61,7 @@ NUMPY = {"f32": np.float32, "f64": np.float64}
 SIZE = {"f32": 4, "f64": 8}
 UNROLL = 4      # k steps per trip of the register tile's main loop
 PACK_ROWS = 16  # rows of a transposed B packed per pass (a cache line of f32)
+COUNTERS = 16   # int64 words of the job counters: claimed at 0, finished at 8 (own cache lines)
 
 
 @dataclass(frozen=True)
@@ -288,12 +291,13 @@ def build_matmul(module: ir.Module, name: str, dtype: str, tiles: Tiles | None =
     fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [p, p, p] + [I64] * 11 +
                                              [p, I64.as_pointer(), I64, I64]), name)
     (A, B, C, batch, M, N, K, sa, sb, sc, a_row, a_col, b_row, b_col,
-     scratch, next_job, tid, nthreads) = fn.args
+     scratch, counters, tid, nthreads) = fn.args
     for arg, label in zip(fn.args, "A B C batch M N K a_stride b_stride c_stride a_row a_col "
-                                   "b_row b_col scratch next_job thread_index thread_count".split()):
+                                   "b_row b_col scratch counters thread_index thread_count".split()):
         arg.name = label
     e = _Emitter(fn, dtype, t)
     b = e.b
+    finished = b.gep(counters, [_i64(COUNTERS // 2)])
     a_pack = e.at(scratch, b.mul(tid, _i64(t.scratch_elements)))
     b_pack = e.at(a_pack, t.mc * t.kc)
 
@@ -319,7 +323,7 @@ def build_matmul(module: ir.Module, name: str, dtype: str, tiles: Tiles | None =
     head, body, done = (fn.append_basic_block(f"job.{s}") for s in ("head", "body", "done"))
     b.branch(head)
     b.position_at_end(head)
-    job = b.atomic_rmw("add", next_job, _i64(1), "monotonic", name="job")
+    job = b.atomic_rmw("add", counters, _i64(1), "monotonic", name="job")
     b.cbranch(b.icmp_signed("<", job, jobs), body, done)
     b.position_at_end(body)
     jn = b.srem(job, n_cols)
@@ -334,8 +338,13 @@ def build_matmul(module: ir.Module, name: str, dtype: str, tiles: Tiles | None =
     with b.if_then(live):
         _job(e, tiles_by_width, (a_base, a_row, a_col), (b_base, b_row, b_col), c_base, mj, nj,
              K, N, a_pack, b_pack)
+    b.atomic_rmw("add", finished, _i64(1), "release")
     b.branch(head)
     b.position_at_end(done)
+    # Thread 0 returns once every job is finished, by whichever thread; a thread that starts
+    # after the last job was claimed touches nothing, so nobody waits for it.
+    with b.if_then(b.icmp_signed("==", tid, _i64(0))):
+        b.call(_wait_function(module), [finished, jobs])
     b.ret_void()
     return fn
 
@@ -477,6 +486,8 @@ def host_target_machine() -> llvm.TargetMachine:
     """The host CPU by name and features, codegen at -O3, for MCJIT."""
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
+    # thread 0's wait (backend.cpu's) yields through libc's sched_yield, named for the JIT
+    llvm.add_symbol("sched_yield", ctypes.cast(ctypes.CDLL(None).sched_yield, ctypes.c_void_p).value)
     return llvm.Target.from_default_triple().create_target_machine(
         cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(),
         opt=3, codemodel="jitdefault", jit=True)
@@ -534,24 +545,31 @@ class Matmul:
         return self._scratch
 
     def call(self, a: np.ndarray, b: np.ndarray, c: np.ndarray, scratch: np.ndarray,
-             next_job: np.ndarray, thread_index: int, thread_count: int) -> None:
+             counters: np.ndarray, thread_index: int, thread_count: int) -> None:
         """One thread's part of c = a @ b: a [batch|1, M, K] and b [batch|1, K, N] of any
-        strides, c [batch, M, N] C-contiguous, all of the kernel's dtype; next_job is an
-        int64[1], zero before the first thread starts, shared by the thread_count calls."""
+        strides, c [batch, M, N] C-contiguous, all of the kernel's dtype; counters is an
+        int64[COUNTERS], zero before the first thread starts, shared by the thread_count calls."""
+        if not 0 <= thread_index < thread_count:
+            raise ValueError(f"thread {thread_index} of {thread_count}")
+        self.fn(*self.arguments(a, b, c, scratch, counters, thread_count), thread_index,
+                thread_count)
+
+    def arguments(self, a, b, c, scratch, counters, thread_count: int) -> tuple:
+        """The kernel's arguments before thread_index and thread_count, checked."""
         for x in (a, b, c, scratch):
             if x.dtype != NUMPY[self.dtype] or x is not a and x is not b and not x.flags.c_contiguous:
                 raise ValueError(f"want {self.dtype} arrays (c and scratch C-contiguous), got {x.dtype}")
         (batch, m, n), k = c.shape, a.shape[-1]
         if (a.shape[1:], b.shape[1:]) != ((m, k), (k, n)) or {len(a), len(b)} - {1, batch} \
                 or scratch.nbytes < thread_count * self.tiles.scratch_elements * a.itemsize + 64 \
-                or next_job.dtype != np.int64 or not 0 <= thread_index < thread_count:
+                or counters.dtype != np.int64 or counters.size < COUNTERS:
             raise ValueError(f"arguments do not fit: {a.shape} @ {b.shape} -> {c.shape}, "
-                             f"scratch {scratch.size}, thread {thread_index} of {thread_count}")
+                             f"scratch {scratch.size}, {thread_count} threads")
         batches = [0 if len(x) == 1 else x.strides[0] // x.itemsize for x in (a, b, c)]
         rows_cols = [s // x.itemsize for x in (a, b) for s in x.strides[1:]]
         base = address(scratch)
-        self.fn(address(a), address(b), address(c), batch, m, n, k, *batches,
-                *rows_cols, base + (-base % 64), address(next_job), thread_index, thread_count)
+        return (address(a), address(b), address(c), batch, m, n, k, *batches, *rows_cols,
+                base + (-base % 64), address(counters))
 
     def __call__(self, a: np.ndarray, b: np.ndarray, threads: int = 1,
                  out: np.ndarray | None = None) -> np.ndarray:
@@ -576,12 +594,15 @@ class Matmul:
             if len(self._pool) < threads - 1:
                 self._pool = [concurrent.futures.ThreadPoolExecutor(1)
                               for _ in range(threads - 1)]
-            next_job = np.zeros(1, dtype=np.int64)
-            others = [pool.submit(self.call, a3, b3, c, scratch, next_job, t, threads)
-                      for t, pool in enumerate(self._pool[:threads - 1], start=1)]
-            self.call(a3, b3, c, scratch, next_job, 0, threads)    # thread 0 is this one
-            for f in others:
-                f.result()
+            counters = np.zeros(COUNTERS, dtype=np.int64)
+            args = self.arguments(a3, b3, c, scratch, counters, threads)
+
+            def helper(t: int, counters=counters) -> None:    # holds counters for a late one
+                self.fn(*args, t, threads)
+
+            for t, pool in enumerate(self._pool[:threads - 1], start=1):
+                pool.submit(helper, t)
+            self.fn(*args, 0, threads)      # thread 0 is this one: returns with every job done
         return c.reshape(shape + (a.shape[-2], b.shape[-1]))
 
 
