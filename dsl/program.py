@@ -14,8 +14,9 @@ import numpy as np
 
 from frontend import ast
 from frontend.check import Checker, deep, raise_collected
-from frontend.diagnostics import CheckError, DslError
+from frontend.diagnostics import CheckError, DslError, Source
 from frontend.lower import Layout, LoweringError, flatten
+from frontend.parser import parse
 from frontend.unify import eval_dim
 from frontend.resolve import Program as Resolved, load_program, lookup_type
 from frontend.values import KeyV, ListV, RecordV, StaticV, TensorV, TupleV
@@ -392,12 +393,24 @@ def load(path: str, device: str = "auto") -> Program:
     """dsl.load("model.bend"): its functions run on `device` ('auto': $DSLC_DEVICE, else the
     GPU where one is usable, else the CPU backend; 'reference': the NumPy interpreter, the
     definition)."""
-    return Program(deep(lambda: load_program(path)), device)
+    return Program(deep(lambda: load_program(path, parse=_parse)), device)
 
 
 def loads(text: str, name: str = "<string>", device: str = "auto") -> Program:
     """dsl.loads(source_text, name="model.bend"): imports resolve from the current folder."""
-    return Program(deep(lambda: load_program(name, text)), device)
+    return Program(deep(lambda: load_program(name, text, parse=_parse)), device)
+
+
+def _parse(source: Source) -> ast.Module:
+    """A module's syntax tree, from the on-disk cache when this parser read the same text under
+    the same path before (parsing the standard library is most of a warm load's wait)."""
+    from runtime import cache
+    k = cache.key("ast", cache.code_digest("frontend"), source.path, source.text)
+    tree = cache.load_pickled(k)
+    if tree is None:
+        tree = parse(source)
+        cache.store_pickled(k, tree)
+    return tree
 
 
 # ---------------------------------------------------------------- Python values in and out

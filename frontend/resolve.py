@@ -49,9 +49,11 @@ class Program:
     modules: dict[str, ModuleInfo]
 
 
-def load_program(path: str, text: str | None = None) -> Program:
-    """Parse a file and everything it imports, and resolve every name; raises DslError."""
-    loader = _Loader()
+def load_program(path: str, text: str | None = None,
+                 parse: Callable[[Source], ast.Module] = parse) -> Program:
+    """Parse a file and everything it imports (with `parse`), and resolve every name; raises
+    DslError."""
+    loader = _Loader(parse)
     if text is None:
         try:
             text = Path(path).read_text(encoding="utf-8")
@@ -72,7 +74,8 @@ def search_path(importer_dir: str) -> list[Path]:
 
 
 class _Loader:
-    def __init__(self):
+    def __init__(self, parse: Callable[[Source], ast.Module]):
+        self.parse = parse
         self.modules: dict[str, ModuleInfo] = {}
         self.loading: list[str] = []
         self.errors: list[DslError] = []
@@ -84,8 +87,8 @@ class _Loader:
             raise ResolveError(importer, f"import cycle: {cycle}")
         if key in self.modules:
             return self.modules[key]
-        source = Source(path, text)
-        mod = ModuleInfo(path, source, parse(source))
+        tree = self.parse(Source(path, text))
+        mod = ModuleInfo(path, tree.span.source, tree)      # a tree from a cache has its own
         self.loading.append(key)
         try:
             self.declare(mod)

@@ -117,6 +117,20 @@ def test_a_second_load_of_the_same_source_skips_lowering(cache_dir, monkeypatch)
         dsl.loads(source, device="cpu").f(np.ones(4, np.float32))
 
 
+def test_a_second_load_of_the_same_text_skips_parsing_and_reports_errors_where_they_are(
+        cache_dir, monkeypatch):
+    import dsl
+    from dsl import program
+    source = "def f(x: f32[N]) -> f32:\n  return sum(x * x)\n\ndef g(x: f32[N]) -> f32:\n  return x\n"
+    for _ in range(2):
+        with pytest.raises(dsl.DslError) as e:
+            dsl.loads(source, name="m.bend", device="cpu").g(np.ones(3, np.float32))
+        assert str(e.value).startswith("m.bend:5:")
+        monkeypatch.setattr(program, "parse", lambda *a: pytest.fail("parsed again"))
+    assert dsl.loads(source, name="m.bend", device="cpu").f(np.ones(3, np.float32)) == 3.0
+    with pytest.raises(BaseException, match="parsed again"):        # another path: parsed
+        dsl.loads(source, name="n.bend", device="cpu")
+
 def test_values_of_a_cached_function_never_share_an_id_with_this_process_values():
     import pickle
     fn = program()
