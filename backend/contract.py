@@ -61,7 +61,14 @@ NUMPY = {"f32": np.float32, "f64": np.float64}
 SIZE = {"f32": 4, "f64": 8}
 UNROLL = 4      # k steps per trip of the register tile's main loop
 PACK_ROWS = 16  # rows of a transposed B packed per pass (a cache line of f32)
-COUNTERS = 16   # int64 words of the job counters: claimed at 0, finished at 8 (own cache lines)
+# The int64 words threads share (each on its own cache line): the kernel's claims and finished
+# jobs, then serve's mailbox: the posted generation, the arguments, and a state per thread.
+CLAIMS, FINISHED, POSTED, STATE = 0, 8, 16, 40
+COUNTERS = 16       # the words the kernel uses
+MAX_THREADS = 64
+MAILBOX = STATE + 8 * MAX_THREADS
+SPIN_CYCLES = 1 << 20   # time-stamp counts (~0.3 ms) a helper spins for the next call
+ASLEEP, AWAKE = 0, 1
 
 
 @dataclass(frozen=True)
@@ -289,15 +296,16 @@ def build_matmul(module: ir.Module, name: str, dtype: str, tiles: Tiles | None =
                       for nv in range(1, t.nv + 1)]
     p = SCALAR[dtype].as_pointer()
     fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [p, p, p] + [I64] * 11 +
-                                             [p, I64.as_pointer(), I64, I64]), name)
+                                             [p, I64.as_pointer(), I64, I64, I64]), name)
     (A, B, C, batch, M, N, K, sa, sb, sc, a_row, a_col, b_row, b_col,
-     scratch, counters, tid, nthreads) = fn.args
+     scratch, counters, generation, tid, nthreads) = fn.args
     for arg, label in zip(fn.args, "A B C batch M N K a_stride b_stride c_stride a_row a_col "
-                                   "b_row b_col scratch counters thread_index thread_count".split()):
+                                   "b_row b_col scratch counters generation thread_index "
+                                   "thread_count".split()):
         arg.name = label
     e = _Emitter(fn, dtype, t)
     b = e.b
-    finished = b.gep(counters, [_i64(COUNTERS // 2)])
+    finished = b.gep(counters, [_i64(FINISHED)])
     a_pack = e.at(scratch, b.mul(tid, _i64(t.scratch_elements)))
     b_pack = e.at(a_pack, t.mc * t.kc)
 
@@ -320,11 +328,20 @@ def build_matmul(module: ir.Module, name: str, dtype: str, tiles: Tiles | None =
     cols = b.mul(e.ceil_div(col_panels, n_cols), _i64(t.nr))
     jobs = b.mul(jobs, n_rows)
 
-    head, body, done = (fn.append_basic_block(f"job.{s}") for s in ("head", "body", "done"))
+    # A claim is a compare-and-swap of (generation << 32) + next job: a thread holding the
+    # arguments of an earlier call (see serve) finds another generation and claims nothing.
+    head, claim, body, done = (fn.append_basic_block(f"job.{s}")
+                               for s in ("head", "claim", "body", "done"))
     b.branch(head)
     b.position_at_end(head)
-    job = b.atomic_rmw("add", counters, _i64(1), "monotonic", name="job")
-    b.cbranch(b.icmp_signed("<", job, jobs), body, done)
+    word = b.load_atomic(counters, "monotonic", 8)
+    job = b.and_(word, _i64(0xFFFFFFFF), name="job")
+    ours = b.icmp_signed("==", b.ashr(word, _i64(32)), generation)
+    b.cbranch(b.and_(ours, b.icmp_signed("<", job, jobs)), claim, done)
+    b.position_at_end(claim)
+    swapped = b.extract_value(b.cmpxchg(counters, word, b.add(word, _i64(1)), "acq_rel",
+                                        "monotonic"), 1)
+    b.cbranch(swapped, body, head)
     b.position_at_end(body)
     jn = b.srem(job, n_cols)
     jm = b.srem(b.sdiv(job, n_cols), n_rows)
@@ -346,7 +363,67 @@ def build_matmul(module: ir.Module, name: str, dtype: str, tiles: Tiles | None =
     with b.if_then(b.icmp_signed("==", tid, _i64(0))):
         b.call(_wait_function(module), [finished, jobs])
     b.ret_void()
+    _build_serve(module, f"{name}.serve", fn)
     return fn
+
+
+def _build_serve(module: ir.Module, name: str, kernel: ir.Function) -> None:
+    """void serve(int64_t *mailbox, int64_t thread_index): a helper thread's loop. It runs the
+    kernel for each generation posted in the mailbox, spinning SPIN_CYCLES between calls, so
+    that back-to-back products need not wake it; then it marks itself ASLEEP and returns."""
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [I64.as_pointer(), I64]), name)
+    box, tid = fn.args
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    word = lambda i: b.gep(box, [_i64(i)])
+    clock = lambda: b.call(module.declare_intrinsic("llvm.readcyclecounter",
+                                                    fnty=ir.FunctionType(I64, [])), [])
+    state = b.gep(box, [b.add(_i64(STATE), b.mul(tid, _i64(8)))])
+    entry = b.block
+    start, spin, wait, pause, work, sleep, again, leave = (
+        fn.append_basic_block(s)
+        for s in ("start", "spin", "wait", "pause", "work", "sleep", "again", "leave"))
+    b.branch(start)
+    b.position_at_end(start)
+    seen = b.phi(I64, "seen")
+    seen.add_incoming(_i64(0), entry)           # generations start at 1: serve the posted one
+    since = clock()
+    b.branch(spin)
+    b.position_at_end(spin)
+    posted = b.load_atomic(word(POSTED), "acquire", 8)
+    b.cbranch(b.icmp_signed("!=", posted, seen), work, wait)
+    b.position_at_end(wait)
+    b.cbranch(b.icmp_signed(">", b.sub(clock(), since), _i64(SPIN_CYCLES)), sleep, pause)
+    b.position_at_end(pause)
+    b.call(module.declare_intrinsic("llvm.x86.sse2.pause",
+                                    fnty=ir.FunctionType(ir.VoidType(), [])), [])
+    b.call(_sched_yield(module), [])            # the core goes to any other runnable thread
+    b.branch(spin)
+
+    # ORDER: the arguments are loaded with acquire ordering, before any claim; if they are
+    # torn by the next call's post, that post changed the claims' generation first, so the
+    # kernel claims nothing with them.
+    b.position_at_end(work)
+    args = [b.load_atomic(word(POSTED + 1 + i), "acquire", 8) for i in range(16)]
+    count = args[-1]
+    with b.if_then(b.icmp_signed("<", tid, count)):          # posted to fewer threads: not us
+        kernel_args = [b.inttoptr(v, ty) if isinstance(ty, ir.PointerType) else v
+                       for v, ty in zip(args[:15], [a.type for a in kernel.args[:15]])]
+        b.call(kernel, kernel_args + [box, posted, tid, count])
+    seen.add_incoming(posted, b.block)
+    b.branch(start)
+
+    # Asleep, then one more look (a post that read the state just before sees it now; one
+    # that raced past both runs without us: only speed is lost, never a job).
+    b.position_at_end(sleep)
+    b.store_atomic(_i64(ASLEEP), state, "seq_cst", 8)
+    late = b.icmp_signed("!=", b.load_atomic(word(POSTED), "seq_cst", 8), seen)
+    b.cbranch(late, again, leave)
+    b.position_at_end(leave)
+    b.ret_void()
+    b.position_at_end(again)
+    b.store_atomic(_i64(AWAKE), state, "seq_cst", 8)
+    seen.add_incoming(seen, again)
+    b.branch(start)
 
 
 def _job(e: _Emitter, tiles_by_width, a, b_, c_base, mj, nj, K, N, a_pack, b_pack) -> None:
@@ -416,6 +493,12 @@ def _prefetch_next(e: _Emitter, c_block, ldc, ir_, jr, mb, nj) -> None:
         for col in [b.add(j, _i64(c)) for c in range(0, t.nr, line)] + [last]:
             b.call(prefetch, [b.bitcast(e.at(row, e.min(col, last)), ir.PointerType()),
                               ir.Constant(I32, 1), ir.Constant(I32, 3), ir.Constant(I32, 1)])
+
+
+def _sched_yield(module: ir.Module) -> ir.Function:
+    """libc's sched_yield (host_target_machine names it for the JIT)."""
+    return module.globals.get("sched_yield") or ir.Function(module, ir.FunctionType(I32, []),
+                                                            "sched_yield")
 
 
 def _pack_b(e: _Emitter, src, ld, col, kc, nj, dst) -> None:
@@ -522,11 +605,14 @@ class Matmul:
             self.engine.set_object_cache(lambda _, data: cache.store(k, data), lambda _: None)
         self.engine.finalize_object()
         self.fn = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * 3, *[ctypes.c_int64] * 11,
-                                   ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
-                                   ctypes.c_int64)(
+                                   ctypes.c_void_p, ctypes.c_void_p, *[ctypes.c_int64] * 3)(
             self.engine.get_function_address("matmul"))
+        self.serve = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64)(
+            self.engine.get_function_address("matmul.serve"))
         self._pool: list[concurrent.futures.ThreadPoolExecutor] = []
         self._lock = threading.Lock()
+        self._mailbox = _aligned_zeros(MAILBOX)
+        self._generation = 0
         self._scratch = np.empty(0, dtype=NUMPY[self.dtype])
 
     @functools.cached_property
@@ -536,6 +622,18 @@ class Matmul:
         module.data_layout = str(host_target_machine().target_data)
         build_matmul(module, "matmul", self.dtype, self.tiles)
         return str(module)
+
+    def _wake(self, threads: int) -> None:
+        """Start serve on each helper thread below `threads` that is not spinning."""
+        while len(self._pool) < threads - 1:
+            self._pool.append(concurrent.futures.ThreadPoolExecutor(1))
+        for t in range(1, threads):
+            if self._mailbox[STATE + 8 * t] == ASLEEP:
+                self._mailbox[STATE + 8 * t] = AWAKE
+                self._pool[t - 1].submit(self._serve, t)
+
+    def _serve(self, thread_index: int) -> None:
+        self.serve(address(self._mailbox), thread_index)    # self keeps the mailbox alive
 
     def scratch(self, threads: int) -> np.ndarray:
         """Scratch for `threads` threads (kept: a fresh buffer costs page faults each call)."""
@@ -549,27 +647,27 @@ class Matmul:
         """One thread's part of c = a @ b: a [batch|1, M, K] and b [batch|1, K, N] of any
         strides, c [batch, M, N] C-contiguous, all of the kernel's dtype; counters is an
         int64[COUNTERS], zero before the first thread starts, shared by the thread_count calls."""
-        if not 0 <= thread_index < thread_count:
-            raise ValueError(f"thread {thread_index} of {thread_count}")
-        self.fn(*self.arguments(a, b, c, scratch, counters, thread_count), thread_index,
-                thread_count)
+        if not 0 <= thread_index < thread_count or counters.dtype != np.int64 \
+                or counters.size < COUNTERS:
+            raise ValueError(f"thread {thread_index} of {thread_count}, counters {counters}")
+        self.fn(*self.arguments(a, b, c, scratch, thread_count), address(counters), 0,
+                thread_index, thread_count)
 
-    def arguments(self, a, b, c, scratch, counters, thread_count: int) -> tuple:
-        """The kernel's arguments before thread_index and thread_count, checked."""
+    def arguments(self, a, b, c, scratch, thread_count: int) -> tuple:
+        """The kernel's arguments A … scratch, checked."""
         for x in (a, b, c, scratch):
             if x.dtype != NUMPY[self.dtype] or x is not a and x is not b and not x.flags.c_contiguous:
                 raise ValueError(f"want {self.dtype} arrays (c and scratch C-contiguous), got {x.dtype}")
         (batch, m, n), k = c.shape, a.shape[-1]
         if (a.shape[1:], b.shape[1:]) != ((m, k), (k, n)) or {len(a), len(b)} - {1, batch} \
-                or scratch.nbytes < thread_count * self.tiles.scratch_elements * a.itemsize + 64 \
-                or counters.dtype != np.int64 or counters.size < COUNTERS:
+                or scratch.nbytes < thread_count * self.tiles.scratch_elements * a.itemsize + 64:
             raise ValueError(f"arguments do not fit: {a.shape} @ {b.shape} -> {c.shape}, "
                              f"scratch {scratch.size}, {thread_count} threads")
         batches = [0 if len(x) == 1 else x.strides[0] // x.itemsize for x in (a, b, c)]
         rows_cols = [s // x.itemsize for x in (a, b) for s in x.strides[1:]]
         base = address(scratch)
         return (address(a), address(b), address(c), batch, m, n, k, *batches, *rows_cols,
-                base + (-base % 64), address(counters))
+                base + (-base % 64))
 
     def __call__(self, a: np.ndarray, b: np.ndarray, threads: int = 1,
                  out: np.ndarray | None = None) -> np.ndarray:
@@ -589,20 +687,19 @@ class Matmul:
                                     and out.size == math.prod(c_shape)):
             raise ValueError(f"out must be a C-contiguous {self.dtype} array of {c_shape}")
         c = np.empty(c_shape, dtype=NUMPY[self.dtype]) if out is None else out.reshape(c_shape)
+        if not 1 <= threads <= MAX_THREADS:
+            raise ValueError(f"threads must be in [1, {MAX_THREADS}], not {threads}")
         with self._lock:                                   # one scratch buffer, one call
-            scratch = self.scratch(threads)
-            if len(self._pool) < threads - 1:
-                self._pool = [concurrent.futures.ThreadPoolExecutor(1)
-                              for _ in range(threads - 1)]
-            counters = np.zeros(COUNTERS, dtype=np.int64)
-            args = self.arguments(a3, b3, c, scratch, counters, threads)
-
-            def helper(t: int, counters=counters) -> None:    # holds counters for a late one
-                self.fn(*args, t, threads)
-
-            for t, pool in enumerate(self._pool[:threads - 1], start=1):
-                pool.submit(helper, t)
-            self.fn(*args, 0, threads)      # thread 0 is this one: returns with every job done
+            args = self.arguments(a3, b3, c, self.scratch(threads), threads)
+            box = self._mailbox
+            self._generation = self._generation % (1 << 30) + 1
+            # ORDER of the posts: the claims' new generation before the arguments (see serve)
+            box[CLAIMS], box[FINISHED] = self._generation << 32, 0
+            if threads > 1:
+                box[POSTED + 1:POSTED + 17] = args + (threads,)
+                box[POSTED] = self._generation
+                self._wake(threads)
+            self.fn(*args, address(box), self._generation, 0, threads)  # all jobs done after
         return c.reshape(shape + (a.shape[-2], b.shape[-1]))
 
 
@@ -610,6 +707,13 @@ class Matmul:
 def _source_digest() -> str:
     """A digest of this module: a change to the kernel must not reuse the old object code."""
     return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+
+
+def _aligned_zeros(n: int) -> np.ndarray:
+    """n int64 zeros starting on a cache line."""
+    raw = np.zeros(n + 8, dtype=np.int64)
+    skip = -raw.ctypes.data % 64 // 8
+    return raw[skip:skip + n]
 
 
 def _batched(x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
