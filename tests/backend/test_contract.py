@@ -270,3 +270,31 @@ def test_transposed_and_sliced_operands_are_read_in_place(kernels, dtype):
             want = bits(reference(np.ascontiguousarray(a), np.ascontiguousarray(b)))
             for threads in (1, 2, 3):
                 assert bits(kernel(a, b, threads=threads)) == want
+
+
+@pytest.mark.parametrize("n", [1, 15, 16, 17, 31, 32, 33, 48, 63, 64, 65, 127, 129])
+def test_every_tile_width_and_edge(kernels, n):
+    """Each column count runs the narrowest tile that covers its last columns, with masked
+    lanes and rows: plain, batched, transposed and strided operands, K of 0, 1 and odd."""
+    kernel = kernels["f32"]
+    for m, k in [(13, 1), (64, 7), (5, 0), (2, 33)]:
+        a, b = operands((3, m, n, k), random_f32)
+        b_t = random_f32((3, n, k)).transpose(0, 2, 1)
+        a_s = random_f32((3, m, 2 * k))[:, :, ::2]
+        for x, y in [(a[0], b[0]), (a, b), (a, b_t), (a_s, b_t[1])]:
+            want = bits(reference(np.ascontiguousarray(x), np.ascontiguousarray(y))) if k else \
+                bits(np.full(np.broadcast_shapes(x.shape[:-2], y.shape[:-2]) + (m, n), -0.0,
+                             np.float32))
+            assert bits(check_threads(kernel, x, y)) == want, (m, n, k, x.shape, y.shape)
+
+
+def test_back_to_back_calls_on_spinning_helpers(kernels):
+    """Calls that follow each other while the helpers still spin, changing shape and thread
+    count each time, each give the reference's bits."""
+    kernel = kernels["f32"]
+    cases = [operands(shape, random_f32) for shape in
+             [(64, 65, 128), (4, 29, 17, 33), (7, 3, 5), (100, 200, 40), (2, 96, 32, 64)]]
+    wants = [bits(reference(a, b)) for a, b in cases]
+    for i in range(60):
+        (a, b), want = cases[i % len(cases)], wants[i % len(cases)]
+        assert bits(kernel(a, b, threads=1 + i % 3)) == want, i
