@@ -226,6 +226,24 @@ def evaluate_body(e: Emitter, k: LoopKernel, load: Callable[[Instr], ir.Value],
     return values
 
 
+def windowed(e: Emitter, ins: Instr, index: list[ir.Value],
+             offset: Callable[[list[ir.Value]], ir.Value], read: Callable[[ir.Value], ir.Value]
+             ) -> ir.Value:
+    """read(offset(index)), or 0 where index lies outside the load's window, on any target.
+    There each bounded index is clamped to its lo, so that the address stays in the buffer
+    (while the axes it does not bound still walk memory as before, in vectors), and the value
+    is dropped. Each bound lo <= i < hi is one unsigned compare, i - lo < hi - lo."""
+    b = e.b
+    inside, clamped = None, list(index)
+    for axis, lo, hi in ins.load.window:
+        i = index[axis]
+        bound = b.icmp_unsigned("<", b.sub(i, ir.Constant(i.type, lo)), ir.Constant(i.type, hi - lo))
+        clamped[axis] = b.select(bound, i, ir.Constant(i.type, lo))
+        inside = bound if inside is None else b.and_(inside, bound)
+    value = read(offset(clamped))
+    return value if inside is None else b.select(inside, value, e.const(0, ins.dtype))
+
+
 class _KernelGen:
     def __init__(self, b: ir.IRBuilder, module: ir.Module, k: LoopKernel, ptrs: list[ir.Value]):
         self.b, self.k, self.ptrs = b, k, ptrs
@@ -292,7 +310,12 @@ class _KernelGen:
         return total
 
     def point(self, index: list[ir.Value], out_offset: ir.Value) -> None:
-        values = self.body(lambda ins: self.offset(index, ins.load.strides, ins.load.offset))
+        def load(ins: Instr) -> ir.Value:
+            return windowed(self.e, ins, index,
+                            lambda clamped: self.offset(clamped, ins.load.strides, ins.load.offset),
+                            lambda offset: self.load(ins, offset))
+
+        values = evaluate_body(self.e, self.k, load)
         for buf, ins in self.k.stores:
             self.store(buf, out_offset, values[ins], self.k.body[ins].dtype)
 

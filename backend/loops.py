@@ -7,7 +7,8 @@ that shape. A reduction kernel's space is its result's axes followed by the redu
 canonical order of ir/numerics.py and stores one value per result point. Buffers are read
 through affine accesses: an element offset that is a constant plus a sum of index × stride per
 axis (stride 0 where the buffer is broadcast), so transposes, broadcasts and slices cost
-nothing."""
+nothing. A map's load may have a window: outside it the load is 0 and reads no memory, so
+that zeros around a buffer (the gradient of a slice) are never made."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -17,10 +18,12 @@ from typing import Any
 @dataclass(frozen=True)
 class Load:
     """buffer[offset + Σ index[d] * strides[d]]; for a reduction, the last stride is the
-    reduced axis's."""
+    reduced axis's. Where lo <= index[axis] < hi fails for an (axis, lo, hi) of `window`
+    (maps only), the load is 0 of its dtype instead (+0.0 for floats)."""
     buffer: int
     strides: tuple[int, ...]
     offset: int = 0
+    window: tuple[tuple[int, int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,10 @@ class LoopKernel:
     reduce: Reduce | None = None
     n: int = 0                                     # a reduction's reduced length
 
+    def __post_init__(self) -> None:
+        if self.reduce and any(ins.load and ins.load.window for ins in self.body):
+            raise ValueError(f"kernel {self.name}: a reduction's loads have no window")
+
     @property
     def is_reduction(self) -> bool:
         return self.reduce is not None
@@ -65,8 +72,11 @@ def to_text(k: LoopKernel) -> str:
     lines = [f"kernel {k.name}({args}) {space}:"]
     for i, ins in enumerate(k.body):
         if ins.prim == "load":
-            at = f" + {ins.load.offset}" if ins.load.offset else ""
-            lines.append(f"  %{i} = load b{ins.load.buffer}{list(ins.load.strides)}{at} : {ins.dtype}")
+            load = ins.load
+            at = f" {'-' if load.offset < 0 else '+'} {abs(load.offset)}" if load.offset else ""
+            inside = " and ".join(f"{lo} <= i{axis} < {hi}" for axis, lo, hi in load.window)
+            where = f" if {inside} else 0" if inside else ""
+            lines.append(f"  %{i} = load b{load.buffer}{list(load.strides)}{at}{where} : {ins.dtype}")
         else:
             attrs = "".join(f", {a}={v!r}" for a, v in ins.attrs)
             args = ", ".join(f"%{a}" for a in ins.args)

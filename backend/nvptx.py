@@ -30,7 +30,7 @@ from typing import Callable
 import llvmlite.binding as llvm
 from llvmlite import ir
 
-from backend.llvm import I8, I32, I64, SCALAR, Emitter, evaluate_body, memory_type, row_major
+from backend.llvm import I8, I32, I64, SCALAR, Emitter, evaluate_body, memory_type, row_major, windowed
 from backend.loops import Instr, LoopKernel
 from ir.numerics import CHUNK, LANES
 
@@ -267,11 +267,14 @@ class _LoopKernelGen(_Builder):
         def point(i: ir.Value) -> None:
             index = self.unravel(i, shape)
 
-            def offset_of(ins) -> ir.Value:
-                same = all(s == r or n == 1 for s, r, n in zip(ins.load.strides, dense, shape))
-                return i if same else self.offset(index, ins.load.strides)
+            def load(ins: Instr) -> ir.Value:
+                same = not ins.load.window and all(
+                    s == r or n == 1 for s, r, n in zip(ins.load.strides, dense, shape))
+                return windowed(self.e, ins, index,
+                                lambda clamped: i if same else self.offset(clamped, ins.load.strides),
+                                lambda offset: self.load(ins, offset))
 
-            values = self.body(offset_of)
+            values = evaluate_body(self.e, self.k, load)
             for buf, ins in self.k.stores:
                 self.store(buf, i, values[ins], self.k.body[ins].dtype)
 

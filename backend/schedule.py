@@ -6,11 +6,13 @@ contiguous-compatible axes becomes a reduction kernel, which computes its input 
 the open map kernel makes it for the reduction alone (the softmax's exp, the variance's
 square). A float `@` is a contraction step for the
 blocked kernel of backend/contract.py (einsums that are matrix products are rewritten as `@`
-first, ir/passes.py). Transposes, reshapes, broadcasts and slices are views
-(backend/views.py): read in place by the kernels, contractions and host steps that use
-them. Everything else — gathers, scatters, concatenation, random numbers, integer division —
-is a host step, evaluated by the reference interpreter on NumPy arrays (exact, and mostly
-cheap data movement). Every buffer is a contiguous row-major array.
+first, ir/passes.py). Transposes, reshapes, broadcasts, slices and the gradients of slices
+are views (backend/views.py): read in place by the kernels, contractions and host steps that
+use them; a view of a view that no strides express (a reshape of a transpose) is a view of a
+contiguous copy, which a copy kernel makes. Everything else — gathers, scatters,
+concatenation, random numbers, integer division — is a host step, evaluated by the reference
+interpreter on NumPy arrays (exact, and mostly cheap data movement). Every buffer is a
+contiguous row-major array.
 
 The buffer plan (`plan_memory`) places the values the kernels and contractions write in one
 arena, reused from call to call: two values share bytes only when one is dead before the
@@ -22,7 +24,7 @@ from math import prod
 
 from backend.llvm import can_compile
 from backend.loops import Instr, Load, LoopKernel, Reduce
-from backend.views import VIEWS, View, identity, load_strides, view_of
+from backend.views import VIEWS, WINDOWS, View, identity, load_strides, load_window, view_of
 from ir.core import Function, Op, Value
 from ir.ops.base import np_dtype
 
@@ -103,6 +105,13 @@ def schedule(fn: Function, name: str = "k") -> Plan:
             group.clear()
             in_group.clear()
 
+    def copy(v: Value) -> None:
+        """Kernels read the view v from a contiguous copy from here on, which a copy kernel makes."""
+        view = views.pop(v)[1]
+        if view.base in in_group:
+            flush()
+        steps.append(_copy_kernel(next(names), v, view))
+
     def need(v: Value) -> None:
         """A host step or contraction reads v: make it if it is a view."""
         if v in views and v not in made:
@@ -112,8 +121,13 @@ def schedule(fn: Function, name: str = "k") -> Plan:
             made.add(v)
 
     for op in fn.ops:
-        source = views[op.inputs[0]][1] if op.inputs and op.inputs[0] in views else None
-        view = view_of(op, source or identity(op.inputs[0])) if op.prim in VIEWS else None
+        x = op.inputs[0] if op.inputs else None
+        source = views[x][1] if x in views else None
+        view = view_of(op, source or identity(x)) if op.prim in VIEWS | WINDOWS else None
+        if view is None and source is not None and op.prim in VIEWS | WINDOWS and x not in made:
+            view = view_of(op, identity(x))
+            if view is not None:                # a view of x once contiguous
+                copy(x)
         if op.prim == "constant" and op.outputs[0] in constants:
             steps.append(HostStep(op))     # needs nothing, so it may run before the group
         elif view is not None:
@@ -138,9 +152,9 @@ def schedule(fn: Function, name: str = "k") -> Plan:
             if x in in_group or x in views and views[x][1].base in in_group:
                 flush()
             kernel = _reduction_kernel(next(names), op, [], views, constants)
-            if kernel is None:                          # axes that do not read as one
-                steps.append(_copy_kernel(next(names), x, views[x][1]))
-                kernel = _reduction_kernel(next(names), op, [], {}, constants)
+            if kernel is None:                          # axes that do not read as one, or a window
+                copy(x)
+                kernel = _reduction_kernel(next(names), op, [], views, constants)
             steps.append(kernel)
         else:
             flush()
@@ -177,8 +191,7 @@ def _map_kernel(name: str, ops: list[Op], users: dict[Value, int], results: set[
             view = views[v][1] if v in views else identity(v)
             if view.base not in args:
                 args.append(view.base)
-            load = Load(args.index(view.base), load_strides(view, v.shape, space), view.offset)
-            body.append(Instr("load", (), (), v.dtype, load))
+            body.append(Instr("load", (), (), v.dtype, _load(args.index(view.base), view, v.shape, space)))
             where[v] = len(body) - 1
         return where[v]
 
@@ -194,9 +207,14 @@ def _map_kernel(name: str, ops: list[Op], users: dict[Value, int], results: set[
     return KernelStep(kernel, tuple(args + written), tuple(written))
 
 
+def _load(buffer: int, view: View, shape: tuple[int, ...], space: tuple[int, ...]) -> Load:
+    """A map kernel's load of a value of `shape` through its view, at each point of `space`."""
+    return Load(buffer, load_strides(view, shape, space), view.offset, load_window(view, shape, space))
+
+
 def _copy_kernel(name: str, v: Value, view: View) -> KernelStep:
     """v made contiguous from its view."""
-    load = Load(0, load_strides(view, v.shape, v.shape), view.offset)
+    load = _load(0, view, v.shape, v.shape)
     buffers = ((view.base.dtype, view.base.shape), (v.dtype, v.shape))
     kernel = LoopKernel(name, v.shape, buffers, (Instr("load", (), (), v.dtype, load),), ((1, 0),))
     return KernelStep(kernel, (view.base, v), (v,))
@@ -246,7 +264,7 @@ def _reduction_kernel(name: str, op: Op, cone: list[Op], views: dict[Value, tupl
                       constants: dict[Value, object]) -> KernelStep | None:
     """A reduction of op's input, computed at each point by the ops of `cone` from loads
     (only a load of the input when the cone is empty); None where a load's reduced axes do
-    not read as one axis."""
+    not read as one axis, or it has a window."""
     x, out = op.inputs[0], op.outputs[0]
     axes = _axes(op)
     args: list[Value] = []
@@ -260,7 +278,7 @@ def _reduction_kernel(name: str, op: Op, cone: list[Op], views: dict[Value, tupl
         if v not in where:
             view = views[v][1] if v in views else identity(v)
             strides = _reduced(op, load_strides(view, v.shape, x.shape))
-            if strides is None:
+            if strides is None or view.window is not None:      # (maps alone read windows)
                 return None
             if view.base not in args:
                 args.append(view.base)

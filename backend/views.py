@@ -5,7 +5,12 @@ new element: element i of its result is element `offset + Σ i[d] · strides[d]`
 that already exists. The scheduler reads such values through their View — a kernel loads
 from the buffer with the view's strides, a contraction or host step gets a strided NumPy
 view — so they cost no copy. A reshape of a view whose axes cannot be regrouped without
-copying (as in NumPy) is not a view."""
+copying (as in NumPy) is not a view.
+
+An `unindex` whose items are ints and step-1 slices (the gradient of `x[:, 1:3]`) is a view
+with a window: x's elements where index(·, items) reads, 0 elsewhere, so a map kernel reads x
+in place and the zeros are never made. Its transpose or broadcast keeps the window; other
+views of it are not views."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -17,15 +22,19 @@ from ir.ops.base import normalize_axes
 from ir.ops.shape import SliceSpec, _along, _full
 
 VIEWS = {"transpose", "reshape", "expand_dims", "squeeze", "broadcast_to", "index", "slice"}
+# views with a window, apart from VIEWS: a strided copy that ignores windows (runtime/cuda.py's
+# copy kernels of VIEWS) would read them wrongly
+WINDOWS = {"unindex"}
 
 
 @dataclass(frozen=True)
 class View:
     """Element i of the value is element `offset + Σ i[d] · strides[d]` of `base`'s
-    contiguous buffer."""
+    contiguous buffer, or 0 where some lo <= i[d] < hi of `window` (one per axis) fails."""
     base: Value
     offset: int
     strides: tuple[int, ...]
+    window: tuple[tuple[int, int], ...] | None = None
 
 
 def identity(v: Value) -> View:
@@ -37,24 +46,33 @@ def view_of(op: Op, source: View) -> View | None:
     x, out = op.inputs[0], op.outputs[0]
     if 0 in x.shape or 0 in out.shape:
         return None
+    if source.window is not None and op.prim not in ("transpose", "broadcast_to"):
+        return None
     a = op.attrs
     if op.prim == "transpose":
         perm = normalize_axes(a.get("perm"), len(x.shape), x) if a.get("perm") is not None \
             else tuple(reversed(range(len(x.shape))))
-        return View(source.base, source.offset, tuple(source.strides[p] for p in perm))
+        window = None if source.window is None else tuple(source.window[p] for p in perm)
+        return View(source.base, source.offset, tuple(source.strides[p] for p in perm), window)
     if op.prim in ("reshape", "expand_dims", "squeeze"):
         strides = _regroup(x.shape, source.strides, out.shape)
         return None if strides is None else View(source.base, source.offset, strides)
     if op.prim == "broadcast_to":
         lead = len(out.shape) - len(x.shape)
-        return View(source.base, source.offset, (0,) * lead + tuple(
-            s if n == m else 0 for n, m, s in zip(x.shape, out.shape[lead:], source.strides)))
+        strides = (0,) * lead + tuple(
+            s if n == m else 0 for n, m, s in zip(x.shape, out.shape[lead:], source.strides))
+        # a window is never empty, so a broadcast length-1 axis is whole
+        window = None if source.window is None else tuple((0, m) for m in out.shape[:lead]) + tuple(
+            w if n == m else (0, m) for n, m, w in zip(x.shape, out.shape[lead:], source.window))
+        return View(source.base, source.offset, strides, window)
     if op.prim == "index":
         return _index(source, x.shape, a["items"])
     if op.prim == "slice":
         axis = a.get("axis", 0) % len(x.shape)
         return _index(source, x.shape, _along(axis, SliceSpec(a["start"], a.get("stop"),
                                                                a.get("step", 1))))
+    if op.prim == "unindex":
+        return _unindex(source, out.shape, a["items"])
     return None
 
 
@@ -78,6 +96,31 @@ def _index(source: View, shape: tuple[int, ...], items) -> View | None:
                 return None
             offset += (i % n) * s
     return View(source.base, offset, tuple(strides))
+
+
+def _unindex(source: View, shape: tuple[int, ...], items) -> View | None:
+    """unindex(x, items, shape) as a window around x: an int item is an axis of stride 0 and a
+    window one long, a step-1 slice is x's next axis, shifted to start at the slice's start."""
+    offset, strides, window = source.offset, [], []
+    axes = iter(source.strides)
+    for item, n in zip(_full(items, len(shape)), shape):
+        if isinstance(item, SliceSpec):
+            bounds = [_int(item.lo), _int(item.hi)]
+            if item.step not in (None, 1) or any(
+                    v is None and b is not None for v, b in zip(bounds, (item.lo, item.hi))):
+                return None
+            start, stop, _ = slice(*bounds).indices(n)
+            s = next(axes)
+            offset -= start * s
+            strides.append(s)
+            window.append((start, stop))
+        else:
+            i = _int(item)
+            if i is None:
+                return None
+            strides.append(0)
+            window.append((i % n, i % n + 1))
+    return View(source.base, offset, tuple(strides), tuple(window))
 
 
 def _regroup(old: tuple[int, ...], strides: tuple[int, ...], new: tuple[int, ...]
@@ -114,3 +157,14 @@ def load_strides(view: View, shape: tuple[int, ...], space: tuple[int, ...]) -> 
     broadcasting: missing leading axes and length-1 axes have stride 0)."""
     strides = tuple(0 if n == 1 else s for n, s in zip(shape, view.strides))
     return (0,) * (len(space) - len(shape)) + strides
+
+
+def load_window(view: View, shape: tuple[int, ...], space: tuple[int, ...]
+                ) -> tuple[tuple[int, int, int], ...]:
+    """The view's window as (axis, lo, hi) bounds on the axes of `space` where a value of
+    `shape` is read (as load_strides), leaving out the axes it does not bound."""
+    if view.window is None:
+        return ()
+    lead = len(space) - len(shape)
+    return tuple((lead + d, lo, hi) for d, (lo, hi) in enumerate(view.window)
+                 if (lo, hi) != (0, shape[d]))

@@ -16,8 +16,10 @@ from backend.llvm import row_major
 from backend.loops import Instr, Load, LoopKernel, Reduce
 from dsl.program import example_inputs
 from ir.ad import grad_function
+from ir.core import Builder, tensor_type
 from ir.numerics import CHUNK
 from runtime.cuda import copy_kernel
+from ir.ops.shape import SliceSpec
 from ir.passes import optimize
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -94,6 +96,30 @@ def reduction(name, dtype, outer, n, combine="add", columns=False, count=None):
     return LoopKernel(name, outer, ((dtype, source), (dtype, outer)),
                       (Instr("load", (), (), dtype, Load(0, strides)),),
                       reduce=Reduce(combine, 0, 1, count), n=n)
+
+
+def window_kernels() -> list[LoopKernel]:
+    """Map kernels that read windows, in several dtypes: the gradients of qkv[:, :, i] (one
+    of them transposed) added, and a slice's gradient reshaped (read through a copy)."""
+    out = []
+    for dtype in ("f32", "f64", "i32"):
+        b = Builder()
+        dq, dk, dv = (b.param(tensor_type(dtype, s)) for s in ((2, 5, 8), (2, 5, 8), (5, 2, 8)))
+        all_ = SliceSpec()
+        parts = [b.emit("unindex", d, items=(all_, all_, i), shape=(2, 5, 3, 8)) for i, d in
+                 enumerate((dq, dk, b.emit("transpose", dv, perm=(1, 0, 2))))]
+        total = b.emit("add", b.emit("add", parts[0], parts[1]), parts[2])
+        sliced = b.emit("unindex", dq, items=(all_, SliceSpec(1, 6)), shape=(2, 7, 8))
+        fn = b.finish([total, b.emit("reshape", sliced, shape=(2, 56))])
+        out += schedule.schedule(fn, f"window_{dtype}").kernels
+    assert sum(bool(i.load and i.load.window) for k in out for i in k.body) == 12
+    return out
+
+
+@needs_ptxas
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_windowed_loads_assemble(arch):
+    nvptx.ptxas(nvptx.ptx(window_kernels(), arch), arch)
 
 
 # Reductions of every length class: one warp (≤ CHUNK), a block with chunk results in shared

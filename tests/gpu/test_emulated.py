@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tests" / "backend"))
 import test_programs as programs  # noqa: E402
-from test_nvptx import reduction  # noqa: E402  (the same reduction kernels, run here)
+from test_nvptx import reduction, window_kernels  # noqa: E402  (the same kernels, run here)
 
 NUMPY = {"f16": np.float16, "f32": np.float32, "f64": np.float64, "i32": np.int32, "i64": np.int64,
          "u32": np.uint32, "bool": np.bool_}
@@ -96,6 +96,10 @@ def test_reductions_of_chunks_of_chunks(monkeypatch):
     shape = nvptx.launch(k)
     Emulator([k]).launch(shape.entry, (1, 1, 1), shape.block, [x.ctypes.data, out.ctypes.data])
     assert same_bits(out, numerics.reduce(x, (1,), np.add, -0.0))
+
+
+def test_windowed_loads_read_what_the_cpu_reads():
+    same_as_cpu(window_kernels())
 
 
 def program_kernels(name: str) -> list[LoopKernel]:

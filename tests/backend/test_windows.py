@@ -1,0 +1,127 @@
+"""Windows: the gradient of a slice or of basic indexing (`unindex`) is read in place by the
+map kernels that use it, 0 outside the window, with the reference interpreter's bits; views
+of it that no window expresses, and reductions of it, read a copy made by a kernel."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import dsl
+from backend.loops import to_text
+from backend.schedule import ContractStep, HostStep, KernelStep, ViewStep
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_cpu import SPECIAL, f32, run_both, run_both_any, same_bits  # noqa: E402
+from ir.ops.shape import SliceSpec  # noqa: E402
+
+ALL = SliceSpec()
+
+
+def steps(exe) -> set[str]:
+    return {type(s).__name__ for s in exe.plan.steps}
+
+
+def windowed_loads(exe) -> list:
+    return [i.load for k in exe.plan.kernels for i in k.body if i.prim == "load" and i.load.window]
+
+
+@pytest.mark.parametrize("items, shape, x_shape", [
+    ((ALL, 2), (4, 3, 5), (4, 5)),                           # ints, and the trailing axis
+    ((SliceSpec(1, 3), SliceSpec(2, None)), (5, 7), (2, 5)),  # slices that start inside
+    ((Ellipsis, SliceSpec(-3, -1), 0), (3, 6, 2), (3, 2)),    # from the end, and an Ellipsis
+])
+def test_an_unindex_added_to_a_value_is_read_in_place(items, shape, x_shape):
+    x = f32(*x_shape)
+    x.flat[:SPECIAL.size] = SPECIAL[:x.size]                  # 0 + -0.0 is +0.0, as in NumPy
+    got, want, exe = run_both(
+        lambda b, x, y: [b.emit("add", b.emit("unindex", x, items=items, shape=shape), y)],
+        x, f32(*shape))
+    same_bits(got, want)
+    assert steps(exe) == {"KernelStep"} and windowed_loads(exe)
+
+
+def test_the_three_gradients_of_qkv_added_make_no_zeros():
+    # attention's dq, dk, dv into the gradient of qkv [B, T, 3, D], as reverse mode makes it
+    def build(b, dq, dk, dv):
+        parts = [b.emit("unindex", d, items=(ALL, ALL, i), shape=(2, 5, 3, 8)) for i, d in
+                 enumerate((dq, dk, b.emit("transpose", dv, perm=(1, 0, 2))))]
+        total = b.emit("add", b.emit("add", parts[0], parts[1]), parts[2])
+        return [b.emit("reshape", total, shape=(2, 5, 24))]
+    got, want, exe = run_both(build, f32(2, 5, 8), f32(2, 5, 8), f32(5, 2, 8))
+    same_bits(got, want)
+    assert "HostStep" not in steps(exe) and len(windowed_loads(exe)) == 3
+
+
+@pytest.mark.parametrize("view", ["transpose", "broadcast_to"])
+def test_a_transpose_or_broadcast_of_a_window_keeps_the_window(view):
+    def build(b, x, y):
+        u = b.emit("unindex", x, items=(SliceSpec(1, 4), 0), shape=(6, 1))       # [6, 1]
+        v = (b.emit("transpose", u, perm=(1, 0)) if view == "transpose"
+             else b.emit("broadcast_to", u, shape=(2, 6, 5)))
+        return [b.emit("mul", v, y)]
+    y = f32(1, 6) if view == "transpose" else f32(2, 6, 5)
+    got, want, exe = run_both(build, f32(3), y)
+    same_bits(got, want)
+    assert steps(exe) == {"KernelStep"} and windowed_loads(exe)
+
+
+@pytest.mark.parametrize("use", ["reshape", "index", "sum", "matmul", "result"])
+def test_a_window_read_otherwise_is_made_with_the_same_bits(use):
+    # views that no window expresses and reductions read a copy made by a kernel;
+    # a contraction, a NumPy array the interpreter makes
+    def build(b, x, y):
+        u = b.emit("unindex", x, items=(SliceSpec(2, 5), ALL), shape=(6, 4))
+        if use == "reshape":
+            return [b.emit("add", b.emit("reshape", u, shape=(3, 8)), y)]
+        if use == "index":
+            return [b.emit("add", b.emit("index", u, items=(SliceSpec(1, 4),)), y)]
+        if use == "sum":
+            return [b.emit("sum", u, axis=0)]
+        if use == "matmul":
+            return [b.emit("matmul", u, y)]
+        return [u]
+    y = {"reshape": f32(3, 8), "index": f32(3, 4), "matmul": f32(4, 3)}.get(use, f32(1))
+    got, want, exe = run_both_any(build, f32(3, 4), y)
+    same_bits(got, want)
+    if use in ("reshape", "index", "sum"):
+        assert steps(exe) == {"KernelStep"}
+    if use == "matmul":
+        assert steps(exe) == {"ViewStep", "ContractStep"}
+
+
+def test_a_reshape_of_a_transpose_is_a_compiled_copy():
+    def build(b, x):
+        return [b.emit("reshape", b.emit("transpose", x, perm=(1, 0, 2)), shape=(6, 20))]
+    got, want, exe = run_both(build, f32(4, 6, 5))
+    same_bits(got, want)
+    assert steps(exe) == {"KernelStep", "ViewStep"}     # the copy; the reshape of the copy
+
+
+def test_the_loop_text_shows_the_window():
+    _, _, exe = run_both(lambda b, x, y: [b.emit("add", b.emit(
+        "unindex", x, items=(SliceSpec(1, 3),), shape=(4, 2)), y)], f32(2, 2), f32(4, 2))
+    assert "load b0[2, 1] - 2 if 1 <= i0 < 3 else 0 : f32" in to_text(exe.plan.kernels[0])
+
+
+SOURCE = """
+def loss(x: f32[4, 6], qkv: f32[2, 5, 3, 8]) -> f32:
+  a = x[:, 1:3]
+  q = qkv[:, :, 0]
+  k = qkv[:, :, 1]
+  v = qkv[:, :, 2]
+  return sum(a * a) + sum(q * k - v)
+"""
+
+
+def test_slices_and_their_gradients_in_a_program_match_the_reference():
+    name = str(Path(__file__).parent / "windows.bend")
+    cpu, ref = dsl.loads(SOURCE, name=name, device="cpu"), dsl.loads(SOURCE, name=name, device="reference")
+    rng = np.random.default_rng(5)
+    args = {"x": rng.standard_normal((4, 6)).astype(np.float32),
+            "qkv": rng.standard_normal((2, 5, 3, 8)).astype(np.float32)}
+    same_bits(cpu.loss(**args), ref.loss(**args))
+    same_bits(cpu.value_and_grad("loss", wrt=("x", "qkv"))(**args),
+              ref.value_and_grad("loss", wrt=("x", "qkv"))(**args))
