@@ -503,10 +503,10 @@ def _sched_yield(module: ir.Module) -> ir.Function:
 
 def _pack_b(e: _Emitter, src, ld, col, kc, nj, dst) -> None:
     """dst[q][k][c] = src[k·ld + (q·nr + c)·col] (0 past column nj): panels of nr columns.
-    Rows of vectors where col is 1; otherwise column by column, so that a transposed B (ld 1)
-    is read in order."""
+    Rows of vectors where col is 1; width × width blocks transposed in registers where ld is 1
+    (a transposed B); otherwise element by element."""
     b, t = e.b, e.tiles
-    with b.if_else(b.icmp_signed("==", col, _i64(1))) as (rows, columns):
+    with b.if_else(b.icmp_signed("==", col, _i64(1))) as (rows, other):
         with rows:
             with e.loop(0, kc, 1, "pbk") as k:
                 row, out = e.at(src, b.mul(k, ld)), e.at(dst, b.mul(k, _i64(t.nr)))
@@ -516,22 +516,71 @@ def _pack_b(e: _Emitter, src, ld, col, kc, nj, dst) -> None:
                     for v in range(t.nv):
                         value = e.masked_load(e.at(row, j, v * t.width), e.lanes_below(left, v))
                         e.store_vec(value, e.at(panel, v * t.width))
-        with columns:
-            # blocks of PACK_ROWS rows: each column's run of them is one cache line read,
-            # and the panel rows they fill stay in L1 while the nr columns are copied
-            zero = ir.Constant(e.scalar, 0.0)
-            with e.loop(0, e.ceil_div(nj, t.nr), 1, "pbq") as q, \
-                    e.loop(0, kc, PACK_ROWS, "pbb") as k0:
-                panel = e.at(dst, b.mul(q, b.mul(kc, _i64(t.nr))), b.mul(k0, _i64(t.nr)))
-                rows = e.min(PACK_ROWS, b.sub(kc, k0))
-                with e.loop(0, t.nr, 1, "pbc") as c:
-                    j = b.add(b.mul(q, _i64(t.nr)), c)
-                    inside = b.icmp_signed("<", j, nj)
-                    column = e.at(src, b.mul(b.select(inside, j, _i64(0)), col), b.mul(k0, ld))
-                    with e.loop(0, rows, 1, "pbr") as k:
-                        value = b.load(e.at(column, b.mul(k, ld)), align=e.align)
-                        b.store(b.select(inside, value, zero), e.at(panel, b.mul(k, _i64(t.nr)), c),
-                                align=e.align)
+        with other:
+            with b.if_else(b.icmp_signed("==", ld, _i64(1))) as (transposed, general):
+                with transposed:
+                    _pack_b_transposed(e, src, col, kc, nj, dst)
+                with general:
+                    _pack_b_elements(e, src, ld, col, kc, nj, dst)
+
+
+def _pack_b_transposed(e: _Emitter, src, col, kc, nj, dst) -> None:
+    """_pack_b where ld is 1: each column's run of `width` k is one vector load; a block of
+    width columns is transposed by shuffles into width panel rows. A last panel's vectors
+    wholly past nj are not written (no tile reads them)."""
+    b, t = e.b, e.tiles
+    w = t.width
+    none = ir.Constant(ir.VectorType(I1, w), [0] * w)
+    with e.loop(0, e.ceil_div(nj, t.nr), 1, "ptq") as q, e.loop(0, kc, w, "ptk") as k0:
+        ks = e.lanes_below(b.sub(kc, k0), 0)
+        panel = e.at(dst, b.mul(q, b.mul(kc, _i64(t.nr))), b.mul(k0, _i64(t.nr)))
+        j0 = b.mul(q, _i64(t.nr))
+        with e.loop(0, e.min(t.nv, e.ceil_div(b.sub(nj, j0), w)), 1, "ptv") as v:
+            columns = []
+            for c in range(w):
+                j = b.add(b.add(j0, b.mul(v, _i64(w))), _i64(c))
+                inside = b.icmp_signed("<", j, nj)
+                at = e.at(src, b.mul(b.select(inside, j, _i64(0)), col), k0)
+                columns.append(e.masked_load(at, b.select(inside, ks, none)))
+            for k, row in enumerate(_transpose(e, columns)):
+                e.masked_store(row, e.at(panel, k * t.nr, b.mul(v, _i64(w))),
+                               b.select(b.icmp_signed("<", _i64(k), b.sub(kc, k0)),
+                                        e.splat(ir.Constant(I1, 1), none.type), none))
+
+
+def _transpose(e: _Emitter, rows: list) -> list:
+    """The transpose of a square block of vectors: at each level d = w/2, …, 1 the d × d
+    blocks off the diagonal of every 2d × 2d block swap, two shuffles per pair of rows."""
+    w, d = len(rows), len(rows) // 2
+    while d:
+        rows = list(rows)
+        for r in (r for r in range(w) if not r & d):
+            low, high = rows[r], rows[r + d]
+            pick = lambda flip: ir.Constant(ir.VectorType(I32, w), [
+                (c + d if flip else c) if not c & d else w + (c if flip else c - d)
+                for c in range(w)])
+            rows[r] = e.b.shuffle_vector(low, high, pick(False))
+            rows[r + d] = e.b.shuffle_vector(low, high, pick(True))
+        d //= 2
+    return rows
+
+
+def _pack_b_elements(e: _Emitter, src, ld, col, kc, nj, dst) -> None:
+    """_pack_b for any strides, in blocks of PACK_ROWS rows: each column's run of them is
+    read in order, and the panel rows they fill stay in L1 while the nr columns are copied."""
+    b, t = e.b, e.tiles
+    zero = ir.Constant(e.scalar, 0.0)
+    with e.loop(0, e.ceil_div(nj, t.nr), 1, "pbq") as q, e.loop(0, kc, PACK_ROWS, "pbb") as k0:
+        panel = e.at(dst, b.mul(q, b.mul(kc, _i64(t.nr))), b.mul(k0, _i64(t.nr)))
+        rows = e.min(PACK_ROWS, b.sub(kc, k0))
+        with e.loop(0, t.nr, 1, "pbc") as c:
+            j = b.add(b.mul(q, _i64(t.nr)), c)
+            inside = b.icmp_signed("<", j, nj)
+            column = e.at(src, b.mul(b.select(inside, j, _i64(0)), col), b.mul(k0, ld))
+            with e.loop(0, rows, 1, "pbr") as k:
+                value = b.load(e.at(column, b.mul(k, ld)), align=e.align)
+                b.store(b.select(inside, value, zero), e.at(panel, b.mul(k, _i64(t.nr)), c),
+                        align=e.align)
 
 
 def _pack_a(e: _Emitter, src, ld, col, kc, mb, dst) -> None:

@@ -245,6 +245,8 @@ def test_narrower_vectors(width, nv):
     kernel = Matmul("f32", Tiles(mr=6, nv=nv, width=width, kc=64, mc=12, nc=4 * nv * width))
     a, b = operands((2, 29, 3 * nv * width + 5, 150), random_f32)
     assert bits(check_threads(kernel, a, b)) == bits(reference(a, b))
+    b_t = np.ascontiguousarray(b.transpose(0, 2, 1)).transpose(0, 2, 1)     # blocks transposed
+    assert bits(check_threads(kernel, a, b_t)) == bits(reference(a, b))
 
 
 def test_no_fast_math_in_the_ir(kernels):
