@@ -123,11 +123,13 @@ def schedule(fn: Function, name: str = "k") -> Plan:
     for op in fn.ops:
         x = op.inputs[0] if op.inputs else None
         source = views[x][1] if x in views else None
-        view = view_of(op, source or identity(x)) if op.prim in VIEWS | WINDOWS else None
-        if view is None and source is not None and op.prim in VIEWS | WINDOWS and x not in made:
-            view = view_of(op, identity(x))
-            if view is not None:                # a view of x once contiguous
-                copy(x)
+        view = None
+        if op.prim in VIEWS | WINDOWS:
+            view = view_of(op, source or identity(x))
+            if view is None and source is not None and x not in made:
+                view = view_of(op, identity(x))
+                if view is not None:            # a view of x once contiguous: copy x
+                    copy(x)
         if op.prim == "constant" and op.outputs[0] in constants:
             steps.append(HostStep(op))     # needs nothing, so it may run before the group
         elif view is not None:

@@ -61,9 +61,10 @@ def view_of(op: Op, source: View) -> View | None:
         lead = len(out.shape) - len(x.shape)
         strides = (0,) * lead + tuple(
             s if n == m else 0 for n, m, s in zip(x.shape, out.shape[lead:], source.strides))
-        # a window is never empty, so a broadcast length-1 axis is whole
-        window = None if source.window is None else tuple((0, m) for m in out.shape[:lead]) + tuple(
-            w if n == m else (0, m) for n, m, w in zip(x.shape, out.shape[lead:], source.window))
+        window = None
+        if source.window is not None:   # never empty: a broadcast length-1 axis is whole
+            window = tuple((0, m) for m in out.shape[:lead]) + tuple(
+                w if n == m else (0, m) for n, m, w in zip(x.shape, out.shape[lead:], source.window))
         return View(source.base, source.offset, strides, window)
     if op.prim == "index":
         return _index(source, x.shape, a["items"])
@@ -80,14 +81,22 @@ def _int(d: int | Dim | None) -> int | None:
     return None if d is None else Dim.of(d).value
 
 
+def _indices(item: SliceSpec, n: int) -> tuple[int, int, int] | None:
+    """The slice's start, stop and step on an axis of n, or None where a bound is symbolic."""
+    bounds = [_int(item.lo), _int(item.hi)]
+    if any(v is None and b is not None for v, b in zip(bounds, (item.lo, item.hi))):
+        return None
+    return slice(*bounds, item.step).indices(n)
+
+
 def _index(source: View, shape: tuple[int, ...], items) -> View | None:
     offset, strides = source.offset, []
     for item, n, s in zip(_full(items, len(shape)), shape, source.strides):
         if isinstance(item, SliceSpec):
-            bounds = [_int(item.lo), _int(item.hi)]
-            if any(v is None and b is not None for v, b in zip(bounds, (item.lo, item.hi))):
+            indices = _indices(item, n)
+            if indices is None:
                 return None
-            start, _, step = slice(*bounds, item.step).indices(n)
+            start, _, step = indices
             offset += start * s
             strides.append(s * step)
         else:
@@ -105,11 +114,10 @@ def _unindex(source: View, shape: tuple[int, ...], items) -> View | None:
     axes = iter(source.strides)
     for item, n in zip(_full(items, len(shape)), shape):
         if isinstance(item, SliceSpec):
-            bounds = [_int(item.lo), _int(item.hi)]
-            if item.step not in (None, 1) or any(
-                    v is None and b is not None for v, b in zip(bounds, (item.lo, item.hi))):
+            indices = _indices(item, n)
+            if indices is None or indices[2] != 1:
                 return None
-            start, stop, _ = slice(*bounds).indices(n)
+            start, stop, _ = indices
             s = next(axes)
             offset -= start * s
             strides.append(s)
