@@ -60,6 +60,8 @@ SCALAR = {"f32": ir.FloatType(), "f64": ir.DoubleType()}
 NUMPY = {"f32": np.float32, "f64": np.float64}
 SIZE = {"f32": 4, "f64": 8}
 UNROLL = 4      # k steps per trip of the register tile's main loop
+JOBS_PER_THREAD = 4
+MIN_JOB_ROWS = 96
 PACK_ROWS = 16  # rows of a transposed B packed per pass (a cache line of f32)
 # The int64 words threads share (each on its own cache line): the kernel's claims and finished
 # jobs, then serve's mailbox: the posted generation, the arguments, and a state per thread.
@@ -322,8 +324,9 @@ def build_matmul(module: ir.Module, name: str, dtype: str, tiles: Tiles | None =
     row_panels, col_panels = e.ceil_div(M, t.mr), e.ceil_div(N, t.nr)
     n_cols = e.ceil_div(N, t.nc)
     jobs = b.mul(batch, n_cols)
-    wanted = b.select(b.icmp_signed(">", nthreads, _i64(1)), b.mul(nthreads, _i64(4)), _i64(1))
-    n_rows = e.min(e.ceil_div(wanted, jobs), e.ceil_div(M, t.mc))
+    wanted = b.select(b.icmp_signed(">", nthreads, _i64(1)),
+                      b.mul(nthreads, _i64(JOBS_PER_THREAD)), _i64(1))
+    n_rows = e.min(e.ceil_div(wanted, jobs), e.ceil_div(M, MIN_JOB_ROWS))
     rows = b.mul(e.ceil_div(row_panels, n_rows), _i64(t.mr))
     cols = b.mul(e.ceil_div(col_panels, n_cols), _i64(t.nr))
     jobs = b.mul(jobs, n_rows)
@@ -661,8 +664,10 @@ class Matmul:
         self._pool: list[concurrent.futures.ThreadPoolExecutor] = []
         self._lock = threading.Lock()
         self._mailbox = _aligned_zeros(MAILBOX)
+        self._mailbox_address = address(self._mailbox)
         self._generation = 0
         self._scratch = np.empty(0, dtype=NUMPY[self.dtype])
+        self._scratch_at = 0
 
     @functools.cached_property
     def llvm_ir(self) -> str:
@@ -682,13 +687,14 @@ class Matmul:
                 self._pool[t - 1].submit(self._serve, t)
 
     def _serve(self, thread_index: int) -> None:
-        self.serve(address(self._mailbox), thread_index)    # self keeps the mailbox alive
+        self.serve(self._mailbox_address, thread_index)     # self keeps the mailbox alive
 
     def scratch(self, threads: int) -> np.ndarray:
         """Scratch for `threads` threads (kept: a fresh buffer costs page faults each call)."""
         if self._scratch.size < threads * self.tiles.scratch_elements + 64:
             self._scratch = np.empty(threads * self.tiles.scratch_elements + 64,
                                      dtype=NUMPY[self.dtype])
+            self._scratch_at = _aligned(self._scratch)
         return self._scratch
 
     def call(self, a: np.ndarray, b: np.ndarray, c: np.ndarray, scratch: np.ndarray,
@@ -697,41 +703,46 @@ class Matmul:
         strides, c [batch, M, N] C-contiguous, all of the kernel's dtype; counters is an
         int64[COUNTERS], zero before the first thread starts, shared by the thread_count calls."""
         if not 0 <= thread_index < thread_count or counters.dtype != np.int64 \
-                or counters.size < COUNTERS:
-            raise ValueError(f"thread {thread_index} of {thread_count}, counters {counters}")
-        self.fn(*self.arguments(a, b, c, scratch, thread_count), address(counters), 0,
+                or counters.size < COUNTERS or scratch.dtype != NUMPY[self.dtype] \
+                or scratch.size < thread_count * self.tiles.scratch_elements + 64:
+            raise ValueError(f"thread {thread_index} of {thread_count}, counters {counters}, "
+                             f"scratch {scratch.dtype} [{scratch.size}]")
+        self.fn(*self.arguments(a, b, c), _aligned(scratch), address(counters), 0,
                 thread_index, thread_count)
 
-    def arguments(self, a, b, c, scratch, thread_count: int) -> tuple:
-        """The kernel's arguments A … scratch, checked."""
-        for x in (a, b, c, scratch):
-            if x.dtype != NUMPY[self.dtype] or x is not a and x is not b and not x.flags.c_contiguous:
-                raise ValueError(f"want {self.dtype} arrays (c and scratch C-contiguous), got {x.dtype}")
-        (batch, m, n), k = c.shape, a.shape[-1]
-        if (a.shape[1:], b.shape[1:]) != ((m, k), (k, n)) or {len(a), len(b)} - {1, batch} \
-                or scratch.nbytes < thread_count * self.tiles.scratch_elements * a.itemsize + 64:
-            raise ValueError(f"arguments do not fit: {a.shape} @ {b.shape} -> {c.shape}, "
-                             f"scratch {scratch.size}, {thread_count} threads")
-        batches = [0 if len(x) == 1 else x.strides[0] // x.itemsize for x in (a, b, c)]
-        rows_cols = [s // x.itemsize for x in (a, b) for s in x.strides[1:]]
-        base = address(scratch)
-        return (address(a), address(b), address(c), batch, m, n, k, *batches, *rows_cols,
-                base + (-base % 64))
+    def arguments(self, a: np.ndarray, b: np.ndarray, c: np.ndarray) -> tuple:
+        """The kernel's arguments A … b_col, checked."""
+        dtype = NUMPY[self.dtype]
+        if a.dtype != dtype or b.dtype != dtype or c.dtype != dtype or not c.flags.c_contiguous:
+            raise ValueError(f"want {self.dtype} arrays (c C-contiguous), got {a.dtype}, "
+                             f"{b.dtype}, {c.dtype}")
+        (batch, m, n), (a_batch, a_m, k), (b_batch, b_k, b_n) = c.shape, a.shape, b.shape
+        if (a_m, b_k, b_n) != (m, k, n) or a_batch not in (1, batch) or b_batch not in (1, batch):
+            raise ValueError(f"arguments do not fit: {a.shape} @ {b.shape} -> {c.shape}")
+        size = c.itemsize
+        (sa, a_row, a_col), (sb, b_row, b_col) = a.strides, b.strides
+        return (address(a), address(b), address(c), batch, m, n, k,
+                0 if a_batch == 1 else sa // size, 0 if b_batch == 1 else sb // size, m * n,
+                a_row // size, a_col // size, b_row // size, b_col // size)
 
     def __call__(self, a: np.ndarray, b: np.ndarray, threads: int = 1,
                  out: np.ndarray | None = None) -> np.ndarray:
         """a @ b for operands of rank 2 or more (batch axes broadcast as NumPy does), computed
         by `threads` Python threads (ctypes lets go of the GIL during the call), into `out`
         (C-contiguous, of the result's shape) when given."""
-        shape = () if a.ndim == b.ndim == 2 else np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
-        a, b = (x.astype(NUMPY[self.dtype], copy=False) for x in (a, b))
-        # one B for every batch entry: the batch is more rows of A (B is packed once)
-        rows = _rows(a) if math.prod(b.shape[:-2]) == 1 < math.prod(shape) else None
-        if rows is not None:
-            a3, b3 = rows, _batched(b, ())
+        dtype = NUMPY[self.dtype]
+        a, b = a.astype(dtype, copy=False), b.astype(dtype, copy=False)
+        if a.ndim == b.ndim == 2:
+            shape, a3, b3 = (), a[None], b[None]
         else:
-            a3, b3 = (x[None] if x.ndim == 2 else _batched(x, shape) for x in (a, b))
-        c_shape = (math.prod(shape) if rows is None else 1, a3.shape[1], b3.shape[2])
+            shape = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+            # one B for every batch entry: the batch is more rows of A (B is packed once)
+            rows = _rows(a) if math.prod(b.shape[:-2]) == 1 < math.prod(shape) else None
+            if rows is not None:
+                a3, b3 = rows, _batched(b, ())
+            else:
+                a3, b3 = (x[None] if x.ndim == 2 else _batched(x, shape) for x in (a, b))
+        c_shape = (len(a3) if len(b3) == 1 else len(b3), a3.shape[1], b3.shape[2])
         if out is not None and not (out.flags.c_contiguous and out.dtype == NUMPY[self.dtype]
                                     and out.size == math.prod(c_shape)):
             raise ValueError(f"out must be a C-contiguous {self.dtype} array of {c_shape}")
@@ -739,7 +750,8 @@ class Matmul:
         if not 1 <= threads <= MAX_THREADS:
             raise ValueError(f"threads must be in [1, {MAX_THREADS}], not {threads}")
         with self._lock:                                   # one scratch buffer, one call
-            args = self.arguments(a3, b3, c, self.scratch(threads), threads)
+            self.scratch(threads)
+            args = self.arguments(a3, b3, c) + (self._scratch_at,)
             box = self._mailbox
             self._generation = self._generation % (1 << 30) + 1
             # ORDER of the posts: the claims' new generation before the arguments (see serve)
@@ -748,7 +760,7 @@ class Matmul:
                 box[POSTED + 1:POSTED + 17] = args + (threads,)
                 box[POSTED] = self._generation
                 self._wake(threads)
-            self.fn(*args, address(box), self._generation, 0, threads)  # all jobs done after
+            self.fn(*args, self._mailbox_address, self._generation, 0, threads)  # all done after
         return c.reshape(shape + (a.shape[-2], b.shape[-1]))
 
 
@@ -763,6 +775,12 @@ def _aligned_zeros(n: int) -> np.ndarray:
     raw = np.zeros(n + 8, dtype=np.int64)
     skip = -raw.ctypes.data % 64 // 8
     return raw[skip:skip + n]
+
+
+def _aligned(scratch: np.ndarray) -> int:
+    """The address of scratch's first element on a cache line (64 elements are spare)."""
+    base = address(scratch)
+    return base + (-base % 64)
 
 
 def _batched(x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
