@@ -8,11 +8,11 @@ square). A float `@` is a contraction step for the
 blocked kernel of backend/contract.py (einsums that are matrix products are rewritten as `@`
 first, ir/passes.py). Transposes, reshapes, broadcasts, slices and the gradients of slices
 are views (backend/views.py): read in place by the kernels, contractions and host steps that
-use them; a view of a view that no strides express (a reshape of a transpose) is a view of a
-contiguous copy, which a copy kernel makes. Everything else — gathers, scatters,
-concatenation, random numbers, integer division — is a host step, evaluated by the reference
-interpreter on NumPy arrays (exact, and mostly cheap data movement). Every buffer is a
-contiguous row-major array.
+use them; a view of a view that no strides express (a reshape of a transpose), and a window
+that anything but a map kernel reads, are read from a contiguous copy a copy kernel makes.
+Everything else — gathers, scatters, concatenation, random numbers, integer division — is a
+host step, evaluated by the reference interpreter on NumPy arrays (exact, and mostly cheap
+data movement). Every buffer is a contiguous row-major array.
 
 The buffer plan (`plan_memory`) places the values the kernels and contractions write in one
 arena, reused from call to call: two values share bytes only when one is dead before the
@@ -113,9 +113,13 @@ def schedule(fn: Function, name: str = "k") -> Plan:
         steps.append(_copy_kernel(next(names), v, view))
 
     def need(v: Value) -> None:
-        """A host step or contraction reads v: make it if it is a view."""
+        """A host step or contraction reads v: make it if it is a view (a window by a copy
+        kernel, where NumPy would write x into zeros)."""
         if v in views and v not in made:
             op, view = views[v]
+            if view.window is not None:
+                copy(v)
+                return
             need(op.inputs[0])
             steps.append(ViewStep(op, view))
             made.add(v)
