@@ -1,6 +1,8 @@
 """float32 matmul: dslc's CPU kernel (backend/contract.py) against NumPy (OpenBLAS), both on
 the same number of threads (2 by default), in one process; prints GFLOP/s and the ratio
-dslc / NumPy (target: at least 0.7). Rates are best-of-N wall clock, NumPy and dslc
+dslc / NumPy (target: at least 0.7). Then the products of a 4-layer GPT training step
+(benchmarks/train_step.py) against torch.matmul where torch is installed: microseconds and
+the ratio dslc / torch (1 or less is as fast). Rates are best-of-N wall clock, the two sides
 interleaved so that both see the same background load."""
 from __future__ import annotations
 
@@ -9,6 +11,33 @@ import os
 import sys
 import time
 from pathlib import Path
+
+# (name, A's shape, B's shape, B read transposed from a contiguous [N, K] array)
+GPT_SHAPES = [
+    ("x @ W, d 128", (1024, 128), (128, 128), False),
+    ("heads: att @ v", (64, 64, 64), (64, 64, 32), False),
+    ("x @ W, 65 columns", (1024, 128), (128, 65), False),
+    ("MLP down, d 512", (1024, 512), (512, 128), False),
+    ("dX = dY @ W^T, 384", (1024, 128), (128, 384), True),
+    ("dX = dY @ W^T, 128", (1024, 512), (512, 128), True),
+    ("4 x 4 (call overhead)", (4, 4), (4, 4), False),
+]
+
+
+def best_of(runs: dict, rounds: int, repeat: int) -> dict:
+    """The best wall-clock seconds of each run: back-to-back calls of one side, as a training
+    loop makes them, then a pause (after a call, OpenBLAS's and torch's threads spin for a
+    while, on the cores the other side would use); the rounds alternate the sides."""
+    best = dict.fromkeys(runs, float("inf"))
+    for _ in range(rounds):
+        for name, run in runs.items():
+            time.sleep(0.3)
+            run()                                            # warm: code, pages, threads
+            for _ in range(repeat):
+                start = time.perf_counter()
+                run()
+                best[name] = min(best[name], time.perf_counter() - start)
+    return best
 
 
 def main() -> None:
@@ -37,21 +66,42 @@ def main() -> None:
     for n in args.sizes:
         a, b = (rng.standard_normal((n, n)).astype(dtype) for _ in range(2))
         runs = {"numpy": lambda: a @ b, "dslc": lambda: kernel(a, b, threads=args.threads)}
-        best = dict.fromkeys(runs, float("inf"))
-        # Back-to-back calls of one side, as a training loop makes them, then a pause (after a
-        # call, OpenBLAS's threads spin ~0.1 s, on the cores the other side would use); the
-        # rounds alternate so that both sides see the same background load.
-        for _ in range(args.rounds):
-            for name, run in runs.items():
-                time.sleep(0.3)
-                run()                                        # warm: code, pages, threads
-                for _ in range(args.repeat):
-                    start = time.perf_counter()
-                    run()
-                    best[name] = min(best[name], time.perf_counter() - start)
+        best = best_of(runs, args.rounds, args.repeat)
         gflops = {name: 2 * n ** 3 / t / 1e9 for name, t in best.items()}
         print(f"{n:>6} {gflops['numpy']:>14.1f} {gflops['dslc']:>13.1f} "
               f"{gflops['dslc'] / gflops['numpy']:>6.2f}")
+    gpt_products(kernel, args, rng)
+
+
+def gpt_products(kernel, args, rng) -> None:
+    """The GPT step's products, dslc against torch.matmul on the same threads."""
+    import numpy as np
+    try:
+        import torch
+    except ImportError:
+        print("torch is not installed: no GPT products")
+        return
+    torch.set_num_threads(args.threads)
+    print(f"\nGPT training-step products, {args.threads} threads (us, best of "
+          f"{args.rounds}x{args.repeat}; ratio dslc / torch)")
+    print(f"{'product':>22} {'A':>12} {'B':>12} {'dslc':>8} {'torch':>8} {'ratio':>6}")
+    dtype = np.float32 if args.dtype == "f32" else np.float64
+    for name, a_shape, b_shape, transposed in GPT_SHAPES:
+        a = rng.standard_normal(a_shape).astype(dtype)
+        b = rng.standard_normal(b_shape[:-2] + b_shape[:-3:-1]).astype(dtype).swapaxes(-1, -2) \
+            if transposed else rng.standard_normal(b_shape).astype(dtype)
+        out = np.empty(np.broadcast_shapes(a_shape[:-2], b_shape[:-2]) + (a_shape[-2], b_shape[-1]),
+                       dtype)
+        ta, tb = torch.from_numpy(a), torch.from_numpy(np.ascontiguousarray(b.swapaxes(-1, -2))
+                                                       ).swapaxes(-1, -2) if transposed \
+            else torch.from_numpy(b)
+        runs = {"dslc": lambda: kernel(a, b, threads=args.threads, out=out),
+                "torch": lambda: torch.matmul(ta, tb)}
+        best = best_of(runs, args.rounds, args.repeat)
+        print(f"{name:>22} {'x'.join(map(str, a_shape)):>12} "
+              f"{'x'.join(map(str, b_shape)) + ('ᵀ' if transposed else ''):>12} "
+              f"{best['dslc'] * 1e6:>8.1f} {best['torch'] * 1e6:>8.1f} "
+              f"{best['dslc'] / best['torch']:>6.2f}")
 
 
 if __name__ == "__main__":
