@@ -10,23 +10,33 @@ thread count. The generated function, in C:
               int64_t batch, int64_t M, int64_t N, int64_t K,
               int64_t a_stride, int64_t b_stride, int64_t c_stride,
               int64_t a_row, int64_t a_col, int64_t b_row, int64_t b_col,
-              T *scratch, int64_t *counters, int64_t thread_index, int64_t thread_count);
+              T *scratch, int64_t *counters, int64_t generation,
+              int64_t thread_index, int64_t thread_count);
 
 T is float (f32) or double (f64); the strides are the elements between batch entries (0
 broadcasts an operand), and A[i, k] is A[i·a_row + k·a_col] (B likewise), so a transposed
-or sliced operand is read in place; B's rows are read as vectors where b_col is 1. C need not be initialised and must not overlap A, B or scratch. K = 0
-gives -0.0 everywhere (the empty sum); M, N or batch ≤ 0 does nothing.
+or sliced operand is read in place: B is packed from rows of vectors where b_col is 1, from
+blocks transposed in registers where b_row is 1. C need not be initialised and must not
+overlap A, B or scratch. K = 0 gives -0.0 everywhere (the empty sum); M, N or batch ≤ 0 does
+nothing.
+
+Tiles: the register tile is mr rows × 1 to nv vectors; each tile of C runs the narrowest
+tile function that covers its columns, and reads and writes C through masks (rows past M,
+lanes past N), so an edge of C costs neither a copy nor a whole tile's work.
 
 Threads: C is cut into jobs (one batch entry × a block of rows × a block of columns, each
-running the whole K loop of its elements; about 4 per thread where the shape allows). The
-runtime calls the function once for every thread_index in [0, thread_count), concurrently or
-one after another, all with the same arguments except thread_index. counters (COUNTERS words)
-are zero before the first call starts: each call takes the next job with an atomic add until
-none is left, so a thread the OS holds up leaves its share to the others, and every element is
+running the whole K loop of its elements; about JOBS_PER_THREAD per thread where the shape
+allows). The runtime calls the function once for every thread_index in [0, thread_count),
+concurrently or one after another, all with the same arguments except thread_index.
+counters[CLAIMS] holds generation << 32 and counters[FINISHED] 0 before the first call
+starts: each call claims the next job of its generation with a compare-and-swap until none is
+left, so a thread the OS holds up leaves its share to the others, and every element is
 written by exactly one call. The call of thread 0 returns when every job is finished; the
-others may return later (having found no job, they touched nothing but the counters, which
-must outlive them). The job grid depends on thread_count; the bits depend on neither the grid
-nor which thread ran a job.
+others may return later, having claimed nothing (the counters must outlive them). Matmul
+runs thread 0 on the caller and the others in NAME.serve, which spins a while after each
+product for the next one, so that back-to-back products do not wait for threads to wake.
+The job grid depends on thread_count; the bits depend on neither the grid nor which thread
+ran a job.
 
 Scratch: thread t packs its panels into scratch[t·S, (t+1)·S), S = Tiles.scratch_elements;
 any alignment works, 64 bytes is faster.
@@ -402,8 +412,8 @@ def _build_serve(module: ir.Module, name: str, kernel: ir.Function) -> None:
     b.call(_sched_yield(module), [])            # the core goes to any other runnable thread
     b.branch(spin)
 
-    # ORDER: the arguments are loaded with acquire ordering, before any claim; if they are
-    # torn by the next call's post, that post changed the claims' generation first, so the
+    # Memory order: the arguments are loaded with acquire ordering, before any claim; if they
+    # are torn by the next call's post, that post changed the claims' generation first, so the
     # kernel claims nothing with them.
     b.position_at_end(work)
     args = [b.load_atomic(word(POSTED + 1 + i), "acquire", 8) for i in range(16)]
@@ -622,7 +632,8 @@ def host_target_machine() -> llvm.TargetMachine:
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
     # thread 0's wait (backend.cpu's) yields through libc's sched_yield, named for the JIT
-    llvm.add_symbol("sched_yield", ctypes.cast(ctypes.CDLL(None).sched_yield, ctypes.c_void_p).value)
+    llvm.add_symbol("sched_yield",
+                    ctypes.cast(ctypes.CDLL(None).sched_yield, ctypes.c_void_p).value)
     return llvm.Target.from_default_triple().create_target_machine(
         cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(),
         opt=3, codemodel="jitdefault", jit=True)
@@ -754,7 +765,7 @@ class Matmul:
             args = self.arguments(a3, b3, c) + (self._scratch_at,)
             box = self._mailbox
             self._generation = self._generation % (1 << 30) + 1
-            # ORDER of the posts: the claims' new generation before the arguments (see serve)
+            # memory order: the claims' new generation before the arguments (see serve)
             box[CLAIMS], box[FINISHED] = self._generation << 32, 0
             if threads > 1:
                 box[POSTED + 1:POSTED + 17] = args + (threads,)
