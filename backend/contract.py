@@ -216,26 +216,28 @@ def _suffix(t: ir.Type) -> str:
 
 
 def _build_tile(module: ir.Module, name: str, dtype: str, t: Tiles, nv: int) -> ir.Function:
-    """void tile(const T *a, const T *b, i64 kc, T *c, i64 ldc, i1 first, i64 m, i64 n): the
-    m × n corner (m ≤ mr, n ≤ nv·width) of the mr × nv-vector block of C at c (row stride ldc)
-    gains kc steps from the packed panels a ([kc][mr]) and b ([kc][nr], its first nv vectors);
-    with `first` it starts from -0.0 instead of c's contents."""
+    """void tile(const T *a, i64 a_row, i64 a_k, const T *b, i64 kc, T *c, i64 ldc, i1 first,
+    i64 m, i64 n): the m × n corner (m ≤ mr, n ≤ nv·width) of the mr × nv-vector block of C at
+    c (row stride ldc) gains kc steps from A (A[r, k] at a[r·a_row + k·a_k]: a packed panel or
+    A itself) and the packed panel b ([kc][nr], its first nv vectors); with `first` it starts
+    from -0.0 instead of c's contents."""
     p = SCALAR[dtype].as_pointer()
-    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [p, p, I64, p, I64, I1, I64, I64]),
-                     name)
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [p, I64, I64, p, I64, p, I64, I1,
+                                                             I64, I64]), name)
     fn.linkage = "internal"
-    a_pack, b_pack, kc, c, ldc, first, m, n = fn.args
+    a_pack, a_row, a_k, b_pack, kc, c, ldc, first, m, n = fn.args
     for arg in (a_pack, b_pack, c):
         arg.add_attribute("noalias")
     e = _Emitter(fn, dtype, t)
     b = e.b
     fma = e.intrinsic(f"llvm.fma.{_suffix(e.vec)}", e.vec, [e.vec] * 3)
     # C is read and written through masks: rows past m and columns past n are not touched
-    # (their lanes compute on A's and B's zero padding), so an edge tile needs no copy of C.
-    # A masked-off row's address is row m - 1's, an address inside C.
+    # (their lanes compute on padding, or on row m - 1 again), so an edge tile needs no copy
+    # of C. A masked-off row's addresses in A and C are row m - 1's, addresses inside them.
     rows = [b.icmp_signed("<", _i64(r), m) for r in range(t.mr)]
-    c_at = [[e.at(c, b.mul(e.min(r, b.sub(m, _i64(1))), ldc), v * t.width) for v in range(nv)]
-            for r in range(t.mr)]
+    row_at = [e.min(r, b.sub(m, _i64(1))) for r in range(t.mr)]
+    a_at = [e.at(a_pack, b.mul(r, a_row)) for r in row_at]
+    c_at = [[e.at(c, b.mul(r, ldc), v * t.width) for v in range(nv)] for r in row_at]
     none = ir.Constant(ir.VectorType(I1, t.width), [0] * t.width)
     masks = [[b.select(rows[r], e.lanes_below(n, v), none) for v in range(nv)]
              for r in range(t.mr)]
@@ -263,7 +265,7 @@ def _build_tile(module: ir.Module, name: str, dtype: str, t: Tiles, nv: int) -> 
         bs = [e.load_vec(e.at(b_pack, b.mul(k, _i64(t.nr)), v * t.width)) for v in range(nv)]
         out = []
         for r in range(t.mr):
-            a = e.splat(b.load(e.at(a_pack, b.mul(k, _i64(t.mr)), r), align=e.align))
+            a = e.splat(b.load(e.at(a_at[r], b.mul(k, a_k)), align=e.align))
             out += [b.call(fma, [a, bs[v], acc[r * nv + v]]) for v in range(nv)]
         return out
 
@@ -461,17 +463,25 @@ def _job(e: _Emitter, tiles_by_width, a, b_, c_base, mj, nj, K, N, a_pack, b_pac
         with e.loop(0, mj, t.mc, "ic") as ic:
             mb = e.min(t.mc, b.sub(mj, ic))
             c_block = e.at(c_base, b.mul(ic, N))
-            _pack_a(e, e.at(a_base, b.mul(ic, a_row), b.mul(pc, a_col)), a_row, a_col, kc, mb,
-                    a_pack)
+            a_block = e.at(a_base, b.mul(ic, a_row), b.mul(pc, a_col))
+            # A is packed for reuse across column tiles; a job of one column tile reads it
+            # in place (packing would cost as much as its fmas where K and N are small)
+            once = b.icmp_signed("<=", nj, _i64(t.nr))
+            with b.if_then(b.not_(once)):
+                _pack_a(e, a_block, a_row, a_col, kc, mb, a_pack)
             with e.loop(0, nj, t.nr, "jr") as jr:
                 n_edge = e.min(t.nr, b.sub(nj, jr))
                 with e.loop(0, mb, t.mr, "ir") as ir_:
                     _prefetch_next(e, c_block, N, ir_, jr, mb, nj)
                     m_edge = e.min(t.mr, b.sub(mb, ir_))
-                    a_tile, b_tile = e.at(a_pack, b.mul(ir_, kc)), e.at(b_pack, b.mul(jr, kc))
+                    a_tile = b.select(once, e.at(a_block, b.mul(ir_, a_row)),
+                                      e.at(a_pack, b.mul(ir_, kc)))
+                    a_strides = [b.select(once, a_row, _i64(1)), b.select(once, a_col, _i64(t.mr))]
+                    b_tile = e.at(b_pack, b.mul(jr, kc))
                     c_tile = e.at(c_block, b.mul(ir_, N), jr)
                     _call_narrowest(e, tiles_by_width, n_edge,
-                                    [a_tile, b_tile, kc, c_tile, N, first, m_edge, n_edge])
+                                    [a_tile, *a_strides, b_tile, kc, c_tile, N, first, m_edge,
+                                     n_edge])
 
 
 def _call_narrowest(e: _Emitter, tiles_by_width, n, args) -> None:
