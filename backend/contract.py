@@ -809,6 +809,8 @@ def _batched(x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     axes step through memory as one (a transposed or sliced matrix is); a copy otherwise."""
     if math.prod(x.shape[:-2]) == 1:
         return x.reshape((1,) + x.shape[-2:])
+    if x.shape[:-2] == shape:                       # no broadcast: NumPy's view is ~20x faster
+        return x.reshape((math.prod(shape),) + x.shape[-2:])
     x = np.broadcast_to(x, shape + x.shape[-2:])
     axes = [(n, s) for n, s in zip(x.shape[:-2], x.strides[:-2]) if n != 1]
     if any(s != n * t for (_, s), (n, t) in zip(axes, axes[1:])):
