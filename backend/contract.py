@@ -70,9 +70,9 @@ SCALAR = {"f32": ir.FloatType(), "f64": ir.DoubleType()}
 NUMPY = {"f32": np.float32, "f64": np.float64}
 SIZE = {"f32": 4, "f64": 8}
 UNROLL = 4      # k steps per trip of the register tile's main loop
-JOBS_PER_THREAD = 4
-MIN_JOB_ROWS = 96
-PACK_ROWS = 16  # rows of a transposed B packed per pass (a cache line of f32)
+JOBS_PER_THREAD = 4   # so that a thread the OS holds up leaves a share to the others
+MIN_JOB_ROWS = 96     # each job packs its B panel: fewer rows would not pay for it
+PACK_ROWS = 16  # rows of a B of general strides packed per pass (a cache line of f32)
 # The int64 words threads share (each on its own cache line): the kernel's claims and finished
 # jobs, then serve's mailbox: the posted generation, the arguments, and a state per thread.
 CLAIMS, FINISHED, POSTED, STATE = 0, 8, 16, 40
@@ -329,8 +329,8 @@ def build_matmul(module: ir.Module, name: str, dtype: str, tiles: Tiles | None =
         b.ret_void()
 
     # The job grid: column blocks of at most nc (each packs its B panel once per K block),
-    # cut into row blocks (of at least mc rows) until there are about 4 jobs per thread, so
-    # that a thread the OS holds up leaves its jobs to the others.
+    # cut into row blocks (of at least MIN_JOB_ROWS rows) until there are about
+    # JOBS_PER_THREAD jobs per thread.
     # ORDER: a job owns its elements for the whole K loop; which thread runs it changes where
     # an element is computed, not the order of its fmas.
     row_panels, col_panels = e.ceil_div(M, t.mr), e.ceil_div(N, t.nr)
@@ -749,8 +749,8 @@ class Matmul:
     def __call__(self, a: np.ndarray, b: np.ndarray, threads: int = 1,
                  out: np.ndarray | None = None) -> np.ndarray:
         """a @ b for operands of rank 2 or more (batch axes broadcast as NumPy does), computed
-        by `threads` Python threads (ctypes lets go of the GIL during the call), into `out`
-        (C-contiguous, of the result's shape) when given."""
+        by `threads` threads (this one, and helpers in serve: ctypes lets go of the GIL), into
+        `out` (C-contiguous, of the result's shape) when given."""
         dtype = NUMPY[self.dtype]
         a, b = a.astype(dtype, copy=False), b.astype(dtype, copy=False)
         if a.ndim == b.ndim == 2:
