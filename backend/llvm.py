@@ -2,12 +2,14 @@
 
 A kernel becomes `void name(i8** buffers, i64 lo, i64 hi)`: a map visits the points whose
 first index is in [lo, hi); a reduction, the result points whose flattened index is in
-[lo, hi). Threads split [lo, hi) between them; each point is computed the same way whoever
+[lo, hi); a row kernel, the rows whose flattened index is in [lo, hi), each row's stages in
+order, the values one per row in registers. Threads split [lo, hi) between them; each point is computed the same way whoever
 computes it, so results do not depend on the thread count. Scalar operations are emitted by
 `Emitter`, on scalars or on vectors of LANES values alike; transcendental functions come
 from the exact-mode math library (backend/mathlib.py), never from LLVM intrinsics or libm."""
 from __future__ import annotations
 
+from math import prod
 from typing import Any, Callable
 
 from llvmlite import ir
@@ -163,7 +165,9 @@ def kernel_function(module: ir.Module, k: LoopKernel) -> ir.Function:
         arg.add_attribute("noalias")
     *ptrs, lo, hi = body.args
     gen = _KernelGen(ir.IRBuilder(body.append_basic_block("entry")), module, k, ptrs)
-    if k.is_reduction:
+    if k.is_rows:
+        gen.rows(lo, hi)
+    elif k.is_reduction:
         gen.reduction(lo, hi)
     else:
         gen.map(lo, hi)
@@ -245,13 +249,18 @@ def windowed(e: Emitter, ins: Instr, index: list[ir.Value],
 
 
 class _KernelGen:
-    def __init__(self, b: ir.IRBuilder, module: ir.Module, k: LoopKernel, ptrs: list[ir.Value]):
+    def __init__(self, b: ir.IRBuilder, module: ir.Module, k: LoopKernel, ptrs: list[ir.Value],
+                 known: dict[int, ir.Value] | None = None):
         self.b, self.k, self.ptrs = b, k, ptrs
         self.e = Emitter(b, module)
+        self.known = {} if known is None else known     # a row kernel's values of this row, by buffer
 
     def load(self, ins: Instr, offset: ir.Value, lanes: int = 0, lane_stride: int = 0) -> ir.Value:
         """The element at offset (or `lanes` elements lane_stride apart) of a buffer."""
         b = self.b
+        if ins.load.buffer in self.known:
+            value = self.known[ins.load.buffer]
+            return self.e.splat(value, lanes) if lanes else value
         ptr = self.ptrs[ins.load.buffer]
         mem = memory_type(ins.dtype)
         if not lanes:
@@ -309,7 +318,7 @@ class _KernelGen:
                 total = self.b.add(total, self.b.mul(i, ir.Constant(I64, s)))
         return total
 
-    def point(self, index: list[ir.Value], out_offset: ir.Value) -> None:
+    def point(self, index: list[ir.Value], out_offset: ir.Value) -> list[ir.Value]:
         def load(ins: Instr) -> ir.Value:
             return windowed(self.e, ins, index,
                             lambda clamped: self.offset(clamped, ins.load.strides, ins.load.offset),
@@ -318,6 +327,47 @@ class _KernelGen:
         values = evaluate_body(self.e, self.k, load)
         for buf, ins in self.k.stores:
             self.store(buf, out_offset, values[ins], self.k.body[ins].dtype)
+        return values
+
+    # -------------------------------------------------------- row kernels
+
+    def rows(self, lo: ir.Value, hi: ir.Value) -> None:
+        """For each row o in [lo, hi): its stages in order. A reduction stage's value and a
+        per-row stage's values stay in registers for the later stages (and are stored)."""
+        def row(o: ir.Value) -> None:
+            known: dict[int, ir.Value] = {}
+            for stage in self.k.stages:
+                gen = _KernelGen(self.b, self.e.module, stage, self.ptrs, known)
+                if stage.is_reduction:
+                    known[stage.reduce.buffer] = gen.reduce_points(o, 0)
+                else:
+                    gen.row_points(o, self.k.shape)
+
+        loop(self.b, lo, hi, row)
+
+    def row_points(self, o: ir.Value, rows: tuple[int, ...]) -> None:
+        """A map stage's points of row o: the row's axes in row-major order, or one point."""
+        b, shape = self.b, self.k.shape
+        along = shape[len(rows):]
+        index, rest = [], o
+        for d in reversed(rows):
+            index.append(b.urem(rest, ir.Constant(I64, d)))
+            rest = b.udiv(rest, ir.Constant(I64, d))
+        index.reverse()
+        if prod(along) == 1:                               # one value per row
+            values = self.point(index + [ir.Constant(I64, 0)] * len(along), o)
+            self.known.update((buf, values[ins]) for buf, ins in self.k.stores)
+            return
+        start = b.mul(o, ir.Constant(I64, prod(along)))
+        strides = row_major(along)
+
+        def level(d: int, at: list[ir.Value]) -> None:
+            if d == len(along):
+                self.point(index + at, b.add(start, self.offset(at, strides)))
+                return
+            loop(b, ir.Constant(I64, 0), ir.Constant(I64, along[d]), lambda i: level(d + 1, at + [i]))
+
+        level(0, [])
 
     # -------------------------------------------------------- reductions
 
@@ -353,7 +403,7 @@ class _KernelGen:
         b.branch(head)
         b.position_at_end(after)
 
-    def reduce_points(self, o: ir.Value, points: int) -> None:
+    def reduce_points(self, o: ir.Value, points: int) -> ir.Value:
         """Reduce result point o (points = 0), or the `points` consecutive ones from o, each in
         the canonical order."""
         r = self.k.reduce
@@ -387,6 +437,7 @@ class _KernelGen:
                     align=_bits(dtype) // 8)
         else:
             self.store(r.buffer, o, result, dtype)
+        return result
 
     def slot(self, ty: ir.Type, count: int = 1) -> ir.Value:
         """Stack memory allocated once at the function's entry, not once per loop iteration."""

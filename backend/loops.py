@@ -8,10 +8,20 @@ canonical order of ir/numerics.py and stores one value per result point. Buffers
 through affine accesses: an element offset that is a constant plus a sum of index × stride per
 axis (stride 0 where the buffer is broadcast), so transposes, broadcasts and slices cost
 nothing. A map's load may have a window: outside it the load is 0 and reads no memory, so
-that zeros around a buffer (the gradient of a slice) are never made."""
+that zeros around a buffer (the gradient of a slice) are never made.
+
+A row kernel (softmax, layer norm) keeps a reduction over trailing axes, the elementwise ops
+around it and those that use its result broadcast back in one kernel. Its `shape` is the rows
+(the outer axes, which threads split) and `n` the row length; for each row it runs its
+`stages` in order, each a kernel of the same buffers: a reduction stage (space: the rows)
+gives one value per row in the canonical order; a map stage over rows + the row's axes
+stores elements; a map stage whose space is the rows and length-1 axes computes values per
+row. A stage reads the row's value of an earlier reduction or per-row stage through a load
+that broadcasts it along the row (`row_scalar`), which the targets take from a register."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from math import prod
 from typing import Any
 
 
@@ -54,22 +64,70 @@ class LoopKernel:
     body: tuple[Instr, ...]
     stores: tuple[tuple[int, int], ...] = ()       # a map's (buffer, instruction) pairs
     reduce: Reduce | None = None
-    n: int = 0                                     # a reduction's reduced length
+    n: int = 0                                     # a reduction's reduced length, a row's length
+    stages: tuple[LoopKernel, ...] = ()            # a row kernel's stages, in order
 
     def __post_init__(self) -> None:
         if self.reduce and any(ins.load and ins.load.window for ins in self.body):
             raise ValueError(f"kernel {self.name}: a reduction's loads have no window")
+        per_row: set[int] = set()
+        for stage in self.stages:
+            if stage.shape[:len(self.shape)] != self.shape or stage.is_reduction and stage.n != self.n:
+                raise ValueError(f"kernel {self.name}: stage {stage.name} is not over its rows")
+            for ins in stage.body:
+                if ins.load and ins.load.buffer in per_row and not row_scalar(ins.load, self.shape, self.n):
+                    raise ValueError(f"kernel {self.name}: stage {stage.name} reads a row's value "
+                                     f"b{ins.load.buffer} at other rows")
+            per_row.update(row_values(stage, self.shape))
 
     @property
     def is_reduction(self) -> bool:
         return self.reduce is not None
 
+    @property
+    def is_rows(self) -> bool:
+        return bool(self.stages)
+
+
+def row_values(stage: LoopKernel, rows: tuple[int, ...]) -> tuple[int, ...]:
+    """The buffers a stage of a row kernel writes one value per row of."""
+    if stage.is_reduction:
+        return (stage.reduce.buffer,)
+    return tuple(buf for buf, _ in stage.stores) if prod(stage.shape) == prod(rows) else ()
+
+
+def row_scalar(load: Load, rows: tuple[int, ...], n: int) -> bool:
+    """Whether a load, at each point of rows + a row's axes (n elements), reads the value of
+    a buffer of one value per row (row-major over the rows) that belongs to that row."""
+    dense = [1] * len(rows)
+    for d in reversed(range(len(rows) - 1)):
+        dense[d] = dense[d + 1] * rows[d + 1]
+    over_rows = all(s == r or n == 1 for s, r, n in zip(load.strides, dense, rows))
+    along = n == 1 or not any(load.strides[len(rows):])
+    return over_rows and along and load.offset == 0 and not load.window
+
 
 def to_text(k: LoopKernel) -> str:
     """A kernel as readable text (dslc ir --level loops)."""
     args = ", ".join(f"b{i}: {dt}{list(shape)}" for i, (dt, shape) in enumerate(k.buffers))
-    space = f"for {list(k.shape)}" + (f" reduce {k.n}" if k.is_reduction else "")
-    lines = [f"kernel {k.name}({args}) {space}:"]
+    if k.is_rows:
+        lines = [f"kernel {k.name}({args}) rows {list(k.shape)} of {k.n}:"]
+        for stage in k.stages:
+            lines += ["  " + line for line in _stage_text(stage)]
+        return "\n".join(lines)
+    return "\n".join([f"kernel {k.name}({args}) {_space(k)}:"] + _body_text(k))
+
+
+def _space(k: LoopKernel) -> str:
+    return f"for {list(k.shape)}" + (f" reduce {k.n}" if k.is_reduction else "")
+
+
+def _stage_text(k: LoopKernel) -> list[str]:
+    return [f"stage {k.name.rsplit('.', 1)[-1]} {_space(k)}:"] + _body_text(k)
+
+
+def _body_text(k: LoopKernel) -> list[str]:
+    lines = []
     for i, ins in enumerate(k.body):
         if ins.prim == "load":
             load = ins.load
@@ -87,4 +145,4 @@ def to_text(k: LoopKernel) -> str:
         r = k.reduce
         mean = f" / {r.count}" if r.count else ""
         lines.append(f"  b{r.buffer} <- {r.combine} over {k.n} of %{r.value}{mean}")
-    return "\n".join(lines)
+    return lines

@@ -9,6 +9,11 @@ Every kernel computes exactly the bits the CPU backend computes (LANGUAGE.md §9
   1 is the halving tree (lane j ← lane j ⊕ lane j+s). Up to CHUNK elements, one warp reduces
   one result; beyond, one block does: its warps reduce the chunks, whose results wait in shared
   memory and are reduced again by the same rule (twice where there are more than CHUNK chunks).
+- A row kernel gives each row a warp (rows up to CHUNK long) or a block (longer ones), which
+  runs its stages in order: a reduction stage as above, its value then in every thread's
+  registers (`shfl.sync.idx` from lane 0, or through shared memory); a map stage over the
+  row with the warp's lanes (the block's threads) striding the row; a per-row stage in every
+  thread. A map stage's stores are seen by the later stages after `bar.warp.sync` (a barrier).
 - The contraction kernel (C[b] = A[b] @ B[b]) is tiled through shared memory, double buffered:
   each thread owns an 8 × 8 block of C for the whole K loop and accumulates
   acc = fma(A[i, k], B[k, j], acc) from -0.0 in increasing k, the definition's order.
@@ -18,6 +23,7 @@ emitted (ARCHITECTURE.md). Static shared memory stays under 48 KiB, blocks at 25
 """
 from __future__ import annotations
 
+import copy
 import math
 import shutil
 import subprocess
@@ -66,7 +72,7 @@ def extent(k: LoopKernel) -> int:
 def launch(k: LoopKernel) -> Launch:
     """The launch shape of a loop kernel's GPU entry (see the module docstring)."""
     n = extent(k)
-    if not k.is_reduction:
+    if not (k.is_reduction or k.is_rows):
         blocks = -(-n // BLOCK)
     elif k.n <= CHUNK:
         blocks = -(-n // (BLOCK // WARP))            # a warp per result
@@ -76,8 +82,9 @@ def launch(k: LoopKernel) -> Launch:
 
 
 def _levels(k: LoopKernel) -> tuple[int, int]:
-    """A long reduction's chunk count and chunk-of-chunks count (0, 0 when n ≤ CHUNK)."""
-    if not k.is_reduction or k.n <= CHUNK:
+    """A long reduction's (or row's) chunk count and chunk-of-chunks count (0, 0 when
+    n ≤ CHUNK)."""
+    if not (k.is_reduction or k.is_rows) or k.n <= CHUNK:
         return 0, 0
     chunks = -(-k.n // CHUNK)
     groups = -(-chunks // CHUNK)
@@ -91,6 +98,9 @@ def _shared_bytes(k: LoopKernel) -> int:
     chunks, groups = _levels(k)
     if not chunks:
         return 0
+    if k.is_rows:                  # each reduction stage's levels, and a slot for its value
+        return sum(_shared_bytes(s) + _bytes(s.body[s.reduce.value].dtype)
+                   for s in k.stages if s.is_reduction)
     size = _bytes(k.body[k.reduce.value].dtype)
     return size * (min(chunks, CHUNK) + (groups if groups > 1 else 0))
 
@@ -147,9 +157,20 @@ class _Builder:
 
     def shfl_down(self, value: ir.Value, delta: int) -> ir.Value:
         """The value of lane + delta of this warp (all 32 lanes take part)."""
+        return self.shuffle("down", value, delta)
+
+    def shfl_first(self, value: ir.Value) -> ir.Value:
+        """Lane 0's value, in every lane of the warp (all 32 lanes take part)."""
+        return self.shuffle("idx", value, 0)
+
+    def warp_barrier(self) -> None:
+        """The warp's lanes wait for each other; their memory accesses before it are seen after."""
+        self.b.call(self.nvvm("llvm.nvvm.bar.warp.sync", ir.VoidType(), [I32]), [ir.Constant(I32, -1)])
+
+    def shuffle(self, mode: str, value: ir.Value, lane: int) -> ir.Value:
         b = self.b
-        shfl = self.nvvm("llvm.nvvm.shfl.sync.down.i32", I32, [I32] * 4)
-        call = lambda v: b.call(shfl, [ir.Constant(I32, -1), v, ir.Constant(I32, delta),
+        shfl = self.nvvm(f"llvm.nvvm.shfl.sync.{mode}.i32", I32, [I32] * 4)
+        call = lambda v: b.call(shfl, [ir.Constant(I32, -1), v, ir.Constant(I32, lane),
                                        ir.Constant(I32, WARP - 1)])
         width = {"half": 16, "float": 32, "double": 64}[str(value.type)]
         bits = b.bitcast(value, ir.IntType(width))
@@ -226,6 +247,7 @@ class _LoopKernelGen(_Builder):
     def __init__(self, fn: ir.Function, k: LoopKernel, target: Target):
         super().__init__(fn, _index_type(k), target)
         self.k, self.ptrs = k, list(fn.args)
+        self.known: dict[int, ir.Value] = {}
 
     def body(self, offset_of: Callable) -> list[ir.Value]:
         """The kernel body's values, its loads at offset_of(load instruction)."""
@@ -233,6 +255,8 @@ class _LoopKernelGen(_Builder):
 
     def load(self, ins: Instr, at: ir.Value) -> ir.Value:
         b = self.b
+        if ins.load.buffer in self.known:             # a row kernel's value of this row
+            return self.known[ins.load.buffer]
         if getattr(ins.load, "offset", 0):            # a view that starts inside its buffer
             at = b.add(at, self.c(ins.load.offset))
         v = b.load(b.gep(self.ptrs[ins.load.buffer], [at], inbounds=True))
@@ -310,90 +334,178 @@ class _LoopKernelGen(_Builder):
             s //= 2
         return value
 
-    def reduction(self) -> None:
+    def values_of(self, o: ir.Value) -> Callable[[ir.Value], ir.Value]:
+        """Element j of the reduction of result point o: the body at the j-th reduced index."""
         b, k = self.b, self.k
-        r = k.reduce
-        outer = k.shape
-        tid = self.sreg("tid.x")
-        lane = b.urem(tid, self.c(WARP))
-        inner = {id(ins): ins.load.strides[-1] for ins in k.body if ins.prim == "load"}
+        index = self.unravel(o, k.shape)
+        loads = [ins for ins in k.body if ins.prim == "load"]
+        base = {id(ins): self.offset(index, ins.load.strides[:-1]) for ins in loads}
+        return lambda j: self.body(
+            lambda ins: b.add(base[id(ins)], b.mul(j, self.c(ins.load.strides[-1]))))[k.reduce.value]
 
-        def values_of(o: ir.Value) -> Callable:
-            index = self.unravel(o, outer)
-            base = {id(ins): self.offset(index, ins.load.strides[:-1])
-                    for ins in k.body if ins.prim == "load"}
-            return lambda j: self.body(
-                lambda ins: b.add(base[id(ins)], b.mul(j, self.c(inner[id(ins)]))))[r.value]
+    def divided(self, value: ir.Value) -> ir.Value:
+        """A mean's sum divided by its count."""
+        count = self.k.reduce.count
+        return self.b.fdiv(value, self.e.const(float(count), self.dtype)) if count else value
 
-        def finish(o: ir.Value, value: ir.Value, leader: ir.Value) -> None:
-            if r.count:
-                value = b.fdiv(value, self.e.const(float(r.count), self.dtype))
-            with b.if_then(leader):
-                self.store(r.buffer, o, value, self.dtype)
+    def warp_result(self, o: ir.Value, lane: ir.Value) -> ir.Value:
+        """Result point o reduced by this warp; valid in lane 0."""
+        return self.divided(self.warp_reduce(lane, self.c(self.k.n), self.values_of(o)))
 
-        is_lane0 = b.icmp_unsigned("==", lane, self.c(0))
+    def block_result(self, o: ir.Value, lane: ir.Value, warp: ir.Value, done: Callable[[ir.Value], None]
+                     ) -> None:
+        """Result point o reduced by this block: its warps reduce chunks into `part`, warp 0
+        reduces `part` (into `group` when there are more than CHUNK chunks, then reduces
+        `group`) and calls done(result) in its branch, valid in lane 0. Ends with a barrier."""
+        b, k = self.b, self.k
         chunks, groups = _levels(k)
-        if not chunks:                                    # a warp per result
-            warps = b.udiv(b.mul(self.sreg("nctaid.x"), self.sreg("ntid.x")), self.c(WARP))
-            warp = b.udiv(b.add(b.mul(self.sreg("ctaid.x"), self.sreg("ntid.x")), tid), self.c(WARP))
-            self.loop(warp, self.c(extent(k)), warps,
-                      lambda o: finish(o, self.warp_reduce(lane, self.c(k.n), values_of(o)), is_lane0),
-                      "result")
-            return
-
-        # a block per result: its warps reduce chunks into `part`, warp 0 reduces `part`
-        # (into `group` when there are more than CHUNK chunks, then reduces `group`)
         part = self.shared(f"{k.name}.part", SCALAR[self.dtype], min(chunks, CHUNK))
         group = self.shared(f"{k.name}.group", SCALAR[self.dtype], groups) if groups > 1 else None
-        warp = b.udiv(tid, self.c(WARP))
         warp0 = b.icmp_unsigned("==", warp, self.c(0))
-        leader = b.and_(warp0, is_lane0)
+        is_lane0 = b.icmp_unsigned("==", lane, self.c(0))
         from_shared = lambda array: lambda j: b.load(self.at(array, j))
+        value_at = self.values_of(o)
 
-        def one_result(o: ir.Value) -> None:
-            value_at = values_of(o)
+        def chunk(c: ir.Value, first: ir.Value) -> None:
+            start = b.mul(c, self.c(CHUNK))
+            size = b.sub(self.c(k.n), start)
+            size = b.select(b.icmp_signed("<", size, self.c(CHUNK)), size, self.c(CHUNK))
+            v = self.warp_reduce(lane, size, lambda j: value_at(b.add(start, j)))
+            with b.if_then(is_lane0):
+                b.store(v, self.at(part, b.sub(c, first)))
 
-            def chunk(c: ir.Value, first: ir.Value) -> None:
-                start = b.mul(c, self.c(CHUNK))
-                size = b.sub(self.c(k.n), start)
-                size = b.select(b.icmp_signed("<", size, self.c(CHUNK)), size, self.c(CHUNK))
-                v = self.warp_reduce(lane, size, lambda j: value_at(b.add(start, j)))
-                with b.if_then(is_lane0):
-                    b.store(v, self.at(part, b.sub(c, first)))
+        def one_group(g: ir.Value) -> ir.Value:
+            first = b.mul(g, self.c(CHUNK))
+            stop = b.add(first, self.c(CHUNK))
+            stop = b.select(b.icmp_signed("<", stop, self.c(chunks)), stop, self.c(chunks))
+            self.loop(b.add(first, warp), stop, self.c(BLOCK // WARP), lambda c: chunk(c, first), "chunk")
+            self.barrier()
+            return b.sub(stop, first)
 
-            def one_group(g: ir.Value) -> ir.Value | None:
-                first = b.mul(g, self.c(CHUNK))
-                stop = b.add(first, self.c(CHUNK))
-                stop = b.select(b.icmp_signed("<", stop, self.c(chunks)), stop, self.c(chunks))
-                self.loop(b.add(first, warp), stop, self.c(BLOCK // WARP), lambda c: chunk(c, first), "chunk")
+        if groups == 1:
+            count = one_group(self.c(0))
+            with b.if_then(warp0):
+                done(self.divided(self.warp_reduce(lane, count, from_shared(part))))
+        else:
+            def each_group(g: ir.Value) -> None:
+                count = one_group(g)
+                with b.if_then(warp0):
+                    v = self.warp_reduce(lane, count, from_shared(part))
+                    with b.if_then(is_lane0):
+                        b.store(v, self.at(group, g))
                 self.barrier()
-                return b.sub(stop, first)
+            self.loop(self.c(0), self.c(groups), self.c(1), each_group, "group")
+            with b.if_then(warp0):
+                done(self.divided(self.warp_reduce(lane, self.c(groups), from_shared(group))))
+        self.barrier()                                # `part` is free for the next result
 
-            if groups == 1:
-                count = one_group(self.c(0))
-                with b.if_then(warp0):
-                    finish(o, self.warp_reduce(lane, count, from_shared(part)), leader)
-            else:
-                def each_group(g: ir.Value) -> None:
-                    count = one_group(g)
-                    with b.if_then(warp0):
-                        v = self.warp_reduce(lane, count, from_shared(part))
-                        with b.if_then(is_lane0):
-                            b.store(v, self.at(group, g))
-                    self.barrier()
-                self.loop(self.c(0), self.c(groups), self.c(1), each_group, "group")
-                with b.if_then(warp0):
-                    finish(o, self.warp_reduce(lane, self.c(groups), from_shared(group)), leader)
-            self.barrier()                                # `part` is free for the next result
+    def lanes(self) -> tuple[ir.Value, ir.Value, ir.Value]:
+        """This thread's lane, warp in its block, and whether it is lane 0."""
+        tid = self.sreg("tid.x")
+        lane = self.b.urem(tid, self.c(WARP))
+        return lane, self.b.udiv(tid, self.c(WARP)), self.b.icmp_unsigned("==", lane, self.c(0))
 
-        self.loop(self.sreg("ctaid.x"), self.c(extent(k)), self.sreg("nctaid.x"), one_result, "result")
+    def each_result(self, body: Callable[[ir.Value], None]) -> None:
+        """body(o) for the result points (rows) of this warp, or of this block beyond CHUNK."""
+        b = self.b
+        if not _levels(self.k)[0]:
+            warps = b.udiv(b.mul(self.sreg("nctaid.x"), self.sreg("ntid.x")), self.c(WARP))
+            warp = b.udiv(b.add(b.mul(self.sreg("ctaid.x"), self.sreg("ntid.x")), self.sreg("tid.x")),
+                          self.c(WARP))
+            self.loop(warp, self.c(extent(self.k)), warps, body, "result")
+        else:
+            self.loop(self.sreg("ctaid.x"), self.c(extent(self.k)), self.sreg("nctaid.x"), body, "result")
+
+    def reduction(self) -> None:
+        b, r = self.b, self.k.reduce
+        lane, warp, is_lane0 = self.lanes()
+
+        def store(o: ir.Value, leader: ir.Value) -> Callable[[ir.Value], None]:
+            def done(value: ir.Value) -> None:
+                with b.if_then(leader):
+                    self.store(r.buffer, o, value, self.dtype)
+            return done
+
+        if not _levels(self.k)[0]:                       # a warp per result
+            self.each_result(lambda o: store(o, is_lane0)(self.warp_result(o, lane)))
+        else:                                            # a block per result
+            self.each_result(lambda o: self.block_result(o, lane, warp, store(o, is_lane0)))
+
+    # -------------------------------------------------------- row kernels
+
+    def rows(self) -> None:
+        """Each row's stages in order, by its warp (or block): see the module docstring."""
+        b, k = self.b, self.k
+        lane, warp, is_lane0 = self.lanes()
+        by_block = bool(_levels(k)[0])
+        first = b.icmp_unsigned("==", self.sreg("tid.x"), self.c(0)) if by_block else is_lane0
+        sync = self.barrier if by_block else self.warp_barrier
+
+        def row(o: ir.Value) -> None:
+            known: dict[int, ir.Value] = {}
+            for i, stage in enumerate(k.stages):
+                gen = copy.copy(self)
+                gen.k, gen.known = stage, known
+                if stage.is_reduction:
+                    known[stage.reduce.buffer] = gen.row_result(o, lane, warp, is_lane0, by_block)
+                elif math.prod(stage.shape) == extent(k):       # one value per row, in every thread
+                    values = gen.row_point(self.unravel(o, stage.shape))
+                    with b.if_then(first):
+                        for buf, at in stage.stores:
+                            gen.store(buf, o, values[at], stage.body[at].dtype)
+                    known.update((buf, values[at]) for buf, at in stage.stores)
+                else:
+                    step = BLOCK if by_block else WARP
+                    at = self.unravel(o, k.shape)
+                    along = stage.shape[len(k.shape):]
+
+                    def element(j: ir.Value, gen: _LoopKernelGen = gen) -> None:
+                        values = gen.row_point(at + gen.unravel(j, along))
+                        offset = b.add(b.mul(o, self.c(k.n)), j)
+                        for buf, ins in gen.k.stores:
+                            gen.store(buf, offset, values[ins], gen.k.body[ins].dtype)
+
+                    gen.loop(self.sreg("tid.x") if by_block else lane, self.c(k.n), self.c(step),
+                             element, "element")
+                    if i + 1 < len(k.stages):
+                        sync()
+
+        self.each_result(row)
+
+    def row_result(self, o: ir.Value, lane: ir.Value, warp: ir.Value, is_lane0: ir.Value,
+                   by_block: bool) -> ir.Value:
+        """A reduction stage's value of row o, stored, and in every thread of the row."""
+        b, r = self.b, self.k.reduce
+        if not by_block:
+            value = self.warp_result(o, lane)
+            with b.if_then(is_lane0):
+                self.store(r.buffer, o, value, self.dtype)
+            return self.shfl_first(value)
+        slot = self.shared(f"{self.k.name}.value", SCALAR[self.dtype], 1)
+        leader = b.and_(b.icmp_unsigned("==", warp, self.c(0)), is_lane0)
+
+        def done(value: ir.Value) -> None:
+            with b.if_then(leader):
+                self.store(r.buffer, o, value, self.dtype)
+                b.store(value, self.at(slot, self.c(0)))
+
+        self.block_result(o, lane, warp, done)                # (ends with a barrier)
+        return b.load(self.at(slot, self.c(0)))
+
+    def row_point(self, index: list[ir.Value]) -> list[ir.Value]:
+        """A map stage's body at a point (of its space) of a row."""
+        def load(ins: Instr) -> ir.Value:
+            return windowed(self.e, ins, index, lambda clamped: self.offset(clamped, ins.load.strides),
+                            lambda offset: self.load(ins, offset))
+
+        return evaluate_body(self.e, self.k, load)
 
 
 def _kernel_entry(module: ir.Module, k: LoopKernel, annotations, target: Target) -> None:
     params = [memory_type(dt).as_pointer() for dt, _ in k.buffers]
     fn = _entry(module, launch(k).entry, params, annotations, BLOCK)
     gen = _LoopKernelGen(fn, k, target)
-    gen.reduction() if k.is_reduction else gen.map()
+    gen.rows() if k.is_rows else gen.reduction() if k.is_reduction else gen.map()
     gen.b.ret_void()
 
 

@@ -19,11 +19,11 @@ arena, reused from call to call: two values share bytes only when one is dead be
 other is written."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from math import prod
 
-from backend.llvm import can_compile
-from backend.loops import Instr, Load, LoopKernel, Reduce
+from backend.llvm import can_compile, row_major
+from backend.loops import Instr, Load, LoopKernel, Reduce, row_scalar
 from backend.views import VIEWS, WINDOWS, View, identity, load_strides, load_window, view_of
 from ir.core import Function, Op, Value
 from ir.ops.base import np_dtype
@@ -95,15 +95,24 @@ def schedule(fn: Function, name: str = "k") -> Plan:
     steps: list[Step] = []
     group: list[Op] = []
     in_group: set[Value] = set()
+    space: tuple[int, ...] | None = None       # the shape of the group's elementwise ops
+    rows: tuple[int, ...] | None = None        # a row group's rows (it has reductions)
+    back = _broadcast_back(fn)
     names = (f"{name}_{i}" for i in range(10 ** 9))
 
+    def row_kernel(ops: list[Op], outer: tuple[int, ...], name: str = "rows") -> KernelStep | None:
+        return _row_kernel(name, ops, outer, users, results, constants, views)
+
     def flush() -> None:
+        nonlocal rows, space
         if group:
-            step = _map_kernel(next(names), group, users, results, constants, views)
+            step = (row_kernel(group, rows, next(names)) if rows is not None else
+                    _map_kernel(next(names), group, users, results, constants, views))
             if step.writes:                 # (all it made may have gone into reductions)
                 steps.append(step)
             group.clear()
             in_group.clear()
+        rows = space = None
 
     def copy(v: Value) -> None:
         """Kernels read the view v from a contiguous copy from here on, which a copy kernel makes."""
@@ -139,17 +148,31 @@ def schedule(fn: Function, name: str = "k") -> Plan:
         elif view is not None:
             views[op.outputs[0]] = (op, view)
         elif fusible(op):
+            joins = rows is not None and _over_rows(op, rows, space) and row_kernel(group + [op], rows)
             # a view of a value the group computes is read at other points: store it first
-            if group and (_shape(group[-1]) != _shape(op) or
-                          any(views[v][1].base in in_group for v in op.inputs if v in views)):
+            if not joins and group and (rows is not None or space != _shape(op) or
+                                        any(views[v][1].base in in_group for v in op.inputs if v in views)):
                 flush()
+            if not group:
+                space = _shape(op)
             group.append(op)
             in_group.update(op.outputs)
         elif op.prim in REDUCTIONS and _reducible(op):
             x = op.inputs[0]
+            # a reduction over a row that comes back into the row, or one more over the rows of
+            # a row group: a stage of the group's row kernel
+            outer = _rows(op)
+            if outer is not None and (id(op) in back or rows == outer and space == x.shape):
+                if group and not (space == x.shape and rows in (None, outer)):
+                    flush()
+                if row_kernel(group + [op], outer):
+                    group.append(op)
+                    in_group.update(op.outputs)
+                    rows, space = outer, x.shape
+                    continue
             # read only by this reduction: the ops of the group that make x are computed in
             # the reduction's loop instead, and x is never stored
-            fused = (x in in_group and users[x] == 1 and x not in results and
+            fused = (rows is None and x in in_group and users[x] == 1 and x not in results and
                      _reduction_kernel(next(names), op, _cone(group, x), views, constants))
             if fused:
                 users[x] -= 1
@@ -306,6 +329,195 @@ def _reduction_kernel(name: str, op: Op, cone: list[Op], views: dict[Value, tupl
     reduce = Reduce(REDUCTIONS[op.prim], where[x], len(args), n if op.prim == "mean" else None)
     kernel = LoopKernel(name, outer, buffers, tuple(body), reduce=reduce, n=n)
     return KernelStep(kernel, tuple(args) + (out,), (out,))
+
+
+# ---------------------------------------------------------------- row kernels
+
+COSTLY = {"exp", "exp2", "log", "log2", "tanh", "sigmoid", "sin", "cos"}
+
+
+def _rows(op: Op) -> tuple[int, ...] | None:
+    """The rows of a reduction over trailing axes (its kept, leading axes), or None."""
+    x = op.inputs[0]
+    axes = _axes(op)
+    first = len(x.shape) - len(axes)
+    if not 0 < first or axes != tuple(range(first, len(x.shape))) or 0 in x.shape:
+        return None
+    return x.shape[:first]
+
+
+def _over_rows(op: Op, rows: tuple[int, ...], space: tuple[int, ...]) -> bool:
+    """Whether an elementwise op computes an element of a row (the row group's space) or one
+    value per row."""
+    shape = _shape(op)
+    return shape == space or (shape[:len(rows)] == rows and prod(shape) == prod(rows))
+
+
+def _broadcast_back(fn: Function) -> set[int]:
+    """The ids of the reductions over trailing axes whose value, through views and ops of one
+    value per row, comes back into an elementwise op of the reduced value's shape (softmax,
+    layer norm): each starts a row kernel."""
+    source: dict[Value, Op] = {}
+    back: set[int] = set()
+    for op in fn.ops:
+        came = [source[v] for v in op.inputs if v in source]
+        if op.prim in REDUCTIONS and _rows(op) is not None:
+            source[op.outputs[0]] = op
+        elif came and op.prim in VIEWS:
+            source[op.outputs[0]] = came[0]
+        elif came and fusible(op):
+            if _shape(op) == came[0].inputs[0].shape:
+                back.update(id(r) for r in came)
+            elif _over_rows(op, _rows(came[0]), came[0].inputs[0].shape):
+                source[op.outputs[0]] = came[0]
+    return back
+
+
+def _dense(strides: tuple[int, ...], shape: tuple[int, ...]) -> bool:
+    return all(s == r or n == 1 for s, r, n in zip(strides, row_major(shape), shape))
+
+
+class _NotRows(Exception):
+    """The ops do not make a row kernel (a load no stage can make)."""
+
+
+def _row_kernel(name: str, ops: list[Op], rows: tuple[int, ...], users: dict[Value, int],
+                results: set[Value], constants: dict[Value, object],
+                views: dict[Value, tuple[Op, View]]) -> KernelStep | None:
+    """One kernel of stages over each row for ops that are elementwise over the rows' elements
+    (the space of the first reduction's input), reductions over the row, and elementwise ops
+    of one value per row; None where a value would be read other than a stage can.
+
+    Before each reduction, a per-row stage computes the pending ops of one value per row
+    (one stage for each of their shapes, in order); the reduction stage computes its input
+    from loads, the rows' values and the values earlier stages stored; a final map stage
+    stores the elements used after the kernel. An element value that more than one stage
+    needs is computed again by each (a few cheap operations, no memory) unless it comes from
+    a costly op (exp, log, tanh…): then a map stage stores it first, and later stages load it.
+    Every row's value a later stage reads is stored (and kept in a register there)."""
+    reductions = [op for op in ops if op.prim in REDUCTIONS]
+    space = reductions[0].inputs[0].shape
+    n = prod(space[len(rows):])
+    made = {v: op for op in ops for v in op.outputs}
+    per_row = {v for op in ops for v in op.outputs if op in reductions or _shape(op) != space}
+    uses_inside: dict[Value, int] = {}
+    for op in ops:
+        for v in op.inputs:
+            uses_inside[v] = uses_inside.get(v, 0) + 1
+    written = {v for v in made if v in results or users.get(v, 0) > uses_inside.get(v, 0)}
+
+    def cone(values: list[Value], available: set[Value]) -> list[Op]:
+        wanted, picked = {v for v in values if v not in available}, []
+        for op in reversed(ops):
+            if wanted.intersection(op.outputs):
+                picked.append(op)
+                wanted.update(v for v in op.inputs if v not in available)
+        return picked[::-1]
+
+    finals = [v for v in made if v in written and v not in per_row]
+    cones = [cone([r.inputs[0]], per_row) for r in reductions] + [cone(finals, per_row)]
+    needed = [op for c in cones for op in c]
+    materialize = {op.outputs[0] for op in set(needed) if op.prim in COSTLY and needed.count(op) > 1}
+
+    bufs: list[Value] = []
+    stored: set[Value] = set()
+    stages: list[tuple[list[Instr], tuple[int, ...], tuple[tuple[int, Value], ...], Op | None]] = []
+
+    def stage(compute: list[Op], stores: list[Value], stage_space: tuple[int, ...],
+              reduction: Op | None = None) -> None:
+        body: list[Instr] = []
+        where: dict[Value, int] = {}
+        over = space if reduction is not None else stage_space       # where loads are read
+
+        def operand(v: Value) -> int:
+            if v in where:
+                return where[v]
+            if v in constants:
+                body.append(Instr("const", (), (("value", constants[v]),), v.dtype))
+            else:
+                view = views[v][1] if v in views else identity(v)
+                base = view.base
+                if base in made and base not in stored:
+                    raise _NotRows                  # (a view of an element no stage stores)
+                strides = load_strides(view, v.shape, over)
+                load = Load(0, strides, view.offset, load_window(view, v.shape, over))
+                if base in per_row and not row_scalar(load, rows, n):
+                    raise _NotRows                  # a row's value read at other rows
+                if base in made and base not in per_row and (v in views or not _dense(strides, over)):
+                    raise _NotRows                  # a stored element read at other points
+                if reduction is not None:
+                    strides = _reduced(reduction, strides)
+                    if strides is None or load.window:
+                        raise _NotRows
+                    load = Load(0, strides, view.offset)
+                if base not in bufs:
+                    bufs.append(base)
+                body.append(Instr("load", (), (), v.dtype, replace(load, buffer=bufs.index(base))))
+            where[v] = len(body) - 1
+            return where[v]
+
+        for op in compute:
+            body.append(Instr(op.prim, tuple(operand(v) for v in op.inputs), op.params, op.outputs[0].dtype))
+            where[op.outputs[0]] = len(body) - 1
+        if reduction is not None:
+            operand(reduction.inputs[0])
+            stores = [reduction.outputs[0]]
+        for v in stores:
+            if v not in bufs:
+                bufs.append(v)
+        stored.update(stores)
+        stages.append((body, stage_space, tuple((where[reduction.inputs[0]] if reduction else where[v], v)
+                                               for v in stores), reduction))
+
+    done: set[Op] = set()
+
+    def per_row_stages(before: int) -> None:
+        pending = [op for op in ops[:before] if op not in reductions and _shape(op) != space
+                   and op not in done]
+        while pending:
+            shape = _shape(pending[0])
+            run = [op for op in pending if _shape(op) == shape]
+            pending = [op for op in pending if _shape(op) != shape]
+            others = [op for op in ops if op not in run]
+            read = {w for op in others for w in op.inputs}
+            read |= {views[w][1].base for op in others for w in op.inputs if w in views}
+            keep = [op.outputs[0] for op in run if op.outputs[0] in written or op.outputs[0] in read]
+            if keep:
+                stage(run, keep, shape)
+            done.update(run)
+
+    try:
+        for r in reductions:
+            per_row_stages(ops.index(r))
+            available = per_row | stored
+            early = [v for v in materialize if v not in stored and made[v] in cone([r.inputs[0]], available)]
+            if early:
+                stage(cone(early, available), sorted(early, key=lambda v: ops.index(made[v])), space)
+            stage(cone([r.inputs[0]], per_row | stored), [], rows, r)
+        per_row_stages(len(ops))
+        late = [v for v in finals if v not in stored]
+        if late:
+            stage(cone(late, per_row | stored), late, space)
+    except _NotRows:
+        return None
+
+    writes = [v for v in bufs if v in stored]
+    args = [v for v in bufs if v not in stored] + writes
+    number = {bufs.index(v): args.index(v) for v in bufs}
+    kernels = []
+    buffers = tuple((v.dtype, v.shape) for v in args)
+    for i, (body, stage_space, stores, reduction) in enumerate(stages):
+        body = tuple(replace(ins, load=replace(ins.load, buffer=number[ins.load.buffer])) if ins.load else ins
+                     for ins in body)
+        if reduction is None:
+            kernels.append(LoopKernel(f"{name}.s{i}", stage_space, buffers, body,
+                                      tuple((args.index(v), at) for at, v in stores)))
+        else:
+            (at, out), = stores
+            reduce = Reduce(REDUCTIONS[reduction.prim], at, args.index(out), n if reduction.prim == "mean" else None)
+            kernels.append(LoopKernel(f"{name}.s{i}", rows, buffers, body, reduce=reduce, n=n))
+    kernel = LoopKernel(name, rows, buffers, (), n=n, stages=tuple(kernels))
+    return KernelStep(kernel, tuple(args), tuple(writes))
 
 
 # ---------------------------------------------------------------- the buffer plan

@@ -172,8 +172,9 @@ def _made_once(step: Step) -> bool:
 
 
 def _extent(k: LoopKernel) -> int:
-    """The range a kernel's threads split: a map's first axis, a reduction's result points."""
-    return (prod(k.shape) if k.is_reduction else k.shape[0]) if k.shape else 1
+    """The range a kernel's threads split: a map's first axis, a reduction's result points,
+    a row kernel's rows."""
+    return (prod(k.shape) if k.is_reduction or k.is_rows else k.shape[0]) if k.shape else 1
 
 
 def _chunks(k: LoopKernel) -> int:

@@ -265,4 +265,14 @@ def test_a_reduction_computes_its_input_in_its_own_loop():
     written = {v for s in exe.plan.steps if isinstance(s, KernelStep) for v in s.writes}
     (square,) = [op.outputs[0] for op in exe.function.ops if op.prim == "mul"][:1]
     assert square not in written
-    assert any(k.is_reduction and len(k.body) > 1 for k in exe.plan.kernels)
+    stages = [s for k in exe.plan.kernels for s in k.stages or (k,)]
+    assert any(s.is_reduction and len(s.body) > 1 for s in stages)
+
+
+def test_a_reduction_not_broadcast_back_computes_its_input_in_its_own_loop():
+    def build(b, x, y):
+        return [b.emit("sum", b.emit("exp", b.emit("mul", x, y)), axis=-1)]
+    got, want, exe = run_both(build, f32(6, 50, 70), f32(70))
+    close(got, want)
+    (k,) = exe.plan.kernels
+    assert k.is_reduction and not k.is_rows and len(k.body) == 4

@@ -171,6 +171,48 @@ def test_reductions_and_contractions_assemble_within_the_limits(arch):
         assert not re.search(r"\b(add|mul|sub)\.(rn\.)?f32", mm), "only fmas touch the accumulators"
 
 
+def row_kernels() -> list[LoopKernel]:
+    """Row kernels of every length class (a warp a row, a block a row: one level, and chunks
+    of chunks), several dtypes: softmax and layer norm forward and backward, with a
+    per-row stage, a stored exp and a windowed load."""
+    out = []
+    for dtype, shape in (("f32", (3, 1)), ("f32", (5, 33)), ("f64", (2, 3, 100)),
+                         ("f32", (3, CHUNK + 7)), ("f32", (2, 3 * CHUNK))):
+        b = Builder()
+        x = b.param(tensor_type(dtype, shape))
+        g = b.param(tensor_type(dtype, shape[-1:]))
+        m = b.emit("max", x, axis=-1, keepdims=True)
+        e = b.emit("exp", b.emit("sub", x, m))
+        y = b.emit("div", e, b.emit("sum", e, axis=-1, keepdims=True))
+        mu = b.emit("mean", x, axis=-1, keepdims=True)
+        d = b.emit("sub", x, mu)
+        var = b.emit("mean", b.emit("mul", d, d), axis=-1, keepdims=True)
+        z = b.emit("mul", b.emit("mul", d, b.emit("rsqrt", b.emit("add", var, b.constant(1e-5, dtype)))), g)
+        dy = b.emit("mul", y, b.emit("sub", g, b.emit("sum", b.emit("mul", g, y), axis=-1, keepdims=True)))
+        fn = b.finish([y, z, dy])
+        out += schedule.schedule(fn, f"rows_{dtype}_{'_'.join(map(str, shape))}").kernels
+    assert all(k.is_rows for k in out)
+    return out
+
+
+@needs_ptxas
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_row_kernels_assemble_within_the_limits(arch):
+    ks = row_kernels()
+    text = nvptx.ptx(ks, arch)
+    assert not re.search(r"\bcall(\.uni)?\s", text), "a call reached the PTX"
+    nvptx.ptxas(text, arch)
+    for k in ks:
+        shape = nvptx.launch(k)
+        assert shape.block <= 1024 and 1 <= shape.grid <= nvptx.MAX_GRID_X
+        assert shape.shared <= nvptx.SHARED_LIMIT
+        body = text.split(f".entry {shape.entry}(")[1].split("\n}\n")[0]
+        if 1 < k.n <= CHUNK:                                       # a warp a row
+            assert "shfl.sync.idx" in body and "bar.warp.sync" in body
+        elif k.n > CHUNK:                                           # a block a row
+            assert "bar.sync" in body
+
+
 def test_long_reductions_stay_within_shared_memory():
     k = reduction("huge", "f64", (), CHUNK * CHUNK * nvptx.MAX_SECOND_LEVEL)
     assert nvptx.launch(k).shared <= nvptx.SHARED_LIMIT

@@ -44,7 +44,30 @@ def _shfl_down(mask: int, value: int, delta: int, clamp: int) -> int:
     return out
 
 
+def _shfl_idx(mask: int, value: int, source: int, clamp: int) -> int:
+    lane, slots, wait = _state.lane, _state.slots, _state.warp
+    slots[lane] = value
+    try:
+        wait.wait(WAIT)
+        out = slots[source]
+        wait.wait(WAIT)
+    except threading.BrokenBarrierError:
+        _errors.append("a shuffle was not reached by every lane of its warp")
+        return value
+    return out
+
+
+def _warp_barrier(mask: int) -> None:
+    try:
+        _state.warp.wait(WAIT)
+    except threading.BrokenBarrierError:
+        _errors.append("a warp barrier was not reached by every lane of its warp")
+
+
 _CALLBACKS = {f"emulated.llvm.nvvm.read.ptx.sreg.{r}": _sreg(r) for r in SREGS}
+_CALLBACKS["emulated.llvm.nvvm.shfl.sync.idx.i32"] = ctypes.CFUNCTYPE(
+    ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32)(_shfl_idx)
+_CALLBACKS["emulated.llvm.nvvm.bar.warp.sync"] = ctypes.CFUNCTYPE(None, ctypes.c_int32)(_warp_barrier)
 _CALLBACKS["emulated.llvm.nvvm.barrier0"] = ctypes.CFUNCTYPE(None)(_barrier)
 _CALLBACKS["emulated.llvm.nvvm.shfl.sync.down.i32"] = ctypes.CFUNCTYPE(
     ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32)(_shfl_down)

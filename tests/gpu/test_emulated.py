@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tests" / "backend"))
 import test_programs as programs  # noqa: E402
-from test_nvptx import reduction, window_kernels  # noqa: E402  (the same kernels, run here)
+from test_nvptx import reduction, row_kernels, window_kernels  # noqa: E402  (the same kernels, run here)
 
 NUMPY = {"f16": np.float16, "f32": np.float32, "f64": np.float64, "i32": np.int32, "i64": np.int64,
          "u32": np.uint32, "bool": np.bool_}
@@ -55,7 +55,7 @@ def same_as_cpu(kernels: list[LoopKernel], blocks: int = 3) -> None:
         ours, theirs = [a.copy() for a in inputs], [a.copy() for a in inputs]
         shape = nvptx.launch(k)
         gpu.launch(shape.entry, (min(shape.grid, blocks), 1, 1), shape.block, [a.ctypes.data for a in ours])
-        extent = (math.prod(k.shape) if k.is_reduction else k.shape[0]) if k.shape else 1
+        extent = (math.prod(k.shape) if k.is_reduction or k.is_rows else k.shape[0]) if k.shape else 1
         cpu.functions[k.name]((ctypes.c_void_p * len(theirs))(*[a.ctypes.data for a in theirs]), 0, extent)
         for i, (g, c) in enumerate(zip(ours, theirs)):
             assert same_bits(g, c), f"kernel {k.name}: buffer {i} differs from the CPU's"
@@ -96,6 +96,10 @@ def test_reductions_of_chunks_of_chunks(monkeypatch):
     shape = nvptx.launch(k)
     Emulator([k]).launch(shape.entry, (1, 1, 1), shape.block, [x.ctypes.data, out.ctypes.data])
     assert same_bits(out, numerics.reduce(x, (1,), np.add, -0.0))
+
+
+def test_row_kernels_give_the_cpus_bits():
+    same_as_cpu(row_kernels(), blocks=2)
 
 
 def test_windowed_loads_read_what_the_cpu_reads():

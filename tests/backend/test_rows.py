@@ -1,0 +1,197 @@
+"""Row kernels: a reduction over trailing axes whose value comes back into the row (softmax,
+layer norm, their gradients) is one kernel of stages per row, with the bits of the same
+operations done op by op — the reference interpreter, its exp, log, tanh… taken from the
+compiled math library (the interpreter's own are NumPy's, docs/numerics.md) — on any
+number of threads."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import dsl
+from backend.llvm import MATH
+from backend.loops import to_text
+from ir import interp
+from ir.core import Builder, Function, tensor_type
+from runtime.cpu import Executable
+
+rng = np.random.default_rng(7)
+
+SOURCE = """
+from nn import softmax, log_softmax, layer_norm, rms_norm
+
+def sm(x: f32[B, T]) -> f32[B, T]:
+  return softmax(x)
+
+def lsm(x: f32[B, T]) -> f32[B, T]:
+  return log_softmax(x)
+
+def ln(x: f32[B, T], g: f32[T], b: f32[T]) -> f32[B, T]:
+  return layer_norm(x, g, b)
+
+def rms(x: f32[B, T], g: f32[T]) -> f32[B, T]:
+  return rms_norm(x, g)
+
+def sm_loss(x: f32[B, T], w: f32[B, T]) -> f32:
+  return sum(softmax(x) * w)
+
+def lsm_loss(x: f32[B, T], w: f32[B, T]) -> f32:
+  return sum(log_softmax(x) * w)
+
+def ln_loss(x: f32[B, T], g: f32[T], b: f32[T], w: f32[B, T]) -> f32:
+  return sum(layer_norm(x, g, b) * w)
+
+def rms_loss(x: f32[B, T], g: f32[T], w: f32[B, T]) -> f32:
+  return sum(rms_norm(x, g) * w)
+
+def sm_grad(x: f32[B, T], w: f32[B, T]) -> f32[B, T]:
+  l, g = value_and_grad(sm_loss, wrt=x)(x, w)
+  return g
+
+def lsm_grad(x: f32[B, T], w: f32[B, T]) -> f32[B, T]:
+  l, g = value_and_grad(lsm_loss, wrt=x)(x, w)
+  return g
+
+def ln_grad(x: f32[B, T], g: f32[T], b: f32[T], w: f32[B, T]) -> (f32[B, T], f32[T], f32[T]):
+  l, d = value_and_grad(ln_loss, wrt=(x, g, b))(x, g, b, w)
+  return d
+
+def rms_grad(x: f32[B, T], g: f32[T], w: f32[B, T]) -> (f32[B, T], f32[T]):
+  l, d = value_and_grad(rms_loss, wrt=(x, g))(x, g, w)
+  return d
+"""
+PROGRAM = dsl.loads(SOURCE, device="reference")
+
+# each entry's arguments besides x: [T] gains and biases, [B, T] weights of the loss
+EXTRA = {"sm": "", "lsm": "", "ln": "gb", "rms": "g", "sm_grad": "w", "lsm_grad": "w",
+         "ln_grad": "gbw", "rms_grad": "gw"}
+
+
+def reference(fn: Function, arrays: list[np.ndarray]) -> list[np.ndarray]:
+    """fn op by op: the interpreter, but exp, log, tanh… by the compiled math library."""
+    env = dict(zip(fn.params, arrays))
+    for op in fn.ops:
+        inputs = [env[v] for v in op.inputs]
+        if op.prim in MATH:
+            b = Builder()
+            x = b.param(op.inputs[0].type)
+            outs = Executable(b.finish([b.emit(op.prim, x, **op.attrs)])).run(inputs)
+        else:
+            outs = interp.evaluate(op, inputs)
+        env.update(zip(op.outputs, outs))
+    return [env[v] for v in fn.results]
+
+
+def lowered(name: str, x: np.ndarray) -> tuple[Function, list[np.ndarray]]:
+    b_, t = x.shape
+    extra = {"g": rng.standard_normal(t).astype(np.float32), "b": rng.standard_normal(t).astype(np.float32),
+             "w": rng.standard_normal((b_, t)).astype(np.float32)}
+    low, inputs = PROGRAM.lower(name, (x, *[extra[c] for c in EXTRA[name]]), {})
+    return low.function, inputs.arrays
+
+
+def assert_same_bits(got: list, want: list) -> None:
+    """Equal bits, except that a NaN's sign and payload are the compiler's choice (which
+    operand of a commutative operation it keeps)."""
+    for g, w in zip(got, want, strict=True):
+        g, w = np.asarray(g), np.asarray(w)
+        assert g.dtype == w.dtype and g.shape == w.shape
+        same = (g.view(np.uint32) == w.view(np.uint32)) | (np.isnan(g) & np.isnan(w))
+        assert same.all(), f"{(~same).sum()} differ, by at most {np.nanmax(np.abs(g - w))}"
+
+
+def row_kernels(exe: Executable) -> list:
+    return [k for k in exe.plan.kernels if k.is_rows]
+
+
+def inputs(rows: int, length: int, special: bool = False) -> np.ndarray:
+    x = (rng.standard_normal((rows, length)) * 3).astype(np.float32)
+    if special:
+        values = np.array([np.nan, np.inf, -np.inf, -0.0, 0.0, 1e30, -1e-40], np.float32)
+        at = rng.integers(0, x.size, min(x.size, 12))
+        x.flat[at] = values[np.arange(at.size) % values.size]
+        x[-1] = -np.inf                                  # a row of -inf: NaN from softmax
+        x[0] = -0.0
+    return x
+
+
+@pytest.mark.parametrize("name", list(EXTRA))
+@pytest.mark.parametrize("length", [1, 31, 32, 33, 1000, 5000])
+def test_norms_and_softmaxes_match_the_operations_done_one_by_one(name, length):
+    fn, arrays = lowered(name, inputs(3 if length == 5000 else 7, length))
+    exe = Executable(fn)
+    assert row_kernels(exe), "no row kernel"
+    assert_same_bits(exe.run(arrays), reference(fn, arrays))
+
+
+@pytest.mark.parametrize("name", list(EXTRA))
+def test_nan_inf_and_negative_zero_in_rows(name):
+    fn, arrays = lowered(name, inputs(6, 45, special=True))
+    assert_same_bits(Executable(fn).run(arrays), reference(fn, arrays))
+
+
+@pytest.mark.parametrize("threads", ["1", "2", "3"])
+@pytest.mark.parametrize("name", ["sm_grad", "ln_grad"])
+def test_bits_do_not_depend_on_the_threads(monkeypatch, name, threads):
+    monkeypatch.setenv("DSLC_THREADS", threads)
+    fn, arrays = lowered(name, inputs(2048, 300))
+    exe = Executable(fn)
+    assert row_kernels(exe)
+    assert_same_bits(exe.run(arrays), reference(fn, arrays))
+
+
+def test_softmax_forward_is_one_kernel():
+    fn, arrays = lowered("sm", inputs(4, 50))
+    exe = Executable(fn)
+    (k,) = exe.plan.kernels
+    assert k.is_rows and [s.is_reduction for s in k.stages] == [True, False, False, True, False]
+    assert "rows [4] of 50" in to_text(k)
+
+
+def test_layer_norm_forward_is_one_kernel_that_reads_x_in_each_stage():
+    fn, arrays = lowered("ln", inputs(4, 50))
+    (k,) = Executable(fn).plan.kernels
+    assert [s.is_reduction for s in k.stages] == [True, True, False, False]
+
+
+def build(body, *arrays):
+    b = Builder()
+    params = [b.param(tensor_type("f32", a.shape)) for a in arrays]
+    return b.finish(list(body(b, *params)))
+
+
+def test_a_row_whose_input_is_also_used_elsewhere():
+    # x * 2 is the reduction's input, is broadcast against, and is a result itself
+    def body(b, x):
+        y = b.emit("mul", x, b.constant(2.0, "f32"))
+        s = b.emit("sum", y, axis=-1, keepdims=True)
+        return [b.emit("div", y, s), y, b.emit("sum", y, axis=0)]
+    x = inputs(9, 40)
+    fn = build(body, x)
+    exe = Executable(fn)
+    assert row_kernels(exe)
+    assert_same_bits(exe.run([x]), reference(fn, [x]))
+
+
+def test_a_reduction_over_a_middle_axis_is_not_a_row():
+    def body(b, x):
+        m = b.emit("max", x, axis=1, keepdims=True)
+        return [b.emit("sub", x, m)]
+    x = rng.standard_normal((3, 17, 5)).astype(np.float32)
+    fn = build(body, x)
+    exe = Executable(fn)
+    assert not row_kernels(exe)
+    assert_same_bits(exe.run([x]), reference(fn, [x]))
+
+
+def test_rows_over_two_trailing_axes_and_a_broadcast_row_value():
+    def body(b, x, y):
+        m = b.emit("mean", x, axis=(1, 2), keepdims=True)
+        d = b.emit("sub", x, m)
+        v = b.emit("sum", b.emit("mul", d, y), axis=(1, 2))         # not kept: [4]
+        return [b.emit("mul", d, b.emit("reshape", v, shape=(4, 1, 1))), v]
+    x, y = inputs(4, 24).reshape(4, 3, 8), rng.standard_normal((3, 8)).astype(np.float32)
+    fn = build(body, x, y)
+    exe = Executable(fn)
+    assert row_kernels(exe)
+    assert_same_bits(exe.run([x, y]), reference(fn, [x, y]))
