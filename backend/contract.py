@@ -10,8 +10,7 @@ thread count. The generated function, in C:
               int64_t batch, int64_t M, int64_t N, int64_t K,
               int64_t a_stride, int64_t b_stride, int64_t c_stride,
               int64_t a_row, int64_t a_col, int64_t b_row, int64_t b_col,
-              T *scratch, int64_t *counters, int64_t generation,
-              int64_t thread_index, int64_t thread_count);
+              T *scratch, int64_t *next_job, int64_t thread_index, int64_t thread_count);
 
 T is float (f32) or double (f64); the strides are the elements between batch entries (0
 broadcasts an operand), and A[i, k] is A[i·a_row + k·a_col] (B likewise), so a transposed
@@ -27,14 +26,11 @@ lanes past N), so an edge of C costs neither a copy nor a whole tile's work.
 Threads: C is cut into jobs (one batch entry × a block of rows × a block of columns, each
 running the whole K loop of its elements; about JOBS_PER_THREAD per thread where the shape
 allows). The runtime calls the function once for every thread_index in [0, thread_count),
-concurrently or one after another, all with the same arguments except thread_index.
-counters[CLAIMS] holds generation << 32 and counters[FINISHED] 0 before the first call
-starts: each call claims the next job of its generation with a compare-and-swap until none is
-left, so a thread the OS holds up leaves its share to the others, and every element is
-written by exactly one call. The call of thread 0 returns when every job is finished; the
-others may return later, having claimed nothing (the counters must outlive them). Matmul
-runs thread 0 on the caller and the others in NAME.serve, which spins a while after each
-product for the next one, so that back-to-back products do not wait for threads to wake.
+concurrently or one after another, all with the same arguments except thread_index, and
+waits for all of them. *next_job is zero before the first call starts: each call takes the
+next job from it with an atomic add until none is left, so a thread the OS holds up leaves its
+share to the others, and every element is written by exactly one call. NAME.task is the same
+function as a task of the host's thread team (backend/team.py), its arguments in an array.
 The job grid depends on thread_count; the bits depend on neither the grid nor which thread
 ran a job.
 
@@ -47,7 +43,6 @@ packed panels to shared memory and the register tile to one thread's (or warp's)
 """
 from __future__ import annotations
 
-import concurrent.futures
 import ctypes
 import functools
 import hashlib
@@ -62,7 +57,8 @@ import numpy as np
 from llvmlite import binding as llvm
 from llvmlite import ir
 
-from backend.cpu import _wait_function, address
+from backend.cpu import address
+from backend.team import team
 from runtime import cache
 
 I1, I32, I64 = ir.IntType(1), ir.IntType(32), ir.IntType(64)
@@ -73,14 +69,7 @@ UNROLL = 4      # k steps per trip of the register tile's main loop
 JOBS_PER_THREAD = 4   # so that a thread the OS holds up leaves a share to the others
 MIN_JOB_ROWS = 96     # each job packs its B panel: fewer rows would not pay for it
 PACK_ROWS = 16  # rows of a B of general strides packed per pass (a cache line of f32)
-# The int64 words threads share (each on its own cache line): the kernel's claims and finished
-# jobs, then serve's mailbox: the posted generation, the arguments, and a state per thread.
-CLAIMS, FINISHED, POSTED, STATE = 0, 8, 16, 40
-COUNTERS = 16       # the words the kernel uses
-MAX_THREADS = 64
-MAILBOX = STATE + 8 * MAX_THREADS
-SPIN_CYCLES = 1 << 20   # time-stamp counts (~0.3 ms) a helper spins for the next call
-ASLEEP, AWAKE = 0, 1
+ARGUMENTS = 16      # NAME.task's array: A … b_col, scratch, next_job
 
 
 @dataclass(frozen=True)
@@ -303,23 +292,22 @@ def _build_tile(module: ir.Module, name: str, dtype: str, t: Tiles, nv: int) -> 
 
 def build_matmul(module: ir.Module, name: str, dtype: str, tiles: Tiles | None = None
                  ) -> ir.Function:
-    """Add NAME (the C signature is in this module's docstring) and its internal tile
+    """Add NAME (the C signature is in this module's docstring), NAME.task and the internal
     tile functions NAME.tile1 … NAME.tile{nv} (one per tile width in vectors) to module."""
     t = tiles or host_tiles(dtype)
     tiles_by_width = [_build_tile(module, f"{name}.tile{nv}", dtype, t, nv)
                       for nv in range(1, t.nv + 1)]
     p = SCALAR[dtype].as_pointer()
     fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [p, p, p] + [I64] * 11 +
-                                             [p, I64.as_pointer(), I64, I64, I64]), name)
+                                             [p, I64.as_pointer(), I64, I64]), name)
     (A, B, C, batch, M, N, K, sa, sb, sc, a_row, a_col, b_row, b_col,
-     scratch, counters, generation, tid, nthreads) = fn.args
+     scratch, next_job, tid, nthreads) = fn.args
     for arg, label in zip(fn.args, "A B C batch M N K a_stride b_stride c_stride a_row a_col "
-                                   "b_row b_col scratch counters generation thread_index "
+                                   "b_row b_col scratch next_job thread_index "
                                    "thread_count".split()):
         arg.name = label
     e = _Emitter(fn, dtype, t)
     b = e.b
-    finished = b.gep(counters, [_i64(FINISHED)])
     a_pack = e.at(scratch, b.mul(tid, _i64(t.scratch_elements)))
     b_pack = e.at(a_pack, t.mc * t.kc)
 
@@ -343,20 +331,11 @@ def build_matmul(module: ir.Module, name: str, dtype: str, tiles: Tiles | None =
     cols = b.mul(e.ceil_div(col_panels, n_cols), _i64(t.nr))
     jobs = b.mul(jobs, n_rows)
 
-    # A claim is a compare-and-swap of (generation << 32) + next job: a thread holding the
-    # arguments of an earlier call (see serve) finds another generation and claims nothing.
-    head, claim, body, done = (fn.append_basic_block(f"job.{s}")
-                               for s in ("head", "claim", "body", "done"))
+    head, body, done = (fn.append_basic_block(f"job.{s}") for s in ("head", "body", "done"))
     b.branch(head)
     b.position_at_end(head)
-    word = b.load_atomic(counters, "monotonic", 8)
-    job = b.and_(word, _i64(0xFFFFFFFF), name="job")
-    ours = b.icmp_signed("==", b.ashr(word, _i64(32)), generation)
-    b.cbranch(b.and_(ours, b.icmp_signed("<", job, jobs)), claim, done)
-    b.position_at_end(claim)
-    swapped = b.extract_value(b.cmpxchg(counters, word, b.add(word, _i64(1)), "acq_rel",
-                                        "monotonic"), 1)
-    b.cbranch(swapped, body, head)
+    job = b.atomic_rmw("add", next_job, _i64(1), "monotonic", name="job")
+    b.cbranch(b.icmp_signed("<", job, jobs), body, done)
     b.position_at_end(body)
     jn = b.srem(job, n_cols)
     jm = b.srem(b.sdiv(job, n_cols), n_rows)
@@ -370,75 +349,26 @@ def build_matmul(module: ir.Module, name: str, dtype: str, tiles: Tiles | None =
     with b.if_then(live):
         _job(e, tiles_by_width, (a_base, a_row, a_col), (b_base, b_row, b_col), c_base, mj, nj,
              K, N, a_pack, b_pack)
-    b.atomic_rmw("add", finished, _i64(1), "release")
     b.branch(head)
     b.position_at_end(done)
-    # Thread 0 returns once every job is finished, by whichever thread; a thread that starts
-    # after the last job was claimed touches nothing, so nobody waits for it.
-    with b.if_then(b.icmp_signed("==", tid, _i64(0))):
-        b.call(_wait_function(module), [finished, jobs])
     b.ret_void()
-    _build_serve(module, f"{name}.serve", fn)
+    _build_task(module, f"{name}.task", fn)
     return fn
 
 
-def _build_serve(module: ir.Module, name: str, kernel: ir.Function) -> None:
-    """void serve(int64_t *mailbox, int64_t thread_index): a helper thread's loop. It runs the
-    kernel for each generation posted in the mailbox, spinning SPIN_CYCLES between calls, so
-    that back-to-back products need not wake it; then it marks itself ASLEEP and returns."""
-    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [I64.as_pointer(), I64]), name)
-    box, tid = fn.args
+def _build_task(module: ir.Module, name: str, kernel: ir.Function) -> None:
+    """void task(int64_t *arguments, int64_t thread_index, int64_t thread_count): the kernel
+    with its first ARGUMENTS arguments read from an array, as the thread team calls tasks."""
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [ir.IntType(8).as_pointer(), I64, I64]),
+                     name)
+    words, tid, count = fn.args
     b = ir.IRBuilder(fn.append_basic_block("entry"))
-    word = lambda i: b.gep(box, [_i64(i)])
-    clock = lambda: b.call(module.declare_intrinsic("llvm.readcyclecounter",
-                                                    fnty=ir.FunctionType(I64, [])), [])
-    state = b.gep(box, [b.add(_i64(STATE), b.mul(tid, _i64(8)))])
-    entry = b.block
-    start, spin, wait, pause, work, sleep, again, leave = (
-        fn.append_basic_block(s)
-        for s in ("start", "spin", "wait", "pause", "work", "sleep", "again", "leave"))
-    b.branch(start)
-    b.position_at_end(start)
-    seen = b.phi(I64, "seen")
-    seen.add_incoming(_i64(0), entry)           # generations start at 1: serve the posted one
-    since = clock()
-    b.branch(spin)
-    b.position_at_end(spin)
-    posted = b.load_atomic(word(POSTED), "acquire", 8)
-    b.cbranch(b.icmp_signed("!=", posted, seen), work, wait)
-    b.position_at_end(wait)
-    b.cbranch(b.icmp_signed(">", b.sub(clock(), since), _i64(SPIN_CYCLES)), sleep, pause)
-    b.position_at_end(pause)
-    b.call(module.declare_intrinsic("llvm.x86.sse2.pause",
-                                    fnty=ir.FunctionType(ir.VoidType(), [])), [])
-    b.call(_sched_yield(module), [])            # the core goes to any other runnable thread
-    b.branch(spin)
-
-    # Memory order: the arguments are loaded with acquire ordering, before any claim; if they
-    # are torn by the next call's post, that post changed the claims' generation first, so the
-    # kernel claims nothing with them.
-    b.position_at_end(work)
-    args = [b.load_atomic(word(POSTED + 1 + i), "acquire", 8) for i in range(16)]
-    count = args[-1]
-    with b.if_then(b.icmp_signed("<", tid, count)):          # posted to fewer threads: not us
-        kernel_args = [b.inttoptr(v, ty) if isinstance(ty, ir.PointerType) else v
-                       for v, ty in zip(args[:15], [a.type for a in kernel.args[:15]])]
-        b.call(kernel, kernel_args + [box, posted, tid, count])
-    seen.add_incoming(posted, b.block)
-    b.branch(start)
-
-    # Asleep, then one more look (a post that read the state just before sees it now; one
-    # that raced past both runs without us: only speed is lost, never a job).
-    b.position_at_end(sleep)
-    b.store_atomic(_i64(ASLEEP), state, "seq_cst", 8)
-    late = b.icmp_signed("!=", b.load_atomic(word(POSTED), "seq_cst", 8), seen)
-    b.cbranch(late, again, leave)
-    b.position_at_end(leave)
+    words = b.bitcast(words, I64.as_pointer())
+    args = [b.load(b.gep(words, [_i64(i)])) for i in range(ARGUMENTS)]
+    args = [b.inttoptr(v, a.type) if isinstance(a.type, ir.PointerType) else v
+            for v, a in zip(args, kernel.args)]
+    b.call(kernel, args + [tid, count])
     b.ret_void()
-    b.position_at_end(again)
-    b.store_atomic(_i64(AWAKE), state, "seq_cst", 8)
-    seen.add_incoming(seen, again)
-    b.branch(start)
 
 
 def _job(e: _Emitter, tiles_by_width, a, b_, c_base, mj, nj, K, N, a_pack, b_pack) -> None:
@@ -516,12 +446,6 @@ def _prefetch_next(e: _Emitter, c_block, ldc, ir_, jr, mb, nj) -> None:
         for col in [b.add(j, _i64(c)) for c in range(0, t.nr, line)] + [last]:
             b.call(prefetch, [b.bitcast(e.at(row, e.min(col, last)), ir.PointerType()),
                               ir.Constant(I32, 1), ir.Constant(I32, 3), ir.Constant(I32, 1)])
-
-
-def _sched_yield(module: ir.Module) -> ir.Function:
-    """libc's sched_yield (host_target_machine names it for the JIT)."""
-    return module.globals.get("sched_yield") or ir.Function(module, ir.FunctionType(I32, []),
-                                                            "sched_yield")
 
 
 def _pack_b(e: _Emitter, src, ld, col, kc, nj, dst) -> None:
@@ -641,9 +565,6 @@ def host_target_machine() -> llvm.TargetMachine:
     """The host CPU by name and features, codegen at -O3, for MCJIT."""
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
-    # thread 0's wait (backend.cpu's) yields through libc's sched_yield, named for the JIT
-    llvm.add_symbol("sched_yield",
-                    ctypes.cast(ctypes.CDLL(None).sched_yield, ctypes.c_void_p).value)
     return llvm.Target.from_default_triple().create_target_machine(
         cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(),
         opt=3, codemodel="jitdefault", jit=True)
@@ -678,17 +599,14 @@ class Matmul:
             self.engine.set_object_cache(lambda _, data: cache.store(k, data), lambda _: None)
         self.engine.finalize_object()
         self.fn = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * 3, *[ctypes.c_int64] * 11,
-                                   ctypes.c_void_p, ctypes.c_void_p, *[ctypes.c_int64] * 3)(
+                                   ctypes.c_void_p, ctypes.c_void_p, *[ctypes.c_int64] * 2)(
             self.engine.get_function_address("matmul"))
-        self.serve = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64)(
-            self.engine.get_function_address("matmul.serve"))
-        self._pool: list[concurrent.futures.ThreadPoolExecutor] = []
+        self.task = self.engine.get_function_address("matmul.task")
         self._lock = threading.Lock()
-        self._mailbox = _aligned_zeros(MAILBOX)
-        self._mailbox_address = address(self._mailbox)
-        self._generation = 0
+        self._arguments = np.zeros(ARGUMENTS + 8, dtype=np.int64)   # next_job in the last line
+        self._next_job = self._arguments[ARGUMENTS:]
+        self._arguments[ARGUMENTS - 1] = address(self._next_job)
         self._scratch = np.empty(0, dtype=NUMPY[self.dtype])
-        self._scratch_at = 0
 
     @functools.cached_property
     def llvm_ir(self) -> str:
@@ -698,37 +616,25 @@ class Matmul:
         build_matmul(module, "matmul", self.dtype, self.tiles)
         return str(module)
 
-    def _wake(self, threads: int) -> None:
-        """Start serve on each helper thread below `threads` that is not spinning."""
-        while len(self._pool) < threads - 1:
-            self._pool.append(concurrent.futures.ThreadPoolExecutor(1))
-        for t in range(1, threads):
-            if self._mailbox[STATE + 8 * t] == ASLEEP:
-                self._mailbox[STATE + 8 * t] = AWAKE
-                self._pool[t - 1].submit(self._serve, t)
-
-    def _serve(self, thread_index: int) -> None:
-        self.serve(self._mailbox_address, thread_index)     # self keeps the mailbox alive
-
     def scratch(self, threads: int) -> np.ndarray:
         """Scratch for `threads` threads (kept: a fresh buffer costs page faults each call)."""
         if self._scratch.size < threads * self.tiles.scratch_elements + 64:
             self._scratch = np.empty(threads * self.tiles.scratch_elements + 64,
                                      dtype=NUMPY[self.dtype])
-            self._scratch_at = _aligned(self._scratch)
+            self._arguments[ARGUMENTS - 2] = _aligned(self._scratch)
         return self._scratch
 
     def call(self, a: np.ndarray, b: np.ndarray, c: np.ndarray, scratch: np.ndarray,
-             counters: np.ndarray, thread_index: int, thread_count: int) -> None:
+             next_job: np.ndarray, thread_index: int, thread_count: int) -> None:
         """One thread's part of c = a @ b: a [batch|1, M, K] and b [batch|1, K, N] of any
-        strides, c [batch, M, N] C-contiguous, all of the kernel's dtype; counters is an
-        int64[COUNTERS], zero before the first thread starts, shared by the thread_count calls."""
-        if not 0 <= thread_index < thread_count or counters.dtype != np.int64 \
-                or counters.size < COUNTERS or scratch.dtype != NUMPY[self.dtype] \
+        strides, c [batch, M, N] C-contiguous, all of the kernel's dtype; next_job is an
+        int64[1], zero before the first thread starts, shared by the thread_count calls."""
+        if not 0 <= thread_index < thread_count or next_job.dtype != np.int64 \
+                or scratch.dtype != NUMPY[self.dtype] \
                 or scratch.size < thread_count * self.tiles.scratch_elements + 64:
-            raise ValueError(f"thread {thread_index} of {thread_count}, counters {counters}, "
+            raise ValueError(f"thread {thread_index} of {thread_count}, next_job {next_job}, "
                              f"scratch {scratch.dtype} [{scratch.size}]")
-        self.fn(*self.arguments(a, b, c), _aligned(scratch), address(counters), 0,
+        self.fn(*self.arguments(a, b, c), _aligned(scratch), address(next_job),
                 thread_index, thread_count)
 
     def arguments(self, a: np.ndarray, b: np.ndarray, c: np.ndarray) -> tuple:
@@ -749,8 +655,8 @@ class Matmul:
     def __call__(self, a: np.ndarray, b: np.ndarray, threads: int = 1,
                  out: np.ndarray | None = None) -> np.ndarray:
         """a @ b for operands of rank 2 or more (batch axes broadcast as NumPy does), computed
-        by `threads` threads (this one, and helpers in serve: ctypes lets go of the GIL), into
-        `out` (C-contiguous, of the result's shape) when given."""
+        by `threads` threads (this one and the team's helpers), into `out` (C-contiguous, of
+        the result's shape) when given."""
         dtype = NUMPY[self.dtype]
         a, b = a.astype(dtype, copy=False), b.astype(dtype, copy=False)
         if a.ndim == b.ndim == 2:
@@ -768,20 +674,13 @@ class Matmul:
                                     and out.size == math.prod(c_shape)):
             raise ValueError(f"out must be a C-contiguous {self.dtype} array of {c_shape}")
         c = np.empty(c_shape, dtype=NUMPY[self.dtype]) if out is None else out.reshape(c_shape)
-        if not 1 <= threads <= MAX_THREADS:
-            raise ValueError(f"threads must be in [1, {MAX_THREADS}], not {threads}")
+        if threads < 1:
+            raise ValueError(f"threads must be at least 1, not {threads}")
         with self._lock:                                   # one scratch buffer, one call
             self.scratch(threads)
-            args = self.arguments(a3, b3, c) + (self._scratch_at,)
-            box = self._mailbox
-            self._generation = self._generation % (1 << 30) + 1
-            # memory order: the claims' new generation before the arguments (see serve)
-            box[CLAIMS], box[FINISHED] = self._generation << 32, 0
-            if threads > 1:
-                box[POSTED + 1:POSTED + 17] = args + (threads,)
-                box[POSTED] = self._generation
-                self._wake(threads)
-            self.fn(*args, self._mailbox_address, self._generation, 0, threads)  # all done after
+            self._arguments[:ARGUMENTS - 2] = self.arguments(a3, b3, c)
+            self._next_job[0] = 0
+            team().run(self.task, self._arguments.ctypes.data, threads)
         return c.reshape(shape + (a.shape[-2], b.shape[-1]))
 
 
@@ -789,13 +688,6 @@ class Matmul:
 def _source_digest() -> str:
     """A digest of this module: a change to the kernel must not reuse the old object code."""
     return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
-
-
-def _aligned_zeros(n: int) -> np.ndarray:
-    """n int64 zeros starting on a cache line."""
-    raw = np.zeros(n + 8, dtype=np.int64)
-    skip = -raw.ctypes.data % 64 // 8
-    return raw[skip:skip + n]
 
 
 def _aligned(scratch: np.ndarray) -> int:

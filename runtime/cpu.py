@@ -1,15 +1,14 @@
 """Running compiled code on the CPU: NumPy arrays as buffers, kernels called through ctypes,
-split across DSLC_THREADS threads (default: the number of cores). Intermediate values live in
-an arena reused from call to call (the buffer plan of backend/schedule.py), runs of
-consecutive kernels are one call each (shared by the threads when large enough), and plans
-come from the compile cache when they can."""
+split across DSLC_THREADS threads (default: the number of cores), the thread team of
+backend/team.py. Intermediate values live in an arena reused from call to call (the buffer
+plan of backend/schedule.py), runs of consecutive kernels are one call each (shared by the
+threads when large enough), and plans come from the compile cache when they can."""
 from __future__ import annotations
 
 import ctypes
 import functools
 import hashlib
 import os
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import accumulate
 from math import prod
@@ -20,19 +19,31 @@ import numpy as np
 from backend.cpu import Compiled, Run, address, sync_words
 from backend.llvm import grain
 from backend.loops import LoopKernel
-from backend.schedule import (ALIGN, ContractStep, HostStep, KernelStep, Memory, Plan, Step,
-                              ViewStep, last_uses, made_once, nbytes, plan_memory,
-                              schedule)
+from backend.schedule import (
+    ALIGN,
+    ContractStep,
+    HostStep,
+    KernelStep,
+    Memory,
+    Plan,
+    Step,
+    ViewStep,
+    last_uses,
+    made_once,
+    nbytes,
+    plan_memory,
+    schedule,
+)
+from backend.team import team
 from ir import interp
 from ir.core import Function, Op, Value, bind_inputs
-from ir.passes import einsum_as_matmul
 from ir.ops.base import np_dtype
+from ir.passes import einsum_as_matmul
 from runtime import cache
 
 MIN_RUN_WORK = 1 << 19      # elements a run's kernels visit, in all: below this, one thread
 MIN_CHUNK_WORK = 1 << 12    # elements of one chunk of a kernel in a run (see backend/cpu.py)
 MIN_MULTIPLY_ADDS_PER_THREAD = 1 << 20     # a contraction's threads get at least this many
-_pool: ThreadPoolExecutor | None = None
 
 
 def threads() -> int:
@@ -43,13 +54,6 @@ def threads() -> int:
 @functools.cache
 def _cores() -> int:
     return os.cpu_count() or 1
-
-
-def pool() -> ThreadPoolExecutor:
-    global _pool
-    if _pool is None:
-        _pool = ThreadPoolExecutor(max_workers=max(threads(), 1), thread_name_prefix="dslc")
-    return _pool
 
 
 class Executable:
@@ -92,7 +96,6 @@ class Executable:
         try:
             return self._run(arena, arrays)
         finally:
-            arena.settle()
             self._arenas.append(arena)
 
     def _run(self, arena: _Arena, arrays: list[np.ndarray]) -> list[np.ndarray]:
@@ -223,33 +226,25 @@ def _in_run(env: dict, pointers: None, threads: int) -> None:
 
 class _Arena:
     """One call's memory: the arena's bytes, a view of them for each value planned there,
-    each run's argument table with the arena's addresses filled in, and the helper calls the
-    runs started (a helper may still be on its way in, to find its run closed, when the
-    caller is done with the run)."""
+    and each run's argument table with the arena's addresses filled in."""
 
     def __init__(self, exe: Executable):
         self.memory = np.empty(exe.memory.size + ALIGN, np.uint8)
         base = -self.memory.ctypes.data % ALIGN
         self.views = {v: self.memory[base + off:base + off + nbytes(v)].view(np_dtype(v.dtype)).reshape(v.shape)
                       for v, off in exe.memory.offsets.items()}
-        self.helpers: list[Future] = []
-        self.pointers = [launch.pointers(self.views, self.helpers) if isinstance(launch, _RunLaunch)
+        self.pointers = [launch.pointers(self.views) if isinstance(launch, _RunLaunch)
                          else None for launch in exe.launches]
-
-    def settle(self) -> None:
-        """Wait for the helpers of this call: none may outlive it (nor read the words the next
-        call zeroes, nor run code an executable let go of has freed)."""
-        for helper in self.helpers:
-            helper.result()
-        self.helpers.clear()
 
 
 @dataclass(frozen=True)
 class _RunLaunch:
-    """How a run is called: its function, the kernels' argument slots end to end (the ones
-    the arena does not fix filled each call), the values it allocates, the elements its
-    kernels visit in all (whether it is worth waking other threads for) and its kernels."""
+    """How a run is called: its function (and its address, for the team), the kernels'
+    argument slots end to end (the ones the arena does not fix filled each call), the values
+    it allocates, the elements its kernels visit in all (whether it is worth sharing) and its
+    kernels."""
     fn: Callable
+    address: int
     args: tuple[Value, ...]
     patches: tuple[tuple[int, Value], ...]
     fresh: tuple[Value, ...]
@@ -259,13 +254,14 @@ class _RunLaunch:
     @staticmethod
     def of(run: Run, steps: list[KernelStep], memory: Memory, compiled: Compiled) -> _RunLaunch:
         args = tuple(v for s in steps for v in s.args)
-        return _RunLaunch(compiled.functions[run.name], args,
+        fn = compiled.functions[run.name]
+        return _RunLaunch(fn, ctypes.cast(fn, ctypes.c_void_p).value, args,
                           tuple((i, v) for i, v in enumerate(args) if v not in memory.offsets),
                           tuple(v for s in steps for v in s.writes if v not in memory.offsets),
                           sum(_work(s.kernel) for s in steps), len(steps))
 
-    def pointers(self, views: dict[Value, np.ndarray], helpers: list[Future]) -> _RunTable:
-        return _RunTable(_table(self.args + (None,), views), self.kernels, helpers)
+    def pointers(self, views: dict[Value, np.ndarray]) -> _RunTable:
+        return _RunTable(_table(self.args + (None,), views), self.kernels)
 
     def __call__(self, env: dict[Value, np.ndarray], pointers: _RunTable, threads: int) -> None:
         for v in self.fresh:
@@ -277,19 +273,18 @@ class _RunLaunch:
             self.fn(table, 0, 1)
             return
         pointers.words.fill(0)
-        pointers.helpers.extend(pool().submit(self.fn, table, t, threads) for t in range(1, threads))
-        self.fn(table, 0, threads)      # returns with every chunk done, late helpers or not
+        team().run(self.address, pointers.address, threads)   # returns with every chunk done
 
 
 class _RunTable:
     """A run's argument table in one arena, whose last slot points at the run's
-    synchronisation words (backend/cpu.py), and the arena's list of helper calls."""
+    synchronisation words (backend/cpu.py)."""
 
-    def __init__(self, table: ctypes.Array, kernels: int, helpers: list[Future]):
+    def __init__(self, table: ctypes.Array, kernels: int):
         self.table = table
+        self.address = ctypes.addressof(table)
         self.words = np.zeros(sync_words(kernels), np.int64)
         table[-1] = self.words.ctypes.data
-        self.helpers = helpers
 
 
 def _table(args: tuple[Value | None, ...], views: dict[Value, np.ndarray]) -> ctypes.Array:

@@ -13,7 +13,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from backend.contract import COUNTERS, Matmul, Tiles, host_tiles
+from backend.contract import Matmul, Tiles, host_tiles
 from ir.ops import REGISTRY
 
 rng = np.random.default_rng(2024)
@@ -50,8 +50,8 @@ def per_thread(kernel: Matmul, a: np.ndarray, b: np.ndarray, threads: int,
     part of the scratch)."""
     a3, b3 = (x.reshape((math.prod(x.shape[:-2]),) + x.shape[-2:]) for x in (a, b))
     c = np.full((max(len(a3), len(b3)), a.shape[-2], b.shape[-1]), np.nan, dtype=a.dtype)
-    scratch, counters = kernel.scratch(threads).copy(), np.zeros(COUNTERS, dtype=np.int64)
-    calls = [lambda t=t: kernel.call(a3, b3, c, scratch, counters, t, threads)
+    scratch, next_job = kernel.scratch(threads).copy(), np.zeros(1, dtype=np.int64)
+    calls = [lambda t=t: kernel.call(a3, b3, c, scratch, next_job, t, threads)
              for t in range(threads)]
     if concurrent:
         workers = [threading.Thread(target=call) for call in calls]
@@ -291,8 +291,8 @@ def test_every_tile_width_and_edge(kernels, n):
 
 
 def test_back_to_back_calls_on_spinning_helpers(kernels):
-    """Calls that follow each other while the helpers still spin, changing shape and thread
-    count each time, each give the reference's bits."""
+    """Calls that follow each other while the team's helpers still spin, changing shape and
+    thread count each time, each give the reference's bits."""
     kernel = kernels["f32"]
     cases = [operands(shape, random_f32) for shape in
              [(64, 65, 128), (4, 29, 17, 33), (7, 3, 5), (100, 200, 40), (2, 96, 32, 64)]]

@@ -1,12 +1,12 @@
 """Runs of kernels shared by several threads (backend/cpu.py): chunks claimed one at a time,
 each point computed whole by one thread, so the bits are those of one thread whoever joins and
-whenever; a caller never waits for a helper that has not started."""
+whenever, and the caller alone finishes a run no helper joins."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from backend.cpu import CLOSED, JOINED, LEFT
+from backend.cpu import LINE
 from ir import interp
 from ir.core import Builder, tensor_type
 from runtime import cpu
@@ -68,7 +68,8 @@ def run_alone(exe: Executable, arrays: list[np.ndarray], threads: int) -> list[n
         for i, v in self.patches:
             pointers.table[i] = cpu.address(env[v])
         self.fn(pointers.table, 0, threads)
-        assert pointers.words[JOINED] == CLOSED and pointers.words[LEFT] == 0
+        claimed, done = pointers.words[::2 * LINE], pointers.words[LINE::2 * LINE]
+        assert (done > 0).all() and (claimed > done).all()      # every chunk, by the caller
     original = _RunLaunch.__call__
     _RunLaunch.__call__ = alone
     try:
@@ -80,25 +81,3 @@ def run_alone(exe: Executable, arrays: list[np.ndarray], threads: int) -> list[n
 def test_the_caller_finishes_a_run_no_helper_joins(monkeypatch):
     exe, arrays, want = compiled(monkeypatch)
     same_bits(run_alone(exe, arrays, 4), want)
-
-
-def test_a_helper_after_the_run_is_closed_leaves_at_once(monkeypatch):
-    exe, arrays, want = compiled(monkeypatch)
-    same_bits(run_alone(exe, arrays, 2), want)
-    # the arena's runs are closed now: a late helper must neither compute nor register
-    (arena,) = exe._arenas
-    for launch, pointers in zip(exe.launches, arena.pointers):
-        if isinstance(launch, _RunLaunch):
-            before = pointers.words.copy()
-            launch.fn(pointers.table, 1, 2)
-            assert pointers.words[JOINED] == before[JOINED] + 1
-            assert (np.delete(pointers.words, JOINED) == np.delete(before, JOINED)).all()
-
-
-def test_no_helper_outlives_its_call(monkeypatch):
-    # a helper still queued when its executable is let go of would run freed code
-    for _ in range(10):
-        exe, arrays, want = compiled(monkeypatch)
-        monkeypatch.setenv("DSLC_THREADS", "3")
-        same_bits(exe.run(arrays), want)
-        assert all(not arena.helpers for arena in exe._arenas)
