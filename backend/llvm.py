@@ -21,6 +21,7 @@ I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
 SCALAR = {"f32": ir.FloatType(), "f64": ir.DoubleType(), "f16": ir.HalfType(),
           "i32": I32, "i64": I64, "u32": I32, "bool": I1}
 FLOATS = ("f32", "f64", "f16")
+ROW_BLOCK = 8                      # rows a row kernel's stage runs for at a time (see rows)
 MATH = ("exp", "exp2", "log", "log2", "tanh", "sigmoid", "sin", "cos")
 
 
@@ -332,18 +333,32 @@ class _KernelGen:
     # -------------------------------------------------------- row kernels
 
     def rows(self, lo: ir.Value, hi: ir.Value) -> None:
-        """For each row o in [lo, hi): its stages in order. A reduction stage's value and a
-        per-row stage's values stay in registers for the later stages (and are stored)."""
-        def row(o: ir.Value) -> None:
-            known: dict[int, ir.Value] = {}
-            for stage in self.k.stages:
-                gen = _KernelGen(self.b, self.e.module, stage, self.ptrs, known)
-                if stage.is_reduction:
-                    known[stage.reduce.buffer] = gen.reduce_points(o, 0)
-                else:
-                    gen.row_points(o, self.k.shape)
+        """The rows in [lo, hi), each row's stages in order. A row's values stay in registers
+        for its later stages; but where a stage computes exp, log, tanh…, whose latency a
+        row's reduction tree would leave the core waiting on, ROW_BLOCK rows at a time run
+        each stage, independent rows side by side, and later stages read back the row's
+        values the earlier ones stored (measured on the GPT step: softmax forward -10%,
+        layer-norm backward +13% when blocked)."""
+        b, k = self.b, self.k
+        costly = any(ins.prim in MATH for stage in k.stages for ins in stage.body)
+        block = max(1, min(ROW_BLOCK, CHUNK // max(k.n, 1))) if costly else 1
 
-        loop(self.b, lo, hi, row)
+        def rows_from(o: ir.Value) -> None:
+            known: dict[int, ir.Value] = {}
+            end = b.add(o, ir.Constant(I64, block))
+            end = b.select(b.icmp_signed("<", end, hi), end, hi)
+            for stage in k.stages:
+                gen = _KernelGen(b, self.e.module, stage, self.ptrs, known if block == 1 else {})
+
+                def row(r: ir.Value, gen: _KernelGen = gen) -> None:
+                    if gen.k.is_reduction:
+                        gen.known[gen.k.reduce.buffer] = gen.reduce_points(r, 0)
+                    else:
+                        gen.row_points(r, k.shape)
+
+                row(o) if block == 1 else loop(b, o, end, row)
+
+        loop(b, lo, hi, rows_from, block)
 
     def row_points(self, o: ir.Value, rows: tuple[int, ...]) -> None:
         """A map stage's points of row o: the row's axes in row-major order, or one point."""
