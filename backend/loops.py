@@ -17,7 +17,9 @@ around it and those that use its result broadcast back in one kernel. Its `shape
 gives one value per row in the canonical order; a map stage over rows + the row's axes
 stores elements; a map stage whose space is the rows and length-1 axes computes values per
 row. A stage reads the row's value of an earlier reduction or per-row stage through a load
-that broadcasts it along the row (`row_scalar`), which the targets take from a register."""
+that broadcasts it along the row (`row_scalar`): the value that stage stored (a target may
+keep it in a register instead), and an element an earlier map stage stored at the same
+point. Nothing else an earlier stage writes is read."""
 from __future__ import annotations
 
 from dataclasses import dataclass
