@@ -84,7 +84,7 @@ class FakeDriver:
         if entry.startswith("dslc_matmul_"):
             return self.matmul(entry.split("_")[2], grid, pointers, integers)
         k = module["kernels"][entry]
-        extent = (math.prod(k.shape) if k.is_reduction else k.shape[0]) if k.shape else 1
+        extent = (math.prod(k.shape) if k.is_reduction or k.is_rows else k.shape[0]) if k.shape else 1
         module["compiled"].functions[k.name]((ctypes.c_void_p * len(pointers))(*pointers), 0, extent)
 
     def matmul(self, dtype, grid, pointers, integers):
