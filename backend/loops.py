@@ -90,6 +90,14 @@ class LoopKernel:
     def is_rows(self) -> bool:
         return bool(self.stages)
 
+    @property
+    def extent(self) -> int:
+        """The range [0, extent) that the kernel function's (lo, hi) cut (backend/llvm.py): a
+        map's first axis, a reduction's result points, a row kernel's rows."""
+        if not self.shape:
+            return 1
+        return prod(self.shape) if self.is_reduction or self.is_rows else self.shape[0]
+
 
 def row_values(stage: LoopKernel, rows: tuple[int, ...]) -> tuple[int, ...]:
     """The buffers a stage of a row kernel writes one value per row of."""

@@ -220,8 +220,9 @@ class Program:
         gpu = gpu_kernels(plan, name) if target == "ptx" else None
         kernels = []
         for k in (gpu.kernels if gpu else plan.kernels):
+            kind = "rows" if k.is_rows else "reduction" if k.is_reduction else "map"
             entry = {"name": k.name, "buffers": [[dt, list(shape)] for dt, shape in k.buffers],
-                     "reduction": k.is_reduction}
+                     "kind": kind, "extent": k.extent}
             if gpu:
                 shape = gpu.launches[k.name]
                 entry["launch"] = {"entry": shape.entry, "extent": shape.extent,

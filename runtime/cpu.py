@@ -71,7 +71,7 @@ class Executable:
         groups = _runs(steps)
         runs = tuple(Run(f"{name}_run{j}", tuple(steps[i].kernel.name for i in group),
                          tuple(accumulate((len(steps[i].args) for i in group[:-1]), initial=0)),
-                         tuple(_extent(steps[i].kernel) for i in group),
+                         tuple(steps[i].kernel.extent for i in group),
                          tuple(_chunks(steps[i].kernel) for i in group),
                          tuple(grain(steps[i].kernel) for i in group))
                      for j, group in enumerate(groups))
@@ -174,16 +174,10 @@ def _made_once(step: Step) -> bool:
     return isinstance(step, HostStep) and made_once(step.op)
 
 
-def _extent(k: LoopKernel) -> int:
-    """The range a kernel's threads split: a map's first axis, a reduction's result points,
-    a row kernel's rows."""
-    return (prod(k.shape) if k.is_reduction or k.is_rows else k.shape[0]) if k.shape else 1
-
-
 def _chunks(k: LoopKernel) -> int:
     """The most chunks a run's threads may cut a kernel into: no chunk under MIN_CHUNK_WORK
     elements, whose claiming would cost more than it saves."""
-    return max(1, min(-(-_extent(k) // grain(k)), _work(k) // MIN_CHUNK_WORK))
+    return max(1, min(-(-k.extent // grain(k)), _work(k) // MIN_CHUNK_WORK))
 
 
 def _work(k: LoopKernel) -> int:

@@ -171,6 +171,8 @@ def test_compile_writes_code_and_a_manifest(tmp_path: Path, target, artifact):
     assert [p["shape"] for p in manifest["params"]] == [[3, 5], [5], [5, 2], [2], [4, 3], [4]]
     assert len(manifest["results"]) == 5             # the loss, then the 4 gradients of p
     assert manifest["kernels"] and all("buffers" in k for k in manifest["kernels"])
+    # the range of each kernel's (lo, hi): the batch's rows for the softmax's row kernels
+    assert {(k["kind"], k["extent"]) for k in manifest["kernels"] if k["kind"] != "map"} >= {("rows", 4)}
     kinds = {next(iter(s)) for s in manifest["steps"]}
     assert {"kernel", "matmul"} <= kinds              # x @ W1 and the like: the contraction kernel
     if target == "ptx":

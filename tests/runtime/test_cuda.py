@@ -8,7 +8,6 @@ and failures becoming DslErrors that name the kernel. The PTX itself is tested b
 from __future__ import annotations
 
 import ctypes
-import math
 import sys
 from pathlib import Path
 
@@ -84,7 +83,7 @@ class FakeDriver:
         if entry.startswith("dslc_matmul_"):
             return self.matmul(entry.split("_")[2], grid, pointers, integers)
         k = module["kernels"][entry]
-        extent = (math.prod(k.shape) if k.is_reduction or k.is_rows else k.shape[0]) if k.shape else 1
+        extent = k.extent
         module["compiled"].functions[k.name]((ctypes.c_void_p * len(pointers))(*pointers), 0, extent)
 
     def matmul(self, dtype, grid, pointers, integers):
