@@ -32,8 +32,11 @@ def target_machine() -> llvm.TargetMachine:
         if not _initialised:
             llvm.initialize_native_target()
             llvm.initialize_native_asmprinter()
-            # a run's waiting thread yields through libc's sched_yield, named here for the JIT
-            llvm.add_symbol("sched_yield", ctypes.cast(ctypes.CDLL(None).sched_yield, ctypes.c_void_p).value)
+            # waiting threads yield through libc's sched_yield, and the team's helpers sleep on
+            # futexes through its syscall (backend/team.py): named here for the JIT
+            libc = ctypes.CDLL(None)
+            for name in ("sched_yield", "syscall"):
+                llvm.add_symbol(name, ctypes.cast(getattr(libc, name), ctypes.c_void_p).value)
             _initialised = True
     target = llvm.Target.from_default_triple()
     return target.create_target_machine(cpu=llvm.get_host_cpu_name(),

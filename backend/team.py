@@ -4,26 +4,27 @@
 A task is a function `void task(i8 *argument, i64 thread, i64 threads)` that threads
 0 … threads-1 may call concurrently, each returning when no work is left for it, and that
 any of them can finish alone: work is claimed from counters, so a helper the OS holds up
-leaves its share to the others. The caller runs thread 0; helper t runs `serve(box, t)`,
-generated code that waits for the next task, spinning SPIN_CYCLES of the time-stamp counter
-after each one (so that back-to-back tasks need not wake it), then goes to sleep (serve
-returns, and the caller starts it again when it next wants the helper).
+leaves its share to the others. The caller runs thread 0; helper t is a thread that runs
+`serve(box, t)` for the life of the process: generated code that waits for the next task,
+spinning SPIN_CYCLES of the time-stamp counter after each one (so that back-to-back tasks
+find it awake), then asleep on a futex that the caller's post wakes — as OpenMP's threads
+do; no Python runs on the way.
 
 The box holds, each on its own cache line: the task (function, argument, threads) and its
 generation, published by a release store of GENERATION; ENTRY, the generation shifted up,
 plus CLOSED once the caller has finished its share, plus the helpers that joined; LEFT, the
-helpers that have finished; and each helper's state. A helper joins by a compare-and-swap of
-ENTRY, which fails once the caller has closed the task or posted another, so no helper ever
-starts a task that is over (whose code and memory may be gone). The caller, its share done,
-closes ENTRY and waits until every helper that joined has left — never for one that has not
-joined, which may not even be running."""
+helpers that have finished; and SLEEPERS, the helpers asleep or going to sleep. A helper
+joins by a compare-and-swap of ENTRY, which fails once the caller has closed the task or
+posted another, so no helper ever starts a task that is over (whose code and memory may be
+gone). The caller, its share done, closes ENTRY and waits until every helper that joined has
+left — never for one that has not joined, which may not even be running."""
 from __future__ import annotations
 
+import atexit
 import ctypes
 import functools
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from llvmlite import ir
@@ -31,14 +32,14 @@ from llvmlite import ir
 I32, I64 = ir.IntType(32), ir.IntType(64)
 LINE = 8                                    # i64 words a cache line
 GENERATION, FUNCTION, ARGUMENT, THREADS = 0, 1, 2, 3     # the task, written together
-ENTRY, LEFT, STATE = LINE, 2 * LINE, 3 * LINE
+ENTRY, LEFT, SLEEPERS, QUIT = LINE, 2 * LINE, 3 * LINE, 4 * LINE
 MAX_THREADS = 64
-BOX = STATE + LINE * MAX_THREADS
+BOX = 5 * LINE
 SHIFT = 21                                  # ENTRY = generation << SHIFT | CLOSED? | joined
 CLOSED = 1 << (SHIFT - 1)
 SPIN_CYCLES = 1 << 20                       # time-stamp counts (~0.3 ms) a helper waits awake
 SPINS = 1 << 10                             # pauses before a waiting thread yields its core
-ASLEEP, AWAKE = 0, 1
+SYS_FUTEX, FUTEX_WAIT, FUTEX_WAKE = 202, 128, 129     # x86-64 Linux; process-private futexes
 
 Task = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
 
@@ -90,6 +91,16 @@ def _sched_yield(b: ir.IRBuilder) -> None:
     b.call(fn, [])
 
 
+def _futex(b: ir.IRBuilder, word: ir.Value, op: int, value: ir.Value) -> None:
+    """futex(word's low 32 bits, op, value) through libc's syscall (named for the JIT by
+    backend/cpu.py's target_machine)."""
+    fn = b.module.globals.get("syscall") or ir.Function(
+        b.module, ir.FunctionType(I64, [I64], var_arg=True), name="syscall")
+    null = ir.Constant(I64.as_pointer(), None)
+    b.call(fn, [ir.Constant(I64, SYS_FUTEX), b.bitcast(word, I32.as_pointer()),
+                ir.Constant(I32, op), value, null, null, ir.Constant(I32, 0)])
+
+
 def _task_type() -> ir.PointerType:
     return ir.FunctionType(ir.VoidType(), [ir.IntType(8).as_pointer(), I64, I64]).as_pointer()
 
@@ -112,7 +123,12 @@ def _build_run(module: ir.Module) -> None:
                      (FUNCTION, b.ptrtoint(task, I64)), (ARGUMENT, b.ptrtoint(argument, I64)),
                      (THREADS, threads)):
         b.store_atomic(value, word(i), "monotonic", 8)
-    b.store_atomic(generation, word(GENERATION), "release", 8)      # the task, then its number
+    # The task, then its number; then wake the sleepers. Both this store and a helper's count of
+    # itself as a sleeper are sequentially consistent, so either it sees the new number and
+    # stays awake or this sees it counted and wakes it.
+    b.store_atomic(generation, word(GENERATION), "seq_cst", 8)
+    with b.if_then(b.icmp_signed(">", b.load_atomic(word(SLEEPERS), "seq_cst", 8), ir.Constant(I64, 0))):
+        _futex(b, word(GENERATION), FUTEX_WAKE, ir.Constant(I32, MAX_THREADS))
     b.call(task, [argument, ir.Constant(I64, 0), threads])
     entry = b.atomic_rmw("add", word(ENTRY), ir.Constant(I64, CLOSED), "acq_rel")
     joined = b.and_(entry, ir.Constant(I64, CLOSED - 1))
@@ -120,9 +136,21 @@ def _build_run(module: ir.Module) -> None:
     b.ret_void()
 
 
+def _build_stop(module: ir.Module) -> None:
+    """`stop(i64* box)`: every helper returns from serve (the process is exiting)."""
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [I64.as_pointer()]), name="team.stop")
+    (box,) = fn.args
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    b.store_atomic(ir.Constant(I64, 1), _word(b, box, QUIT), "seq_cst", 8)
+    b.atomic_rmw("add", _word(b, box, GENERATION), ir.Constant(I64, 1), "seq_cst")
+    _futex(b, _word(b, box, GENERATION), FUTEX_WAKE, ir.Constant(I32, MAX_THREADS))
+    b.ret_void()
+
+
 def _build_serve(module: ir.Module) -> None:
-    """`serve(i64* box, i64 t)`: helper t's loop: join each task posted to at least t + 1
-    threads, spinning SPIN_CYCLES between tasks; then ASLEEP, and return."""
+    """`serve(i64* box, i64 t)`, helper t's loop until the process exits: join each task
+    posted to at least t + 1 threads, spinning SPIN_CYCLES after each, then asleep until the
+    next."""
     fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [I64.as_pointer(), I64]),
                      name="team.serve")
     box, t = fn.args
@@ -130,12 +158,11 @@ def _build_serve(module: ir.Module) -> None:
     b = ir.IRBuilder(entry)
     word = lambda i: _word(b, box, i)
     c = lambda v: ir.Constant(I64, v)
-    state = _word(b, box, b.add(c(STATE), b.mul(t, c(LINE))))
     clock = lambda: b.call(module.declare_intrinsic("llvm.readcyclecounter",
                                                     fnty=ir.FunctionType(I64, [])), [])
-    start, spin, idle, pause, got, join, claim, work, sleep, late, leave = (
+    start, spin, idle, pause, got, join, claim, work, sleep = (
         fn.append_basic_block(s) for s in ("start", "spin", "idle", "pause", "got", "join",
-                                           "claim", "work", "sleep", "late", "leave"))
+                                           "claim", "work", "sleep"))
     b.branch(start)
 
     b.position_at_end(start)
@@ -146,12 +173,13 @@ def _build_serve(module: ir.Module) -> None:
 
     b.position_at_end(spin)
     generation = b.load_atomic(word(GENERATION), "acquire", 8)
+    with b.if_then(b.icmp_signed("!=", b.load_atomic(word(QUIT), "monotonic", 8), c(0))):
+        b.ret_void()                                    # the process is exiting
     b.cbranch(b.icmp_signed("!=", generation, seen), got, idle)
     b.position_at_end(idle)
     b.cbranch(b.icmp_signed(">", b.sub(clock(), since), c(SPIN_CYCLES)), sleep, pause)
     b.position_at_end(pause)
     _pause(b)
-    _sched_yield(b)
     b.branch(spin)
 
     # A task for fewer threads, one closed, or one already replaced is passed over.
@@ -178,18 +206,16 @@ def _build_serve(module: ir.Module) -> None:
     seen.add_incoming(generation, work)
     b.branch(start)
 
-    # Asleep, then one more look: a task posted before the caller could see the new state
-    # is served after all (or, if the caller has already started another serve, left to it).
+    # Asleep: counted as a sleeper, one more look, then the futex, which returns at once if
+    # the generation's low bits have moved on (and after a wake, or spuriously).
     b.position_at_end(sleep)
-    b.store_atomic(c(ASLEEP), state, "seq_cst", 8)
-    posted = b.icmp_signed("!=", b.load_atomic(word(GENERATION), "seq_cst", 8), seen)
-    b.cbranch(posted, late, leave)
-    b.position_at_end(late)
-    awake = b.extract_value(b.cmpxchg(state, c(ASLEEP), c(AWAKE), "seq_cst", "seq_cst"), 1)
-    seen.add_incoming(seen, late)
-    b.cbranch(awake, start, leave)
-    b.position_at_end(leave)
-    b.ret_void()
+    b.atomic_rmw("add", word(SLEEPERS), c(1), "seq_cst")
+    now_generation = b.load_atomic(word(GENERATION), "seq_cst", 8)
+    with b.if_then(b.icmp_signed("==", now_generation, seen)):
+        _futex(b, word(GENERATION), FUTEX_WAIT, b.trunc(seen, I32))
+    b.atomic_rmw("sub", word(SLEEPERS), c(1), "seq_cst")
+    seen.add_incoming(seen, b.block)
+    b.branch(start)
 
 
 class Team:
@@ -201,16 +227,19 @@ class Team:
         module.triple = cpu.llvm.get_default_triple()
         _build_run(module)
         _build_serve(module)
+        _build_stop(module)
         self.engine = cpu.jit(("team",), lambda: module)
         self._run = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                                      ctypes.c_int64)(self.engine.get_function_address("team.run"))
         self._serve = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64)(
             self.engine.get_function_address("team.serve"))
+        self._stop = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(
+            self.engine.get_function_address("team.stop"))
         raw = np.zeros(BOX + LINE, dtype=np.int64)
         skip = -raw.ctypes.data % 64 // 8
         self.box = raw[skip:skip + BOX]
-        self._address = self.box.ctypes.data
-        self._helpers: list[ThreadPoolExecutor] = []
+        self.address = self.box.ctypes.data
+        self.helpers: list[threading.Thread] = []
         self._lock = threading.Lock()
 
     def run(self, task: int, argument: int, threads: int) -> None:
@@ -221,25 +250,27 @@ class Team:
             Task(task)(argument, 0, 1)
             return
         try:
-            self._wake(threads)
-            self._run(self._address, task, argument, threads)
+            while len(self.helpers) < threads - 1:
+                t = len(self.helpers) + 1
+                self.helpers.append(threading.Thread(target=self._serve, args=(self.address, t),
+                                                     name=f"dslc-{t}", daemon=True))
+                self.helpers[-1].start()
+            self._run(self.address, task, argument, threads)
         finally:
             self._lock.release()
 
-    def _wake(self, threads: int) -> None:
-        """Start serve for each helper below `threads` that is asleep. (A helper going to sleep
-        just as it is read awake misses the next task: that task runs on fewer threads.)"""
-        while len(self._helpers) < threads - 1:
-            self._helpers.append(ThreadPoolExecutor(1, thread_name_prefix="dslc"))
-        for t in range(1, threads):
-            if self.box[STATE + LINE * t] == ASLEEP:
-                self.box[STATE + LINE * t] = AWAKE
-                self._helpers[t - 1].submit(self._serve, self._address, t)
+    def stop(self) -> None:
+        """Let the helpers go (at exit: before the interpreter frees the code they run)."""
+        self._stop(self.address)
+        for helper in self.helpers:
+            helper.join()
+        self.helpers = []
+        self.box[:] = 0
 
     def forget_helpers(self) -> None:
         """In a forked child: the parent's helper threads do not exist here."""
-        self._helpers = []
-        self.box[STATE::LINE] = ASLEEP
+        self.helpers = []
+        self.box[:] = 0
         self._lock = threading.Lock()
 
 
@@ -248,4 +279,5 @@ def team() -> Team:
     """This process's team (made on first use)."""
     made = Team()
     os.register_at_fork(after_in_child=made.forget_helpers)
+    atexit.register(made.stop)
     return made
