@@ -1,0 +1,108 @@
+"""scatter_add as compiled code for the host: a copy of x with each slice of `updates` added
+at its index along an axis, every destination accumulating its slices in index order — the
+order of the definition (np.add.at in ir/ops/index.py), so the bits are the interpreter's.
+The generated function, in C:
+
+    int64_t NAME(T *out, const T *x, const I *indices, const T *updates,
+                 int64_t outer, int64_t n, int64_t size, int64_t inner);
+
+x and out are [outer, size, inner], updates [outer, n, inner] and indices [n], all contiguous
+and not overlapping. An index may count from the end (-size … -1). The result is -1, or the
+position of the first index outside [-size, size), in which case out is left as it was."""
+from __future__ import annotations
+
+import ctypes
+import functools
+from math import prod
+
+import numpy as np
+from llvmlite import ir
+
+from backend.llvm import I64, SCALAR, loop
+from ir.core import Op
+from ir.interp import EvalError
+
+FLOATS = ("f32", "f64")
+INDICES = ("i32", "i64")
+
+
+def _build(module: ir.Module, dtype: str, index: str) -> None:
+    t, i_t = SCALAR[dtype], SCALAR[index]
+    p = t.as_pointer()
+    fn = ir.Function(module, ir.FunctionType(I64, [p, p, i_t.as_pointer(), p, I64, I64, I64, I64]),
+                     name="scatter_add")
+    out, x, indices, updates, outer, n, size, inner = fn.args
+    for arg in (out, x, indices, updates):
+        arg.add_attribute("noalias")
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    c = lambda v: ir.Constant(I64, v)
+
+    def row(i):                       # indices[i] as a row in [0, size), or -1 outside
+        r = b.sext(b.load(b.gep(indices, [i])), I64) if index != "i64" else b.load(b.gep(indices, [i]))
+        r = b.select(b.icmp_signed("<", r, c(0)), b.add(r, size), r)
+        inside = b.and_(b.icmp_signed(">=", r, c(0)), b.icmp_signed("<", r, size))
+        return b.select(inside, r, c(-1))
+
+    bad = b.alloca(I64)
+    b.store(c(-1), bad)
+
+    def check(i):
+        with b.if_then(b.and_(b.icmp_signed("==", row(i), c(-1)),
+                              b.icmp_signed("<", b.load(bad), c(0)))):
+            b.store(i, bad)
+
+    loop(b, c(0), n, check)
+    with b.if_then(b.icmp_signed(">=", b.load(bad), c(0)), likely=False):
+        b.ret(b.load(bad))
+
+    total = b.mul(outer, b.mul(size, inner))
+    loop(b, c(0), total, lambda j: b.store(b.load(b.gep(x, [j])), b.gep(out, [j])))
+
+    def slab(o):
+        def at(i):                    # ORDER: slices in index order, each added to its row
+            dst = b.gep(out, [b.mul(b.add(b.mul(o, size), row(i)), inner)])
+            src = b.gep(updates, [b.mul(b.add(b.mul(o, n), i), inner)])
+            loop(b, c(0), inner, lambda j: b.store(
+                b.fadd(b.load(b.gep(dst, [j])), b.load(b.gep(src, [j]))), b.gep(dst, [j])))
+        loop(b, c(0), n, at)
+
+    loop(b, c(0), outer, slab)
+    b.ret(c(-1))
+
+
+@functools.cache
+def _function(dtype: str, index: str):
+    """The compiled function for these dtypes (object code from the cache when there)."""
+    from backend import cpu
+
+    def build() -> ir.Module:
+        module = ir.Module(name=f"scatter_{dtype}_{index}")
+        module.triple = cpu.llvm.get_default_triple()
+        _build(module, dtype, index)
+        return module
+
+    engine = cpu.jit(("scatter_add", dtype, index), build)
+    fn = ctypes.CFUNCTYPE(ctypes.c_int64, *[ctypes.c_void_p] * 4, *[ctypes.c_int64] * 4)(
+        engine.get_function_address("scatter_add"))
+    return engine, fn
+
+
+def evaluate(op: Op, inputs: list[np.ndarray]) -> list[np.ndarray] | None:
+    """op's outputs where it is a scatter_add this module compiles (float values of one dtype,
+    i32 or i64 indices), else None. An index out of range is the interpreter's EvalError."""
+    x, indices, updates = op.inputs
+    (out,) = op.outputs
+    if op.prim != "scatter_add" or out.dtype not in FLOATS or indices.dtype not in INDICES \
+            or x.dtype != out.dtype or updates.dtype != out.dtype:
+        return None
+    _, fn = _function(out.dtype, indices.dtype)
+    x, indices, updates = (np.ascontiguousarray(a) for a in inputs)
+    axis = op.attrs.get("axis", 0) % x.ndim
+    result = np.empty_like(x)
+    size = x.shape[axis]
+    bad = fn(result.ctypes.data, x.ctypes.data, indices.ctypes.data, updates.ctypes.data,
+             prod(x.shape[:axis]), indices.size, size, prod(x.shape[axis + 1:]))
+    if bad >= 0:
+        raise EvalError(f"'scatter_add' failed at run time: index {indices.reshape(-1)[bad]} "
+                        f"is out of bounds for axis {axis} with size {size}")
+    return [result]
