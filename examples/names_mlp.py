@@ -19,6 +19,9 @@ import numpy as np
 ALPHABET = ".abcdefghijklmnopqrstuvwxyz"
 FILES = ("dist.female.first", "dist.male.first", "dist.all.last")
 
+TOKENS = np.zeros(256, np.int32)          # a character's code -> its token
+TOKENS[[ord(c) for c in ALPHABET]] = np.arange(len(ALPHABET))
+
 DIMS = {"V": 27, "T": 3, "E": 10, "H": 200, "n": 12, "L": 16}   # n, L: sample's count and length
 SETTINGS = {"steps": 4000, "batch_size": 64, "eval_every": 500, "eval_examples": 8192}
 HYPER = {"lr": 0.005}
@@ -50,14 +53,15 @@ def encode(word: str) -> list[int]:
 
 def contexts(words: list[str], T: int) -> dict[str, np.ndarray]:
     """x[i]: the T tokens before y[i], for every character of every word and its end."""
-    xs, ys = [], []
-    for w in words:
-        ctx = [0] * T
-        for tok in encode(w) + [0]:
-            xs.append(ctx)
-            ys.append(tok)
-            ctx = ctx[1:] + [tok]
-    return {"x": np.array(xs, np.int32), "y": np.array(ys, np.int32)}
+    # every word after T ends ('.', token 0), as one array of tokens
+    text = "".join("." * T + w + "." for w in words)
+    tokens = TOKENS[np.frombuffer(text.encode("ascii"), np.uint8)]
+    counts = np.array([len(w) + 1 for w in words], np.int64)        # a word's letters and end
+    first = np.cumsum(counts + T) - counts                          # where each word's letters start
+    within = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+    at = np.repeat(first, counts) + within
+    windows = np.lib.stride_tricks.sliding_window_view(tokens, T)
+    return {"x": np.ascontiguousarray(windows[at - T]), "y": tokens[at]}
 
 
 def load(split: str) -> dict[str, np.ndarray]:
