@@ -57,9 +57,9 @@ import numpy as np
 from llvmlite import binding as llvm
 from llvmlite import ir
 
+from backend import cpu
 from backend.cpu import address
 from backend.team import team
-from runtime import cache
 
 I1, I32, I64 = ir.IntType(1), ir.IntType(32), ir.IntType(64)
 SCALAR = {"f32": ir.FloatType(), "f64": ir.DoubleType()}
@@ -561,43 +561,13 @@ def _pack_a(e: _Emitter, src, ld, col, kc, mb, dst) -> None:
 # JIT for the host
 
 
-def host_target_machine() -> llvm.TargetMachine:
-    """The host CPU by name and features, codegen at -O3, for MCJIT."""
-    llvm.initialize_native_target()
-    llvm.initialize_native_asmprinter()
-    return llvm.Target.from_default_triple().create_target_machine(
-        cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(),
-        opt=3, codemodel="jitdefault", jit=True)
-
-
-def optimize(module: llvm.ModuleRef, tm: llvm.TargetMachine) -> None:
-    """The new pass manager's O3 pipeline, tuned for tm (no fast-math anywhere: the IR's own
-    flags are all the freedom LLVM gets)."""
-    pb = llvm.create_pass_builder(tm, llvm.create_pipeline_tuning_options(speed_level=3))
-    pb.getModulePassManager().run(module, pb)
-
-
 class Matmul:
     """A JIT-compiled kernel and a NumPy front: `kernel(a, b, threads=2)`."""
 
     def __init__(self, dtype: str, tiles: Tiles | None = None):
         self.dtype, self.tiles = dtype, tiles or host_tiles(dtype)
-        tm = host_target_machine()
-        # object code from the on-disk cache when this code made it for this machine before
-        k = cache.key(_source_digest(), dtype, repr(self.tiles), tm.triple,
-                      llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten(),
-                      "O3 jitdefault")
-        cached = cache.load(k)
-        if cached is not None:
-            self.engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), tm)
-            self.engine.add_object_file(llvm.ObjectFileRef.from_data(cached))
-        else:
-            mod = llvm.parse_assembly(self.llvm_ir)
-            mod.verify()
-            optimize(mod, tm)
-            self.engine = llvm.create_mcjit_compiler(mod, tm)
-            self.engine.set_object_cache(lambda _, data: cache.store(k, data), lambda _: None)
-        self.engine.finalize_object()
+        self.engine = cpu.jit(("matmul", _source_digest(), dtype, repr(self.tiles)),
+                              lambda: self.llvm_ir)
         self.fn = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * 3, *[ctypes.c_int64] * 11,
                                    ctypes.c_void_p, ctypes.c_void_p, *[ctypes.c_int64] * 2)(
             self.engine.get_function_address("matmul"))
@@ -612,7 +582,7 @@ class Matmul:
     def llvm_ir(self) -> str:
         module = ir.Module(name=f"matmul_{self.dtype}")
         module.triple = llvm.get_process_triple()
-        module.data_layout = str(host_target_machine().target_data)
+        module.data_layout = str(cpu.target_machine().target_data)
         build_matmul(module, "matmul", self.dtype, self.tiles)
         return str(module)
 

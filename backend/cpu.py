@@ -138,8 +138,8 @@ def address(a) -> int:
         return a.ctypes.data
 
 
-def jit(key: tuple[str, ...], build: Callable[[], ir.Module]) -> llvm.ExecutionEngine:
-    """An MCJIT engine for the module build() makes, optimised at O3 for the host CPU. Its
+def jit(key: tuple[str, ...], build: Callable[[], ir.Module | str]) -> llvm.ExecutionEngine:
+    """An MCJIT engine for the module build() makes (or its text), optimised at O3 for the host CPU. Its
     object code comes from the on-disk cache when there is an entry under key (which must
     name everything the module depends on) for this code generator and this machine: then
     build() is not even called."""
