@@ -5,8 +5,8 @@ never touch memory, and only values used later are stored. A float reduction ove
 contiguous-compatible axes becomes a reduction kernel, which computes its input itself when
 the open map kernel makes it for the reduction alone (the softmax's exp, the variance's
 square). A float `@` is a contraction step for the
-blocked kernel of backend/contract.py (einsums that are matrix products are rewritten as `@`
-first, ir/passes.py). Transposes, reshapes, broadcasts, slices and the gradients of slices
+blocked kernel of backend/contract.py (ir/passes.py's for_backends rewrites einsums that are
+matrix products as `@`, and one_hot as a comparison that fuses, first). Transposes, reshapes, broadcasts, slices and the gradients of slices
 are views (backend/views.py): read in place by the kernels, contractions and host steps that
 use them; a view of a view that no strides express (a reshape of a transpose), and a window
 that anything but a map kernel reads, are read from a contiguous copy a copy kernel makes.

@@ -25,7 +25,7 @@ from ir.ad import grad_function
 from ir.core import Builder, Function, tensor_type
 from ir.dims import Dim
 from ir.ops.base import NUMPY_DTYPES
-from ir.passes import optimize
+from ir.passes import for_backends, optimize
 from ir.types import FLOAT_DTYPES, KeyType
 
 
@@ -210,6 +210,7 @@ class Program:
         if grad is not None:
             positions = _float_leaves(d, low, _wrt_names(d, grad))
             fn = optimize(grad_function(fn, positions, with_value=True))
+        fn = for_backends(fn)
         plan = schedule.schedule(fn, name)
         folder = Path(out)
         folder.mkdir(parents=True, exist_ok=True)
@@ -301,7 +302,7 @@ class Program:
         if level == "tensor":
             return printer.to_text(low.function)
         from backend import cpu, loops, schedule
-        plan = schedule.schedule(low.function, name)
+        plan = schedule.schedule(for_backends(low.function), name)
         if level == "llvm":
             return str(cpu.module_ir(plan.kernels))
         if level == "ptx":

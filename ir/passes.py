@@ -185,18 +185,26 @@ def _size(fn: Function) -> int:
     return sum(1 + (_size(op.body) if op.body else 0) for op in fn.ops)
 
 
-def einsum_as_matmul(fn: Function) -> Function:
-    """Two-operand einsums that are batched matrix products (`bhtd,bhsd->bhts`) rewritten as
-    transposes, reshapes and one `matmul`, which the backends compile into their contraction
-    kernel. The result is the same to the bit: both accumulate over the contracted letters in
-    row-major order of their first appearance, with fma."""
+def for_backends(fn: Function) -> Function:
+    """fn in the form the backends schedule, to the bit the same: two-operand einsums that are
+    batched matrix products (`bhtd,bhsd->bhts`) as transposes, reshapes and one `matmul` (both
+    accumulate over the contracted letters in row-major order of their first appearance, with
+    fma), which the contraction kernels compile; and one_hot as the comparison it is, which
+    fuses into the kernel that uses it."""
+    return _rewritten(fn, lambda op: _matmul_plan(op) if op.prim == "einsum" else
+                      _one_hot_plan(op) if op.prim == "one_hot" else None)
+
+
+def _rewritten(fn: Function, plan_of: Callable) -> Function:
+    """fn (and the bodies it holds) with each op for which plan_of gives a plan replaced by the
+    ops the plan emits; a plan is a function of a Builder that returns the op's value."""
     from ir.core import Builder
     ops = []
     env: dict[Value, Value] = {}
     for op in fn.ops:
         op = Op(op.prim, tuple(env.get(v, v) for v in op.inputs), op.params, op.outputs,
-                einsum_as_matmul(op.body) if op.body else None)
-        plan = _matmul_plan(op) if op.prim == "einsum" else None
+                _rewritten(op.body, plan_of) if op.body else None)
+        plan = plan_of(op)
         if plan is None:
             ops.append(op)
             continue
@@ -205,6 +213,19 @@ def einsum_as_matmul(fn: Function) -> Function:
         env[op.outputs[0]] = plan(b)
         ops.extend(b.ops)
     return substitute(fn, ops, env)
+
+
+def _one_hot_plan(op: Op):
+    """one_hot(i, n) as cast(expand_dims(i, -1) == arange(n)): what its definition computes."""
+    (indices,), (out,) = op.inputs, op.outputs
+    n = out.shape[-1]
+
+    def build(b):
+        positions = b.emit("arange", start=n, dtype=indices.dtype)
+        hit = b.emit("eq", b.emit("expand_dims", indices, axis=-1), positions)
+        return b.emit("cast", hit, dtype=out.dtype)
+
+    return build
 
 
 def _matmul_plan(op: Op):

@@ -39,7 +39,7 @@ from backend.team import team
 from ir import interp
 from ir.core import Function, Op, Value, bind_inputs
 from ir.ops.base import np_dtype
-from ir.passes import einsum_as_matmul
+from ir.passes import for_backends
 from runtime import cache
 
 MIN_RUN_WORK = 1 << 19      # elements a run's kernels visit, in all: below this, one thread
@@ -141,7 +141,7 @@ def _planned(fn: Function, name: str) -> tuple[Plan, Memory]:
     k = cache.key("plan", cache.code_digest("backend", "ir"), name, _digest(fn))
     planned = cache.load_pickled(k)
     if planned is None:
-        plan = schedule(einsum_as_matmul(fn), name)
+        plan = schedule(for_backends(fn), name)
         planned = plan, plan_memory(plan)
         cache.store_pickled(k, planned)
     return planned

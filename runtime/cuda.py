@@ -34,7 +34,7 @@ from frontend.diagnostics import DslError
 from ir import interp
 from ir.core import Function, Op, Value
 from ir.ops.base import np_dtype
-from ir.passes import einsum_as_matmul
+from ir.passes import for_backends
 from runtime import cache
 
 VIEWS = ("reshape", "expand_dims", "squeeze")    # host ops whose result is the same bytes
@@ -412,7 +412,7 @@ class Executable:
     def __init__(self, fn: Function, name: str = "k", drv=None):
         self.drv = drv or driver()
         self.memory = _memory(self.drv)
-        fn = einsum_as_matmul(fn)
+        fn = for_backends(fn)
         self.function = fn
         self.plan: Plan = schedule(fn, name)
         gpu = gpu_kernels(self.plan, name)

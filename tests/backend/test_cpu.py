@@ -15,6 +15,7 @@ import dsl
 from backend.schedule import KernelStep
 from ir import interp
 from ir.core import Builder, tensor_type
+from ir.ops.base import np_dtype
 from ir.ops.shape import SliceSpec
 from runtime.cpu import Executable
 
@@ -276,3 +277,21 @@ def test_a_reduction_not_broadcast_back_computes_its_input_in_its_own_loop():
     close(got, want)
     (k,) = exe.plan.kernels
     assert k.is_reduction and not k.is_rows and len(k.body) == 4
+
+
+@pytest.mark.parametrize("dtype", ["i32", "i64", "u32"])
+def test_one_hot_is_a_comparison_fused_into_its_kernel(dtype):
+    """one_hot(y, n) runs as cast(y[..., None] == arange(n)) inside the kernel that uses it
+    (the target pick of a cross-entropy), not on the host: the interpreter's bits, indices out
+    of range (a zero row) included."""
+    from backend.schedule import HostStep
+    def build(b, z, y):
+        pick = b.emit("mul", z, b.emit("one_hot", y, n=7, dtype="f32"))
+        return [b.emit("sum", pick, axis=-1)]
+    arrays = [f32(2, 3, 7), np.array([[0, 6, 7], [-1, 3, 3]]).astype(np_dtype(dtype))]
+    b = Builder()
+    z, y = b.param(tensor_type("f32", (2, 3, 7))), b.param(tensor_type(dtype, (2, 3)))
+    fn = b.finish(build(b, z, y))
+    exe = Executable(fn)
+    same_bits(exe.run(arrays), interp.run(fn, arrays))
+    assert not any(isinstance(s, HostStep) and s.op.prim in ("one_hot", "eq", "cast") for s in exe.plan.steps)
