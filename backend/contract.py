@@ -45,12 +45,10 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import math
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Iterator
 
 import numpy as np
@@ -566,7 +564,7 @@ class Matmul:
 
     def __init__(self, dtype: str, tiles: Tiles | None = None):
         self.dtype, self.tiles = dtype, tiles or host_tiles(dtype)
-        self.engine = cpu.jit(("matmul", _source_digest(), dtype, repr(self.tiles)),
+        self.engine = cpu.jit(("matmul", dtype, repr(self.tiles)),
                               lambda: self.llvm_ir)
         self.fn = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * 3, *[ctypes.c_int64] * 11,
                                    ctypes.c_void_p, ctypes.c_void_p, *[ctypes.c_int64] * 2)(
@@ -652,12 +650,6 @@ class Matmul:
             self._next_job[0] = 0
             team().run(self.task, self._arguments.ctypes.data, threads)
         return c.reshape(shape + (a.shape[-2], b.shape[-1]))
-
-
-@functools.cache
-def _source_digest() -> str:
-    """A digest of this module: a change to the kernel must not reuse the old object code."""
-    return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
 
 
 def _aligned(scratch: np.ndarray) -> int:

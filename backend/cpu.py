@@ -4,11 +4,8 @@ small kernels are called through one function each."""
 from __future__ import annotations
 
 import ctypes
-import functools
-import hashlib
 import threading
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
 import llvmlite.binding as llvm
@@ -141,10 +138,10 @@ def address(a) -> int:
 def jit(key: tuple[str, ...], build: Callable[[], ir.Module | str]) -> llvm.ExecutionEngine:
     """An MCJIT engine for the module build() makes (or its text), optimised at O3 for the host CPU. Its
     object code comes from the on-disk cache when there is an entry under key (which must
-    name everything the module depends on) for this code generator and this machine: then
+    name everything the module depends on) for this backend's code and this machine: then
     build() is not even called."""
     machine = target_machine()
-    k = cache.key(*key, _generator_digest(), machine.triple, llvm.get_host_cpu_name(),
+    k = cache.key(*key, cache.code_digest("backend"), machine.triple, llvm.get_host_cpu_name(),
                   llvm.get_host_cpu_features().flatten(), "O3")
     cached = cache.load(k)
     if cached is not None:
@@ -167,13 +164,3 @@ class Compiled:
         self.engine = jit((repr(kernels), repr(runs)), lambda: module_ir(kernels, runs))
         self.functions = {name: KernelFn(self.engine.get_function_address(name))
                           for name in [k.name for k in kernels] + [r.name for r in runs]}
-
-
-@functools.cache
-def _generator_digest() -> str:
-    """A digest of the code that turns loop IR into LLVM IR: a change to it must not reuse
-    object code the old one made."""
-    folder = Path(__file__).parent
-    return hashlib.sha256(b"".join((folder / f).read_bytes() for f in
-                                   ("cpu.py", "llvm.py", "loops.py", "mathlib.py", "team.py"))
-                          ).hexdigest()

@@ -21,7 +21,6 @@ from llvmlite import ir
 from backend.llvm import I64, SCALAR, loop
 from ir.core import Op
 from ir.interp import EvalError
-from runtime import cache
 
 FLOATS = ("f32", "f64")
 INDICES = ("i32", "i64")
@@ -82,7 +81,7 @@ def _function(dtype: str, index: str):
         _build(module, dtype, index)
         return module
 
-    engine = cpu.jit(("scatter_add", dtype, index, cache.code_digest("backend")), build)
+    engine = cpu.jit(("scatter_add", dtype, index), build)
     fn = ctypes.CFUNCTYPE(ctypes.c_int64, *[ctypes.c_void_p] * 4, *[ctypes.c_int64] * 4)(
         engine.get_function_address("scatter_add"))
     return engine, fn

@@ -16,12 +16,10 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import math
 import os
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -355,17 +353,9 @@ def wait(drv, after: str, timeout: float | None = None) -> None:
 # Executables
 
 
-@functools.cache
-def _generator_digest() -> str:
-    """A digest of the code that makes the PTX: a change to it must not reuse cached PTX."""
-    folder = Path(nvptx.__file__).parent
-    return hashlib.sha256(b"".join((folder / f).read_bytes() for f in
-                                   ("nvptx.py", "llvm.py", "loops.py", "mathlib.py"))).hexdigest()
-
-
 def compile_ptx(kernels: list, matmuls: tuple[str, ...], target: str) -> str:
     """The PTX of these kernels, from the on-disk cache where it holds exactly them."""
-    k = cache.key("ptx", repr(kernels), repr(matmuls), target, _generator_digest())
+    k = cache.key("ptx", repr(kernels), repr(matmuls), target, cache.code_digest("backend"))
     cached = cache.load(k)
     if cached is not None:
         return cached.decode()
