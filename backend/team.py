@@ -11,9 +11,10 @@ find it awake), then asleep on a futex that the caller's post wakes — as OpenM
 do; no Python runs on the way.
 
 The box holds, each on its own cache line: the task (function, argument, threads) and its
-generation, published by a release store of GENERATION; ENTRY, the generation shifted up,
-plus CLOSED once the caller has finished its share, plus the helpers that joined; LEFT, the
-helpers that have finished; and SLEEPERS, the helpers asleep or going to sleep. A helper
+generation, published by a store of GENERATION; ENTRY, the generation shifted up, plus
+CLOSED once the caller has finished its share, plus the helpers that joined; LEFT, the helpers
+that have finished; SLEEPERS, the helpers asleep or going to sleep; and QUIT, set at exit to
+let every helper go before the interpreter frees the code they run. A helper
 joins by a compare-and-swap of ENTRY, which fails once the caller has closed the task or
 posted another, so no helper ever starts a task that is over (whose code and memory may be
 gone). The caller, its share done, closes ENTRY and waits until every helper that joined has

@@ -1,5 +1,5 @@
 """The on-disk compile cache: object code, and the pickled products of the stages before it
-(lowered IR, kernel plans), stored under a key that covers everything they depend on (the
+(syntax trees, lowered IR, kernel plans), stored under a key that covers everything they depend on (the
 source, the code that made them, the target CPU and its features, the versions of dslc,
 llvmlite and LLVM). `~/.cache/dslc`, or $DSLC_CACHE_DIR. Writes are atomic; an entry whose
 header or checksum does not match is ignored and rebuilt, never executed or unpickled."""
