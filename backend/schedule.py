@@ -4,12 +4,13 @@ Consecutive elementwise ops of one shape fuse into one map kernel: their interme
 never touch memory, and only values used later are stored. A float reduction over
 contiguous-compatible axes becomes a reduction kernel, which computes its input itself when
 the open map kernel makes it for the reduction alone (the softmax's exp, the variance's
-square). A float `@` is a contraction step for the
-blocked kernel of backend/contract.py (ir/passes.py's for_backends rewrites einsums that are
-matrix products as `@`, and one_hot as a comparison that fuses, first). Transposes, reshapes, broadcasts, slices and the gradients of slices
-are views (backend/views.py): read in place by the kernels, contractions and host steps that
-use them; a view of a view that no strides express (a reshape of a transpose), and a window
-that anything but a map kernel reads, are read from a contiguous copy a copy kernel makes.
+square). A float `@` is a contraction step for the blocked kernel of backend/contract.py
+(ir/passes.py's for_backends rewrites einsums that are matrix products as `@`, and one_hot as
+a comparison that fuses, first). Transposes, reshapes, broadcasts, slices and the gradients
+of slices are views (backend/views.py): read in place by the kernels, contractions and host
+steps that use them; a view of a view that no strides express (a reshape of a transpose), and
+a window that anything but a map kernel reads, are read from a contiguous copy a copy kernel
+makes.
 Everything else — gathers, scatters, concatenation, random numbers, integer division — is a
 host step, evaluated by the reference interpreter on NumPy arrays (exact, and mostly cheap
 data movement). Every buffer is a contiguous row-major array.
@@ -173,7 +174,7 @@ def schedule(fn: Function, name: str = "k") -> Plan:
             # read only by this reduction: the ops of the group that make x are computed in
             # the reduction's loop instead, and x is never stored
             fused = (rows is None and x in in_group and users[x] == 1 and x not in results and
-                     _reduction_kernel(next(names), op, _cone(group, x), views, constants))
+                     _reduction_kernel(next(names), op, _cone(group, [x]), views, constants))
             if fused:
                 users[x] -= 1
                 steps.append(fused)
@@ -266,13 +267,13 @@ def _reducible(op: Op) -> bool:
     return not axes or axes == tuple(range(axes[0], axes[-1] + 1))
 
 
-def _cone(group: list[Op], x: Value) -> list[Op]:
-    """The ops of the group that x depends on, in order."""
-    wanted, cone = {x}, []
-    for op in reversed(group):
+def _cone(ops: list[Op], values: list[Value], available: set[Value] = frozenset()) -> list[Op]:
+    """The ops that the values depend on, in order, stopping at the values available."""
+    wanted, cone = {v for v in values if v not in available}, []
+    for op in reversed(ops):
         if wanted.intersection(op.outputs):
             cone.append(op)
-            wanted.update(op.inputs)
+            wanted.update(v for v in op.inputs if v not in available)
     return cone[::-1]
 
 
@@ -406,16 +407,8 @@ def _row_kernel(name: str, ops: list[Op], rows: tuple[int, ...], users: dict[Val
             uses_inside[v] = uses_inside.get(v, 0) + 1
     written = {v for v in made if v in results or users.get(v, 0) > uses_inside.get(v, 0)}
 
-    def cone(values: list[Value], available: set[Value]) -> list[Op]:
-        wanted, picked = {v for v in values if v not in available}, []
-        for op in reversed(ops):
-            if wanted.intersection(op.outputs):
-                picked.append(op)
-                wanted.update(v for v in op.inputs if v not in available)
-        return picked[::-1]
-
     finals = [v for v in made if v in written and v not in per_row]
-    cones = [cone([r.inputs[0]], per_row) for r in reductions] + [cone(finals, per_row)]
+    cones = [_cone(ops, [r.inputs[0]], per_row) for r in reductions] + [_cone(ops, finals, per_row)]
     needed = [op for c in cones for op in c]
     materialize = {op.outputs[0] for op in set(needed) if op.prim in COSTLY and needed.count(op) > 1}
 
@@ -490,14 +483,15 @@ def _row_kernel(name: str, ops: list[Op], rows: tuple[int, ...], users: dict[Val
         for r in reductions:
             per_row_stages(ops.index(r))
             available = per_row | stored
-            early = [v for v in materialize if v not in stored and made[v] in cone([r.inputs[0]], available)]
+            inputs = _cone(ops, [r.inputs[0]], available)
+            early = [v for v in materialize if v not in stored and made[v] in inputs]
             if early:
-                stage(cone(early, available), sorted(early, key=lambda v: ops.index(made[v])), space)
-            stage(cone([r.inputs[0]], per_row | stored), [], rows, r)
+                stage(_cone(ops, early, available), sorted(early, key=lambda v: ops.index(made[v])), space)
+            stage(_cone(ops, [r.inputs[0]], per_row | stored), [], rows, r)
         per_row_stages(len(ops))
         late = [v for v in finals if v not in stored]
         if late:
-            stage(cone(late, per_row | stored), late, space)
+            stage(_cone(ops, late, per_row | stored), late, space)
     except _NotRows:
         return None
 
