@@ -350,11 +350,7 @@ class Program:
         sources = sorted((m.path, m.source.text) for m in self._resolved.modules.values())
         k = cache.key("lowered", cache.code_digest("frontend", "ir", "dsl"), repr(sources),
                       d.name, repr(inputs.key))
-        low = cache.load_pickled(k)
-        if low is None:
-            low = deep(lambda: self._lower(d, b, inputs))
-            cache.store_pickled(k, low)
-        return low
+        return cache.pickled(k, lambda: deep(lambda: self._lower(d, b, inputs)))
 
     def _lower(self, d: ast.Def, b: Builder, inputs: Inputs) -> Lowered:
         checker = Checker(self._resolved, builder=b)
@@ -408,11 +404,7 @@ def _parse(source: Source) -> ast.Module:
     the same path before (parsing the standard library is most of a warm load's wait)."""
     from runtime import cache
     k = cache.key("ast", cache.code_digest("frontend"), source.path, source.text)
-    tree = cache.load_pickled(k)
-    if tree is None:
-        tree = parse(source)
-        cache.store_pickled(k, tree)
-    return tree
+    return cache.pickled(k, lambda: parse(source))
 
 
 # ---------------------------------------------------------------- Python values in and out

@@ -13,7 +13,7 @@ import pickle
 import tempfile
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 MAGIC = b"dslc-object-v1\n"
 ROOT = Path(__file__).resolve().parents[1]
@@ -102,3 +102,12 @@ def load_pickled(k: str) -> Any | None:
 
 def store_pickled(k: str, value: Any) -> None:
     store(k, pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL), "pkl")
+
+
+def pickled(k: str, make: Callable[[], Any]) -> Any:
+    """The value stored under k, or make()'s, stored there for next time."""
+    value = load_pickled(k)
+    if value is None:
+        value = make()
+        store_pickled(k, value)
+    return value

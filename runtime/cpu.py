@@ -138,13 +138,11 @@ def _planned(fn: Function, name: str) -> tuple[Plan, Memory]:
     """fn's plan and buffer plan, from the on-disk cache when this scheduler planned exactly
     this function before (the plan holds its own copy of the function, which the executable
     then runs)."""
+    def plan() -> tuple[Plan, Memory]:
+        made = schedule(for_backends(fn), name)
+        return made, plan_memory(made)
     k = cache.key("plan", cache.code_digest("backend", "ir"), name, _digest(fn))
-    planned = cache.load_pickled(k)
-    if planned is None:
-        plan = schedule(for_backends(fn), name)
-        planned = plan, plan_memory(plan)
-        cache.store_pickled(k, planned)
-    return planned
+    return cache.pickled(k, plan)
 
 
 def _digest(fn: Function) -> str:
