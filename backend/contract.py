@@ -10,7 +10,9 @@ thread count. The generated function, in C:
               int64_t batch, int64_t M, int64_t N, int64_t K,
               int64_t a_stride, int64_t b_stride, int64_t c_stride,
               int64_t a_row, int64_t a_col, int64_t b_row, int64_t b_col,
-              T *scratch, int64_t *next_job, int64_t thread_index, int64_t thread_count);
+              T *scratch, int64_t *next_job,
+              void (*epilogue)(void **table, int64_t lo, int64_t hi), void **epilogue_table,
+              int64_t thread_index, int64_t thread_count);
 
 T is float (f32) or double (f64); the strides are the elements between batch entries (0
 broadcasts an operand), and A[i, k] is A[i·a_row + k·a_col] (B likewise), so a transposed
@@ -33,6 +35,12 @@ share to the others, and every element is written by exactly one call. NAME.task
 function as a task of the host's thread team (backend/team.py), its arguments in an array.
 The job grid depends on thread_count; the bits depend on neither the grid nor which thread
 ran a job.
+
+Epilogue: where epilogue is not null and a job's column block is all of N (N ≤ nc), the job
+calls epilogue(epilogue_table, lo, hi) on each block of at most mc rows once its elements are
+final (after their last K block), lo and hi counting C's rows over batch × M (row i of batch
+entry b is b·M + i): a kernel of backend/llvm.py over C's rows then runs on them while they
+are in cache. Where N > nc it is not called.
 
 Scratch: thread t packs its panels into scratch[t·S, (t+1)·S), S = Tiles.scratch_elements;
 any alignment works, 64 bytes is faster.
@@ -67,7 +75,7 @@ UNROLL = 4      # k steps per trip of the register tile's main loop
 JOBS_PER_THREAD = 4   # so that a thread the OS holds up leaves a share to the others
 MIN_JOB_ROWS = 96     # each job packs its B panel: fewer rows would not pay for it
 PACK_ROWS = 16  # rows of a B of general strides packed per pass (a cache line of f32)
-ARGUMENTS = 16      # NAME.task's array: A … b_col, scratch, next_job
+ARGUMENTS = 18      # NAME.task's array: A … b_col, scratch, next_job, epilogue, epilogue_table
 
 
 @dataclass(frozen=True)
@@ -296,13 +304,16 @@ def build_matmul(module: ir.Module, name: str, dtype: str, tiles: Tiles | None =
     tiles_by_width = [_build_tile(module, f"{name}.tile{nv}", dtype, t, nv)
                       for nv in range(1, t.nv + 1)]
     p = SCALAR[dtype].as_pointer()
+    table = ir.IntType(8).as_pointer().as_pointer()
+    epilogue_type = ir.FunctionType(ir.VoidType(), [table, I64, I64]).as_pointer()
     fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [p, p, p] + [I64] * 11 +
-                                             [p, I64.as_pointer(), I64, I64]), name)
+                                             [p, I64.as_pointer(), epilogue_type, table, I64, I64]),
+                     name)
     (A, B, C, batch, M, N, K, sa, sb, sc, a_row, a_col, b_row, b_col,
-     scratch, next_job, tid, nthreads) = fn.args
+     scratch, next_job, epilogue, epilogue_table, tid, nthreads) = fn.args
     for arg, label in zip(fn.args, "A B C batch M N K a_stride b_stride c_stride a_row a_col "
-                                   "b_row b_col scratch next_job thread_index "
-                                   "thread_count".split()):
+                                   "b_row b_col scratch next_job epilogue epilogue_table "
+                                   "thread_index thread_count".split()):
         arg.name = label
     e = _Emitter(fn, dtype, t)
     b = e.b
@@ -328,6 +339,9 @@ def build_matmul(module: ir.Module, name: str, dtype: str, tiles: Tiles | None =
     rows = b.mul(e.ceil_div(row_panels, n_rows), _i64(t.mr))
     cols = b.mul(e.ceil_div(col_panels, n_cols), _i64(t.nr))
     jobs = b.mul(jobs, n_rows)
+    # a job of whole rows hands them to the epilogue (one predictable branch per job)
+    whole_rows = b.and_(b.icmp_unsigned("!=", epilogue, ir.Constant(epilogue_type, None)),
+                        b.icmp_signed("==", n_cols, _i64(1)))
 
     head, body, done = (fn.append_basic_block(f"job.{s}") for s in ("head", "body", "done"))
     b.branch(head)
@@ -345,8 +359,16 @@ def build_matmul(module: ir.Module, name: str, dtype: str, tiles: Tiles | None =
     c_base = e.at(C, b.mul(bi, sc), b.mul(i0, N), j0)
     live = b.and_(b.icmp_signed(">", mj, _i64(0)), b.icmp_signed(">", nj, _i64(0)))
     with b.if_then(live):
+        first_row = b.add(b.mul(bi, M), i0)
+
+        def finished(i, m) -> None:
+            """Rows [i, i + m) of the job are final: the epilogue's, where it has them."""
+            with b.if_then(whole_rows, likely=False):
+                lo = b.add(first_row, i)
+                b.call(epilogue, [epilogue_table, lo, b.add(lo, m)])
+
         _job(e, tiles_by_width, (a_base, a_row, a_col), (b_base, b_row, b_col), c_base, mj, nj,
-             K, N, a_pack, b_pack)
+             K, N, a_pack, b_pack, finished)
     b.branch(head)
     b.position_at_end(done)
     b.ret_void()
@@ -369,15 +391,18 @@ def _build_task(module: ir.Module, name: str, kernel: ir.Function) -> None:
     b.ret_void()
 
 
-def _job(e: _Emitter, tiles_by_width, a, b_, c_base, mj, nj, K, N, a_pack, b_pack) -> None:
+def _job(e: _Emitter, tiles_by_width, a, b_, c_base, mj, nj, K, N, a_pack, b_pack,
+         finished) -> None:
     """C[:mj, :nj] (row stride N) = A[:mj, :K] @ B[:K, :nj], a and b_ being each operand's
-    (base, row stride, column stride)."""
+    (base, row stride, column stride); finished(i, m) emits what follows once rows
+    [i, i + m) are final (after the last K block of each block of mc rows, which is in L2)."""
     b, t = e.b, e.tiles
     (a_base, a_row, a_col), (b_base, b_row, b_col) = a, b_
     with b.if_then(b.icmp_signed("==", K, _i64(0)), likely=False):
         minus_zero = ir.Constant(e.scalar, -0.0)
         with e.loop(0, mj, 1, "zr") as i, e.loop(0, nj, 1, "zc") as j:
             b.store(minus_zero, e.at(c_base, b.mul(i, N), j), align=e.align)
+        finished(_i64(0), mj)
 
     # ORDER: K is cut into blocks of kc taken in increasing order; between blocks each partial
     # sum waits in C (an exact store and load). K is never padded: a padding 0·x would turn an
@@ -410,6 +435,8 @@ def _job(e: _Emitter, tiles_by_width, a, b_, c_base, mj, nj, K, N, a_pack, b_pac
                     _call_narrowest(e, tiles_by_width, n_edge,
                                     [a_tile, *a_strides, b_tile, kc, c_tile, N, first, m_edge,
                                      n_edge])
+            with b.if_then(b.icmp_signed(">=", b.add(pc, kc), K)):
+                finished(ic, mb)
 
 
 def _call_narrowest(e: _Emitter, tiles_by_width, n, args) -> None:
@@ -567,13 +594,13 @@ class Matmul:
         self.engine = cpu.jit(("matmul", dtype, repr(self.tiles)),
                               lambda: self.llvm_ir)
         self.fn = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * 3, *[ctypes.c_int64] * 11,
-                                   ctypes.c_void_p, ctypes.c_void_p, *[ctypes.c_int64] * 2)(
+                                   *[ctypes.c_void_p] * 4, *[ctypes.c_int64] * 2)(
             self.engine.get_function_address("matmul"))
         self.task = self.engine.get_function_address("matmul.task")
         self._lock = threading.Lock()
         self._arguments = np.zeros(ARGUMENTS + 8, dtype=np.int64)   # next_job in the last line
         self._next_job = self._arguments[ARGUMENTS:]
-        self._arguments[ARGUMENTS - 1] = address(self._next_job)
+        self._arguments[ARGUMENTS - 3] = address(self._next_job)
         self._scratch = np.empty(0, dtype=NUMPY[self.dtype])
 
     @functools.cached_property
@@ -589,20 +616,22 @@ class Matmul:
         if self._scratch.size < threads * self.tiles.scratch_elements + 64:
             self._scratch = np.empty(threads * self.tiles.scratch_elements + 64,
                                      dtype=NUMPY[self.dtype])
-            self._arguments[ARGUMENTS - 2] = _aligned(self._scratch)
+            self._arguments[ARGUMENTS - 4] = _aligned(self._scratch)
         return self._scratch
 
     def call(self, a: np.ndarray, b: np.ndarray, c: np.ndarray, scratch: np.ndarray,
-             next_job: np.ndarray, thread_index: int, thread_count: int) -> None:
+             next_job: np.ndarray, thread_index: int, thread_count: int,
+             epilogue: tuple[int, int] = (0, 0)) -> None:
         """One thread's part of c = a @ b: a [batch|1, M, K] and b [batch|1, K, N] of any
         strides, c [batch, M, N] C-contiguous, all of the kernel's dtype; next_job is an
-        int64[1], zero before the first thread starts, shared by the thread_count calls."""
+        int64[1], zero before the first thread starts, shared by the thread_count calls;
+        epilogue the addresses of a kernel over C's rows and its table (0, 0 for none)."""
         if not 0 <= thread_index < thread_count or next_job.dtype != np.int64 \
                 or scratch.dtype != NUMPY[self.dtype] \
                 or scratch.size < thread_count * self.tiles.scratch_elements + 64:
             raise ValueError(f"thread {thread_index} of {thread_count}, next_job {next_job}, "
                              f"scratch {scratch.dtype} [{scratch.size}]")
-        self.fn(*self.arguments(a, b, c), _aligned(scratch), address(next_job),
+        self.fn(*self.arguments(a, b, c), _aligned(scratch), address(next_job), *epilogue,
                 thread_index, thread_count)
 
     def arguments(self, a: np.ndarray, b: np.ndarray, c: np.ndarray) -> tuple:
@@ -621,10 +650,11 @@ class Matmul:
                 a_row // size, a_col // size, b_row // size, b_col // size)
 
     def __call__(self, a: np.ndarray, b: np.ndarray, threads: int = 1,
-                 out: np.ndarray | None = None) -> np.ndarray:
+                 out: np.ndarray | None = None, epilogue: tuple[int, int] = (0, 0)) -> np.ndarray:
         """a @ b for operands of rank 2 or more (batch axes broadcast as NumPy does), computed
         by `threads` threads (this one and the team's helpers), into `out` (C-contiguous, of
-        the result's shape) when given."""
+        the result's shape) when given; `epilogue` (a kernel's address and its table's) runs
+        on each job's rows where the jobs cover whole rows (`fuses`)."""
         dtype = NUMPY[self.dtype]
         a, b = a.astype(dtype, copy=False), b.astype(dtype, copy=False)
         if a.ndim == b.ndim == 2:
@@ -646,10 +676,17 @@ class Matmul:
             raise ValueError(f"threads must be at least 1, not {threads}")
         with self._lock:                                   # one scratch buffer, one call
             self.scratch(threads)
-            self._arguments[:ARGUMENTS - 2] = self.arguments(a3, b3, c)
+            self._arguments[:ARGUMENTS - 4] = self.arguments(a3, b3, c)
+            self._arguments[ARGUMENTS - 2:ARGUMENTS] = epilogue
             self._next_job[0] = 0
             team().run(self.task, self._arguments.ctypes.data, threads)
         return c.reshape(shape + (a.shape[-2], b.shape[-1]))
+
+
+    def fuses(self, n: int) -> bool:
+        """Whether the kernel calls the epilogue for a product of n columns (its jobs cover
+        whole rows); elsewhere the caller runs it after the product."""
+        return n <= self.tiles.nc
 
 
 def _aligned(scratch: np.ndarray) -> int:

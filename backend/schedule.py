@@ -6,11 +6,13 @@ contiguous-compatible axes becomes a reduction kernel, which computes its input 
 the open map kernel makes it for the reduction alone (the softmax's exp, the variance's
 square). A float `@` is a contraction step for the blocked kernel of backend/contract.py
 (ir/passes.py's for_backends rewrites einsums that are matrix products as `@`, and one_hot as
-a comparison that fuses, first). Transposes, reshapes, broadcasts, slices and the gradients
-of slices are views (backend/views.py): read in place by the kernels, contractions and host
-steps that use them; a view of a view that no strides express (a reshape of a transpose), and
-a window that anything but a map kernel reads, are read from a contiguous copy a copy kernel
-makes.
+a comparison that fuses, first); a map kernel that reads its result C where it writes (a bias,
+an activation, a residual), or a row kernel over C's rows (a layer norm, a softmax), becomes
+its epilogue, which the contraction runs on each block of C's rows it has finished.
+Transposes, reshapes, broadcasts, slices and the gradients of slices are views
+(backend/views.py): read in place by the kernels, contractions and host steps that use them;
+a view of a view that no strides express (a reshape of a transpose), and a window that
+anything but a map kernel reads, are read from a contiguous copy a copy kernel makes.
 Everything else — gathers, scatters, concatenation, random numbers, integer division — is a
 host step, evaluated by the reference interpreter on NumPy arrays (exact, and mostly cheap
 data movement). Every buffer is a contiguous row-major array.
@@ -58,8 +60,11 @@ class ViewStep:
 
 @dataclass(frozen=True)
 class ContractStep:
-    """A float `@`, run by the blocked contraction kernel (backend/contract.py)."""
+    """A float `@`, run by the blocked contraction kernel (backend/contract.py), and a kernel
+    over its result C's rows that reads C where it writes (its epilogue, if any): the
+    contraction runs it on each block of rows it has finished, while they are in cache."""
     op: Op
+    epilogue: KernelStep | None = None
 
 
 Step = KernelStep | HostStep | ViewStep | ContractStep
@@ -72,7 +77,9 @@ class Plan:
 
     @property
     def kernels(self) -> list[LoopKernel]:
-        return [s.kernel for s in self.steps if isinstance(s, KernelStep)]
+        """Every kernel of the plan, the contractions' epilogues included."""
+        return [s.kernel if isinstance(s, KernelStep) else s.epilogue.kernel for s in self.steps
+                if isinstance(s, KernelStep) or isinstance(s, ContractStep) and s.epilogue]
 
 
 def fusible(op: Op) -> bool:
@@ -195,7 +202,69 @@ def schedule(fn: Function, name: str = "k") -> Plan:
     flush()
     for v in fn.results:
         need(v)
-    return Plan(fn, tuple(steps))
+    return Plan(fn, _with_epilogues(steps))
+
+
+def _with_epilogues(steps: list[Step]) -> tuple[Step, ...]:
+    """The steps, each kernel that can be the epilogue of the contraction it follows (past
+    views and constants of other values only) moved into it. A kernel further back stays:
+    moved past other kernels, epilogues made the GPT step 3-5% slower (docs/cpu.md)."""
+    out: list[Step] = []
+    for step in steps:
+        at = len(out) - 1
+        while at >= 0 and _free(out[at]) and not set(writes(out[at])) & set(reads(step)):
+            at -= 1
+        epilogue = (_epilogue(out[at], step) if at >= 0 and isinstance(out[at], ContractStep)
+                    and out[at].epilogue is None else None)
+        if epilogue is not None:
+            out[at] = replace(out[at], epilogue=epilogue)
+        else:
+            out.append(step)
+    return tuple(out)
+
+
+def _free(step: Step) -> bool:
+    """Whether a step costs nothing when a run is called: a view, or a value made once."""
+    return isinstance(step, ViewStep) or isinstance(step, HostStep) and made_once(step.op)
+
+
+def _epilogue(contract: ContractStep, step: Step) -> KernelStep | None:
+    """step as the epilogue of the contraction: a map kernel over the points of C (its result)
+    that reads C where it writes, rebuilt over C's rows (batch × M, flattened) × N, or a row
+    kernel over C's rows whose stages read C at their own row and point; None where step is
+    neither, or a map's load's leading axes do not step through memory as one."""
+    (c,), b = contract.op.outputs, contract.op.inputs[1]
+    k = step.kernel if isinstance(step, KernelStep) else None
+    if k is None or k.is_reduction or c not in step.args or not c.shape:
+        return None
+    at = step.args.index(c)
+    if k.is_rows:
+        over_c = len(b.shape) > 1 and k.shape == c.shape[:-1] and k.n == c.shape[-1]
+        reads_c = [ins.load for stage in k.stages for ins in stage.body
+                   if ins.load and ins.load.buffer == at]
+        return step if over_c and all(
+            len(load.strides) == len(c.shape) and _dense(load.strides, c.shape)
+            and load.offset == 0 and not load.window for load in reads_c) else None
+    if k.shape != c.shape:
+        return None
+    # the kernel's C is [batch, M, N]; a 1-D b gives columns of one element
+    space = c.shape if len(b.shape) > 1 else c.shape + (1,)
+    body = []
+    for ins in k.body:
+        load = ins.load
+        if load is not None:
+            reads_c_elsewhere = load.buffer == at and not (_dense(load.strides, c.shape)
+                                                           and load.offset == 0)
+            if load.window or reads_c_elsewhere:
+                return None
+            strides = load.strides if len(b.shape) > 1 else load.strides + (0,)
+            leading = [(s, n) for s, n in zip(strides[:-1], space[:-1]) if n != 1]
+            if any(s != t * m for (s, _), (t, m) in zip(leading, leading[1:])):
+                return None
+            rows = leading[-1][0] if leading else 0
+            ins = replace(ins, load=replace(load, strides=(rows, strides[-1])))
+        body.append(ins)
+    return replace(step, kernel=replace(k, shape=(prod(space[:-1]), space[-1]), body=tuple(body)))
 
 
 def _shape(op: Op) -> tuple[int, ...]:
@@ -529,13 +598,21 @@ class Memory:
 
 
 def reads(step: Step) -> tuple[Value, ...]:
+    """The values a step reads (a contraction's epilogue's included)."""
     if isinstance(step, KernelStep):
         return tuple(v for v in step.args if v not in step.writes)
+    if isinstance(step, ContractStep) and step.epilogue:
+        return step.op.inputs + reads(step.epilogue)
     return step.op.inputs
 
 
 def writes(step: Step) -> tuple[Value, ...]:
-    return step.writes if isinstance(step, KernelStep) else step.op.outputs
+    """The values a step writes (a contraction's epilogue's included)."""
+    if isinstance(step, KernelStep):
+        return step.writes
+    if isinstance(step, ContractStep) and step.epilogue:
+        return step.op.outputs + step.epilogue.writes
+    return step.op.outputs
 
 
 def made_once(op: Op) -> bool:

@@ -216,7 +216,7 @@ class Program:
         folder.mkdir(parents=True, exist_ok=True)
         ids = {v: i for i, v in enumerate(fn.params)}
         for step in plan.steps:
-            for v in (step.writes if isinstance(step, schedule.KernelStep) else step.op.outputs):
+            for v in schedule.writes(step):
                 ids.setdefault(v, len(ids))
         gpu = gpu_kernels(plan, name) if target == "ptx" else None
         kernels = []
@@ -242,7 +242,10 @@ class Program:
             if gpu and id(s.op) in gpu.copies:
                 return {"kernel": gpu.copies[id(s.op)].name, "args": inputs + outputs}
             if isinstance(s, schedule.ContractStep):      # dslc's contraction kernel
-                return {"matmul": s.op.outputs[0].dtype, "inputs": inputs, "outputs": outputs}
+                entry = {"matmul": s.op.outputs[0].dtype, "inputs": inputs, "outputs": outputs}
+                if s.epilogue:                              # a kernel run after the product
+                    entry["epilogue"] = step_entry(s.epilogue)
+                return entry
             return {"host": s.op.prim, "inputs": inputs, "outputs": outputs}
 
         manifest = {
@@ -310,8 +313,14 @@ class Program:
             from runtime.cuda import gpu_kernels
             gpu = gpu_kernels(plan, name)
             return nvptx.ptx(gpu.kernels, matmuls=gpu.matmuls)
-        return "\n".join(loops.to_text(s.kernel) if isinstance(s, schedule.KernelStep)
-                         else f"host {s.op.prim}" for s in plan.steps) + "\n"
+        def text(s) -> str:
+            if isinstance(s, schedule.KernelStep):
+                return loops.to_text(s.kernel)
+            if isinstance(s, schedule.ContractStep) and s.epilogue:
+                epilogue = loops.to_text(s.epilogue.kernel).replace("\n", "\n  ")
+                return f"host {s.op.prim}, on each block of rows it finishes:\n  {epilogue}"
+            return f"host {s.op.prim}"
+        return "\n".join(text(s) for s in plan.steps) + "\n"
 
     def _specialised(self, d: ast.Def, dims: dict[str, int] | None) -> tuple[Lowered, Inputs]:
         if dims is not None:

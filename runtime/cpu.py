@@ -70,15 +70,18 @@ class Executable:
                      for v, a in zip(s.op.outputs, interp.evaluate(s.op, []))}
         self.views = {s.op.outputs[0] for s in steps if isinstance(s, ViewStep)}
         groups = _runs(steps)
-        runs = tuple(Run(f"{name}_run{j}", tuple(steps[i].kernel.name for i in group),
-                         tuple(accumulate((len(steps[i].args) for i in group[:-1]), initial=0)),
-                         tuple(steps[i].kernel.extent for i in group),
-                         tuple(_chunks(steps[i].kernel) for i in group),
-                         tuple(grain(steps[i].kernel) for i in group))
+        runs = tuple(_run(f"{name}_run{j}", [steps[i].kernel for i in group])
                      for j, group in enumerate(groups))
-        self.compiled = Compiled(self.plan.kernels, runs) if self.plan.kernels else None
-        self.launches: list[Callable | None] = [_View.of(s) if isinstance(s, ViewStep) else None
-                                                for s in steps]
+        # an epilogue is a run of one kernel too: the contraction calls the kernel on its
+        # rows, or the runtime calls the run after the product (backend/contract.py)
+        epilogues = {i: _run(f"{name}_epilogue{i}", [s.epilogue.kernel])
+                     for i, s in enumerate(steps) if isinstance(s, ContractStep) and s.epilogue}
+        self.compiled = (Compiled(self.plan.kernels, runs + tuple(epilogues.values()))
+                         if self.plan.kernels else None)
+        self.launches: list[Callable | None] = [
+            _View.of(s) if isinstance(s, ViewStep) else
+            _ContractLaunch.of(s, epilogues.get(i), self.memory, self.compiled)
+            if isinstance(s, ContractStep) else None for i, s in enumerate(steps)]
         for run, group in zip(runs, groups):
             self.launches[group[0]] = _RunLaunch.of(run, [steps[i] for i in group], self.memory,
                                                     self.compiled)
@@ -107,11 +110,6 @@ class Executable:
         for step, launch, pointers, dead in zip(self.plan.steps, self.launches, arena.pointers, self.dead):
             if launch is not None:
                 launch(env, pointers, n)
-            elif isinstance(step, ContractStep):
-                (out,) = step.op.outputs
-                if out not in env:
-                    env[out] = np.empty(out.shape, np_dtype(out.dtype))
-                matmul(*[env[v] for v in step.op.inputs], env[out], n)
             elif step.op.outputs[0] not in self.made:
                 outs = self.host(step.op, [env[v] for v in step.op.inputs])
                 env.update((v, _buffer(a, v)) for v, a in zip(step.op.outputs, outs))
@@ -221,6 +219,14 @@ def _in_run(env: dict, pointers: None, threads: int) -> None:
     """A kernel step called by the run it belongs to."""
 
 
+def _run(name: str, kernels: list[LoopKernel]) -> Run:
+    """The run of consecutive kernels, their argument tables laid end to end."""
+    return Run(name, tuple(k.name for k in kernels),
+               tuple(accumulate((len(k.buffers) for k in kernels[:-1]), initial=0)),
+               tuple(k.extent for k in kernels), tuple(_chunks(k) for k in kernels),
+               tuple(grain(k) for k in kernels))
+
+
 class _Arena:
     """One call's memory: the arena's bytes, a view of them for each value planned there,
     and each run's argument table with the arena's addresses filled in."""
@@ -230,8 +236,9 @@ class _Arena:
         base = -self.memory.ctypes.data % ALIGN
         self.views = {v: self.memory[base + off:base + off + nbytes(v)].view(np_dtype(v.dtype)).reshape(v.shape)
                       for v, off in exe.memory.offsets.items()}
-        self.pointers = [launch.pointers(self.views) if isinstance(launch, _RunLaunch)
-                         else None for launch in exe.launches]
+        self.pointers = [launch.pointers(self.views)
+                         if isinstance(launch, (_RunLaunch, _ContractLaunch)) else None
+                         for launch in exe.launches]
 
 
 @dataclass(frozen=True)
@@ -261,16 +268,58 @@ class _RunLaunch:
         return _RunTable(_table(self.args + (None,), views), self.kernels)
 
     def __call__(self, env: dict[Value, np.ndarray], pointers: _RunTable, threads: int) -> None:
+        self.bind(env, pointers)
+        self.run(pointers, threads)
+
+    def bind(self, env: dict[Value, np.ndarray], pointers: _RunTable) -> None:
+        """The values the run allocates made, and the table's slots the arena does not fix
+        filled."""
         for v in self.fresh:
             env[v] = np.empty(v.shape, dtype=np_dtype(v.dtype))
         table = pointers.table
         for i, v in self.patches:
             table[i] = address(env[v])
+
+    def run(self, pointers: _RunTable, threads: int) -> None:
+        table = pointers.table
         if threads <= 1 or self.work < MIN_RUN_WORK:
             self.fn(table, 0, 1)
             return
         pointers.words.fill(0)
         team().run(self.address, pointers.address, threads)   # returns with every chunk done
+
+
+@dataclass(frozen=True)
+class _ContractLaunch:
+    """How a contraction step is called: its product, and its epilogue (a run of one kernel,
+    and that kernel's address) passed to the contraction kernel, or run after it where the
+    kernel's jobs do not cover whole rows."""
+    op: Op
+    epilogue: _RunLaunch | None
+    kernel: int
+
+    @staticmethod
+    def of(step: ContractStep, run: Run | None, memory: Memory, compiled: Compiled | None
+           ) -> _ContractLaunch:
+        if run is None:
+            return _ContractLaunch(step.op, None, 0)
+        kernel = ctypes.cast(compiled.functions[run.kernels[0]], ctypes.c_void_p).value
+        return _ContractLaunch(step.op, _RunLaunch.of(run, [step.epilogue], memory, compiled), kernel)
+
+    def pointers(self, views: dict[Value, np.ndarray]) -> _RunTable | None:
+        return self.epilogue.pointers(views) if self.epilogue else None
+
+    def __call__(self, env: dict[Value, np.ndarray], pointers: _RunTable | None, threads: int) -> None:
+        (out,) = self.op.outputs
+        if out not in env:
+            env[out] = np.empty(out.shape, np_dtype(out.dtype))
+        a, b = (env[v] for v in self.op.inputs)
+        if self.epilogue is None:
+            matmul(a, b, env[out], threads)
+            return
+        self.epilogue.bind(env, pointers)
+        if not matmul(a, b, env[out], threads, (self.kernel, pointers.address)):
+            self.epilogue.run(pointers, threads)
 
 
 class _RunTable:
@@ -292,9 +341,12 @@ def _table(args: tuple[Value | None, ...], views: dict[Value, np.ndarray]) -> ct
 _matmuls: dict[str, object] = {}
 
 
-def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray, threads: int) -> None:
+def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray, threads: int,
+           epilogue: tuple[int, int] | None = None) -> bool:
     """out = a @ b (NumPy's rules for 1-D operands and batch axes) by the contraction kernel,
-    with the canonical k order: the reference's bits (on any number of threads)."""
+    with the canonical k order: the reference's bits (on any number of threads). An epilogue
+    (a kernel over out's rows and its table's address) is run by the kernel on each block of
+    rows it finishes where it can: returns whether it did (else the caller runs it)."""
     dtype = {np.dtype(np.float32): "f32", np.dtype(np.float64): "f64"}[out.dtype]
     if dtype not in _matmuls:
         from backend.contract import Matmul
@@ -303,7 +355,10 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray, threads: int) -> None:
     b2 = b[:, None] if b.ndim == 1 else b
     work = out.size * a2.shape[-1]
     parts = min(threads, max(1, work // MIN_MULTIPLY_ADDS_PER_THREAD))
-    _matmuls[dtype](a2, b2, threads=parts, out=out)
+    kernel = _matmuls[dtype]
+    fused = epilogue is not None and kernel.fuses(b2.shape[-1])
+    kernel(a2, b2, threads=parts, out=out, epilogue=epilogue if fused else (0, 0))
+    return fused
 
 
 def _buffer(a: np.ndarray, v: Value) -> np.ndarray:

@@ -491,7 +491,8 @@ class Executable:
 
     def contract(self, step: ContractStep, env: dict[Value, DeviceArray]) -> None:
         """out = a @ b by the tiled contraction kernel (NumPy's rules for 1-D operands and
-        batch axes; an operand broadcast along some batch axes only is expanded on the host)."""
+        batch axes; an operand broadcast along some batch axes only is expanded on the host),
+        then its epilogue, if any, as a kernel of its own."""
         (out,) = step.op.outputs
         a, b = (self.to_device(env[v], v) for v in step.op.inputs)
         a2 = a.shape if a.ndim > 1 else (1,) + a.shape
@@ -513,10 +514,12 @@ class Executable:
                 b = expanded
             strides.append(math.prod(shape[-2:]))
         env[out] = c = self.empty(out, f"the result of {nvptx.matmul_entry(out.dtype, nvptx.TILES[0])}")
-        if batch * m * n == 0:
-            return
-        shape = nvptx.matmul_launch(out.dtype, batch, m, n)
-        self._launch(shape.entry, shape.grid, shape.block, [a.ptr, b.ptr, c.ptr], [m, n, k, *strides, m * n, batch])
+        if batch * m * n:
+            shape = nvptx.matmul_launch(out.dtype, batch, m, n)
+            self._launch(shape.entry, shape.grid, shape.block, [a.ptr, b.ptr, c.ptr],
+                         [m, n, k, *strides, m * n, batch])
+        if step.epilogue:                 # its own launch, after the product's in the stream
+            self.kernel(step.epilogue, env)
 
     def host(self, op: Op, env: dict[Value, DeviceArray]) -> None:
         """A host step: its inputs copied to the host, evaluated as the CPU runtime does, its

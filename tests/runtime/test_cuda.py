@@ -288,6 +288,31 @@ def test_contraction_batch_and_vector_shapes(fake, a_shape, b_shape):
         np.testing.assert_allclose(got, np.matmul(a, b), rtol=1e-5, atol=1e-5)
 
 
+
+EPILOGUES = """
+def mlp(x: f32[70, 16], W: f32[16, 24], b: f32[24]) -> f32[70, 24]:
+  h = x @ W + b
+  return 0.5 * h * (1.0 + tanh(0.7978845608028654 * (h + 0.044715 * h * h * h)))
+
+def normed(x: f32[2, 35, 16], W: f32[16, 24], r: f32[2, 35, 24]) -> f32[2, 35, 24]:
+  y = r + x @ W
+  m = mean(y, axis=-1, keepdims=True)
+  return (y - m) * rsqrt(mean((y - m) * (y - m), axis=-1, keepdims=True) + 1e-5)
+"""
+
+
+@pytest.mark.parametrize("driver", ["fake", "emulated"])
+@pytest.mark.parametrize("name, shapes", [("mlp", [(70, 16), (16, 24), (24,)]),
+                                          ("normed", [(2, 35, 16), (16, 24), (2, 35, 24)])])
+def test_a_contractions_epilogue_runs_after_it_as_a_kernel(request, driver, name, shapes):
+    drv = request.getfixturevalue(driver)
+    rng = np.random.default_rng(2)
+    args = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    gpu = dsl.loads(EPILOGUES, device="cuda")
+    got = getattr(gpu, name)(*args)
+    assert_same(got, getattr(dsl.loads(EPILOGUES, device="cpu"), name)(*args))
+    assert drv.launches == 2                        # the product, then its epilogue
+
 def test_a_failing_launch_names_the_kernel(fake):
     prog = dsl.loads("def f(x: f32[8]) -> f32[8]:\n  return exp(x) * 2.0\n", device="cuda")
     fake.fail_launch = "f_0_gpu"
