@@ -22,6 +22,7 @@ arena, reused from call to call: two values share bytes only when one is dead be
 other is written."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from math import prod
 
@@ -271,6 +272,45 @@ def _shape(op: Op) -> tuple[int, ...]:
     return op.outputs[0].shape
 
 
+class _Body:
+    """A kernel body being built from ops: its instructions, the one that computes each value,
+    and the kernel's buffers (`args`, shared by a row kernel's stages)."""
+
+    def __init__(self, constants: dict[Value, object], views: dict[Value, tuple[Op, View]],
+                 args: list[Value]):
+        self.constants, self.views, self.args = constants, views, args
+        self.body: list[Instr] = []
+        self.where: dict[Value, int] = {}
+
+    def operand(self, v: Value, load: Callable[[Value, View], Load | None]) -> int | None:
+        """The instruction that gives v: a constant, or a load through v's view built by
+        `load` (None where the kernel cannot read v so)."""
+        if v not in self.where:
+            if v in self.constants:
+                self.emit(v, Instr("const", (), (("value", self.constants[v]),), v.dtype))
+                return self.where[v]
+            view = self.views[v][1] if v in self.views else identity(v)
+            read = load(v, view)
+            if read is None:
+                return None
+            if view.base not in self.args:
+                self.args.append(view.base)
+            self.emit(v, Instr("load", (), (), v.dtype, replace(read, buffer=self.args.index(view.base))))
+        return self.where[v]
+
+    def compute(self, op: Op, load: Callable[[Value, View], Load | None]) -> bool:
+        """op's instruction after its operands'; False where an operand cannot be read."""
+        inputs = [self.operand(v, load) for v in op.inputs]
+        if None in inputs:
+            return False
+        self.emit(op.outputs[0], Instr(op.prim, tuple(inputs), op.params, op.outputs[0].dtype))
+        return True
+
+    def emit(self, v: Value, ins: Instr) -> None:
+        self.body.append(ins)
+        self.where[v] = len(self.body) - 1
+
+
 def _map_kernel(name: str, ops: list[Op], users: dict[Value, int], results: set[Value],
                 constants: dict[Value, object], views: dict[Value, tuple[Op, View]]) -> KernelStep:
     space = _shape(ops[0])
@@ -278,32 +318,15 @@ def _map_kernel(name: str, ops: list[Op], users: dict[Value, int], results: set[
     for op in ops:
         for v in op.inputs:
             uses_inside[v] = uses_inside.get(v, 0) + 1
-    args: list[Value] = []
-    body: list[Instr] = []
-    where: dict[Value, int] = {}
-
-    def operand(v: Value) -> int:
-        if v not in where and v in constants:
-            body.append(Instr("const", (), (("value", constants[v]),), v.dtype))
-            where[v] = len(body) - 1
-        if v not in where:
-            view = views[v][1] if v in views else identity(v)
-            if view.base not in args:
-                args.append(view.base)
-            body.append(Instr("load", (), (), v.dtype, _load(args.index(view.base), view, v.shape, space)))
-            where[v] = len(body) - 1
-        return where[v]
-
+    k = _Body(constants, views, [])
     for op in ops:
-        body.append(Instr(op.prim, tuple(operand(v) for v in op.inputs), op.params, op.outputs[0].dtype))
-        where[op.outputs[0]] = len(body) - 1
+        k.compute(op, lambda v, view: _load(0, view, v.shape, space))
     written = [v for op in ops for v in op.outputs
                if v in results or users.get(v, 0) > uses_inside.get(v, 0)]
-    n_in = len(args)
-    stores = tuple((n_in + i, where[v]) for i, v in enumerate(written))
-    buffers = tuple((v.dtype, v.shape) for v in args + written)
-    kernel = LoopKernel(name, space, buffers, tuple(body), stores)
-    return KernelStep(kernel, tuple(args + written), tuple(written))
+    stores = tuple((len(k.args) + i, k.where[v]) for i, v in enumerate(written))
+    buffers = tuple((v.dtype, v.shape) for v in k.args + written)
+    kernel = LoopKernel(name, space, buffers, tuple(k.body), stores)
+    return KernelStep(kernel, tuple(k.args + written), tuple(written))
 
 
 def _load(buffer: int, view: View, shape: tuple[int, ...], space: tuple[int, ...]) -> Load:
@@ -366,39 +389,22 @@ def _reduction_kernel(name: str, op: Op, cone: list[Op], views: dict[Value, tupl
     not read as one axis, or it has a window."""
     x, out = op.inputs[0], op.outputs[0]
     axes = _axes(op)
-    args: list[Value] = []
-    body: list[Instr] = []
-    where: dict[Value, int] = {}
 
-    def operand(v: Value) -> int | None:
-        if v not in where and v in constants:
-            body.append(Instr("const", (), (("value", constants[v]),), v.dtype))
-            where[v] = len(body) - 1
-        if v not in where:
-            view = views[v][1] if v in views else identity(v)
-            strides = _reduced(op, load_strides(view, v.shape, x.shape))
-            if strides is None or view.window is not None:      # (maps alone read windows)
-                return None
-            if view.base not in args:
-                args.append(view.base)
-            body.append(Instr("load", (), (), v.dtype, Load(args.index(view.base), strides, view.offset)))
-            where[v] = len(body) - 1
-        return where[v]
-
-    for c in cone:
-        inputs = [operand(v) for v in c.inputs]
-        if None in inputs:
+    def load(v: Value, view: View) -> Load | None:
+        strides = _reduced(op, load_strides(view, v.shape, x.shape))
+        if strides is None or view.window is not None:      # (maps alone read windows)
             return None
-        body.append(Instr(c.prim, tuple(inputs), c.params, c.outputs[0].dtype))
-        where[c.outputs[0]] = len(body) - 1
-    if operand(x) is None:
+        return Load(0, strides, view.offset)
+
+    k = _Body(constants, views, [])
+    if not all(k.compute(c, load) for c in cone) or k.operand(x, load) is None:
         return None
     n = prod(x.shape[a] for a in axes)
     outer = tuple(x.shape[i] for i in range(len(x.shape)) if i not in axes)
-    buffers = tuple((v.dtype, v.shape) for v in args) + ((out.dtype, out.shape),)
-    reduce = Reduce(REDUCTIONS[op.prim], where[x], len(args), n if op.prim == "mean" else None)
-    kernel = LoopKernel(name, outer, buffers, tuple(body), reduce=reduce, n=n)
-    return KernelStep(kernel, tuple(args) + (out,), (out,))
+    buffers = tuple((v.dtype, v.shape) for v in k.args) + ((out.dtype, out.shape),)
+    reduce = Reduce(REDUCTIONS[op.prim], k.where[x], len(k.args), n if op.prim == "mean" else None)
+    kernel = LoopKernel(name, outer, buffers, tuple(k.body), reduce=reduce, n=n)
+    return KernelStep(kernel, tuple(k.args) + (out,), (out,))
 
 
 # ---------------------------------------------------------------- row kernels
@@ -487,49 +493,37 @@ def _row_kernel(name: str, ops: list[Op], rows: tuple[int, ...], users: dict[Val
 
     def stage(compute: list[Op], stores: list[Value], stage_space: tuple[int, ...],
               reduction: Op | None = None) -> None:
-        body: list[Instr] = []
-        where: dict[Value, int] = {}
         over = space if reduction is not None else stage_space       # where loads are read
 
-        def operand(v: Value) -> int:
-            if v in where:
-                return where[v]
-            if v in constants:
-                body.append(Instr("const", (), (("value", constants[v]),), v.dtype))
-            else:
-                view = views[v][1] if v in views else identity(v)
-                base = view.base
-                if base in made and base not in stored:
-                    raise _NotRows                  # (a view of an element no stage stores)
-                strides = load_strides(view, v.shape, over)
-                load = Load(0, strides, view.offset, load_window(view, v.shape, over))
-                if base in per_row and not row_scalar(load, rows, n):
-                    raise _NotRows                  # a row's value read at other rows
-                if base in made and base not in per_row and (v in views or not _dense(strides, over)):
-                    raise _NotRows                  # a stored element read at other points
-                if reduction is not None:
-                    strides = _reduced(reduction, strides)
-                    if strides is None or load.window:
-                        raise _NotRows
-                    load = Load(0, strides, view.offset)
-                if base not in bufs:
-                    bufs.append(base)
-                body.append(Instr("load", (), (), v.dtype, replace(load, buffer=bufs.index(base))))
-            where[v] = len(body) - 1
-            return where[v]
+        def load(v: Value, view: View) -> Load:
+            base = view.base
+            if base in made and base not in stored:
+                raise _NotRows                  # (a view of an element no stage stores)
+            strides = load_strides(view, v.shape, over)
+            read = Load(0, strides, view.offset, load_window(view, v.shape, over))
+            if base in per_row and not row_scalar(read, rows, n):
+                raise _NotRows                  # a row's value read at other rows
+            if base in made and base not in per_row and (v in views or not _dense(strides, over)):
+                raise _NotRows                  # a stored element read at other points
+            if reduction is None:
+                return read
+            strides = _reduced(reduction, strides)
+            if strides is None or read.window:
+                raise _NotRows
+            return Load(0, strides, view.offset)
 
+        k = _Body(constants, views, bufs)
         for op in compute:
-            body.append(Instr(op.prim, tuple(operand(v) for v in op.inputs), op.params, op.outputs[0].dtype))
-            where[op.outputs[0]] = len(body) - 1
+            k.compute(op, load)
         if reduction is not None:
-            operand(reduction.inputs[0])
+            k.operand(reduction.inputs[0], load)
             stores = [reduction.outputs[0]]
         for v in stores:
             if v not in bufs:
                 bufs.append(v)
         stored.update(stores)
-        stages.append((body, stage_space, tuple((where[reduction.inputs[0]] if reduction else where[v], v)
-                                               for v in stores), reduction))
+        at = [k.where[reduction.inputs[0]] if reduction else k.where[v] for v in stores]
+        stages.append((k.body, stage_space, tuple(zip(at, stores)), reduction))
 
     done: set[Op] = set()
 
