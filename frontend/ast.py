@@ -439,3 +439,18 @@ Item = Def | ObjectDef | TypeDef | FromImport | Import
 class Module:
     items: tuple[Item, ...]
     span: Span
+
+
+def names_type_param(t: TypeExpr, decl: TypeDef) -> bool:
+    """Whether t is one of decl's type parameters or decl itself."""
+    return isinstance(t, NamedType) and len(t.name) == 1 and (t.name[0] in decl.params or t.name[0] == decl.name)
+
+
+def contains_span(span: Span | None, node) -> bool:
+    """Whether span starts inside node's text."""
+    return span is not None and span.source is node.span.source and node.span.start <= span.start < node.span.end
+
+
+def source_text(e) -> str:
+    """The text a node was parsed from."""
+    return e.span.source.text[e.span.start:e.span.end]

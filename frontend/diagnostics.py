@@ -129,3 +129,12 @@ class CheckError(DslError):
 
 class ShapeError(CheckError):
     """Shapes that do not agree."""
+
+
+def with_note(e: DslError, note: Note) -> DslError:
+    """e with note added to its first diagnostic, unless that has three 'in …' notes already."""
+    first, *rest = e.diagnostics
+    if sum(1 for n in first.notes if n.message.startswith("in '")) < 3:
+        first = type(first)(first.span, first.message, first.notes + (note,))
+    e.diagnostics = (first, *rest)
+    return e

@@ -2,18 +2,21 @@
 
 Static values (ints, floats, bools, strings, ADT values, lists) are known exactly when the
 checker is specialising, and may be symbolic or unknown when it checks a generic function.
-Runtime values (tensors, keys) are known only by their type.
+Runtime values (tensors, keys) are known only by their type. Below the values: static
+arithmetic as Python does it, the value a type describes, and what is known of a value that
+branches give differently (`merge`).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from frontend import ast
-from frontend.diagnostics import Span
+from frontend.diagnostics import CheckError, Span
 from ir.dims import Dim
 from ir.types import (AdtType, DTypeType, FunctionType, KeyType, ListType, RecordType, StaticType,
-                      TensorType, TupleType, Type, UnknownType)
+                      TensorType, TupleType, Type, UnknownType, types_agree)
 
 
 @dataclass(frozen=True)
@@ -254,3 +257,170 @@ def literal_shape(v) -> tuple[tuple[int, ...], str] | None:
         kind = "float" if any(p[1] == "float" for p in parts) else "int"
         return (len(v.items),) + parts[0][0], kind
     return None
+
+
+def value_of(t: Type):
+    """The abstract value a shape rule's result type describes."""
+    match t:
+        case TensorType():
+            return TensorV(t)
+        case KeyType():
+            return KeyV()
+        case TupleType():
+            return TupleV(tuple(value_of(i) for i in t.items))
+        case ListType():
+            n = t.length.value
+            elem = value_of(t.elem)
+            return ListV.of([elem] * n) if n is not None else ListV(None, elem, t.length)
+    return UNKNOWN
+
+
+def static_value(kind: str, x) -> StaticV:
+    """A known static int, float or bool."""
+    if kind == "int":
+        return StaticV("int", Dim.const(int(x)))
+    if kind == "float":
+        return StaticV("float", float(x))
+    return StaticV("bool", bool(x))
+
+
+def static_binary(op: str, a: StaticV, b: StaticV, span: Span) -> StaticV:
+    """Arithmetic on static values, as Python does it; ints may be symbolic dimensions."""
+    if a.kind == "str" or b.kind == "str":
+        if op == "+" and a.kind == b.kind == "str":
+            return StaticV("str", a.value + b.value)
+        if op in ("==", "!=") and a.kind == b.kind:
+            return StaticV("bool", (a.value == b.value) == (op == "=="))
+        raise CheckError(span, f"'{op}' does not apply to {a.kind} and {b.kind}")
+    if a.kind == b.kind == "int" and op in ("+", "-", "*", "//") and not (a.known and b.known):
+        if op == "//" and b.known and b.python == 0:
+            raise CheckError(span, "division by zero in a static expression")
+        return StaticV("int", {"+": a.value.__add__, "-": a.value.__sub__, "*": a.value.__mul__,
+                               "//": a.value.__floordiv__}[op](b.value))
+    if op in ("==", "!=") and a.kind == b.kind == "int" and a.value == b.value and not a.value.is_unknown:
+        return StaticV("bool", op == "==")
+    kind = _result_kind(op, a.kind, b.kind, span)
+    if not (a.known and b.known):
+        return StaticV(kind, Dim.unknown() if kind == "int" else None)
+    x, y = a.python, b.python
+    if op == "**" and kind == "int" and y < 0:
+        kind = "float"                          # 2 ** -1 is 0.5, as in Python
+    try:
+        out = _PY_OPS[op](x, y)
+    except ZeroDivisionError:
+        raise CheckError(span, "division by zero in a static expression") from None
+    except (OverflowError, ValueError) as err:
+        raise CheckError(span, f"static arithmetic failed: {err}") from None
+    if isinstance(out, complex) or isinstance(out, float) and not math.isfinite(out) and kind == "int":
+        raise CheckError(span, "static arithmetic has no real result")
+    if kind == "int" and isinstance(out, int) and abs(out) > 2 ** 62:
+        raise CheckError(span, "static int overflows")
+    return static_value(kind, out)
+
+
+_PY_OPS = {
+    "+": lambda x, y: x + y, "-": lambda x, y: x - y, "*": lambda x, y: x * y,
+    "/": lambda x, y: x / y, "//": lambda x, y: x // y, "%": lambda x, y: x % y,
+    "**": lambda x, y: _power(x, y), "==": lambda x, y: x == y, "!=": lambda x, y: x != y,
+    "<": lambda x, y: x < y, "<=": lambda x, y: x <= y, ">": lambda x, y: x > y,
+    ">=": lambda x, y: x >= y, "&": lambda x, y: x & y, "|": lambda x, y: x | y,
+    "^": lambda x, y: x ^ y, "<<": lambda x, y: x << y, ">>": lambda x, y: x >> y,
+}
+
+
+def _power(x, y):
+    if isinstance(x, int) and isinstance(y, int) and abs(y) > 4096:
+        raise OverflowError("exponent too large")
+    return x ** y
+
+
+def _result_kind(op: str, ka: str, kb: str, span: Span) -> str:
+    if op in ("==", "!=", "<", "<=", ">", ">="):
+        if (ka == "bool") != (kb == "bool") and op not in ("==", "!="):
+            raise CheckError(span, f"cannot compare {ka} with {kb}")
+        return "bool"
+    if op in ("&", "|", "^"):
+        if ka == kb and ka in ("bool", "int"):
+            return ka
+        raise CheckError(span, f"'{op}' needs two bools or two ints, got {ka} and {kb}")
+    if "bool" in (ka, kb):
+        raise CheckError(span, f"'{op}' does not apply to a bool")
+    if op in ("<<", ">>"):
+        if ka == kb == "int":
+            return "int"
+        raise CheckError(span, f"'{op}' needs ints")
+    if op == "@":
+        raise CheckError(span, "'@' needs tensors, got static numbers")
+    if op == "/":
+        return "float"
+    return "int" if ka == kb == "int" else "float"
+
+
+def merge(a, b):
+    """What is known of a value that is either a or b."""
+    if a == b:
+        return a
+    match a, b:
+        case TensorV(), TensorV() if types_agree(a.type, b.type):
+            return TensorV(a.type)
+        case StaticV(), StaticV() if a.kind == b.kind:
+            return StaticV(a.kind, Dim.unknown() if a.kind == "int" else None)
+        case TupleV(), TupleV() if len(a.items) == len(b.items):
+            return TupleV(tuple(map(merge, a.items, b.items)))
+        case RecordV(), RecordV() if a.name == b.name:
+            return RecordV(a.name, tuple((n, merge(x, y)) for (n, x), (_, y) in zip(a.fields, b.fields)), a.decl)
+        case AdtV(), AdtV() if a.type_name == b.type_name:
+            return AdtV(a.type_name, None, (), a.decl)
+    return UNKNOWN
+
+
+def merge_all(values: list):
+    """What is known of a value that is any of `values`."""
+    out = values[0] if values else UNKNOWN
+    for v in values[1:]:
+        out = merge(out, v)
+    return out
+
+
+def stack(v, n: Dim):
+    """The type of n emitted values stacked along a new leading axis."""
+    match v:
+        case TensorV():
+            return TensorV(v.type.with_shape((n, *v.type.shape)))
+        case StaticV() if v.kind in ("int", "float"):
+            return TensorV(TensorType("f32" if v.kind == "float" else "i32", (n,)))
+        case TupleV():
+            return TupleV(tuple(stack(i, n) for i in v.items))
+        case RecordV():
+            return RecordV(v.name, tuple((k, stack(f, n)) for k, f in v.fields), v.decl)
+    return UNKNOWN
+
+
+def same_structure(a, b) -> bool:
+    """Whether a and b are records of one name, or tuples or lists of one length, or neither."""
+    if isinstance(a, RecordV):
+        return isinstance(b, RecordV) and a.name == b.name
+    if isinstance(a, (TupleV, ListV)):
+        return type(b) is type(a) and b.items is not None and len(a.items) == len(b.items)
+    return not isinstance(b, (RecordV, TupleV, ListV))
+
+
+def param_names(f) -> list[str] | None:
+    """The parameter names of a callable value (None where it is not one)."""
+    match f:
+        case FuncV():
+            return [p.name for p in f.node.params]
+        case LambdaV():
+            return list(f.node.params)
+        case CheckpointV():
+            return param_names(f.f)
+        case GradV():
+            return param_names(f.f)
+        case PrimV() | CtorV():
+            return []
+    return None
+
+
+def strip_origin(v):
+    """v without the declaration its notes would point at."""
+    return TensorV(v.type, None, v.ir) if isinstance(v, TensorV) else v

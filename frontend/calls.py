@@ -1,0 +1,552 @@
+"""Checking calls: of functions (each specialised per argument signature and remembered),
+primitives, `grad` and `checkpoint` (traced into IR functions), `map` and constructors."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from frontend import ast
+from frontend.ast import contains_span, names_type_param, source_text
+from frontend.diagnostics import CheckError, DslError, Note, ShapeError, Span, with_note
+from frontend.lower import close_over, emit_primitive, fresh_params, leaf_values, rebuild
+from frontend.resolve import Entity, ModuleInfo, lookup_type
+from frontend.unify import Binder, Mismatch, as_tensor, eval_dim
+from frontend.values import (UNKNOWN, AdtV, CheckpointV, CtorV, DTypeV, ForkV, FuncV, GradV, KeyV,
+                             LambdaV, ListV, Origin, PrimV, RecordV, SpecialV, StaticV, TensorV,
+                             TupleV, TypeV, UnknownV, describe, merge_all, param_names,
+                             same_structure, signature, static_value, strip_origin, type_of,
+                             value_of)
+from ir import ops
+from ir.ad import grad_function, inline
+from ir.core import Builder, Op, Value
+from ir.dims import Dim
+from ir.ops.base import Kind, OpError, Primitive
+from ir.types import FLOAT_DTYPES, TensorType, UnknownType
+
+MAX_DEPTH = 256          # static recursion (switch, bend, recursive helpers) deeper than this is an error
+
+
+@dataclass(frozen=True)
+class Spans:
+    """Where a call and each of its arguments are written, for diagnostics about one argument."""
+    call: Span
+    args: tuple[Span, ...] = ()
+    kwargs: tuple[ast.Keyword, ...] = ()
+
+    def arg(self, i: int) -> Span:
+        return self.args[i] if i < len(self.args) else self.call
+
+    def kw(self, name: str) -> Span:
+        """The whole `name=value` of a keyword argument."""
+        return next((k.span for k in self.kwargs if k.name == name), self.call)
+
+    def param(self, names: list[str], name: str) -> Span:
+        """The value bound to parameter `name`, by position or keyword."""
+        value = next((k.value.span for k in self.kwargs if k.name == name), None)
+        if value is not None:
+            return value
+        return self.arg(names.index(name)) if name in names else self.call
+
+
+@dataclass(eq=False)
+class Frame:
+    """One activation: a function body, a fold step or a bend step."""
+    env: dict
+    module: ModuleInfo
+    name: str
+    returns: list = field(default_factory=list)      # (value, span) of each `return` reached
+    declared: ast.TypeExpr | None = None
+    binder: Binder | None = None
+
+    def child(self, **env) -> Frame:
+        return Frame({**self.env, **env}, self.module, self.name, [], None, None)
+
+
+class Calls:
+    """The Checker's calls (frontend/check.py)."""
+
+    def call_value(self, f, args: list, kwargs: dict, spans: Spans):
+        """Call any callable value."""
+        span = spans.call
+        match f:
+            case FuncV():
+                return self.call_def(f, args, kwargs, spans)
+            case LambdaV():
+                if kwargs or len(args) != len(f.node.params):
+                    raise CheckError(span, f"the lambda takes {len(f.node.params)} arguments but "
+                                           f"{len(args)} were given")
+                frame = Frame({**f.env, **dict(zip(f.node.params, args))}, f.module, "lambda")
+                return self.eval(f.node.body, frame)
+            case PrimV():
+                return self.call_primitive(f.name, args, kwargs, spans)
+            case GradV():
+                return self.call_grad(f, args, kwargs, spans)
+            case CheckpointV():
+                if self.builder is not None:
+                    return self.lowered_checkpoint(f, args, kwargs, spans)
+                return self.call_value(f.f, args, kwargs, spans)
+            case CtorV():
+                return self.construct(f.entity, f.ctor, args, kwargs, spans)
+            case ForkV():
+                if kwargs or len(args) != f.arity:
+                    raise CheckError(span, f"fork takes {f.arity} arguments (the bend's state) "
+                                           f"but {len(args)} were given")
+                return f.run(args, span)
+            case UnknownV():
+                return UNKNOWN
+            case SpecialV():
+                raise CheckError(span, f"'{f.name}' must be called directly")
+            case TypeV():
+                raise CheckError(span, f"'{f.entity.node.name}' is a type: build a record with "
+                                       f"{f.entity.node.name} {{ field: value, … }}")
+        raise CheckError(span, f"cannot call a value of type {describe(f)}")
+
+    def bind_args(self, names: list[str], defaults: list, args: list, kwargs: dict,
+                  spans: Spans, what: str) -> list:
+        """Arguments matched to parameter names (defaults filled in by calling their thunks)."""
+        if len(args) > len(names):
+            raise CheckError(spans.arg(len(names)), f"{what} takes {len(names)} "
+                             f"argument{'s' * (len(names) != 1)} but {len(args)} were given")
+        bound = dict(zip(names, args))
+        for k, v in kwargs.items():
+            if k not in names:
+                raise CheckError(spans.kw(k), f"{what} has no parameter '{k}'")
+            if k in bound:
+                raise CheckError(spans.kw(k), f"{what} got two values for '{k}'")
+            bound[k] = v
+        out = []
+        for n, default in zip(names, defaults):
+            if n not in bound:
+                if default is None:
+                    raise CheckError(spans.call, f"{what} is missing the argument '{n}'")
+                bound[n] = default()
+            out.append(bound[n])
+        return out
+
+    def call_def(self, f: FuncV, args: list, kwargs: dict, spans: Spans):
+        d, mod, span = f.node, f.module, spans.call
+        defaults = [None if p.default is None else
+                    (lambda p=p: self.eval(p.default, Frame(dict(f.env or {}), mod, d.name)))
+                    for p in d.params]
+        values = self.bind_args([p.name for p in d.params], defaults, args, kwargs, spans, f"'{d.name}'")
+        key = (id(d), id(f.env), tuple(signature(v) for v in values))
+        if key in self.memo:
+            return self.memo[key]
+        if key in self.active:          # symbolic recursion: the declared result, if any
+            return Binder().instantiate(d.ret, mod, "result") if d.ret else UNKNOWN
+        if self.depth >= MAX_DEPTH:
+            raise CheckError(span, f"static recursion deeper than {MAX_DEPTH} calls of '{d.name}': "
+                                   "does its switch or bend reach a base case?")
+        self.active.add(key)
+        self.depth += 1
+        called = span != d.name_span                # not the generic check of d itself
+        if called:
+            self.calls.append((d, span))
+        try:
+            result = self.run_def(f, values, spans)
+        except DslError as e:
+            if not called or not contains_span(e.span, d):
+                raise
+            raise with_note(e, Note(f"in '{d.name}' called from {span}")) from None
+        finally:
+            self.active.discard(key)
+            self.depth -= 1
+            if called:
+                self.calls.pop()
+        self.memo[key] = result
+        return result
+
+    def run_def(self, f: FuncV, values: list, spans: Spans):
+        d, mod = f.node, f.module
+        names = [p.name for p in d.params]
+        binder = self.binder()
+        env = dict(f.env or {})
+        order = sorted(range(len(d.params)), key=lambda i: not _is_static_int(d.params[i].type))
+        for i in order:
+            p, v = d.params[i], values[i]
+            if p.type is not None:
+                try:
+                    v = binder.match(p.type, v, mod)
+                    if _is_static_int(p.type) and isinstance(v, StaticV):
+                        binder.bind_static(p.name, v.value)
+                except Mismatch as m:
+                    raise ShapeError(spans.param(names, p.name), f"argument '{p.name}' of '{d.name}': {m}",
+                                     [Note(f"'{p.name}' is declared here", p.span)]) from None
+                if isinstance(v, TensorV):
+                    v = TensorV(v.type, Origin(p.name, p.type, p.span), v.ir)
+            env[p.name] = v
+        binder.finish()
+        for name, dim in binder.env.items():
+            env.setdefault(name, StaticV("int", dim))
+        frame = Frame(env, mod, d.name, [], d.ret, binder)
+        self.block(d.body, frame)
+        if not frame.returns:
+            if d.ret is not None:
+                raise CheckError(d.name_span, f"'{d.name}' is declared to return "
+                                              f"{binder.show(d.ret)} but has no return")
+            return TupleV(())
+        return merge_all([v for v, _ in frame.returns])
+
+    def call_primitive(self, name: str, args: list, kwargs: dict, spans: Spans,
+                       at_operator: bool = False):
+        """A primitive applied to arguments; for an operator every diagnostic points at it."""
+        prim = _choose(ops.lookup(name) or [ops.REGISTRY[name]], args)
+        span = spans.call
+        positional = [p for p in prim.params if not p.variadic]
+        names = [p.name for p in positional]
+        variadic = next((p for p in prim.params if p.variadic), None)
+        if variadic is not None:
+            fixed = len([p for p in positional if p.required])
+            rest, args = args[fixed:], args[:fixed]
+            rest_spans = [spans.arg(i) for i in range(fixed, fixed + len(rest))]
+        values = self.bind_args(names, [None if p.required else (lambda p=p: _Default(p.default))
+                                        for p in positional], args, kwargs, spans, f"'{name}'")
+        where_is = lambda param: span if at_operator else spans.param(names, param)
+        prepared: dict = {}
+        unknown = False
+        for p, v in zip(positional, values):
+            where = where_is(p.name)
+            param = None if at_operator else p.name
+            shown = getattr(prim, "symbol", name) if at_operator else name
+            prepared[p.name] = v.value if isinstance(v, _Default) else self.prepare(p.kind, v, where, param, shown)
+            unknown |= prepared[p.name] is UNKNOWN
+        if variadic is not None:
+            prepared[variadic.name] = tuple(self.prepare(variadic.kind, v, s, variadic.name, name)
+                                            for v, s in zip(rest, rest_spans))
+            unknown |= any(x is UNKNOWN for x in prepared[variadic.name])
+        static = self.static_apply(prim, [v for v in values if not isinstance(v, _Default)])
+        if static is not None:
+            return static
+        if unknown:
+            return UNKNOWN
+        try:
+            result = prim.infer(**prepared)
+            if self.builder is None:
+                return value_of(result)
+            raw = {p.name: v for p, v in zip(positional, values)}
+            if variadic is not None:
+                raw[variadic.name] = tuple(rest)
+            return emit_primitive(self.builder, prim, raw, prepared, result)
+        except OpError as e:
+            where = span if e.arg is None else where_is(e.arg)
+            if "shape" in e.message or "broadcast" in e.message:
+                notes = [_origin_note(v) for v in args if isinstance(v, TensorV) and v.origin]
+                raise ShapeError(where, e.message, notes) from None
+            raise CheckError(where, e.message) from None
+
+    def prepare(self, kind: Kind, v, span: Span, param: str, prim: str):
+        """An argument in the form a shape rule expects (see ir.ops.base.Kind)."""
+        if isinstance(v, UnknownV):
+            return UNKNOWN
+        bad = lambda: CheckError(span, f"'{param}' of '{prim}' must be {kind.value}, got {describe(v)}"
+                                 if param else f"'{prim}' needs tensors or numbers, got {describe(v)}")
+        match kind:
+            case Kind.TENSOR:
+                t = as_tensor(v)
+                if t is None:
+                    raise bad()
+                return t
+            case Kind.TENSORS:
+                if isinstance(v, ListV) and v.items is None:
+                    return UNKNOWN
+                if not isinstance(v, (ListV, TupleV)):
+                    raise bad()
+                items = [as_tensor(i) if not isinstance(i, UnknownV) else UNKNOWN for i in v.items]
+                if any(i is None for i in items):
+                    raise bad()
+                return UNKNOWN if UNKNOWN in items else tuple(items)
+            case Kind.KEY:
+                if not isinstance(v, KeyV):
+                    raise bad()
+                return v
+            case Kind.DTYPE:
+                if not isinstance(v, DTypeV):
+                    raise bad()
+                return v.name
+            case Kind.STR | Kind.BOOL:
+                want = "str" if kind is Kind.STR else "bool"
+                if not (isinstance(v, StaticV) and v.kind == want):
+                    raise bad()
+                return v.value if v.known else UNKNOWN
+            case Kind.DIM:
+                if not (isinstance(v, StaticV) and v.kind == "int"):
+                    raise bad()
+                return v.value
+            case Kind.INT:
+                if not (isinstance(v, StaticV) and v.kind == "int"):
+                    raise bad()
+                return v.python if v.known else UNKNOWN
+            case Kind.NUMBER:
+                if not (isinstance(v, StaticV) and v.kind in ("int", "float")):
+                    raise bad()
+                return v.python if v.known else UNKNOWN
+            case Kind.STATIC:
+                if isinstance(v, StaticV) and v.kind == "int":
+                    return v.python if v.known else v.value
+                if isinstance(v, (ListV, TupleV)) and v.items is not None and all(
+                        isinstance(i, StaticV) and i.kind == "int" for i in v.items):
+                    return tuple(i.python if i.known else i.value for i in v.items)
+                raise bad()
+            case Kind.SHAPE | Kind.INTS | Kind.AXES:
+                if kind is Kind.AXES and isinstance(v, StaticV) and v.kind == "int":
+                    return v.python if v.known else UNKNOWN
+                if kind is Kind.AXES and v is None:
+                    return None
+                if not isinstance(v, (ListV, TupleV)) or (isinstance(v, ListV) and v.items is None):
+                    raise bad()
+                if not all(isinstance(i, StaticV) and i.kind == "int" for i in v.items):
+                    raise bad()
+                if kind is Kind.SHAPE:
+                    for i in v.items:
+                        if i.known and i.python < -1:
+                            raise CheckError(span, f"negative dimension {i.python} in a shape")
+                    return tuple(i.value for i in v.items)
+                if not all(i.known for i in v.items):
+                    return UNKNOWN
+                return tuple(i.python for i in v.items)
+        return v
+
+    def static_apply(self, prim: Primitive, values: list):
+        """An elementwise primitive applied to static numbers is computed now (sqrt(T * E))."""
+        reference = getattr(prim, "reference", None)
+        if reference is None or not values or not all(
+                isinstance(v, StaticV) and v.kind in ("int", "float") for v in values):
+            return None
+        probe = np.asarray(reference(*[1.0 if v.kind == "float" else 1 for v in values]))
+        kind = "bool" if probe.dtype == np.bool_ else "float" if probe.dtype.kind == "f" else "int"
+        if not all(v.known for v in values):
+            return StaticV(kind, Dim.unknown() if kind == "int" else None)
+        with np.errstate(all="ignore"):
+            out = np.asarray(reference(*[v.python for v in values])).item()
+        return static_value(kind, out)
+
+    # ------------------------------------------------------------ grad, map, constructors
+
+    def make_grad(self, name: str, args: list, kw: dict, call: ast.Call, frame: Frame):
+        if len(args) != 1:
+            raise CheckError(call.span, f"{name} takes one function (and wrt=, has_aux=)")
+        f = args[0]
+        params = param_names(f)
+        if params is None:
+            raise CheckError(call.args[0].span, f"{name} needs a function, got {describe(f)}")
+        for k in call.kwargs:
+            if k.name not in ("wrt", "has_aux"):
+                raise CheckError(k.span, f"{name} has no parameter '{k.name}'")
+        wrt_node = next((k.value for k in call.kwargs if k.name == "wrt"), None)
+        if wrt_node is None:
+            if not params:
+                raise CheckError(call.span, f"{name} needs a function with parameters")
+            wrt, as_tuple, wrt_spans = (params[0],), False, (call.args[0].span,)
+        else:
+            items = wrt_node.items if isinstance(wrt_node, ast.TupleLit) else (wrt_node,)
+            if not all(isinstance(i, ast.Name) for i in items):
+                raise CheckError(wrt_node.span, "wrt= names a parameter, or a tuple of them")
+            for i in items:
+                if i.id not in params:
+                    raise CheckError(i.span, f"'{i.id}' is not a parameter of the function given to {name}")
+            wrt, as_tuple = tuple(i.id for i in items), isinstance(wrt_node, ast.TupleLit)
+            wrt_spans = tuple(i.span for i in items)
+        has_aux = self.eval(kw["has_aux"], frame) if "has_aux" in kw else StaticV("bool", False)
+        if not (isinstance(has_aux, StaticV) and has_aux.kind == "bool" and has_aux.known):
+            raise CheckError(kw["has_aux"].span, "has_aux= must be True or False")
+        return GradV(f, wrt, wrt_spans, as_tuple, has_aux.value, name == "value_and_grad",
+                     call.args[0].span)
+
+    def call_grad(self, g: GradV, args: list, kwargs: dict, spans: Spans):
+        params = param_names(g.f)
+        bound = dict(zip(params, args)) | kwargs
+        out = self.call_value(g.f, args, kwargs, spans)
+        value, aux = out, None
+        if g.has_aux and not isinstance(out, UnknownV):
+            if not (isinstance(out, TupleV) and len(out.items) == 2):
+                raise CheckError(g.f_span, f"with has_aux=True the function must return (loss, aux), "
+                                           f"but it returns {describe(out)}")
+            value, aux = out.items
+        t = type_of(value)
+        if not isinstance(t, UnknownType) and not (isinstance(t, TensorType) and t.rank == 0 and t.is_float):
+            raise CheckError(g.f_span, f"grad needs a function that returns a scalar float, but this "
+                                       f"one returns {t}")
+        grads = []
+        for name, wrt_span in zip(g.wrt, g.wrt_spans):
+            v = bound.get(name, UNKNOWN)
+            problem = _not_differentiable(v)
+            if problem:
+                raise CheckError(wrt_span, f"cannot differentiate with respect to '{name}': {problem}")
+            grads.append(strip_origin(v))
+        if self.builder is not None:
+            value, aux, grads = self.lowered_grad(g, args, kwargs, spans, value, aux)
+        grad = TupleV(tuple(grads)) if g.wrt_tuple else grads[0]
+        if g.with_value:
+            return TupleV((TupleV((value, aux)) if g.has_aux else value, grad))
+        return TupleV((grad, aux)) if g.has_aux else grad
+
+    def map_values(self, f, structs: list, spans: Spans):
+        """f applied leaf by leaf over records, tuples and lists of one structure."""
+        if any(isinstance(s, UnknownV) or isinstance(s, ListV) and s.items is None for s in structs):
+            return UNKNOWN
+        first = structs[0]
+        for i, s in enumerate(structs[1:], start=2):
+            if not same_structure(first, s):
+                raise CheckError(spans.arg(i), f"map over mismatched structures: {describe(first)} "
+                                               f"and {describe(s)}")
+        if isinstance(first, RecordV):
+            fields = tuple((n, self.map_values(f, [s.get(n) for s in structs], spans))
+                           for n, _ in first.fields)
+            return RecordV(first.name, fields, first.decl)
+        if isinstance(first, (TupleV, ListV)):
+            items = tuple(self.map_values(f, list(leaves), spans)
+                          for leaves in zip(*(s.items for s in structs)))
+            return TupleV(items) if isinstance(first, TupleV) else ListV.of(items)
+        return self.call_value(f, list(structs), {}, Spans(spans.call))
+
+    def construct(self, entity: Entity, ctor: ast.Ctor, args: list, kwargs: dict, spans: Spans):
+        names = [f.name for f in ctor.fields]
+        values = self.bind_args(names, [None] * len(names), args, kwargs, spans, f"'{ctor.name}'")
+        binder = self.binder()
+        fields = []
+        for f, v in zip(ctor.fields, values):
+            if f.type is not None and not f.recursive and not names_type_param(f.type, entity.node):
+                try:
+                    v = binder.match(f.type, v, entity.module)
+                except Mismatch as m:
+                    raise CheckError(spans.param(names, f.name), f"field '{f.name}' of {ctor.name}: {m}") from None
+            fields.append((f.name, v))
+        return AdtV(entity.node.name, ctor.name, tuple(fields), entity)
+
+    def record(self, e: ast.RecordLit, frame: Frame):
+        entity = lookup_type(e.type, frame.module)
+        given = {}
+        for f in e.fields:
+            if f.name in given:
+                raise CheckError(f.span, f"field '{f.name}' is given twice")
+            given[f.name] = (self.eval(f.value, frame), f)
+        if entity is None or entity.kind != "object":
+            owner, ctor = _find_ctor(e.type, frame.module)
+            values = {n: v for n, (v, _) in given.items()}
+            return self.construct(owner, ctor, [], values, Spans(
+                e.type_span, (), tuple(ast.Keyword(n, f.value, f.span) for n, (_, f) in given.items())))
+        decl = entity.node
+        for name, (_, f) in given.items():
+            if all(df.name != name for df in decl.fields):
+                raise CheckError(f.span, f"'{decl.name}' has no field '{name}'",
+                                 [Note(f"{decl.name} is declared here", decl.name_span)])
+        binder = self.binder()
+        fields = []
+        for df in decl.fields:
+            if df.name not in given:
+                raise CheckError(e.type_span, f"missing field '{df.name}' in {decl.name} {{ … }}",
+                                 [Note(f"{decl.name} is declared here", decl.name_span)])
+            v, f = given[df.name]
+            try:
+                v = binder.match(df.type, v, entity.module)
+            except Mismatch as m:
+                raise ShapeError(f.value.span, f"field '{df.name}' of {decl.name}: {m}",
+                                 [Note(f"'{df.name}' is declared {source_text(df.type)} here", df.span)]) from None
+            fields.append((df.name, strip_origin(v)))
+        binder.finish()
+        return RecordV(decl.name, tuple(fields), entity)
+
+    # ------------------------------------------------------------ tracing into IR functions
+
+    def trace(self, f, args: list, kwargs: dict, spans: Spans, name: str):
+        """Trace a call of f on fresh parameters of the same structure as the arguments into
+        its own function; returns (builder, result, the arguments' IR leaves)."""
+        body = Builder(name)
+        fresh_args = [fresh_params(body, a) for a in args]
+        fresh_kwargs = {k: fresh_params(body, v) for k, v in kwargs.items()}
+        with self.emitting(body):
+            out = self.call_value(f, fresh_args, fresh_kwargs, spans)
+        actual = [v for a in list(args) + list(kwargs.values()) for v in leaf_values(a)]
+        return body, out, actual
+
+    def lowered_grad(self, g: GradV, args: list, kwargs: dict, spans: Spans, value, aux):
+        """The gradient as IR: f traced to a function, differentiated, inlined here."""
+        body, out, actual = self.trace(g.f, args, kwargs, spans, "grad_body")
+        if g.has_aux:
+            fvalue, faux = out.items
+        else:
+            fvalue, faux = out, TupleV(())
+        with self.emitting(body):
+            faux = self.realize(faux)
+        aux_leaves = leaf_values(faux)
+        fn, captured = close_over(body, [fvalue.ir] + aux_leaves)
+        params = param_names(g.f)
+        owners = [name for name, a in zip(params, args) for _ in leaf_values(a)]
+        owners += [k for k, a in kwargs.items() for _ in leaf_values(a)]
+        wrt = [i for i, (o, p) in enumerate(zip(owners, fn.params)) if o in g.wrt and p.dtype in FLOAT_DTYPES]
+        gfn = grad_function(fn, wrt, with_value=True)
+        outs = inline(self.builder, gfn, actual + captured)
+        value_out = TensorV(outs[0].type, ir=outs[0])
+        aux_out = rebuild(faux, outs[1:1 + len(aux_leaves)])
+        grads = list(outs[1 + len(aux_leaves):])
+        bound = dict(zip(params, args)) | kwargs
+        result = []
+        for name in g.wrt:
+            leaves = []
+            for leaf in leaf_values(bound[name]):
+                leaves.append(grads.pop(0) if leaf.dtype in FLOAT_DTYPES else
+                              self.builder.emit("zeros", shape=leaf.shape, dtype=leaf.dtype))
+            result.append(rebuild(strip_origin(bound[name]), leaves))
+        return value_out, aux_out, result
+
+    def lowered_checkpoint(self, c: CheckpointV, args: list, kwargs: dict, spans: Spans):
+        """A checkpointed call: one op whose body the backward pass recomputes."""
+        body, out, actual = self.trace(c.f, args, kwargs, spans, "checkpoint_body")
+        with self.emitting(body):
+            out = self.realize(out)
+        fn, captured = close_over(body, leaf_values(out))
+        outputs = tuple(Value(v.type) for v in fn.results)
+        self.builder.add(Op("checkpoint", tuple(actual + captured), (), outputs, fn))
+        return rebuild(out, list(outputs))
+
+
+@dataclass(frozen=True)
+class _Default:
+    """A primitive's default argument: already in the form its shape rule expects."""
+    value: object
+
+
+def _choose(cands: list[Primitive], args: list) -> Primitive:
+    """Among primitives sharing a name (split of a key or of a tensor), the one the first argument fits."""
+    if len(cands) > 1 and args:
+        for p in cands:
+            if p.params and (p.params[0].kind is Kind.KEY) == isinstance(args[0], KeyV):
+                return p
+    return cands[0]
+
+
+def _not_differentiable(v) -> str | None:
+    match v:
+        case TensorV() if not v.type.is_float:
+            return f"it is {v.type}: integer and boolean inputs have no gradient"
+        case StaticV():
+            return f"it is a static {v.kind}: only runtime tensors have gradients"
+        case KeyV():
+            return "it is a random key"
+    return None
+
+
+def _is_static_int(t: ast.TypeExpr | None) -> bool:
+    return isinstance(t, ast.NamedType) and t.name == ("int",)
+
+
+def _find_ctor(name: tuple[str, ...], mod: ModuleInfo) -> tuple[Entity, ast.Ctor]:
+    if len(name) == 1:
+        found = mod.constructor(name[0])
+        typedef = found[0]
+        return mod.names[typedef.name] if typedef.name in mod.names else Entity("type", typedef, mod), found[1]
+    owner = lookup_type(name[:-1], mod)
+    return owner, next(c for c in owner.node.ctors if c.name == name[-1])
+
+
+def _origin_note(v: TensorV) -> Note:
+    """`p.W1 is f32[T * E, H] with T * E = 128`: a declared type and what its dims are here."""
+    o = v.origin
+    note = f"{o.what} is {source_text(o.declared)}"
+    if isinstance(o.declared, ast.TensorTypeExpr):
+        differing = [f"{source_text(d)} = {actual}" for d, actual in zip(o.declared.dims, v.type.shape)
+                     if eval_dim(d) != actual]
+        if differing:
+            note += " with " + ", ".join(differing)
+    return Note(note, o.span)
