@@ -225,3 +225,24 @@ def test_ptxas_rejection_is_reported():
         pytest.skip("ptxas is not on the PATH")
     with pytest.raises(RuntimeError, match="ptxas rejected"):
         nvptx.ptxas(".version 8.0\n.target sm_90\nthis is not ptx\n")
+
+
+GATHERS = tuple(("take", d) for d in ("f32", "f64", "f16", "i32", "i64", "bool")) + \
+    (("scatter_add", "f32"), ("scatter_add", "f64"))
+
+
+@needs_ptxas
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_gather_kernels_assemble(arch):
+    """take and scatter_add: no call, no atomics, and scatter_add's sums as plain adds in
+    index order (no fma, which would round once for two operations)."""
+    text = nvptx.ptx([], arch, gathers=GATHERS)
+    assert not re.search(r"\bcall(\.uni)?\s", text), "a call reached the PTX"
+    nvptx.ptxas(text, arch)
+    for prim, dtype in GATHERS:
+        shape = nvptx.gather_launch(prim, dtype, 10 ** 9)
+        assert shape.block <= 1024 and 1 <= shape.grid <= nvptx.MAX_GRID_X
+        body = text.split(f".entry {shape.entry}(")[1].split("\n}\n")[0]
+        assert "atom" not in body and "fma" not in body
+        if prim == "scatter_add":
+            assert f"add.rn.{dtype}" in body
