@@ -566,7 +566,6 @@ class Executable:
         if made_once(op):
             self.constants[id(op)] = outs
 
-
     def gather(self, op: Op, env: dict[Value, DeviceArray]) -> None:
         """take or scatter_add by its gather kernel (nvptx.gather_launch): the indices come to
         the host, are checked and become the kernel's int64 arrays; x, the updates and the

@@ -4,8 +4,8 @@ kernels compiled for the CPU (the contraction through the CPU's contraction kern
 gather kernels through a NumPy model of their contract). What is tested is everything
 around the kernels: uploads, device-resident results, buffers freed and reused, host
 steps, reshapes as views, scan bodies, the contraction's batch strides, the gathers'
-indices prepared on the host, and failures becoming DslErrors that name the kernel. The PTX itself is tested by ptxas
-(tests/backend/test_nvptx.py) and on a GPU (tests/gpu/)."""
+indices prepared on the host, and failures becoming DslErrors that name the kernel. The
+PTX itself is tested by ptxas (tests/backend/test_nvptx.py) and on a GPU (tests/gpu/)."""
 from __future__ import annotations
 
 import ctypes
@@ -387,6 +387,9 @@ def ints(x: i32[5, 3], i: i32[4], u: i32[4, 3]) -> i32[5, 3]:
 
 def rows(x: f32[5, 3], i: i32[4], u: f32[4, 3]) -> f32[5, 3]:
   return scatter_add(x, i, u)
+
+def none(x: f32[0, 3], i: i32[2]) -> f32[2, 3]:
+  return x[i]
 """
 
 
@@ -421,6 +424,16 @@ def test_a_scatter_add_of_integers_stays_a_host_step(fake):
     assert_same(got, dsl.loads(GATHERS, device="cpu").ints(x, i, u))
 
 
+def errors(name: str, args: list) -> list[str]:
+    """The messages of the errors GATHERS's `name` raises on the GPU and on the CPU."""
+    messages = []
+    for device in ("cuda", "cpu"):
+        with pytest.raises(DslError) as e:
+            getattr(dsl.loads(GATHERS, device=device), name)(*args)
+        messages.append(str(e.value))
+    return messages
+
+
 @pytest.mark.parametrize("name, position, bad", [("f", 2, 7), ("f", 2, -8), ("f", 3, 5), ("f", 3, -6),
                                                  ("rows", 1, 5), ("rows", 1, -6)])
 def test_an_index_out_of_range_is_the_cpus_error(fake, name, position, bad):
@@ -430,13 +443,14 @@ def test_an_index_out_of_range_is_the_cpus_error(fake, name, position, bad):
     args = gather_args(rng) if name == "f" else \
         [np.ones((5, 3), np.float32), np.array([0, 1, 2, 3], np.int32), np.ones((4, 3), np.float32)]
     args[position].reshape(-1)[1:3] = [bad, 2 * bad]
-    messages = []
-    for device in ("cuda", "cpu"):
-        with pytest.raises(DslError) as e:
-            getattr(dsl.loads(GATHERS, device=device), name)(*args)
-        messages.append(str(e.value))
+    messages = errors(name, args)
     prim = "scatter_add" if name == "rows" else "take"
     assert messages[0] == messages[1] and f"'{prim}' failed at run time: index {bad} is out of bounds" in messages[0]
+
+
+def test_a_take_from_an_empty_axis_is_the_cpus_error(fake):
+    messages = errors("none", [np.zeros((0, 3), np.float32), np.zeros(2, np.int32)])
+    assert messages[0] == messages[1] and "empty" in messages[0]
 
 
 # ---------------------------------------------------------------- the cuda.bindings driver
