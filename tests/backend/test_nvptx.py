@@ -246,3 +246,18 @@ def test_gather_kernels_assemble(arch):
         assert "atom" not in body and "fma" not in body
         if prim == "scatter_add":
             assert f"add.rn.{dtype}" in body
+
+
+@needs_ptxas
+def test_the_manifest_lists_gathers_as_gpu_kernels(tmp_path):
+    """`dslc compile --target ptx`: an embedding's lookup and its gradient are gather kernels
+    in kernels.ptx, not host steps."""
+    prog = dsl.loads("def loss(E: f32[V, D], idx: i32[B, T]) -> f32:\n  h = E[idx]\n  return sum(h * h)\n")
+    manifest = prog.compile_to("loss", "ptx", str(tmp_path), dims={"V": 11, "D": 8, "B": 2, "T": 3}, grad="E")
+    gathers = [s for s in manifest["steps"] if "gather" in s]
+    assert {(s["gather"], s["entry"]) for s in gathers} == {("take", "dslc_take_f32"),
+                                                            ("scatter_add", "dslc_scatter_add_f32")}
+    assert not [s for s in manifest["steps"] if s.get("host") in nvptx.GATHERS]
+    text = (tmp_path / "kernels.ptx").read_text()
+    assert manifest["gather_entries"] and all(f".entry {e}(" in text for e in manifest["gather_entries"])
+    nvptx.ptxas(text)
