@@ -17,6 +17,10 @@ Every kernel computes exactly the bits the CPU backend computes (LANGUAGE.md §9
 - The contraction kernel (C[b] = A[b] @ B[b]) is tiled through shared memory, double buffered:
   each thread owns an 8 × 8 block of C for the whole K loop and accumulates
   acc = fma(A[i, k], B[k, j], acc) from -0.0 in increasing k, the definition's order.
+- The gather kernels (take and scatter_add) give each thread one element of the result, as a
+  map does, with the indices prepared on the host: take copies out[o, p, j] = x[o, rows[p], j];
+  scatter_add starts out[o, r, j] from x[o, r, j] and adds the slices of row r in index order,
+  one rounding each (np.add.at's order, the CPU's backend/scatter.py), without atomics.
 
 The math library is the CPU's (backend/mathlib.py): no call LLVM cannot select on NVPTX is
 emitted (ARCHITECTURE.md). Static shared memory stays under 48 KiB, blocks at 256 threads.
@@ -73,12 +77,17 @@ def launch(k: LoopKernel) -> Launch:
     """The launch shape of a loop kernel's GPU entry (see the module docstring)."""
     n = extent(k)
     if not (k.is_reduction or k.is_rows):
-        blocks = -(-n // BLOCK)
+        per_block = BLOCK                             # a thread per element
     elif k.n <= CHUNK:
-        blocks = -(-n // (BLOCK // WARP))            # a warp per result
+        per_block = BLOCK // WARP                     # a warp per result
     else:
-        blocks = n                                    # a block per result
-    return Launch(f"{k.name}_gpu", n, BLOCK, max(1, min(blocks, MAX_BLOCKS)), _shared_bytes(k))
+        per_block = 1                                 # a block per result
+    return Launch(f"{k.name}_gpu", n, BLOCK, _grid(n, per_block), _shared_bytes(k))
+
+
+def _grid(n: int, per_block: int) -> int:
+    """Blocks for n work items, per_block to a block (grid-stride loops cover any beyond)."""
+    return max(1, min(-(-n // per_block), MAX_BLOCKS))
 
 
 def _levels(k: LoopKernel) -> tuple[int, int]:
@@ -106,7 +115,7 @@ def _shared_bytes(k: LoopKernel) -> int:
 
 
 def _bytes(dtype: str) -> int:
-    return {"f16": 2, "f32": 4, "f64": 8}[dtype]
+    return {"bool": 1, "f16": 2, "f32": 4, "i32": 4, "u32": 4, "f64": 8, "i64": 8}[dtype]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -183,6 +192,13 @@ class _Builder:
             hi = call(b.trunc(b.lshr(bits, ir.Constant(I64, 32)), I32))
             out = b.or_(b.zext(lo, I64), b.shl(b.zext(hi, I64), ir.Constant(I64, 32)))
         return b.bitcast(out, value.type)
+
+    def each_element(self, count: ir.Value, body: Callable[[ir.Value], None]) -> None:
+        """body(i) for i in 0 … count-1, grid-stride: consecutive threads, consecutive i."""
+        b = self.b
+        first = b.add(b.mul(self.sreg("ctaid.x"), self.sreg("ntid.x")), self.sreg("tid.x"))
+        step = b.mul(self.sreg("nctaid.x"), self.sreg("ntid.x"))
+        self.loop(first, count, step, body, "elem")
 
     def loop(self, start: ir.Value, stop: ir.Value, step: ir.Value, body: Callable[[ir.Value], None],
              name: str = "i") -> None:
@@ -285,7 +301,7 @@ class _LoopKernelGen(_Builder):
 
     def map(self) -> None:
         """One element per thread, grid-stride: consecutive threads, consecutive elements."""
-        b, shape = self.b, self.k.shape
+        shape = self.k.shape
         dense = row_major(shape)
 
         def point(i: ir.Value) -> None:
@@ -302,9 +318,7 @@ class _LoopKernelGen(_Builder):
             for buf, ins in self.k.stores:
                 self.store(buf, i, values[ins], self.k.body[ins].dtype)
 
-        first = b.add(b.mul(self.sreg("ctaid.x"), self.sreg("ntid.x")), self.sreg("tid.x"))
-        step = b.mul(self.sreg("nctaid.x"), self.sreg("ntid.x"))
-        self.loop(first, self.c(extent(self.k)), step, point, "elem")
+        self.each_element(self.c(extent(self.k)), point)
 
     # -------------------------------------------------------- reductions
 
@@ -690,12 +704,72 @@ def _matmul_entry(module: ir.Module, dtype: str, annotations, t: MatmulTiles, ta
 
 
 # ---------------------------------------------------------------------------------------------
+# The gather kernels: take and scatter_add
+
+
+GATHERS = ("take", "scatter_add")
+
+
+def gather_entry(prim: str, dtype: str) -> str:
+    return f"dslc_{prim}_{dtype}"
+
+
+def gather_launch(prim: str, dtype: str, n: int) -> Launch:
+    """The gather kernel and launch shape for a result of n elements: a thread per element."""
+    return Launch(gather_entry(prim, dtype), n, BLOCK, _grid(n, BLOCK))
+
+
+def _gather_entry(module: ir.Module, prim: str, dtype: str, annotations, target: Target) -> None:
+    """With x [outer, size, inner], updates and take's result [outer, n, inner]:
+
+    void dslc_take_T(const T *x, const i64 *rows, T *out, i64 outer, i64 n, i64 size, i64 inner):
+        out[o, p, j] = x[o, rows[p], j]
+    void dslc_scatter_add_T(const T *x, const i64 *order, const i64 *bounds, const T *updates,
+                            T *out, i64 outer, i64 n, i64 size, i64 inner):
+        out[o, r, j] = x[o, r, j] + updates[o, order[s], j] + …  for s = bounds[r] … bounds[r+1]-1
+
+    rows in [0, size); order lists the slices of updates by destination row, in index order
+    within a row, row r's being order[bounds[r] … bounds[r+1]-1]. Launched by gather_launch."""
+    t = memory_type(dtype)
+    data, ints = t.as_pointer(), I64.as_pointer()
+    params = [data, ints, data] if prim == "take" else [data, ints, ints, data, data]
+    fn = _entry(module, gather_entry(prim, dtype), params + [I64] * 4, annotations, BLOCK)
+    *pointers, outer, n, size, inner = fn.args
+    g = _Builder(fn, I64, target)
+    b = g.b
+    # aligned to the element: without a data layout LLVM takes i64s as 4-aligned and splits them
+    load = lambda array, i, of="i64": b.load(b.gep(array, [i], inbounds=True), align=_bytes(of))
+    middle = n if prim == "take" else size            # the result's own axis
+
+    def element(e: ir.Value) -> None:
+        j, rest = b.urem(e, inner), b.udiv(e, inner)
+        m, o = b.urem(rest, middle), b.udiv(rest, middle)
+        at = lambda count, row: b.add(b.mul(b.add(b.mul(o, count), row), inner), j)   # [o, row, j]
+        if prim == "take":
+            x, rows, out = pointers
+            value = load(x, at(size, load(rows, m)), dtype)
+        else:
+            x, order, bounds, updates, out = pointers
+            acc = g.slot(t)
+            b.store(load(x, e, dtype), acc)
+            # ORDER: row m's slices in index order, each added and rounded (np.add.at's order)
+            g.loop(load(bounds, m), load(bounds, b.add(m, g.c(1))), g.c(1), lambda s: b.store(
+                b.fadd(b.load(acc), load(updates, at(n, load(order, s)), dtype)), acc), "slice")
+            value = b.load(acc)
+        b.store(value, b.gep(out, [e], inbounds=True), align=_bytes(dtype))
+
+    g.each_element(b.mul(outer, b.mul(middle, inner)), element)
+    b.ret_void()
+
+
+# ---------------------------------------------------------------------------------------------
 # Modules and PTX
 
 
-def module_ir(kernels: list[LoopKernel], matmuls: tuple[str, ...] = (), target: Target = GPU) -> ir.Module:
-    """One NVPTX module: a GPU entry per loop kernel, and the contraction kernels for each
-    dtype in `matmuls`."""
+def module_ir(kernels: list[LoopKernel], matmuls: tuple[str, ...] = (), target: Target = GPU,
+              gathers: tuple[tuple[str, str], ...] = ()) -> ir.Module:
+    """One NVPTX module: a GPU entry per loop kernel, the contraction kernels for each dtype
+    in `matmuls`, and a gather kernel for each (prim, dtype) in `gathers`."""
     module = ir.Module(name="dslc_gpu")
     module.triple = target.triple
     annotations = module.add_named_metadata("nvvm.annotations")
@@ -704,15 +778,19 @@ def module_ir(kernels: list[LoopKernel], matmuls: tuple[str, ...] = (), target: 
     for dtype in matmuls:
         for t in TILES:
             _matmul_entry(module, dtype, annotations, t, target)
+    for prim, dtype in gathers:
+        _gather_entry(module, prim, dtype, annotations, target)
     return module
 
 
-def ptx(kernels: list[LoopKernel], arch: str = "sm_90", matmuls: tuple[str, ...] = ()) -> str:
-    """The PTX of the kernels (and contraction kernels) for an architecture (sm_80 or sm_90)."""
+def ptx(kernels: list[LoopKernel], arch: str = "sm_90", matmuls: tuple[str, ...] = (),
+        gathers: tuple[tuple[str, str], ...] = ()) -> str:
+    """The PTX of the kernels (and contraction and gather kernels) for an architecture (sm_80
+    or sm_90)."""
     with _lock:
         llvm.initialize_all_targets()
         llvm.initialize_all_asmprinters()
-    text = str(module_ir(kernels, matmuls))
+    text = str(module_ir(kernels, matmuls, gathers=gathers))
     machine = llvm.Target.from_triple(TRIPLE).create_target_machine(cpu=arch, features=ARCHES[arch],
                                                                     opt=3)
     mod = llvm.parse_assembly(text)

@@ -230,7 +230,8 @@ class Program:
                                    "block": shape.block, "grid": shape.grid}
             kernels.append(entry)
         if gpu:
-            (folder / "kernels.ptx").write_text(nvptx.ptx(gpu.kernels, matmuls=gpu.matmuls))
+            (folder / "kernels.ptx").write_text(nvptx.ptx(gpu.kernels, matmuls=gpu.matmuls,
+                                                          gathers=gpu.gather_kernels))
         else:
             mod = llvm_module(cpu.module_ir(plan.kernels))
             (folder / "kernels.o").write_bytes(cpu.target_machine().emit_object(mod))
@@ -241,6 +242,10 @@ class Program:
             inputs, outputs = [ids[v] for v in s.op.inputs], [ids[v] for v in s.op.outputs]
             if gpu and id(s.op) in gpu.copies:
                 return {"kernel": gpu.copies[id(s.op)].name, "args": inputs + outputs}
+            if gpu and id(s.op) in gpu.gathers:            # a gather kernel, indices from the host
+                prim, dtype = gpu.gathers[id(s.op)]
+                return {"gather": prim, "entry": nvptx.gather_entry(prim, dtype),
+                        "axis": s.op.attrs.get("axis", 0), "inputs": inputs, "outputs": outputs}
             if isinstance(s, schedule.ContractStep):      # dslc's contraction kernel
                 entry = {"matmul": s.op.outputs[0].dtype, "inputs": inputs, "outputs": outputs}
                 if s.epilogue:                              # a kernel run after the product
@@ -257,6 +262,7 @@ class Program:
         }
         if gpu:
             manifest["matmul_entries"] = [e for e in gpu.entries if e.startswith("dslc_matmul_")]
+            manifest["gather_entries"] = [nvptx.gather_entry(*g) for g in gpu.gather_kernels]
         (folder / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
         return manifest
 
@@ -312,7 +318,7 @@ class Program:
             from backend import nvptx
             from runtime.cuda import gpu_kernels
             gpu = gpu_kernels(plan, name)
-            return nvptx.ptx(gpu.kernels, matmuls=gpu.matmuls)
+            return nvptx.ptx(gpu.kernels, matmuls=gpu.matmuls, gathers=gpu.gather_kernels)
         def text(s) -> str:
             if isinstance(s, schedule.KernelStep):
                 return loops.to_text(s.kernel)

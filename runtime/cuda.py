@@ -7,10 +7,12 @@ GPU between the steps of a program, and a call returns `DeviceArray`s, which sta
 until `np.asarray(x)` or `x.numpy()` copies them to the host; passing one back in (the
 parameters of a training loop) copies nothing. Kernel steps and contractions run on the GPU.
 Transposes, broadcasts, indexing and slices run as strided-copy kernels, reshapes only
-re-label the device buffer; the other host steps (gathers, scatters, random numbers,
-concatenation…) still run on the host, with a copy each way. A failed allocation or
-launch is a DslError naming the kernel, and a wait for the GPU gives up after
-DSLC_CUDA_TIMEOUT seconds (default 120) rather than hang.
+re-label the device buffer. `take` and `scatter_add` run as gather kernels: only their
+integer indices come to the host, to be checked there as the interpreter checks them and
+made into the kernels' int64 arrays. The other host steps (random numbers, concatenation…)
+still run on the host, with a copy each way. A failed allocation or launch is a DslError
+naming the kernel, and a wait for the GPU gives up after DSLC_CUDA_TIMEOUT seconds (default
+120) rather than hang.
 """
 from __future__ import annotations
 
@@ -24,13 +26,14 @@ from typing import Any
 
 import numpy as np
 
-from backend import nvptx, views
+from backend import nvptx, scatter, views
 from backend.llvm import SCALAR
 from backend.loops import Instr, Load, LoopKernel
 from backend.schedule import ContractStep, HostStep, KernelStep, Plan, last_uses, made_once, schedule
 from frontend.diagnostics import DslError
 from ir import interp
 from ir.core import Function, Op, Value
+from ir.interp import EvalError
 from ir.ops.base import np_dtype
 from ir.passes import for_backends
 from runtime import cache
@@ -353,13 +356,14 @@ def wait(drv, after: str, timeout: float | None = None) -> None:
 # Executables
 
 
-def compile_ptx(kernels: list, matmuls: tuple[str, ...], target: str) -> str:
+def compile_ptx(kernels: list, matmuls: tuple[str, ...], gathers: tuple[tuple[str, str], ...],
+                target: str) -> str:
     """The PTX of these kernels, from the on-disk cache where it holds exactly them."""
-    k = cache.key("ptx", repr(kernels), repr(matmuls), target, cache.code_digest("backend"))
+    k = cache.key("ptx", repr(kernels), repr(matmuls), repr(gathers), target, cache.code_digest("backend"))
     cached = cache.load(k)
     if cached is not None:
         return cached.decode()
-    text = nvptx.ptx(kernels, target, matmuls)
+    text = nvptx.ptx(kernels, target, matmuls, gathers)
     cache.store(k, text.encode())
     return text
 
@@ -367,17 +371,25 @@ def compile_ptx(kernels: list, matmuls: tuple[str, ...], target: str) -> str:
 @dataclass(frozen=True)
 class GpuKernels:
     """What a plan runs on the GPU: its loop kernels and the copy kernels of its data movement
-    (by the id of the op they replace), their launch shapes, and the dtypes of its products."""
+    (by the id of the op they replace), their launch shapes, the dtypes of its products, and
+    the gather kernel, (prim, dtype), of each take and scatter_add that runs on the GPU."""
     kernels: list[LoopKernel]
     copies: dict[int, LoopKernel]
     launches: dict[str, nvptx.Launch]
     matmuls: tuple[str, ...]
+    gathers: dict[int, tuple[str, str]]
+
+    @property
+    def gather_kernels(self) -> tuple[tuple[str, str], ...]:
+        """The gather kernels the module holds: one per (prim, dtype) the plan uses."""
+        return tuple(sorted(set(self.gathers.values())))
 
     @property
     def entries(self) -> list[str]:
         """The PTX entry points, the contraction kernel's in each tile size included."""
         return [s.entry for s in self.launches.values()] + \
-            [nvptx.matmul_entry(d, t) for d in self.matmuls for t in nvptx.TILES]
+            [nvptx.matmul_entry(d, t) for d in self.matmuls for t in nvptx.TILES] + \
+            [nvptx.gather_entry(*g) for g in self.gather_kernels]
 
 
 def gpu_kernels(plan: Plan, name: str) -> GpuKernels:
@@ -391,7 +403,8 @@ def gpu_kernels(plan: Plan, name: str) -> GpuKernels:
         launches = {k.name: nvptx.launch(k) for k in kernels}
     except ValueError as e:                   # a kernel beyond what the GPU kernels cover
         raise DslError(None, f"'{name}' cannot run on the GPU: {e}") from None
-    return GpuKernels(kernels, copies, launches, matmuls)
+    gathers = {id(s.op): g for s in plan.steps if isinstance(s, HostStep) and (g := gather_kernel(s.op))}
+    return GpuKernels(kernels, copies, launches, matmuls, gathers)
 
 
 class Executable:
@@ -407,9 +420,10 @@ class Executable:
         self.plan: Plan = schedule(fn, name)
         gpu = gpu_kernels(self.plan, name)
         self.matmuls, self.copies, self.launches = gpu.matmuls, gpu.copies, gpu.launches
+        self.gathers = gpu.gathers
         self.functions: dict[str, Any] = {}
-        if gpu.kernels or self.matmuls:
-            text = compile_ptx(gpu.kernels, self.matmuls, arch(self.drv))
+        if gpu.kernels or self.matmuls or self.gathers:
+            text = compile_ptx(gpu.kernels, self.matmuls, gpu.gather_kernels, arch(self.drv))
             try:
                 module = self.drv.load(text)
                 self.functions = {e: self.drv.function(module, e) for e in gpu.entries}
@@ -457,12 +471,16 @@ class Executable:
         if isinstance(a, DeviceArray) and a.dtype == np_dtype(v.dtype) and a.shape == v.shape:
             return a
         host = np.ascontiguousarray(np.asarray(a, dtype=np_dtype(v.dtype))).reshape(v.shape)
-        out = self.empty(v, f"an input of shape {list(v.shape)}")
+        return self.upload(host, f"an input of shape {list(v.shape)}")
+
+    def upload(self, host: np.ndarray, purpose: str) -> DeviceArray:
+        """A contiguous host array copied into a new device buffer."""
+        out = DeviceArray(_Buffer(self.memory, host.nbytes, purpose), host.shape, host.dtype)
         if host.nbytes:
             try:
                 self.drv.upload(out.ptr, host)
             except DriverError as e:
-                raise DslError(None, f"copying an input to the GPU failed: {e}") from None
+                raise DslError(None, f"copying {purpose} to the GPU failed: {e}") from None
         return out
 
     # -------------------------------------------------------- steps
@@ -505,9 +523,7 @@ class Executable:
                 strides.append(0 if math.prod(shape[:-2]) == 1 else math.prod(shape[-2:]))
                 continue
             full = np.ascontiguousarray(np.broadcast_to(x.numpy().reshape(shape), batch_shape + shape[-2:]))
-            expanded = DeviceArray(_Buffer(self.memory, full.nbytes, "a broadcast operand of @"),
-                                   full.shape, full.dtype)
-            self.drv.upload(expanded.ptr, full)
+            expanded = self.upload(full, "a broadcast operand of @")
             if v is step.op.inputs[0]:
                 a = expanded
             else:
@@ -530,6 +546,9 @@ class Executable:
         if id(op) in self.copies:
             self.run_kernel(self.copies[id(op)], op.inputs + op.outputs, op.outputs, env)
             return
+        if id(op) in self.gathers:
+            self.gather(op, env)
+            return
         if id(op) in self.constants:
             env.update(zip(op.outputs, self.constants[id(op)]))
             return
@@ -546,6 +565,60 @@ class Executable:
         env.update(zip(op.outputs, outs))
         if made_once(op):
             self.constants[id(op)] = outs
+
+    def gather(self, op: Op, env: dict[Value, DeviceArray]) -> None:
+        """take or scatter_add by its gather kernel (nvptx.gather_launch): the indices come to
+        the host, are checked and become the kernel's int64 arrays; x, the updates and the
+        result stay on the GPU."""
+        prim, dtype = self.gathers[id(op)]
+        x, indices, *updates = op.inputs
+        (out,) = op.outputs
+        axis = op.attrs.get("axis", 0) % len(x.shape)
+        outer, size, inner = math.prod(x.shape[:axis]), x.shape[axis], math.prod(x.shape[axis + 1:])
+        rows = gather_rows(prim, env[indices].numpy(), axis, size)
+        ints = [rows] if prim == "take" else list(segments(rows, size))
+        ints = [self.upload(a, f"the indices of {prim}") for a in ints]
+        shape = nvptx.gather_launch(prim, dtype, math.prod(out.shape))
+        env[out] = result = self.empty(out, f"the result of {shape.entry}")
+        if shape.extent:
+            self._launch(shape.entry, (shape.grid, 1, 1), shape.block,
+                         [a.ptr for a in [env[x], *ints, *(env[u] for u in updates), result]],
+                         [outer, rows.size, size, inner])
+
+
+def gather_kernel(op: Op) -> tuple[str, str] | None:
+    """The gather kernel, (prim, dtype), that runs a take (of any dtype: a copy) or a
+    scatter_add (of the values backend/scatter.py compiles for the CPU), else None."""
+    dtype = op.outputs[0].dtype if op.outputs else None
+    if op.prim == "take" and dtype in SCALAR:
+        return "take", dtype
+    if op.prim == "scatter_add" and dtype in scatter.FLOATS and \
+            op.inputs[0].dtype == op.inputs[2].dtype == dtype:
+        return "scatter_add", dtype
+    return None
+
+
+def gather_rows(prim: str, indices: np.ndarray, axis: int, size: int) -> np.ndarray:
+    """The indices as int64 rows in [0, size), flattened, negative ones counted from the end;
+    one out of range is the interpreter's EvalError, in its words (NumPy's)."""
+    flat = indices.reshape(-1).astype(np.int64)
+    if prim == "take" and size == 0 and flat.size:
+        raise EvalError(f"'{prim}' failed at run time: cannot do a non-empty take from an empty axes.")
+    rows = np.where(flat < 0, flat + size, flat)
+    bad = np.flatnonzero((rows < 0) | (rows >= size))
+    if bad.size:
+        raise EvalError(f"'{prim}' failed at run time: index {flat[bad[0]]} is out of bounds "
+                        f"for axis {axis} with size {size}")
+    return rows
+
+
+def segments(rows: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """scatter_add's order and bounds: the positions of the slices sorted by their row, stably
+    (so in index order within a row), and where each row's run starts (bounds[size] = n)."""
+    order = np.argsort(rows, kind="stable").astype(np.int64)
+    bounds = np.zeros(size + 1, np.int64)
+    np.cumsum(np.bincount(rows, minlength=size), out=bounds[1:])
+    return order, bounds
 
 
 def copy_kernel(name: str, op: Op) -> LoopKernel | None:

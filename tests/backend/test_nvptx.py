@@ -225,3 +225,39 @@ def test_ptxas_rejection_is_reported():
         pytest.skip("ptxas is not on the PATH")
     with pytest.raises(RuntimeError, match="ptxas rejected"):
         nvptx.ptxas(".version 8.0\n.target sm_90\nthis is not ptx\n")
+
+
+GATHERS = tuple(("take", d) for d in ("f32", "f64", "f16", "i32", "i64", "bool")) + \
+    (("scatter_add", "f32"), ("scatter_add", "f64"))
+
+
+@needs_ptxas
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_gather_kernels_assemble(arch):
+    """take and scatter_add: no call, no atomics, and scatter_add's sums as plain adds in
+    index order (no fma, which would round once for two operations)."""
+    text = nvptx.ptx([], arch, gathers=GATHERS)
+    assert not re.search(r"\bcall(\.uni)?\s", text), "a call reached the PTX"
+    nvptx.ptxas(text, arch)
+    for prim, dtype in GATHERS:
+        shape = nvptx.gather_launch(prim, dtype, 10 ** 9)
+        assert shape.block <= 1024 and 1 <= shape.grid <= nvptx.MAX_GRID_X
+        body = text.split(f".entry {shape.entry}(")[1].split("\n}\n")[0]
+        assert "atom" not in body and "fma" not in body
+        if prim == "scatter_add":
+            assert f"add.rn.{dtype}" in body
+
+
+@needs_ptxas
+def test_the_manifest_lists_gathers_as_gpu_kernels(tmp_path):
+    """`dslc compile --target ptx`: an embedding's lookup and its gradient are gather kernels
+    in kernels.ptx, not host steps."""
+    prog = dsl.loads("def loss(E: f32[V, D], idx: i32[B, T]) -> f32:\n  h = E[idx]\n  return sum(h * h)\n")
+    manifest = prog.compile_to("loss", "ptx", str(tmp_path), dims={"V": 11, "D": 8, "B": 2, "T": 3}, grad="E")
+    gathers = [s for s in manifest["steps"] if "gather" in s]
+    assert {(s["gather"], s["entry"]) for s in gathers} == {("take", "dslc_take_f32"),
+                                                            ("scatter_add", "dslc_scatter_add_f32")}
+    assert not [s for s in manifest["steps"] if s.get("host") in nvptx.GATHERS]
+    text = (tmp_path / "kernels.ptx").read_text()
+    assert manifest["gather_entries"] and all(f".entry {e}(" in text for e in manifest["gather_entries"])
+    nvptx.ptxas(text)

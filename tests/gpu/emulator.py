@@ -76,10 +76,10 @@ for _name, _fn in _CALLBACKS.items():
 
 
 class Emulator:
-    """The kernels and contraction kernels of one module, JIT-compiled for the host."""
+    """The kernels, contraction and gather kernels of one module, JIT-compiled for the host."""
 
-    def __init__(self, kernels, matmuls: tuple[str, ...] = ()):
-        mod = llvm.parse_assembly(str(nvptx.module_ir(kernels, matmuls, nvptx.emulator())))
+    def __init__(self, kernels, matmuls: tuple[str, ...] = (), gathers: tuple[tuple[str, str], ...] = ()):
+        mod = llvm.parse_assembly(str(nvptx.module_ir(kernels, matmuls, nvptx.emulator(), gathers)))
         mod.verify()
         optimise(mod)
         self.engine = llvm.create_mcjit_compiler(mod, target_machine())

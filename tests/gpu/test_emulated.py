@@ -4,6 +4,7 @@ leaves to a GPU (tests/gpu/test_gpu.py) is NVPTX code generation and the hardwar
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
 import sys
 from pathlib import Path
@@ -11,14 +12,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from backend import nvptx, schedule
+from backend import nvptx, schedule, scatter
 from backend.contract import Matmul
 from backend.cpu import Compiled
 from backend.loops import LoopKernel
 from ir import numerics
 from ir.ad import grad_function
+from ir.core import Builder, tensor_type
 from ir.passes import optimize
-from runtime.cuda import copy_kernel
+from runtime.cuda import copy_kernel, gather_rows, segments
 
 sys.path.insert(0, str(Path(__file__).parent))
 from emulator import Emulator  # noqa: E402
@@ -142,3 +144,56 @@ def test_contraction_keeps_the_k_order(dtype, tiles, batch, m, k, n, broadcast):
                                   [a.ctypes.data, b.ctypes.data, c.ctypes.data],
                                   [m, n, k, m * k, 0 if broadcast else k * n, m * n, batch])
     assert same_bits(c, Matmul(dtype)(a, b))
+
+
+# (x's shape, axis, the indices' shape): rows, a middle axis, the last axis (one column), no
+# indices, a scalar index; the indices in [-size, size), so repeated and negative ones.
+GATHERS = [((65, 33), 0, (300,)), ((3, 7, 5), 1, (4, 6)), ((4, 9), -1, (30,)), ((5, 3), 0, (0,)),
+           ((6,), 0, ())]
+TAKEN = ("f32", "f64", "f16", "i32", "bool")
+
+
+@functools.cache
+def gather_emulator() -> Emulator:
+    return Emulator([], (), tuple(("take", d) for d in TAKEN) + (("scatter_add", "f32"), ("scatter_add", "f64")))
+
+
+def run_gather(emulator: Emulator, prim: str, dtype: str, x: np.ndarray, indices: np.ndarray,
+               axis: int, updates: np.ndarray | None = None) -> np.ndarray:
+    """take or scatter_add by the emulated gather kernel, its arrays prepared as the runtime
+    prepares them."""
+    ax = axis % x.ndim
+    outer, size, inner = math.prod(x.shape[:ax]), x.shape[ax], math.prod(x.shape[ax + 1:])
+    rows = gather_rows(prim, indices, ax, size)
+    ints = [rows] if prim == "take" else list(segments(rows, size))
+    out = np.empty(x.shape[:ax] + indices.shape + x.shape[ax + 1:] if prim == "take" else x.shape, x.dtype)
+    shape = nvptx.gather_launch(prim, dtype, out.size)
+    arrays = [x, *ints, *([] if updates is None else [updates]), out]
+    emulator.launch(shape.entry, (min(shape.grid, 2), 1, 1), shape.block, [a.ctypes.data for a in arrays],
+                    [outer, rows.size, size, inner])
+    return out
+
+
+@pytest.mark.parametrize("x_shape, axis, index_shape", GATHERS)
+def test_gather_kernels_give_the_cpus_bits(x_shape, axis, index_shape):
+    """take against NumPy's (the CPU runtime's host step), scatter_add against the CPU's
+    compiled backend/scatter.py, on values of many magnitudes (so any other order of the
+    adds would round differently)."""
+    emulator = gather_emulator()
+    rng = np.random.default_rng(len(index_shape) + x_shape[0])
+    size = x_shape[axis]
+    indices = rng.integers(-size, size, index_shape).astype(np.int32)
+    for dtype in TAKEN:
+        x = random_buffer(rng, dtype, x_shape)
+        assert same_bits(run_gather(emulator, "take", dtype, x, indices, axis), np.take(x, indices, axis))
+    for dtype in ("f32", "f64"):
+        ax = axis % len(x_shape)
+        u_shape = x_shape[:ax] + index_shape + x_shape[ax + 1:]
+        b = Builder()
+        b.emit("scatter_add", *(b.param(tensor_type(t, s)) for t, s in
+                                ((dtype, x_shape), ("i32", index_shape), (dtype, u_shape))), axis=axis)
+        (op,) = b.ops
+        x = random_buffer(rng, dtype, x_shape)
+        updates = np.asarray(rng.standard_normal(u_shape) * 10.0 ** rng.uniform(-4, 4, u_shape), NUMPY[dtype])
+        (want,) = scatter.evaluate(op, [x, indices, updates])
+        assert same_bits(run_gather(emulator, "scatter_add", dtype, x, indices, axis, updates), want)

@@ -127,6 +127,46 @@ def test_broadcasts_casts_and_selections_are_bit_identical():
     assert_same(gpu.f(x, b, i), cpu.f(x, b, i))
 
 
+@pytest.mark.parametrize("dtype", ["f32", "f64"])
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_take_and_scatter_add_are_bit_identical(dtype, axis):
+    """Repeated and negative indices, rows no index names, summands of many magnitudes (so
+    any other order of the adds would round differently)."""
+    dims = ["A", "B", "C"]
+    ax = axis % 3
+    u_dims = dims[:ax] + ["N", "M"] + dims[ax + 1:]
+    gpu, cpu = both(f"def f(x: {dtype}[A, B, C], i: i32[N, M], u: {dtype}[{', '.join(u_dims)}]):\n"
+                    f"  return take(x, i, axis={axis}), scatter_add(x, i, u, axis={axis})\n")
+    rng = np.random.default_rng(ax)
+    t = np.float32 if dtype == "f32" else np.float64
+    x = special(rng, (37, 6, 259), t)
+    i = rng.integers(-x.shape[ax], x.shape[ax], (40, 3)).astype(np.int32)
+    u_shape = x.shape[:ax] + i.shape + x.shape[ax + 1:]
+    u = special(rng, u_shape, t) * 10.0 ** rng.uniform(-4, 4, u_shape).astype(t)
+    assert_same(gpu.f(x, i, u), cpu.f(x, i, u))
+
+
+def test_an_embeddings_lookup_and_gradient_are_bit_identical():
+    gpu, cpu = both("def loss(E: f32[V, D], idx: i32[B, T], w: f32[B, T, D]) -> f32:\n"
+                    "  return sum(E[idx] * w)\n")
+    rng = np.random.default_rng(7)
+    E, w = special(rng, (1000, 768)), special(rng, (8, 512, 768))
+    idx = np.minimum(rng.zipf(1.3, (8, 512)), 1000).astype(np.int32) - 1     # a few tokens often
+    assert_same(gpu.value_and_grad("loss", wrt="E")(E, idx, w), cpu.value_and_grad("loss", wrt="E")(E, idx, w))
+
+
+@pytest.mark.parametrize("bad", [1000, -1001])
+def test_an_index_out_of_range_is_the_cpus_error(bad):
+    source = "def f(E: f32[V, D], idx: i32[N], u: f32[N, D]):\n  return E[idx], scatter_add(E, idx, u)\n"
+    E, idx, u = np.ones((1000, 4), np.float32), np.array([1, bad, 3], np.int32), np.ones((3, 4), np.float32)
+    messages = []
+    for prog in both(source):
+        with pytest.raises(DslError) as e:
+            prog.f(E, idx, u)
+        messages.append(str(e.value))
+    assert messages[0] == messages[1] and f"index {bad} is out of bounds" in messages[0]
+
+
 # ---------------------------------------------------------------- programs and examples
 
 

@@ -1,10 +1,11 @@
 """The GPU runtime's logic without a GPU: device selection, and runtime/cuda.py driven through
 a fake driver whose "device memory" is host memory and whose launches run the same loop
-kernels compiled for the CPU (the contraction through the CPU's contraction kernel). What
-is tested is everything around the kernels: uploads, device-resident results, buffers freed
-and reused, host steps, reshapes as views, scan bodies, the contraction's batch strides,
-and failures becoming DslErrors that name the kernel. The PTX itself is tested by ptxas
-(tests/backend/test_nvptx.py) and on a GPU (tests/gpu/)."""
+kernels compiled for the CPU (the contraction through the CPU's contraction kernel, the
+gather kernels through a NumPy model of their contract). What is tested is everything
+around the kernels: uploads, device-resident results, buffers freed and reused, host
+steps, reshapes as views, scan bodies, the contraction's batch strides, the gathers'
+indices prepared on the host, and failures becoming DslErrors that name the kernel. The
+PTX itself is tested by ptxas (tests/backend/test_nvptx.py) and on a GPU (tests/gpu/)."""
 from __future__ import annotations
 
 import ctypes
@@ -19,6 +20,7 @@ from backend import nvptx
 from backend.contract import Matmul
 from backend.cpu import Compiled
 from frontend.diagnostics import DslError
+from ir.ops.base import np_dtype
 from runtime import cuda
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,16 +38,17 @@ class FakeDriver:
         self.blocks: dict[int, np.ndarray] = {}
         self.pending: tuple = ()
         self.uploads = self.allocs = self.launches = 0
+        self.downloaded: list[np.dtype] = []
         self.fail_launch: str | None = None
         self.fail_alloc_over: int | None = None
         self.never_done = False
 
-    def compile_ptx(self, kernels, matmuls, target):
-        self.pending = (list(kernels), matmuls)
+    def compile_ptx(self, kernels, matmuls, gathers, target):
+        self.pending = (list(kernels), matmuls, gathers)
         return "fake ptx"
 
     def load(self, ptx):
-        kernels, _ = self.pending
+        kernels, _, _ = self.pending
         return {"compiled": Compiled(kernels) if kernels else None,
                 "kernels": {nvptx.launch(k).entry: k for k in kernels}}
 
@@ -71,6 +74,7 @@ class FakeDriver:
         ctypes.memmove(ptr, array.ctypes.data, array.nbytes)
 
     def download(self, array, ptr):
+        self.downloaded.append(array.dtype)
         ctypes.memmove(array.ctypes.data, ptr, array.nbytes)
 
     def launch(self, fn, grid, block, pointers, integers):
@@ -82,17 +86,16 @@ class FakeDriver:
         self.launches += 1
         if entry.startswith("dslc_matmul_"):
             return self.matmul(entry.split("_")[2], grid, pointers, integers)
+        prim, _, dtype = entry.removeprefix("dslc_").rpartition("_")
+        if prim in nvptx.GATHERS:
+            return self.gather(prim, np_dtype(dtype), pointers, integers)
         k = module["kernels"][entry]
         extent = k.extent
         module["compiled"].functions[k.name]((ctypes.c_void_p * len(pointers))(*pointers), 0, extent)
 
     def matmul(self, dtype, grid, pointers, integers):
         m, n, k, sa, sb, _, batch = integers
-        t = np.float32 if dtype == "f32" else np.float64
-
-        def view(ptr, count):
-            return np.ctypeslib.as_array((ctypes.c_byte * (count * np.dtype(t).itemsize)).from_address(ptr)).view(t)
-
+        view = lambda ptr, count: device_array(ptr, count, np.float32 if dtype == "f32" else np.float64)
         if k == 0:                                 # the empty sum
             view(pointers[2], batch * m * n)[:] = -0.0
             return
@@ -100,6 +103,22 @@ class FakeDriver:
         b = view(pointers[1], (batch if sb else 1) * k * n).reshape(-1, k, n)
         assert grid == nvptx.matmul_launch(dtype, batch, m, n).grid
         view(pointers[2], batch * m * n)[:] = Matmul(dtype)(a, b).reshape(-1)
+
+    def gather(self, prim, t, pointers, integers):
+        """The gather kernels' contract (backend/nvptx.py), in NumPy: one add at a time."""
+        outer, n, size, inner = integers
+        x = device_array(pointers[0], outer * size * inner, t).reshape(outer, size, inner)
+        if prim == "take":
+            rows = device_array(pointers[1], n, np.int64)
+            device_array(pointers[2], outer * n * inner, t)[:] = x[:, rows].reshape(-1)
+            return
+        order, bounds = device_array(pointers[1], n, np.int64), device_array(pointers[2], size + 1, np.int64)
+        updates = device_array(pointers[3], outer * n * inner, t).reshape(outer, n, inner)
+        out = device_array(pointers[4], outer * size * inner, t).reshape(outer, size, inner)
+        out[:] = x
+        for r in range(size):
+            for s in order[bounds[r]:bounds[r + 1]]:
+                out[:, r] += updates[:, s]
 
     def record(self):
         return object()
@@ -114,8 +133,7 @@ class EmulatedDriver(FakeDriver):
 
     def load(self, ptx):
         from emulator import Emulator
-        kernels, matmuls = self.pending
-        return {"emulator": Emulator(kernels, matmuls)}
+        return {"emulator": Emulator(*self.pending)}
 
     def launch(self, fn, grid, block, pointers, integers):
         (module, entry) = fn
@@ -123,6 +141,13 @@ class EmulatedDriver(FakeDriver):
         if not entry.startswith("dslc_matmul_"):
             grid = (min(grid[0], 2), 1, 1)          # a loop kernel's grid-stride loop covers the rest
         module["emulator"].launch(entry, grid, block, pointers, integers)
+
+
+def device_array(ptr: int, count: int, dtype) -> np.ndarray:
+    """The fake device memory at ptr as a NumPy array of count elements."""
+    nbytes = count * np.dtype(dtype).itemsize
+    return np.ctypeslib.as_array((ctypes.c_byte * nbytes).from_address(ptr)).view(dtype) if nbytes else \
+        np.empty(0, dtype)
 
 
 def install(monkeypatch, drv):
@@ -346,6 +371,86 @@ def test_transposes_broadcasts_and_slices_run_as_kernels_without_copies_to_the_h
     got = prog.f(x, b)
     assert fake.uploads - uploads == 2   # the inputs only: nothing went to the host and back
     assert_same(got, dsl.loads(src, device="reference").f(x, b))
+
+
+GATHERS = """
+def f(E: f64[7, 3], x: f32[2, 5, 4], i: i32[6], j: i64[3, 2], u: f32[2, 3, 2, 4], m: bool[5, 2]
+      ) -> (f64[6, 3], f32[2, 3, 2, 4], f32[2, 5, 4], bool[3, 2, 2]):
+  return E[i], take(x, j, axis=1), scatter_add(x, j, u, axis=-2), take(m, j)
+
+def loss(E: f32[9, 4], idx: i32[3, 5]) -> f32:
+  h = E[idx]
+  return sum(h * h * h)
+
+def ints(x: i32[5, 3], i: i32[4], u: i32[4, 3]) -> i32[5, 3]:
+  return scatter_add(x, i, u)
+
+def rows(x: f32[5, 3], i: i32[4], u: f32[4, 3]) -> f32[5, 3]:
+  return scatter_add(x, i, u)
+
+def none(x: f32[0, 3], i: i32[2]) -> f32[2, 3]:
+  return x[i]
+"""
+
+
+def gather_args(rng) -> list[np.ndarray]:
+    """f's arguments: repeated and negative indices, a row no index names."""
+    return [rng.standard_normal((7, 3)), rng.standard_normal((2, 5, 4)).astype(np.float32),
+            np.array([0, 6, -1, 3, 3, -7], np.int32), np.array([[1, -1], [1, 4], [-1, 1]], np.int64),
+            rng.standard_normal((2, 3, 2, 4)).astype(np.float32), rng.random((5, 2)) < 0.5]
+
+
+@pytest.mark.parametrize("driver", ["fake", "emulated"])
+def test_gathers_and_scatters_run_on_the_gpu_and_only_indices_come_back(request, driver):
+    drv = request.getfixturevalue(driver)
+    rng = np.random.default_rng(3)
+    args = gather_args(rng)
+    gpu, cpu = dsl.loads(GATHERS, device="cuda"), dsl.loads(GATHERS, device="cpu")
+    E, idx = rng.standard_normal((9, 4)).astype(np.float32), rng.integers(-9, 9, (3, 5)).astype(np.int32)
+    for call, inputs in ((gpu.f, args), (gpu.value_and_grad("loss", wrt="E"), (E, idx))):
+        drv.downloaded.clear()
+        got = call(*inputs)
+        assert drv.downloaded and all(t.kind == "i" for t in drv.downloaded), "float data came to the host"
+        assert all(isinstance(r, cuda.DeviceArray) for r in got)
+    assert_same(got, cpu.value_and_grad("loss", wrt="E")(E, idx))
+    assert_same(gpu.f(*args), cpu.f(*args))
+
+
+def test_a_scatter_add_of_integers_stays_a_host_step(fake):
+    x, i, u = np.arange(15, dtype=np.int32).reshape(5, 3), np.array([1, 1, -1, 0], np.int32), \
+        np.ones((4, 3), np.int32)
+    got = dsl.loads(GATHERS, device="cuda").ints(x, i, u)
+    assert fake.launches == 0
+    assert_same(got, dsl.loads(GATHERS, device="cpu").ints(x, i, u))
+
+
+def errors(name: str, args: list) -> list[str]:
+    """The messages of the errors GATHERS's `name` raises on the GPU and on the CPU."""
+    messages = []
+    for device in ("cuda", "cpu"):
+        with pytest.raises(DslError) as e:
+            getattr(dsl.loads(GATHERS, device=device), name)(*args)
+        messages.append(str(e.value))
+    return messages
+
+
+@pytest.mark.parametrize("name, position, bad", [("f", 2, 7), ("f", 2, -8), ("f", 3, 5), ("f", 3, -6),
+                                                 ("rows", 1, 5), ("rows", 1, -6)])
+def test_an_index_out_of_range_is_the_cpus_error(fake, name, position, bad):
+    """E[i] with i outside [-7, 7), take(x, j, axis=1) with j outside [-5, 5), scatter_add
+    with i outside [-5, 5): the first bad index, in the interpreter's (the CPU's) words."""
+    rng = np.random.default_rng(4)
+    args = gather_args(rng) if name == "f" else \
+        [np.ones((5, 3), np.float32), np.array([0, 1, 2, 3], np.int32), np.ones((4, 3), np.float32)]
+    args[position].reshape(-1)[1:3] = [bad, 2 * bad]
+    messages = errors(name, args)
+    prim = "scatter_add" if name == "rows" else "take"
+    assert messages[0] == messages[1] and f"'{prim}' failed at run time: index {bad} is out of bounds" in messages[0]
+
+
+def test_a_take_from_an_empty_axis_is_the_cpus_error(fake):
+    messages = errors("none", [np.zeros((0, 3), np.float32), np.zeros(2, np.int32)])
+    assert messages[0] == messages[1] and "empty" in messages[0]
 
 
 # ---------------------------------------------------------------- the cuda.bindings driver
