@@ -345,10 +345,11 @@ class Program:
         b = Builder(d.name)
         inputs = self._inputs(b, d, _bind_python(d, args, kwargs))
         key = (name, inputs.key)
-        if key not in self._cache:
-            self._cache[key] = self._lowered(d, b, inputs)
-        self._last[name] = (self._cache[key], inputs)
-        return self._cache[key], inputs
+        low = self._cache.get(key)              # one lookup: a deep key's hash is not kept
+        if low is None:
+            low = self._cache[key] = self._lowered(d, b, inputs)
+        self._last[name] = (low, inputs)
+        return low, inputs
 
     def _inputs(self, b: Builder, d: ast.Def, bound: dict[str, Any]) -> Inputs:
         abstract, arrays, arg_leaves = [], [], []
