@@ -429,6 +429,8 @@ class Executable:
                 self.functions = {e: self.drv.function(module, e) for e in gpu.entries}
             except DriverError as e:
                 raise DslError(None, f"loading the GPU kernels of '{name}' failed: {e}") from None
+        self.layouts: dict[Value, tuple[int, tuple[int, ...], np.dtype]] = {}
+        self.products = {id(s): _Product.of(s.op) for s in self.plan.steps if isinstance(s, ContractStep)}
         self.dead = last_uses(self.plan)
         self.bodies: dict[int, Executable] = {}
         for i, step in enumerate(self.plan.steps):
@@ -462,15 +464,24 @@ class Executable:
 
     # -------------------------------------------------------- memory
 
+    def layout(self, v: Value) -> tuple[int, tuple[int, ...], np.dtype]:
+        """v's bytes, shape and dtype, worked out once (Value.shape is computed at each use)."""
+        known = self.layouts.get(v)
+        if known is None:
+            dtype = np_dtype(v.dtype)
+            known = self.layouts[v] = (math.prod(v.shape) * dtype.itemsize, v.shape, dtype)
+        return known
+
     def empty(self, v: Value, purpose: str) -> DeviceArray:
-        dtype = np_dtype(v.dtype)
-        return DeviceArray(_Buffer(self.memory, math.prod(v.shape) * dtype.itemsize, purpose), v.shape, dtype)
+        nbytes, shape, dtype = self.layout(v)
+        return DeviceArray(_Buffer(self.memory, nbytes, purpose), shape, dtype)
 
     def to_device(self, a, v: Value) -> DeviceArray:
         """An input as a device buffer of v's dtype and shape (a DeviceArray as it is)."""
-        if isinstance(a, DeviceArray) and a.dtype == np_dtype(v.dtype) and a.shape == v.shape:
+        _, shape, dtype = self.layout(v)
+        if isinstance(a, DeviceArray) and a.dtype == dtype and a.shape == shape:
             return a
-        host = np.ascontiguousarray(np.asarray(a, dtype=np_dtype(v.dtype))).reshape(v.shape)
+        host = np.ascontiguousarray(np.asarray(a, dtype=dtype)).reshape(shape)
         return self.upload(host, f"an input of shape {list(v.shape)}")
 
     def upload(self, host: np.ndarray, purpose: str) -> DeviceArray:
@@ -508,40 +519,33 @@ class Executable:
         self._launch(shape.entry, (shape.grid, 1, 1), shape.block, [env[v].ptr for v in args])
 
     def contract(self, step: ContractStep, env: dict[Value, DeviceArray]) -> None:
-        """out = a @ b by the tiled contraction kernel (NumPy's rules for 1-D operands and
-        batch axes; an operand broadcast along some batch axes only is expanded on the host),
+        """out = a @ b by the tiled contraction kernel (its shapes worked out once, _Product),
         then its epilogue, if any, as a kernel of its own."""
+        p = self.products[id(step)]
         (out,) = step.op.outputs
         a, b = (self.to_device(env[v], v) for v in step.op.inputs)
-        a2 = a.shape if a.ndim > 1 else (1,) + a.shape
-        b2 = b.shape if b.ndim > 1 else b.shape + (1,)
-        batch_shape = np.broadcast_shapes(a2[:-2], b2[:-2])
-        batch, (m, k), n = math.prod(batch_shape), a2[-2:], b2[-1]
-        strides = []
-        for x, v, shape in ((a, step.op.inputs[0], a2), (b, step.op.inputs[1], b2)):
-            if math.prod(shape[:-2]) == 1 or shape[:-2] == batch_shape:
-                strides.append(0 if math.prod(shape[:-2]) == 1 else math.prod(shape[-2:]))
-                continue
-            full = np.ascontiguousarray(np.broadcast_to(x.numpy().reshape(shape), batch_shape + shape[-2:]))
-            expanded = self.upload(full, "a broadcast operand of @")
-            if v is step.op.inputs[0]:
-                a = expanded
-            else:
-                b = expanded
-            strides.append(math.prod(shape[-2:]))
-        env[out] = c = self.empty(out, f"the result of {nvptx.matmul_entry(out.dtype, nvptx.TILES[0])}")
-        if batch * m * n:
-            shape = nvptx.matmul_launch(out.dtype, batch, m, n)
-            self._launch(shape.entry, shape.grid, shape.block, [a.ptr, b.ptr, c.ptr],
-                         [m, n, k, *strides, m * n, batch])
+        if p.expand[0]:
+            a = self.expanded(a, p.shapes[0], p.batch_shape)
+        if p.expand[1]:
+            b = self.expanded(b, p.shapes[1], p.batch_shape)
+        env[out] = c = self.empty(out, p.purpose)
+        if p.launch:
+            self._launch(p.launch.entry, p.launch.grid, p.launch.block, [a.ptr, b.ptr, c.ptr],
+                         p.integers)
         if step.epilogue:                 # its own launch, after the product's in the stream
             self.kernel(step.epilogue, env)
+
+    def expanded(self, x: DeviceArray, shape: tuple[int, ...], batch_shape: tuple[int, ...]
+                 ) -> DeviceArray:
+        """An operand broadcast along some batch axes only, expanded on the host."""
+        full = np.broadcast_to(x.numpy().reshape(shape), batch_shape + shape[-2:])
+        return self.upload(np.ascontiguousarray(full), "a broadcast operand of @")
 
     def host(self, op: Op, env: dict[Value, DeviceArray]) -> None:
         """A host step: its inputs copied to the host, evaluated as the CPU runtime does, its
         outputs copied back; reshapes re-label the buffer instead; ops of no inputs run once."""
         if op.prim in VIEWS:
-            env[op.outputs[0]] = env[op.inputs[0]].view(op.outputs[0].shape)
+            env[op.outputs[0]] = env[op.inputs[0]].view(self.layout(op.outputs[0])[1])
             return
         if id(op) in self.copies:
             self.run_kernel(self.copies[id(op)], op.inputs + op.outputs, op.outputs, env)
@@ -584,6 +588,37 @@ class Executable:
             self._launch(shape.entry, (shape.grid, 1, 1), shape.block,
                          [a.ptr for a in [env[x], *ints, *(env[u] for u in updates), result]],
                          [outer, rows.size, size, inner])
+
+
+@dataclass(frozen=True)
+class _Product:
+    """What a call of the contraction kernel for `a @ b` needs besides the pointers (NumPy's
+    rules for 1-D operands and batch axes): an operand broadcast along some batch axes only
+    is expanded on the host first."""
+    shapes: tuple[tuple[int, ...], tuple[int, ...]]      # the operands as matrices
+    batch_shape: tuple[int, ...]
+    expand: tuple[bool, bool]
+    batch: int
+    m: int
+    n: int
+    integers: tuple[int, ...]                            # m, n, k, the strides, m·n, batch
+    launch: nvptx.MatmulLaunch | None                    # None: C is empty
+    purpose: str                                         # of C's allocation
+
+    @staticmethod
+    def of(op: Op) -> _Product:
+        (a, b), (out,) = (v.shape for v in op.inputs), op.outputs
+        a2 = a if len(a) > 1 else (1,) + a
+        b2 = b if len(b) > 1 else b + (1,)
+        batch_shape = np.broadcast_shapes(a2[:-2], b2[:-2])
+        batch, (m, k), n = math.prod(batch_shape), a2[-2:], b2[-1]
+        alone = [math.prod(x[:-2]) == 1 for x in (a2, b2)]
+        expand = tuple(not one and x[:-2] != batch_shape for one, x in zip(alone, (a2, b2)))
+        strides = [0 if one else math.prod(x[-2:]) for one, x in zip(alone, (a2, b2))]
+        launch = nvptx.matmul_launch(out.dtype, batch, m, n) if batch * m * n else None
+        return _Product((a2, b2), batch_shape, expand, batch, m, n,
+                        (m, n, k, *strides, m * n, batch), launch,
+                        f"the result of {nvptx.matmul_entry(out.dtype, nvptx.TILES[0])}")
 
 
 def gather_kernel(op: Op) -> tuple[str, str] | None:
