@@ -23,7 +23,9 @@ nothing.
 
 Tiles: the register tile is mr rows × 1 to nv vectors; each tile of C runs the narrowest
 tile function that covers its columns, and reads and writes C through masks (rows past M,
-lanes past N), so an edge of C costs neither a copy nor a whole tile's work.
+lanes past N), so an edge of C costs neither a copy nor a whole tile's work. A job of at most
+mr rows (a matrix-vector product: a decoder's token) packs nothing where B's rows are
+contiguous: one-row tiles of up to ROW_VECTORS vectors read A and B in place.
 
 Threads: C is cut into jobs (one batch entry × a block of rows × a block of columns, each
 running the whole K loop of its elements; about JOBS_PER_THREAD per thread where the shape
@@ -75,6 +77,7 @@ UNROLL = 4      # k steps per trip of the register tile's main loop
 JOBS_PER_THREAD = 4   # so that a thread the OS holds up leaves a share to the others
 MIN_JOB_ROWS = 96     # each job packs its B panel: fewer rows would not pay for it
 PACK_ROWS = 16  # rows of a B of general strides packed per pass (a cache line of f32)
+ROW_VECTORS = 8     # the one-row tile's vectors: 8 independent fma chains
 ARGUMENTS = 18      # NAME.task's array: A … b_col, scratch, next_job, epilogue, epilogue_table
 
 
@@ -210,17 +213,20 @@ def _suffix(t: ir.Type) -> str:
     return f"v{t.count}{name[str(t.element)]}" if isinstance(t, ir.VectorType) else name[str(t)]
 
 
-def _build_tile(module: ir.Module, name: str, dtype: str, t: Tiles, nv: int) -> ir.Function:
-    """void tile(const T *a, i64 a_row, i64 a_k, const T *b, i64 kc, T *c, i64 ldc, i1 first,
-    i64 m, i64 n): the m × n corner (m ≤ mr, n ≤ nv·width) of the mr × nv-vector block of C at
-    c (row stride ldc) gains kc steps from A (A[r, k] at a[r·a_row + k·a_k]: a packed panel or
-    A itself) and the packed panel b ([kc][nr], its first nv vectors); with `first` it starts
-    from -0.0 instead of c's contents."""
+def _build_tile(module: ir.Module, name: str, dtype: str, t: Tiles, nv: int,
+                in_place: bool = False) -> ir.Function:
+    """void tile(const T *a, i64 a_row, i64 a_k, const T *b, i64 b_k, i64 kc, T *c, i64 ldc,
+    i1 first, i64 m, i64 n): the m × n corner (m ≤ mr, n ≤ nv·width) of the mr × nv-vector
+    block of C at c (row stride ldc) gains kc steps from A (A[r, k] at a[r·a_row + k·a_k]: a
+    packed panel or A itself) and B (B[k, j] at b[k·b_k + j]: the packed panel, b_k = nr);
+    with `first` it starts from -0.0 instead of c's contents. An in_place tile has one row
+    (mr = 1) and reads B itself, through the column masks (lanes past n are past B's rows)."""
     p = SCALAR[dtype].as_pointer()
-    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [p, I64, I64, p, I64, p, I64, I1,
-                                                             I64, I64]), name)
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [p, I64, I64, p, I64, I64, p, I64,
+                                                             I1, I64, I64]), name)
     fn.linkage = "internal"
-    a_pack, a_row, a_k, b_pack, kc, c, ldc, first, m, n = fn.args
+    a_pack, a_row, a_k, b_pack, b_k, kc, c, ldc, first, m, n = fn.args
+    mr = 1 if in_place else t.mr
     for arg in (a_pack, b_pack, c):
         arg.add_attribute("noalias")
     e = _Emitter(fn, dtype, t)
@@ -229,13 +235,13 @@ def _build_tile(module: ir.Module, name: str, dtype: str, t: Tiles, nv: int) -> 
     # C is read and written through masks: rows past m and columns past n are not touched
     # (their lanes compute on padding, or on row m - 1 again), so an edge tile needs no copy
     # of C. A masked-off row's addresses in A and C are row m - 1's, addresses inside them.
-    rows = [b.icmp_signed("<", _i64(r), m) for r in range(t.mr)]
-    row_at = [e.min(r, b.sub(m, _i64(1))) for r in range(t.mr)]
+    rows = [b.icmp_signed("<", _i64(r), m) for r in range(mr)]
+    row_at = [e.min(r, b.sub(m, _i64(1))) for r in range(mr)]
     a_at = [e.at(a_pack, b.mul(r, a_row)) for r in row_at]
     c_at = [[e.at(c, b.mul(r, ldc), v * t.width) for v in range(nv)] for r in row_at]
     none = ir.Constant(ir.VectorType(I1, t.width), [0] * t.width)
-    masks = [[b.select(rows[r], e.lanes_below(n, v), none) for v in range(nv)]
-             for r in range(t.mr)]
+    columns = [e.lanes_below(n, v) for v in range(nv)]
+    masks = [[b.select(rows[r], columns[v], none) for v in range(nv)] for r in range(mr)]
     tile_c = [(ptr, mask) for ptr_row, mask_row in zip(c_at, masks)
               for ptr, mask in zip(ptr_row, mask_row)]
 
@@ -257,9 +263,11 @@ def _build_tile(module: ir.Module, name: str, dtype: str, t: Tiles, nv: int) -> 
     def step(acc: list, k) -> list:
         # ORDER: one k for every element of the tile: lane (r, j) gains A[r, k]·B[k, j].
         # The vectors run across j (distinct elements), never across k.
-        bs = [e.load_vec(e.at(b_pack, b.mul(k, _i64(t.nr)), v * t.width)) for v in range(nv)]
+        row = e.at(b_pack, b.mul(k, b_k if in_place else _i64(t.nr)))   # (a packed panel's is known)
+        bs = [e.masked_load(e.at(row, v * t.width), columns[v]) if in_place
+              else e.load_vec(e.at(row, v * t.width)) for v in range(nv)]
         out = []
-        for r in range(t.mr):
+        for r in range(mr):
             a = e.splat(b.load(e.at(a_at[r], b.mul(k, a_k)), align=e.align))
             out += [b.call(fma, [a, bs[v], acc[r * nv + v]]) for v in range(nv)]
         return out
@@ -303,6 +311,8 @@ def build_matmul(module: ir.Module, name: str, dtype: str, tiles: Tiles | None =
     t = tiles or host_tiles(dtype)
     tiles_by_width = [_build_tile(module, f"{name}.tile{nv}", dtype, t, nv)
                       for nv in range(1, t.nv + 1)]
+    rows_by_width = [_build_tile(module, f"{name}.row{nv}", dtype, t, nv, in_place=True)
+                     for nv in range(1, ROW_VECTORS + 1)]
     p = SCALAR[dtype].as_pointer()
     table = ir.IntType(8).as_pointer().as_pointer()
     epilogue_type = ir.FunctionType(ir.VoidType(), [table, I64, I64]).as_pointer()
@@ -367,7 +377,7 @@ def build_matmul(module: ir.Module, name: str, dtype: str, tiles: Tiles | None =
                 lo = b.add(first_row, i)
                 b.call(epilogue, [epilogue_table, lo, b.add(lo, m)])
 
-        _job(e, tiles_by_width, (a_base, a_row, a_col), (b_base, b_row, b_col), c_base, mj, nj,
+        _job(e, tiles_by_width, rows_by_width, (a_base, a_row, a_col), (b_base, b_row, b_col), c_base, mj, nj,
              K, N, a_pack, b_pack, finished)
     b.branch(head)
     b.position_at_end(done)
@@ -391,13 +401,12 @@ def _build_task(module: ir.Module, name: str, kernel: ir.Function) -> None:
     b.ret_void()
 
 
-def _job(e: _Emitter, tiles_by_width, a, b_, c_base, mj, nj, K, N, a_pack, b_pack,
-         finished) -> None:
+def _job(e: _Emitter, tiles_by_width, rows_by_width, a, b_, c_base, mj, nj, K, N, a_pack,
+         b_pack, finished) -> None:
     """C[:mj, :nj] (row stride N) = A[:mj, :K] @ B[:K, :nj], a and b_ being each operand's
     (base, row stride, column stride); finished(i, m) emits what follows once rows
     [i, i + m) are final (after the last K block of each block of mc rows, which is in L2)."""
     b, t = e.b, e.tiles
-    (a_base, a_row, a_col), (b_base, b_row, b_col) = a, b_
     with b.if_then(b.icmp_signed("==", K, _i64(0)), likely=False):
         minus_zero = ir.Constant(e.scalar, -0.0)
         with e.loop(0, mj, 1, "zr") as i, e.loop(0, nj, 1, "zc") as j:
@@ -407,6 +416,44 @@ def _job(e: _Emitter, tiles_by_width, a, b_, c_base, mj, nj, K, N, a_pack, b_pac
     # ORDER: K is cut into blocks of kc taken in increasing order; between blocks each partial
     # sum waits in C (an exact store and load). K is never padded: a padding 0·x would turn an
     # accumulated -0.0 into +0.0, and 0·inf into NaN.
+    # B is packed for reuse across row tiles; a job of at most one row tile (a matrix-vector
+    # product, a decoder's token) reads B's rows in place where they are contiguous, with the
+    # one-row tiles (packing would cost more than the fmas, and the mr-row tile would compute
+    # rows that are not there)
+    in_place = b.and_(b.icmp_signed("<=", mj, _i64(t.mr)), b.icmp_signed("==", b_[2], _i64(1)))
+    with b.if_else(in_place) as (rows_in_place, packed):
+        with rows_in_place:
+            _rows_in_place(e, rows_by_width, a, b_, c_base, mj, nj, K, N, finished)
+        with packed:
+            _packed_blocks(e, tiles_by_width, a, b_, c_base, mj, nj, K, N, a_pack, b_pack,
+                           finished)
+
+
+def _rows_in_place(e: _Emitter, rows_by_width, a, b_, c_base, mj, nj, K, N, finished) -> None:
+    """_job's elements row by row with the one-row tiles, A and B read in place (b_col is 1)."""
+    b, t = e.b, e.tiles
+    (a_base, a_row, a_col), (b_base, b_row, _) = a, b_
+    wide = ROW_VECTORS * t.width
+    # ORDER: each element runs each K block once, the blocks in increasing order
+    with e.loop(0, K, t.kc, "pr") as pc:
+        kc = e.min(t.kc, b.sub(K, pc))
+        first = b.icmp_signed("==", pc, _i64(0))
+        with e.loop(0, nj, wide, "jw") as jr, e.loop(0, mj, 1, "iw") as i:
+            n = e.min(wide, b.sub(nj, jr))
+            _call_narrowest(e, rows_by_width, n,
+                            [e.at(a_base, b.mul(i, a_row), b.mul(pc, a_col)), a_row, a_col,
+                             e.at(b_base, b.mul(pc, b_row), jr), b_row, kc,
+                             e.at(c_base, b.mul(i, N), jr), N, first, _i64(1), n])
+    with b.if_then(b.icmp_signed(">", K, _i64(0))):
+        finished(_i64(0), mj)
+
+
+def _packed_blocks(e: _Emitter, tiles_by_width, a, b_, c_base, mj, nj, K, N, a_pack, b_pack,
+                   finished) -> None:
+    """_job's elements by blocks of packed panels: B's per K block, A's per block of mc rows
+    (where the job has more than one column tile)."""
+    b, t = e.b, e.tiles
+    (a_base, a_row, a_col), (b_base, b_row, b_col) = a, b_
     with e.loop(0, K, t.kc, "pc") as pc:
         kc = e.min(t.kc, b.sub(K, pc))
         first = b.icmp_signed("==", pc, _i64(0))
@@ -433,8 +480,8 @@ def _job(e: _Emitter, tiles_by_width, a, b_, c_base, mj, nj, K, N, a_pack, b_pac
                     b_tile = e.at(b_pack, b.mul(jr, kc))
                     c_tile = e.at(c_block, b.mul(ir_, N), jr)
                     _call_narrowest(e, tiles_by_width, n_edge,
-                                    [a_tile, *a_strides, b_tile, kc, c_tile, N, first, m_edge,
-                                     n_edge])
+                                    [a_tile, *a_strides, b_tile, _i64(t.nr), kc, c_tile, N,
+                                     first, m_edge, n_edge])
             with b.if_then(b.icmp_signed(">=", b.add(pc, kc), K)):
                 finished(ic, mb)
 
