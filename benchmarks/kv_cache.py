@@ -32,13 +32,13 @@ def timed(fn) -> float:
 
 
 def launches(prog, name: str, args: tuple) -> dict[str, int]:
-    """What one call of `name` runs, by kind: fused kernels, matrix products, host steps."""
-    from backend.schedule import ContractStep, KernelStep
+    """What one call of `name` runs, by kind: fused kernels (a product's epilogue included),
+    matrix products, host steps (views, which compute nothing, left out)."""
+    from backend.schedule import ContractStep, HostStep, made_once
     low, _ = prog.lower(name, args, {})
-    steps = prog.executable(low.function).plan.steps
-    kernels = sum(isinstance(s, KernelStep) for s in steps)
-    matmuls = sum(isinstance(s, ContractStep) for s in steps)
-    return {"kernels": kernels, "matmuls": matmuls, "host": len(steps) - kernels - matmuls}
+    plan = prog.executable(low.function).plan
+    return {"kernels": len(plan.kernels), "matmuls": sum(isinstance(s, ContractStep) for s in plan.steps),
+            "host": sum(isinstance(s, HostStep) and not made_once(s.op) for s in plan.steps)}
 
 
 def main() -> None:
