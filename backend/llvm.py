@@ -22,7 +22,7 @@ SCALAR = {"f32": ir.FloatType(), "f64": ir.DoubleType(), "f16": ir.HalfType(),
           "i32": I32, "i64": I64, "u32": I32, "bool": I1}
 FLOATS = ("f32", "f64", "f16")
 ROW_BLOCK = 8                      # rows a row kernel's stage runs for at a time (see rows)
-MATH = ("exp", "exp2", "log", "log2", "tanh", "sigmoid", "sin", "cos")
+MATH = ("exp", "exp2", "log", "log2", "tanh", "sigmoid", "sin", "cos", "pow")
 
 
 def memory_type(dtype: str) -> ir.Type:
@@ -101,7 +101,7 @@ class Emitter:
             return x
         if prim in MATH:
             from backend import mathlib
-            return getattr(mathlib, prim)(b, x)
+            return getattr(mathlib, prim)(b, *args)
         raise NotImplementedError(prim)
 
     def cast(self, x: ir.Value, src: str, dst: str) -> ir.Value:

@@ -35,7 +35,7 @@ from ir.ops.base import np_dtype
 ELEMENTWISE = {"add", "sub", "mul", "div", "neg", "abs", "maximum", "minimum", "eq", "ne", "lt",
                "le", "gt", "ge", "and", "or", "xor", "where", "sqrt", "rsqrt", "floor", "cast",
                "stop_gradient", "tanh_grad", "sigmoid_grad", "exp", "exp2", "log", "log2",
-               "tanh", "sigmoid", "sin", "cos"}
+               "tanh", "sigmoid", "sin", "cos", "pow"}
 REDUCTIONS = {"sum": "add", "mean": "add", "max": "max", "min": "min"}
 
 
@@ -409,7 +409,7 @@ def _reduction_kernel(name: str, op: Op, cone: list[Op], views: dict[Value, tupl
 
 # ---------------------------------------------------------------- row kernels
 
-COSTLY = {"exp", "exp2", "log", "log2", "tanh", "sigmoid", "sin", "cos"}
+COSTLY = {"exp", "exp2", "log", "log2", "tanh", "sigmoid", "sin", "cos", "pow"}
 
 
 def _rows(op: Op) -> tuple[int, ...] | None:

@@ -82,6 +82,27 @@ def test_math_kernels_are_within_their_documented_ulps(prim, bound):
     assert np.max(np.abs(got[0].astype(np.float64) - exact) / ulp) <= bound
 
 
+def test_pow_kernels_are_the_math_librarys_within_its_ulps():
+    """x ** y is compiled from backend/mathlib.py's pow (2 ulp in float32, docs/numerics.md),
+    never libm's; its special values are C99's (NumPy's)."""
+    x = np.exp(rng.uniform(-20, 20, 20000)).astype(np.float32) * rng.choice([-1, 1], 20000)
+    y = np.where(rng.random(20000) < 0.3, rng.integers(-5, 6, 20000),
+                 rng.uniform(-4, 4, 20000)).astype(np.float32)
+    x = np.concatenate([x, np.repeat(SPECIAL, len(SPECIAL))]).astype(np.float32)
+    y = np.concatenate([y, np.tile(SPECIAL, len(SPECIAL))]).astype(np.float32)
+    got, _, _ = run_both(lambda b, u, v: [b.emit("pow", u, v)], x, y)
+    with np.errstate(all="ignore"):
+        exact = np.power(x.astype(np.float64), y.astype(np.float64))
+        rounded = exact.astype(np.float32)
+    # infinities (overflow included), zeros, NaNs and exact ones: the same value and sign
+    special = ~np.isfinite(rounded) | (exact == 0) | (np.abs(exact) == 1)
+    ulp = np.spacing(np.abs(rounded[~special])).astype(np.float64)     # (subnormal ones too)
+    assert np.max(np.abs(got[0][~special] - exact[~special]) / ulp) <= 2
+    assert np.array_equal(got[0][special], rounded[special], equal_nan=True)
+    signed = special & ~np.isnan(rounded)                   # (a NaN's sign means nothing)
+    assert np.array_equal(np.signbit(got[0][signed]), np.signbit(rounded[signed]))
+
+
 def run_both(build, *arrays):
     b = Builder()
     params = [b.param(tensor_type(str(a.dtype).replace("float", "f").replace("int", "i")
