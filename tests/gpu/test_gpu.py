@@ -117,6 +117,15 @@ def test_elementwise_math_is_bit_identical(fn):
     assert_same(gpu.f(x, x.astype(np.float64)), cpu.f(x, x.astype(np.float64)))
 
 
+def test_pow_is_bit_identical():
+    gpu, cpu = both("def f(x: f32[N], y: f32[N], u: f64[N], v: f64[N]) -> (f32[N], f64[N]):\n"
+                    "  return x ** y, u ** v\n")
+    rng = np.random.default_rng(4)
+    x, y = special(rng, (100_003,)) * 30, special(rng, (100_003,)) * 4
+    args = (x, y, x.astype(np.float64), y.astype(np.float64))
+    assert_same(gpu.f(*args), cpu.f(*args))
+
+
 def test_broadcasts_casts_and_selections_are_bit_identical():
     gpu, cpu = both("def f(x: f32[A, B], b: f32[B], i: i32[A, 1]) -> (f32[A, B], i32[A, B], bool[A, B]):\n"
                     "  y = where(x > b, x / b, maximum(x, b) - cast(i, f32))\n"
