@@ -242,13 +242,17 @@ class Team:
         self.address = self.box.ctypes.data
         self.helpers: list[threading.Thread] = []
         self._lock = threading.Lock()
+        self._tasks: dict[int, Task] = {}
 
     def run(self, task: int, argument: int, threads: int) -> None:
         """Call the task at address `task` on `threads` threads: this one, and helpers. A call
         while another is running (from another Python thread) runs it on this thread alone."""
         threads = min(threads, MAX_THREADS)
         if threads <= 1 or not self._lock.acquire(blocking=False):
-            Task(task)(argument, 0, 1)
+            call = self._tasks.get(task)
+            if call is None:                     # (a ctypes function is made once per task)
+                call = self._tasks[task] = Task(task)
+            call(argument, 0, 1)
             return
         try:
             while len(self.helpers) < threads - 1:

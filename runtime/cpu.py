@@ -339,6 +339,7 @@ def _table(args: tuple[Value | None, ...], views: dict[Value, np.ndarray]) -> ct
 
 
 _matmuls: dict[str, object] = {}
+_MATMUL_DTYPES = {np.dtype(np.float32): "f32", np.dtype(np.float64): "f64"}
 
 
 def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray, threads: int,
@@ -347,7 +348,7 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray, threads: int,
     with the canonical k order: the reference's bits (on any number of threads). An epilogue
     (a kernel over out's rows and its table's address) is run by the kernel on each block of
     rows it finishes where it can: returns whether it did (else the caller runs it)."""
-    dtype = {np.dtype(np.float32): "f32", np.dtype(np.float64): "f64"}[out.dtype]
+    dtype = _MATMUL_DTYPES[out.dtype]
     if dtype not in _matmuls:
         from backend.contract import Matmul
         _matmuls[dtype] = Matmul(dtype)
