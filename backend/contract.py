@@ -24,8 +24,10 @@ nothing.
 Tiles: the register tile is mr rows × 1 to nv vectors; each tile of C runs the narrowest
 tile function that covers its columns, and reads and writes C through masks (rows past M,
 lanes past N), so an edge of C costs neither a copy nor a whole tile's work. A job of at most
-mr rows (a matrix-vector product: a decoder's token) packs nothing where B's rows are
-contiguous: one-row tiles of up to ROW_VECTORS vectors read A and B in place.
+mr rows (a matrix-vector product: a decoder's token) packs nothing: one-row tiles of up to
+ROW_VECTORS vectors read A and B in place where B's rows are contiguous, and tiles of mr rows
+read a transposed B (x @ W.T: a tied embedding's logits) in blocks of width × width that they
+transpose in registers.
 
 Threads: C is cut into jobs (one batch entry × a block of rows × a block of columns, each
 running the whole K loop of its elements; about JOBS_PER_THREAD per thread where the shape
@@ -79,6 +81,7 @@ JOBS_PER_THREAD = 4   # so that a thread the OS holds up leaves a share to the o
 MIN_JOB_ROWS = 96     # each job packs its B panel: fewer rows would not pay for it
 PACK_ROWS = 16  # rows of a B of general strides packed per pass (a cache line of f32)
 ROW_VECTORS = 8     # the one-row tile's vectors: 8 independent fma chains
+COLUMN_VECTORS = 1  # the transposed-B tile's vectors: its width × width transpose fills the registers
 ARGUMENTS = 18      # NAME.task's array: A … b_col, scratch, next_job, epilogue, epilogue_table
 
 
@@ -215,19 +218,22 @@ def _suffix(t: ir.Type) -> str:
 
 
 def _build_tile(module: ir.Module, name: str, dtype: str, t: Tiles, nv: int,
-                in_place: bool = False) -> ir.Function:
+                b_form: str = "packed") -> ir.Function:
     """void tile(const T *a, i64 a_row, i64 a_k, const T *b, i64 b_k, i64 kc, T *c, i64 ldc,
     i1 first, i64 m, i64 n): the m × n corner (m ≤ mr, n ≤ nv·width) of the mr × nv-vector
     block of C at c (row stride ldc) gains kc steps from A (A[r, k] at a[r·a_row + k·a_k]: a
-    packed panel or A itself) and B (B[k, j] at b[k·b_k + j]: the packed panel, b_k = nr);
-    with `first` it starts from -0.0 instead of c's contents. An in_place tile has one row
-    (mr = 1) and reads B itself, through the column masks (lanes past n are past B's rows)."""
+    packed panel or A itself) and B; with `first` it starts from -0.0 instead of c's
+    contents. B (b_form) is the packed panel ("packed": B[k, j] at b[k·nr + j]), or B itself
+    read in place by a tile of one row ("rows": B[k, j] at b[k·b_k + j], through the column
+    masks, as lanes past n are past B's rows), or by a tile of mr rows from a transposed B
+    ("columns": B[k, j] at b[j·b_k + k], width k of width columns loaded along k and
+    transposed in registers)."""
     p = SCALAR[dtype].as_pointer()
     fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [p, I64, I64, p, I64, I64, p, I64,
                                                              I1, I64, I64]), name)
     fn.linkage = "internal"
     a_pack, a_row, a_k, b_pack, b_k, kc, c, ldc, first, m, n = fn.args
-    mr = 1 if in_place else t.mr
+    mr = 1 if b_form == "rows" else t.mr
     for arg in (a_pack, b_pack, c):
         arg.add_attribute("noalias")
     e = _Emitter(fn, dtype, t)
@@ -261,21 +267,55 @@ def _build_tile(module: ir.Module, name: str, dtype: str, t: Tiles, nv: int,
         phi.add_incoming(value, load_block)
         acc.append(phi)
 
-    def step(acc: list, k) -> list:
+    def step(acc: list, k, bs: list) -> list:
         # ORDER: one k for every element of the tile: lane (r, j) gains A[r, k]·B[k, j].
         # The vectors run across j (distinct elements), never across k.
-        row = e.at(b_pack, b.mul(k, b_k if in_place else _i64(t.nr)))   # (a packed panel's is known)
-        bs = [e.masked_load(e.at(row, v * t.width), columns[v]) if in_place
-              else e.load_vec(e.at(row, v * t.width)) for v in range(nv)]
         out = []
         for r in range(mr):
             a = e.splat(b.load(e.at(a_at[r], b.mul(k, a_k)), align=e.align))
             out += [b.call(fma, [a, bs[v], acc[r * nv + v]]) for v in range(nv)]
         return out
 
-    def k_loop(acc: list, start, stop, stride: int, name: str) -> tuple[list, ir.Value]:
-        """k = start, start + stride, … while k + stride ≤ stop; `stride` steps per trip, in
-        increasing k. Returns the accumulators and k after the loop."""
+    def b_row(k) -> list:
+        """B[k, :nv·width] from a packed panel or B's own row."""
+        if b_form == "packed":
+            row = e.at(b_pack, b.mul(k, _i64(t.nr)))
+            return [e.load_vec(e.at(row, v * t.width)) for v in range(nv)]
+        row = e.at(b_pack, b.mul(k, b_k))
+        return [e.masked_load(e.at(row, v * t.width), columns[v]) for v in range(nv)]
+
+    def by_rows(acc: list, k, count: int) -> list:
+        for u in range(count):
+            acc = step(acc, b.add(k, _i64(u)), b_row(b.add(k, _i64(u))))
+        return acc
+
+    def by_columns(acc: list, k, count: int, rest=None) -> list:
+        """`count` (= width) k from k on, only those below `rest` where it is given: for each
+        vector of columns, width loads along k transposed into that many rows of B."""
+        along = e.lanes_below(rest, 0) if rest is not None else None
+        acc = list(acc)
+        for v in range(nv):
+            loads = []
+            for col in range(count):
+                # a column past n reads column n - 1 again (its lanes are never stored)
+                j = e.min(_i64(v * t.width + col), b.sub(n, _i64(1)))
+                at = e.at(b_pack, b.mul(j, b_k), k)
+                loads.append(e.load_vec(at) if along is None else e.masked_load(at, along))
+            for u, row in enumerate(_transpose(e, loads)):
+                inside = b.icmp_signed("<", _i64(u), rest) if rest is not None else None
+                # (a k past the end reads A at k instead: an address inside A)
+                ku = b.add(k, _i64(u)) if inside is None else b.select(inside, b.add(k, _i64(u)), k)
+                for r in range(mr):
+                    a = e.splat(b.load(e.at(a_at[r], b.mul(ku, a_k)), align=e.align))
+                    added = b.call(fma, [a, row, acc[r * nv + v]])
+                    if inside is not None:   # ORDER: a k past the end adds nothing, not even 0
+                        added = b.select(inside, added, acc[r * nv + v])
+                    acc[r * nv + v] = added
+        return acc
+
+    def k_loop(acc: list, start, stop, stride: int, name: str, trip) -> tuple[list, ir.Value]:
+        """k = start, start + stride, … while k + stride ≤ stop; trip(acc, k, stride) takes
+        `stride` steps, in increasing k. Returns the accumulators and k after the loop."""
         before = b.block
         head, body, done = (fn.append_basic_block(f"{name}.{s}") for s in ("head", "body", "done"))
         b.branch(head)
@@ -287,9 +327,7 @@ def _build_tile(module: ir.Module, name: str, dtype: str, t: Tiles, nv: int,
             phi.add_incoming(value, before)
         b.cbranch(b.icmp_signed("<=", b.add(k, _i64(stride)), stop), body, done)
         b.position_at_end(body)
-        out = phis
-        for u in range(stride):
-            out = step(out, b.add(k, _i64(u)))
+        out = trip(list(phis), k, stride)
         k.add_incoming(b.add(k, _i64(stride)), b.block)
         for phi, value in zip(phis, out):
             phi.add_incoming(value, b.block)
@@ -297,8 +335,21 @@ def _build_tile(module: ir.Module, name: str, dtype: str, t: Tiles, nv: int,
         b.position_at_end(done)
         return phis, k
 
-    acc, k = k_loop(acc, _i64(0), kc, UNROLL, "main")
-    acc, _ = k_loop(acc, k, kc, 1, "rest")           # ORDER: the tail comes after, in k order
+    if b_form == "columns":
+        acc, k = k_loop(acc, _i64(0), kc, t.width, "main", by_columns)
+        rest = b.sub(kc, k)                          # ORDER: the tail comes after, in k order
+        without = b.block
+        with b.if_then(b.icmp_signed(">", rest, _i64(0))):
+            tail = by_columns(acc, k, t.width, rest)
+            with_tail = b.block
+        merged = [b.phi(e.vec) for _ in acc]
+        for phi, x, y in zip(merged, acc, tail):
+            phi.add_incoming(x, without)
+            phi.add_incoming(y, with_tail)
+        acc = merged
+    else:
+        acc, k = k_loop(acc, _i64(0), kc, UNROLL, "main", by_rows)
+        acc, _ = k_loop(acc, k, kc, 1, "rest", by_rows)    # ORDER: the tail after, in k order
     for value, (ptr, mask) in zip(acc, tile_c):
         e.masked_store(value, ptr, mask)
     b.ret_void()
@@ -312,8 +363,10 @@ def build_matmul(module: ir.Module, name: str, dtype: str, tiles: Tiles | None =
     t = tiles or host_tiles(dtype)
     tiles_by_width = [_build_tile(module, f"{name}.tile{nv}", dtype, t, nv)
                       for nv in range(1, t.nv + 1)]
-    rows_by_width = [_build_tile(module, f"{name}.row{nv}", dtype, t, nv, in_place=True)
+    rows_by_width = [_build_tile(module, f"{name}.row{nv}", dtype, t, nv, "rows")
                      for nv in range(1, ROW_VECTORS + 1)]
+    columns_by_width = [_build_tile(module, f"{name}.columns{nv}", dtype, t, nv, "columns")
+                        for nv in range(1, COLUMN_VECTORS + 1)]
     p = SCALAR[dtype].as_pointer()
     table = ir.IntType(8).as_pointer().as_pointer()
     epilogue_type = ir.FunctionType(ir.VoidType(), [table, I64, I64]).as_pointer()
@@ -378,7 +431,7 @@ def build_matmul(module: ir.Module, name: str, dtype: str, tiles: Tiles | None =
                 lo = b.add(first_row, i)
                 b.call(epilogue, [epilogue_table, lo, b.add(lo, m)])
 
-        _job(e, tiles_by_width, rows_by_width, (a_base, a_row, a_col), (b_base, b_row, b_col), c_base, mj, nj,
+        _job(e, (tiles_by_width, rows_by_width, columns_by_width), (a_base, a_row, a_col), (b_base, b_row, b_col), c_base, mj, nj,
              K, N, a_pack, b_pack, finished)
     b.branch(head)
     b.position_at_end(done)
@@ -402,12 +455,13 @@ def _build_task(module: ir.Module, name: str, kernel: ir.Function) -> None:
     b.ret_void()
 
 
-def _job(e: _Emitter, tiles_by_width, rows_by_width, a, b_, c_base, mj, nj, K, N, a_pack,
-         b_pack, finished) -> None:
+def _job(e: _Emitter, tiles, a, b_, c_base, mj, nj, K, N, a_pack, b_pack, finished) -> None:
     """C[:mj, :nj] (row stride N) = A[:mj, :K] @ B[:K, :nj], a and b_ being each operand's
-    (base, row stride, column stride); finished(i, m) emits what follows once rows
-    [i, i + m) are final (after the last K block of each block of mc rows, which is in L2)."""
+    (base, row stride, column stride), with tiles (packed, rows, columns) by width;
+    finished(i, m) emits what follows once rows [i, i + m) are final (after the last K block
+    of each block of mc rows, which is in L2)."""
     b, t = e.b, e.tiles
+    packed_tiles, row_tiles, column_tiles = tiles
     with b.if_then(b.icmp_signed("==", K, _i64(0)), likely=False):
         minus_zero = ir.Constant(e.scalar, -0.0)
         with e.loop(0, mj, 1, "zr") as i, e.loop(0, nj, 1, "zc") as j:
@@ -417,17 +471,38 @@ def _job(e: _Emitter, tiles_by_width, rows_by_width, a, b_, c_base, mj, nj, K, N
     # ORDER: K is cut into blocks of kc taken in increasing order; between blocks each partial
     # sum waits in C (an exact store and load). K is never padded: a padding 0·x would turn an
     # accumulated -0.0 into +0.0, and 0·inf into NaN.
-    # B is packed for reuse across row tiles; a job of at most one row tile (a matrix-vector
-    # product, a decoder's token) reads B's rows in place where they are contiguous, with the
-    # one-row tiles (packing would cost more than the fmas, and the mr-row tile would compute
-    # rows that are not there)
-    in_place = b.and_(b.icmp_signed("<=", mj, _i64(t.mr)), b.icmp_signed("==", b_[2], _i64(1)))
-    with b.if_else(in_place) as (rows_in_place, packed):
+    # B is packed for reuse across row tiles. A job of at most one row tile (a matrix-vector
+    # product, a decoder's token) reads B in place instead (packing would cost more than the
+    # fmas): its rows with the one-row tiles where they are contiguous, its columns with the
+    # transposing tiles where those are (x @ W.T, q @ K.T)
+    few = b.icmp_signed("<=", mj, _i64(t.mr))
+    by_rows = b.and_(few, b.icmp_signed("==", b_[2], _i64(1)))
+    by_columns = b.and_(few, b.icmp_signed("==", b_[1], _i64(1)))
+    with b.if_else(by_rows) as (rows_in_place, other):
         with rows_in_place:
-            _rows_in_place(e, rows_by_width, a, b_, c_base, mj, nj, K, N, finished)
-        with packed:
-            _packed_blocks(e, tiles_by_width, a, b_, c_base, mj, nj, K, N, a_pack, b_pack,
-                           finished)
+            _rows_in_place(e, row_tiles, a, b_, c_base, mj, nj, K, N, finished)
+        with other:
+            with b.if_else(by_columns) as (columns_in_place, packed):
+                with columns_in_place:
+                    _columns_in_place(e, column_tiles, a, b_, c_base, mj, nj, K, N, finished)
+                with packed:
+                    _packed_blocks(e, packed_tiles, a, b_, c_base, mj, nj, K, N, a_pack,
+                                   b_pack, finished)
+
+
+def _columns_in_place(e: _Emitter, column_tiles, a, b_, c_base, mj, nj, K, N, finished) -> None:
+    """_job's elements by the transposing tiles, all mj rows at once, with A and B (whose
+    column stride is 1) read in place, the whole K in registers."""
+    b, t = e.b, e.tiles
+    (a_base, a_row, a_col), (b_base, _, b_col) = a, b_
+    wide = COLUMN_VECTORS * t.width
+    with b.if_then(b.icmp_signed(">", K, _i64(0))):
+        with e.loop(0, nj, wide, "jt") as jr:
+            n = e.min(wide, b.sub(nj, jr))
+            _call_narrowest(e, column_tiles, n, [a_base, a_row, a_col, e.at(b_base, b.mul(jr, b_col)),
+                                                 b_col, K, e.at(c_base, jr), N, ir.Constant(I1, 1),
+                                                 mj, n])
+        finished(_i64(0), mj)
 
 
 def _rows_in_place(e: _Emitter, rows_by_width, a, b_, c_base, mj, nj, K, N, finished) -> None:

@@ -139,6 +139,21 @@ def test_f32_sign_of_zero_sums(kernels):
     assert np.signbit(kernel(np.zeros((2, 0), np.float32), np.zeros((0, 3), np.float32))).all()
 
 
+@pytest.mark.parametrize("m, k, n", [(1, 21, 40), (5, 7, 33), (6, 40, 17), (2, 16, 3)])
+def test_few_rows_read_b_in_place_with_the_reference_bits(kernels, m, k, n):
+    """At most mr rows read B in place, by rows where they are contiguous and by transposed
+    blocks of columns where B is transposed: K tails, special values, and sums of -0.0
+    products that a k past the end (a +0.0) would turn into +0.0."""
+    kernel = kernels["f32"]
+    a = with_specials(random_f32((m, k)), "f32", 0.1)
+    b_t = with_specials(random_f32((n, k)), "f32", 0.1)
+    for b in (np.ascontiguousarray(b_t.T), b_t.T):
+        assert bits(check_threads(kernel, a, b)) == bits(reference(a, np.ascontiguousarray(b)))
+    minus_zero = np.full((n, k), -0.0, np.float32)
+    for b in (np.ascontiguousarray(minus_zero.T), minus_zero.T):
+        assert np.signbit(check_threads(kernel, np.ones((m, k), np.float32), b)).all()
+
+
 def short_f64(shape: tuple[int, ...]) -> np.ndarray:
     """f64 values of at most 21 significant bits: their products are exact, so fma and the
     reference's rounded a*b + acc agree."""
