@@ -395,10 +395,17 @@ def build_matmul(module: ir.Module, name: str, dtype: str, tiles: Tiles | None =
     # ORDER: a job owns its elements for the whole K loop; which thread runs it changes where
     # an element is computed, not the order of its fmas.
     row_panels, col_panels = e.ceil_div(M, t.mr), e.ceil_div(N, t.nr)
-    n_cols = e.ceil_div(N, t.nc)
-    jobs = b.mul(batch, n_cols)
     wanted = b.select(b.icmp_signed(">", nthreads, _i64(1)),
                       b.mul(nthreads, _i64(JOBS_PER_THREAD)), _i64(1))
+    # a product of one row tile (a matrix-vector product, whose fmas each wait on a load of
+    # B) is cut into narrower column blocks, enough for every thread, where no epilogue
+    # needs its jobs to cover whole rows
+    n_cols = e.ceil_div(N, t.nc)
+    narrow = b.and_(b.icmp_signed("<=", M, _i64(t.mr)),
+                    b.icmp_unsigned("==", epilogue, ir.Constant(epilogue_type, None)))
+    spread = e.min(e.ceil_div(wanted, batch), col_panels)
+    n_cols = b.select(b.and_(narrow, b.icmp_signed(">", spread, n_cols)), spread, n_cols)
+    jobs = b.mul(batch, n_cols)
     n_rows = e.min(e.ceil_div(wanted, jobs), e.ceil_div(M, MIN_JOB_ROWS))
     rows = b.mul(e.ceil_div(row_panels, n_rows), _i64(t.mr))
     cols = b.mul(e.ceil_div(col_panels, n_cols), _i64(t.nr))

@@ -45,6 +45,8 @@ from runtime import cache
 MIN_RUN_WORK = 1 << 19      # elements a run's kernels visit, in all: below this, one thread
 MIN_CHUNK_WORK = 1 << 12    # elements of one chunk of a kernel in a run (see backend/cpu.py)
 MIN_MULTIPLY_ADDS_PER_THREAD = 1 << 20     # a contraction's threads get at least this many
+FEW_ROWS = 6                # a product of this many rows is a matrix-vector product: its fmas
+MATRIX_VECTOR_COST = 16     # cost about this many of a blocked product's (they wait on memory)
 
 
 def threads() -> int:
@@ -355,6 +357,8 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray, threads: int,
     a2 = a[None, :] if a.ndim == 1 else a
     b2 = b[:, None] if b.ndim == 1 else b
     work = out.size * a2.shape[-1]
+    if a2.shape[-2] <= FEW_ROWS:               # each fma waits on a load of B from memory
+        work *= MATRIX_VECTOR_COST
     parts = min(threads, max(1, work // MIN_MULTIPLY_ADDS_PER_THREAD))
     kernel = _matmuls[dtype]
     fused = epilogue is not None and kernel.fuses(b2.shape[-1])
