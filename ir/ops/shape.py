@@ -291,6 +291,10 @@ def slice_length(n: Dim, s: SliceSpec, arg: str) -> Dim:
     """The length of a dimension n sliced by s, by Python's rules; symbolic bounds are taken
     to lie within the dimension (no clamping)."""
     step = 1 if s.step is None else s.step
+    if isinstance(step, Dim):              # a step from a dimension: known only when specialised
+        if step.value is None:
+            raise OpError(f"a slice step must be a known integer, not the size {step}", arg)
+        step = step.value
     if step == 0:
         raise OpError("a slice step cannot be zero", arg)
     bounds = [None if b is None else Dim.of(b).value for b in (s.lo, s.hi)]
