@@ -37,7 +37,14 @@ class Emitter:
         self.b, self.module = b, module
 
     def intrinsic(self, name: str, value: ir.Value, *more: ir.Value) -> ir.Value:
-        fn = self.module.declare_intrinsic(name, [value.type])
+        """name.T(value, *more) for an LLVM intrinsic overloaded on value's type T."""
+        t = value.type
+        if isinstance(t, ir.VectorType):     # (llvmlite names scalar overloads only)
+            full = f"{name}.v{t.count}{t.element.intrinsic_name}"
+            fn = self.module.globals.get(full) or ir.Function(
+                self.module, ir.FunctionType(t, [t] + [m.type for m in more]), full)
+        else:
+            fn = self.module.declare_intrinsic(name, [t])
         return self.b.call(fn, [value, *more])
 
     def const(self, value: Any, dtype: str, like: ir.Value | None = None) -> ir.Value:

@@ -291,6 +291,16 @@ def test_a_reduction_computes_its_input_in_its_own_loop():
     assert any(s.is_reduction and len(s.body) > 1 for s in stages)
 
 
+@pytest.mark.parametrize("prim", ["abs", "sqrt", "floor"])
+def test_a_reduction_computes_intrinsics_of_its_input_in_its_lanes(prim):
+    """sum(abs(x)) (an L1 norm): the reduction computes abs in its loop, on lane vectors,
+    whose LLVM intrinsics (llvm.fabs.v8f32…) are named by hand."""
+    got, want, exe = run_both(lambda b, v: [b.emit("sum", b.emit(prim, b.emit("abs", v)), axis=-1)],
+                              f32(8, 333))
+    same_bits(got, want)
+    assert len(exe.plan.steps) == 1
+
+
 def test_a_reduction_not_broadcast_back_computes_its_input_in_its_own_loop():
     def build(b, x, y):
         return [b.emit("sum", b.emit("exp", b.emit("mul", x, y)), axis=-1)]
