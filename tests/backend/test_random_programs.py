@@ -1,7 +1,9 @@
-"""Random programs of exact operations (arithmetic, comparisons and selects, reductions,
-views, windows of slices, products) give the interpreter's bits on the CPU backend: whatever
-the scheduler fuses, reorders or reads in place, no value may change. NaNs compare equal
-whatever their payload (docs/gpu.md). DSLC_FUZZ_EXAMPLES sets how many programs (default 100).
+"""Random programs of exact operations (arithmetic, comparisons and selects, casts,
+reductions, views, windows of slices, products) on f32 and f64 give the interpreter's bits on
+the CPU backend: whatever the scheduler fuses, reorders or reads in place, no value may
+change. NaNs compare equal whatever their payload (docs/gpu.md); products are f32 only (an f64
+product may differ from the reference by an ulp a term, docs/numerics.md). DSLC_FUZZ_EXAMPLES
+sets how many programs (default 100).
 """
 from __future__ import annotations
 
@@ -23,18 +25,23 @@ SIZES = [1, 2, 3, 5, 8, 17, 33]
 SPECIAL = [0.0, -0.0, np.inf, -np.inf, np.nan, 1e-40]
 
 
+def cast(r: random.Random, b: Builder, x: Value, pool: list[Value]) -> Value:
+    y = b.emit("cast", x, dtype=r.choice(["f32", "f64", "i32", "bool"]))
+    return y if y.dtype in ("f32", "f64") else b.emit("cast", y, dtype=r.choice(["f32", "f64"]))
+
+
 def unary(r: random.Random, b: Builder, x: Value, pool: list[Value]) -> Value:
     y = b.emit(r.choice(["neg", "abs", "floor"]), x)
     return b.emit("sqrt", b.emit("abs", y)) if r.random() < 0.3 else y
 
 
 def binary(r: random.Random, b: Builder, x: Value, pool: list[Value]) -> Value:
-    z = r.choice([v for v in pool if _broadcasts(v.shape, x.shape)])
+    z = r.choice([v for v in pool if _broadcasts(v.shape, x.shape) and v.dtype == x.dtype])
     return b.emit(r.choice(["add", "sub", "mul", "div", "maximum", "minimum"]), x, z)
 
 
 def select(r: random.Random, b: Builder, x: Value, pool: list[Value]) -> Value:
-    z = r.choice([v for v in pool if v.shape == x.shape])
+    z = r.choice([v for v in pool if v.shape == x.shape and v.dtype == x.dtype])
     return b.emit("where", b.emit("gt", x, z), x, b.emit("neg", z))
 
 
@@ -48,7 +55,7 @@ def normalize(r: random.Random, b: Builder, x: Value, pool: list[Value]) -> Valu
     """A softmax's shape without exp: a row kernel where the rows allow."""
     d = b.emit("sub", x, b.emit("max", x, axis=-1, keepdims=True))
     norm = b.emit("sum", b.emit("abs", d), axis=-1, keepdims=True)
-    return b.emit("div", d, b.emit("add", norm, b.constant(1.0, "f32")))
+    return b.emit("div", d, b.emit("add", norm, b.constant(1.0, x.dtype)))
 
 
 def transpose(r: random.Random, b: Builder, x: Value, pool: list[Value]) -> Value:
@@ -79,11 +86,13 @@ def expand(r: random.Random, b: Builder, x: Value, pool: list[Value]) -> Value:
 
 
 def matmul(r: random.Random, b: Builder, x: Value, pool: list[Value]) -> Value:
-    return b.emit("matmul", x, r.choice([v for v in pool if 1 <= len(v.shape) <= 2
-                                         and v.shape[0] == x.shape[-1]]))
+    fits = [v for v in pool if 1 <= len(v.shape) <= 2 and v.shape[0] == x.shape[-1]
+            and v.dtype == x.dtype == "f32"]
+    return b.emit("matmul", x, r.choice(fits))
 
 
-OPS = [unary, binary, binary, select, reduce, normalize, transpose, reshape, index, expand, matmul]
+OPS = [cast, unary, binary, binary, select, reduce, normalize, transpose, reshape, index, expand,
+       matmul]
 
 
 def _broadcasts(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
@@ -95,12 +104,13 @@ def _broadcasts(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
 
 
 def program(seed: int):
-    """A function of f32 parameters built by 2 to 14 random ops (those whose shape rules
+    """A function of f32 and f64 parameters built by 2 to 14 random ops (those whose shape rules
     refuse their operands are skipped), its last values the results, and its inputs: normals
     with zeros of both signs, infinities, NaNs and subnormals sprinkled in."""
     r = random.Random(seed)
     b = Builder()
-    params = [b.param(tensor_type("f32", tuple(r.choice(SIZES) for _ in range(r.randint(1, 3)))))
+    params = [b.param(tensor_type(r.choice(["f32", "f64"]),
+                                  tuple(r.choice(SIZES) for _ in range(r.randint(1, 3)))))
               for _ in range(r.randint(1, 3))]
     pool = list(params)
     for _ in range(r.randint(2, 14)):
@@ -112,7 +122,7 @@ def program(seed: int):
     rng = np.random.default_rng(seed)
     arrays = []
     for p in params:
-        a = (rng.standard_normal(p.shape) * 4).astype(np.float32)
+        a = (rng.standard_normal(p.shape) * 4).astype(np.dtype(p.dtype.replace("f", "float")))
         a.flat[rng.integers(0, a.size, max(1, a.size // 10))] = rng.choice(SPECIAL)
         arrays.append(a)
     return fn, arrays
