@@ -70,6 +70,7 @@ from llvmlite import ir
 
 from backend import cpu
 from backend.cpu import address
+from backend.llvm import overload_suffix
 from backend.team import team
 
 I1, I32, I64 = ir.IntType(1), ir.IntType(32), ir.IntType(64)
@@ -180,7 +181,7 @@ class _Emitter:
     def masked_load(self, ptr, mask):
         """A vector from ptr where mask is set, +0.0 elsewhere (those lanes are not read)."""
         vec = self.vec
-        f = self.intrinsic(f"llvm.masked.load.{_suffix(vec)}.p0", vec,
+        f = self.intrinsic(f"llvm.masked.load.{overload_suffix(vec)}.p0", vec,
                            [vec.as_pointer(), I32, mask.type, vec])
         return self.b.call(f, [self.b.bitcast(ptr, vec.as_pointer()),
                                ir.Constant(I32, self.align), mask,
@@ -188,7 +189,7 @@ class _Emitter:
 
     def masked_store(self, value, ptr, mask) -> None:
         vec = self.vec
-        f = self.intrinsic(f"llvm.masked.store.{_suffix(vec)}.p0", ir.VoidType(),
+        f = self.intrinsic(f"llvm.masked.store.{overload_suffix(vec)}.p0", ir.VoidType(),
                            [vec, vec.as_pointer(), I32, mask.type])
         self.b.call(f, [value, self.b.bitcast(ptr, vec.as_pointer()),
                         ir.Constant(I32, self.align), mask])
@@ -212,11 +213,6 @@ class _Emitter:
         b.position_at_end(done)
 
 
-def _suffix(t: ir.Type) -> str:
-    name = {"float": "f32", "double": "f64"}
-    return f"v{t.count}{name[str(t.element)]}" if isinstance(t, ir.VectorType) else name[str(t)]
-
-
 def _build_tile(module: ir.Module, name: str, dtype: str, t: Tiles, nv: int,
                 b_form: str = "packed") -> ir.Function:
     """void tile(const T *a, i64 a_row, i64 a_k, const T *b, i64 b_k, i64 kc, T *c, i64 ldc,
@@ -238,7 +234,7 @@ def _build_tile(module: ir.Module, name: str, dtype: str, t: Tiles, nv: int,
         arg.add_attribute("noalias")
     e = _Emitter(fn, dtype, t)
     b = e.b
-    fma = e.intrinsic(f"llvm.fma.{_suffix(e.vec)}", e.vec, [e.vec] * 3)
+    fma = e.intrinsic(f"llvm.fma.{overload_suffix(e.vec)}", e.vec, [e.vec] * 3)
     # C is read and written through masks: rows past m and columns past n are not touched
     # (their lanes compute on padding, or on row m - 1 again), so an edge tile needs no copy
     # of C. A masked-off row's addresses in A and C are row m - 1's, addresses inside them.

@@ -30,6 +30,12 @@ def memory_type(dtype: str) -> ir.Type:
     return I8 if dtype == "bool" else SCALAR[dtype]
 
 
+def overload_suffix(t: ir.Type) -> str:
+    """The suffix an LLVM intrinsic overloaded on type t takes: f32, v16f32… (llvmlite's
+    declare_intrinsic names scalar overloads only)."""
+    return f"v{t.count}{t.element.intrinsic_name}" if isinstance(t, ir.VectorType) else t.intrinsic_name
+
+
 class Emitter:
     """Scalar (or lane-vector) operations by primitive name, for the dtypes of the language."""
 
@@ -39,12 +45,9 @@ class Emitter:
     def intrinsic(self, name: str, value: ir.Value, *more: ir.Value) -> ir.Value:
         """name.T(value, *more) for an LLVM intrinsic overloaded on value's type T."""
         t = value.type
-        if isinstance(t, ir.VectorType):     # (llvmlite names scalar overloads only)
-            full = f"{name}.v{t.count}{t.element.intrinsic_name}"
-            fn = self.module.globals.get(full) or ir.Function(
-                self.module, ir.FunctionType(t, [t] + [m.type for m in more]), full)
-        else:
-            fn = self.module.declare_intrinsic(name, [t])
+        full = f"{name}.{overload_suffix(t)}"
+        fn = self.module.globals.get(full) or ir.Function(
+            self.module, ir.FunctionType(t, [t] + [m.type for m in more]), full)
         return self.b.call(fn, [value, *more])
 
     def const(self, value: Any, dtype: str, like: ir.Value | None = None) -> ir.Value:
