@@ -396,9 +396,9 @@ def build_matmul(module: ir.Module, name: str, dtype: str, tiles: Tiles | None =
     # a product of one row tile (a matrix-vector product, whose fmas each wait on a load of
     # B) is cut into narrower column blocks, enough for every thread, where no epilogue
     # needs its jobs to cover whole rows
+    has_epilogue = b.icmp_unsigned("!=", epilogue, ir.Constant(epilogue_type, None))
     n_cols = e.ceil_div(N, t.nc)
-    narrow = b.and_(b.icmp_signed("<=", M, _i64(t.mr)),
-                    b.icmp_unsigned("==", epilogue, ir.Constant(epilogue_type, None)))
+    narrow = b.and_(b.icmp_signed("<=", M, _i64(t.mr)), b.not_(has_epilogue))
     spread = e.min(e.ceil_div(wanted, batch), col_panels)
     n_cols = b.select(b.and_(narrow, b.icmp_signed(">", spread, n_cols)), spread, n_cols)
     jobs = b.mul(batch, n_cols)
@@ -407,8 +407,7 @@ def build_matmul(module: ir.Module, name: str, dtype: str, tiles: Tiles | None =
     cols = b.mul(e.ceil_div(col_panels, n_cols), _i64(t.nr))
     jobs = b.mul(jobs, n_rows)
     # a job of whole rows hands them to the epilogue (one predictable branch per job)
-    whole_rows = b.and_(b.icmp_unsigned("!=", epilogue, ir.Constant(epilogue_type, None)),
-                        b.icmp_signed("==", n_cols, _i64(1)))
+    whole_rows = b.and_(has_epilogue, b.icmp_signed("==", n_cols, _i64(1)))
 
     head, body, done = (fn.append_basic_block(f"job.{s}") for s in ("head", "body", "done"))
     b.branch(head)
@@ -434,8 +433,8 @@ def build_matmul(module: ir.Module, name: str, dtype: str, tiles: Tiles | None =
                 lo = b.add(first_row, i)
                 b.call(epilogue, [epilogue_table, lo, b.add(lo, m)])
 
-        _job(e, (tiles_by_width, rows_by_width, columns_by_width), (a_base, a_row, a_col), (b_base, b_row, b_col), c_base, mj, nj,
-             K, N, a_pack, b_pack, finished)
+        _job(e, (tiles_by_width, rows_by_width, columns_by_width), (a_base, a_row, a_col),
+             (b_base, b_row, b_col), c_base, mj, nj, K, N, a_pack, b_pack, finished)
     b.branch(head)
     b.position_at_end(done)
     b.ret_void()
@@ -502,9 +501,9 @@ def _columns_in_place(e: _Emitter, column_tiles, a, b_, c_base, mj, nj, K, N, fi
     with b.if_then(b.icmp_signed(">", K, _i64(0))):
         with e.loop(0, nj, wide, "jt") as jr:
             n = e.min(wide, b.sub(nj, jr))
-            _call_narrowest(e, column_tiles, n, [a_base, a_row, a_col, e.at(b_base, b.mul(jr, b_col)),
-                                                 b_col, K, e.at(c_base, jr), N, ir.Constant(I1, 1),
-                                                 mj, n])
+            _call_narrowest(e, column_tiles, n,
+                            [a_base, a_row, a_col, e.at(b_base, b.mul(jr, b_col)), b_col, K,
+                             e.at(c_base, jr), N, ir.Constant(I1, 1), mj, n])
         finished(_i64(0), mj)
 
 

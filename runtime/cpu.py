@@ -45,8 +45,8 @@ from runtime import cache
 MIN_RUN_WORK = 1 << 19      # elements a run's kernels visit, in all: below this, one thread
 MIN_CHUNK_WORK = 1 << 12    # elements of one chunk of a kernel in a run (see backend/cpu.py)
 MIN_MULTIPLY_ADDS_PER_THREAD = 1 << 20     # a contraction's threads get at least this many
-FEW_ROWS = 6                # a product of this many rows is a matrix-vector product: its fmas
-MATRIX_VECTOR_COST = 16     # cost about this many of a blocked product's (they wait on memory)
+MATRIX_VECTOR_COST = 16     # a product of one row tile's fmas cost about this many of a blocked
+                            # product's (they wait on loads of B from memory)
 
 
 def threads() -> int:
@@ -356,11 +356,11 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray, threads: int,
         _matmuls[dtype] = Matmul(dtype)
     a2 = a[None, :] if a.ndim == 1 else a
     b2 = b[:, None] if b.ndim == 1 else b
+    kernel = _matmuls[dtype]
     work = out.size * a2.shape[-1]
-    if a2.shape[-2] <= FEW_ROWS:               # each fma waits on a load of B from memory
+    if a2.shape[-2] <= kernel.tiles.mr:        # the kernel reads B in place, one load an fma
         work *= MATRIX_VECTOR_COST
     parts = min(threads, max(1, work // MIN_MULTIPLY_ADDS_PER_THREAD))
-    kernel = _matmuls[dtype]
     fused = epilogue is not None and kernel.fuses(b2.shape[-1])
     kernel(a2, b2, threads=parts, out=out, epilogue=epilogue if fused else (0, 0))
     return fused
