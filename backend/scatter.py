@@ -99,10 +99,21 @@ def evaluate(op: Op, inputs: list[np.ndarray]) -> list[np.ndarray] | None:
     x, indices, updates = (np.ascontiguousarray(a) for a in inputs)
     axis = op.attrs.get("axis", 0) % x.ndim
     result = np.empty_like(x)
-    size = x.shape[axis]
+    outer, size, inner = around(x.shape, axis)
     bad = fn(result.ctypes.data, x.ctypes.data, indices.ctypes.data, updates.ctypes.data,
-             prod(x.shape[:axis]), indices.size, size, prod(x.shape[axis + 1:]))
+             outer, indices.size, size, inner)
     if bad >= 0:
-        raise EvalError(f"'scatter_add' failed at run time: index {indices.reshape(-1)[bad]} "
-                        f"is out of bounds for axis {axis} with size {size}")
+        raise out_of_range("scatter_add", indices.reshape(-1)[bad], axis, size)
     return [result]
+
+
+def around(shape: tuple[int, ...], axis: int) -> tuple[int, int, int]:
+    """shape as [outer, size, inner] about axis: the form gathers and scatters index (here and
+    on the GPU, backend/nvptx.py)."""
+    return prod(shape[:axis]), shape[axis], prod(shape[axis + 1:])
+
+
+def out_of_range(prim: str, index: int, axis: int, size: int) -> EvalError:
+    """The interpreter's error for an index outside [-size, size), in its words (NumPy's)."""
+    return EvalError(f"'{prim}' failed at run time: index {index} is out of bounds for axis "
+                     f"{axis} with size {size}")

@@ -578,7 +578,7 @@ class Executable:
         x, indices, *updates = op.inputs
         (out,) = op.outputs
         axis = op.attrs.get("axis", 0) % len(x.shape)
-        outer, size, inner = math.prod(x.shape[:axis]), x.shape[axis], math.prod(x.shape[axis + 1:])
+        outer, size, inner = scatter.around(x.shape, axis)
         rows = gather_rows(prim, env[indices].numpy(), axis, size)
         ints = [rows] if prim == "take" else list(segments(rows, size))
         ints = [self.upload(a, f"the indices of {prim}") for a in ints]
@@ -598,9 +598,6 @@ class _Product:
     shapes: tuple[tuple[int, ...], tuple[int, ...]]      # the operands as matrices
     batch_shape: tuple[int, ...]
     expand: tuple[bool, bool]
-    batch: int
-    m: int
-    n: int
     integers: tuple[int, ...]                            # m, n, k, the strides, m·n, batch
     launch: nvptx.MatmulLaunch | None                    # None: C is empty
     purpose: str                                         # of C's allocation
@@ -616,8 +613,7 @@ class _Product:
         expand = tuple(not one and x[:-2] != batch_shape for one, x in zip(alone, (a2, b2)))
         strides = [0 if one else math.prod(x[-2:]) for one, x in zip(alone, (a2, b2))]
         launch = nvptx.matmul_launch(out.dtype, batch, m, n) if batch * m * n else None
-        return _Product((a2, b2), batch_shape, expand, batch, m, n,
-                        (m, n, k, *strides, m * n, batch), launch,
+        return _Product((a2, b2), batch_shape, expand, (m, n, k, *strides, m * n, batch), launch,
                         f"the result of {nvptx.matmul_entry(out.dtype, nvptx.TILES[0])}")
 
 
@@ -642,8 +638,7 @@ def gather_rows(prim: str, indices: np.ndarray, axis: int, size: int) -> np.ndar
     rows = np.where(flat < 0, flat + size, flat)
     bad = np.flatnonzero((rows < 0) | (rows >= size))
     if bad.size:
-        raise EvalError(f"'{prim}' failed at run time: index {flat[bad[0]]} is out of bounds "
-                        f"for axis {axis} with size {size}")
+        raise scatter.out_of_range(prim, flat[bad[0]], axis, size)
     return rows
 
 
