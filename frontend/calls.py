@@ -14,9 +14,8 @@ from frontend.resolve import Entity, ModuleInfo, lookup_type
 from frontend.unify import Binder, Mismatch, as_tensor, eval_dim
 from frontend.values import (UNKNOWN, AdtV, CheckpointV, CtorV, DTypeV, ForkV, FuncV, GradV, KeyV,
                              LambdaV, ListV, Origin, PrimV, RecordV, SpecialV, StaticV, TensorV,
-                             TupleV, TypeV, UnknownV, describe, merge_all, param_names,
-                             same_structure, signature, static_value, strip_origin, type_of,
-                             value_of)
+                             TupleV, TypeV, UnknownV, abstract, describe, merge_all, param_names,
+                             same_structure, signature, static_value, strip_origin, type_of)
 from ir import ops
 from ir.ad import grad_function, inline
 from ir.core import Builder, Op, Value
@@ -223,7 +222,7 @@ class Calls:
         try:
             result = prim.infer(**prepared)
             if self.builder is None:
-                return value_of(result)
+                return abstract(result)
             raw = {p.name: v for p, v in zip(positional, values)}
             if variadic is not None:
                 raw[variadic.name] = tuple(rest)

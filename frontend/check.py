@@ -25,7 +25,7 @@ from frontend.resolve import Entity, ModuleInfo, Program, load_program, qualifie
 from frontend.unify import Binder
 from frontend.values import (UNKNOWN, AdtV, CheckpointV, CtorV, DTypeV, FuncV, LambdaV, ListV,
                              ModuleV, Origin, PrimV, RecordV, SpecialV, StaticV, TensorV, TupleV,
-                             TypeV, UnknownV, describe, param_names, static_binary, value_of)
+                             TypeV, UnknownV, abstract, describe, param_names, static_binary)
 from ir import ops
 from ir.core import Builder
 from ir.dims import Dim
@@ -272,7 +272,7 @@ class Checker(Calls, Statements):
         try:
             result = ops.REGISTRY["index"].infer(x=base.type, items=tuple(items))
             if self.builder is None:
-                return value_of(result)
+                return abstract(result)
             return emit_primitive(self.builder, ops.REGISTRY["index"], {"x": base},
                                   {"x": base.type, "items": tuple(items)}, result)
         except OpError as err:

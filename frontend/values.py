@@ -259,22 +259,6 @@ def literal_shape(v) -> tuple[tuple[int, ...], str] | None:
     return None
 
 
-def value_of(t: Type):
-    """The abstract value a shape rule's result type describes."""
-    match t:
-        case TensorType():
-            return TensorV(t)
-        case KeyType():
-            return KeyV()
-        case TupleType():
-            return TupleV(tuple(value_of(i) for i in t.items))
-        case ListType():
-            n = t.length.value
-            elem = value_of(t.elem)
-            return ListV.of([elem] * n) if n is not None else ListV(None, elem, t.length)
-    return UNKNOWN
-
-
 def static_value(kind: str, x) -> StaticV:
     """A known static int, float or bool."""
     if kind == "int":
