@@ -453,7 +453,7 @@ class _KernelGen:
             result = self.reduce(self.k.n, value_at, dtype, r.combine, points)
         else:
             result = self.reduce(self.k.n, value_at, dtype, r.combine)
-        if r.count:
+        if r.count is not None:        # a mean, also of nothing: 0 / 0 is NaN
             count = self.e.const(float(r.count), dtype)
             result = b.fdiv(result, self.e.splat(count, points) if points else count)
         if points:
@@ -482,55 +482,56 @@ class _KernelGen:
         value = {"add": -0.0, "max": float("-inf"), "min": float("inf")}[how]
         return self.e.const(value, dtype)
 
-    def reduce(self, n: int, value_at: Callable, dtype: str, how: str, points: int = 0) -> ir.Value:
+    def reduce(self, n: int, value_at: Callable, dtype: str, how: str, points: int = 0,
+               vector: bool = True) -> ir.Value:
         """Combine value_at(0 … n-1) in the canonical order (ir/numerics.py); with `points`,
-        value_at gives vectors of that many independent values, each combined in that order."""
+        value_at gives vectors of that many independent values, each combined in that order.
+        With `vector`, value_at(j, LANES) gives LANES consecutive values at once. Each chunk's
+        result is combined as soon as it is made, never stored: the stack a reduction needs
+        does not grow with n."""
         b = self.b
-        lanes = self.lanes_across if points else self.lanes
+        whole = vector and not points
         if n <= CHUNK:
-            return lanes(n, value_at, dtype, how, points)
-        chunks = -(-n // CHUNK)
-        ty = ir.VectorType(SCALAR[dtype], points) if points else SCALAR[dtype]
-        partial = self.slot(ty, chunks)
+            return self.lanes(n, value_at, dtype, how) if whole else \
+                self.streamed(n, value_at, dtype, how, points)
+        last = n // CHUNK if n % CHUNK else None      # the one chunk that is not full
 
-        def chunk(c: ir.Value) -> None:
+        def chunk(c: ir.Value, _lanes: int = 0) -> ir.Value:
             start = b.mul(c, ir.Constant(I64, CHUNK))
-            # every chunk but the last is full; the last is reduced by the same code below
-            v = lanes(CHUNK, lambda j, lanes=0: value_at(b.add(start, j), lanes), dtype, how, points)
-            b.store(v, b.gep(partial, [c]))
+            at = lambda j, lanes=0: value_at(b.add(start, j), lanes)
+            if not whole:
+                length = b.sub(ir.Constant(I64, n), start)
+                length = b.select(b.icmp_signed("<", length, ir.Constant(I64, CHUNK)), length,
+                                  ir.Constant(I64, CHUNK))
+                return self.streamed(length, at, dtype, how, points)
+            if last is None:
+                return self.lanes(CHUNK, at, dtype, how)
+            result = self.slot(SCALAR[dtype])
+            with b.if_else(b.icmp_signed("==", c, ir.Constant(I64, last))) as (tail, full):
+                with tail:
+                    b.store(self.lanes(n % CHUNK, at, dtype, how), result)
+                with full:
+                    b.store(self.lanes(CHUNK, at, dtype, how), result)
+            return b.load(result)
 
-        loop(b, ir.Constant(I64, 0), ir.Constant(I64, n // CHUNK), chunk)
-        if n % CHUNK:
-            start = ir.Constant(I64, (n // CHUNK) * CHUNK)
-            v = lanes(n % CHUNK, lambda j, lanes=0: value_at(b.add(start, j), lanes), dtype, how, points)
-            b.store(v, b.gep(partial, [ir.Constant(I64, chunks - 1)]))
-        if points:
-            return self.reduce(chunks, lambda j, lanes=0: b.load(b.gep(partial, [j])), dtype, how, points)
-        return self.reduce(chunks, lambda j, lanes=0: self._load_partial(partial, j, lanes, dtype),
-                           dtype, how)
+        return self.reduce(-(-n // CHUNK), chunk, dtype, how, points, vector=False)
 
-    def _load_partial(self, partial: ir.Value, j: ir.Value, lanes: int, dtype: str) -> ir.Value:
+    def streamed(self, n: int | ir.Value, value_at: Callable, dtype: str, how: str,
+                 points: int = 0) -> ir.Value:
+        """lanes() one value at a time: element j goes to lane j mod LANES (a slot of LANES
+        scalars, or of LANES vectors of `points` independent values), then the halving tree."""
         b = self.b
-        if not lanes:
-            return b.load(b.gep(partial, [j]))
-        vptr = b.bitcast(b.gep(partial, [j]), ir.VectorType(SCALAR[dtype], lanes).as_pointer())
-        return b.load(vptr)
-
-    def lanes_across(self, n: int, value_at: Callable, dtype: str, how: str, points: int) -> ir.Value:
-        """lanes() for `points` independent reductions at once: lane l is a vector holding
-        lane l of each of them (LANES vectors in stack memory), then the halving tree."""
-        b = self.b
-        vty = ir.VectorType(SCALAR[dtype], points)
-        acc = self.slot(vty, LANES)
-        start = self.e.splat(self.identity(how, dtype), points)
+        ty = ir.VectorType(SCALAR[dtype], points) if points else SCALAR[dtype]
+        acc = self.slot(ty, LANES)
+        start = self.e.splat(self.identity(how, dtype), points) if points else self.identity(how, dtype)
         for lane in range(LANES):
             b.store(start, b.gep(acc, [ir.Constant(I64, lane)]))
 
-        def element(j: ir.Value) -> None:                  # element j goes to lane j mod LANES
+        def element(j: ir.Value) -> None:
             ptr = b.gep(acc, [b.urem(j, ir.Constant(I64, LANES))])
             b.store(self.combine(how, b.load(ptr), value_at(j), dtype), ptr)
 
-        loop(b, ir.Constant(I64, 0), ir.Constant(I64, n), element)
+        loop(b, ir.Constant(I64, 0), n if isinstance(n, ir.Value) else ir.Constant(I64, n), element)
         lanes = [b.load(b.gep(acc, [ir.Constant(I64, lane)])) for lane in range(LANES)]
         width = LANES // 2
         while width:
@@ -538,7 +539,7 @@ class _KernelGen:
             width //= 2
         return lanes[0]
 
-    def lanes(self, n: int, value_at: Callable, dtype: str, how: str, points: int = 0) -> ir.Value:
+    def lanes(self, n: int, value_at: Callable, dtype: str, how: str) -> ir.Value:
         """At most CHUNK values: LANES lanes left to right, then the halving tree."""
         b = self.b
         vty = ir.VectorType(SCALAR[dtype], LANES)

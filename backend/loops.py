@@ -153,6 +153,6 @@ def _body_text(k: LoopKernel) -> list[str]:
         lines.append(f"  store b{buf} <- %{ins}")
     if k.reduce:
         r = k.reduce
-        mean = f" / {r.count}" if r.count else ""
+        mean = f" / {r.count}" if r.count is not None else ""
         lines.append(f"  b{r.buffer} <- {r.combine} over {k.n} of %{r.value}{mean}")
     return lines

@@ -360,7 +360,7 @@ class _LoopKernelGen(_Builder):
     def divided(self, value: ir.Value) -> ir.Value:
         """A mean's sum divided by its count."""
         count = self.k.reduce.count
-        return self.b.fdiv(value, self.e.const(float(count), self.dtype)) if count else value
+        return self.b.fdiv(value, self.e.const(float(count), self.dtype)) if count is not None else value
 
     def warp_result(self, o: ir.Value, lane: ir.Value) -> ir.Value:
         """Result point o reduced by this warp; valid in lane 0."""

@@ -5,6 +5,7 @@ documented ulps where the interpreter's NumPy exp, log, tanh… differ from the 
 (docs/numerics.md); and the same bits whatever the number of threads."""
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -151,6 +152,41 @@ def test_reductions_follow_the_canonical_order(prim, shape, axis):
     x = f32(*shape) * np.float32(10.0) ** rng.integers(-3, 4, shape).astype(np.float32)
     got, want, _ = run_both(lambda b, v: [b.emit(prim, v, axis=axis)], x)
     same_bits(got, want)
+
+
+# Reductions longer than a chunk combine each chunk's result as it comes (ir/numerics.py's
+# tree over chunks of chunks): 4096² + 5 has three levels. Each shape runs in a child process,
+# so that a crash (a stack overflowed by partial results, a misaligned vector load: both
+# happened) fails this test instead of ending the run.
+LONG = [((200_000,), None), ((1_000_000,), None), ((4096 * 4096 + 5,), None),
+        ((300_000, 3), 0), ((3, 300_000), 1), ((2, 4096 * 33 + 1, 2), 1), ((40, 40_000), 0)]
+
+
+@pytest.mark.parametrize("shape, axis", LONG)
+def test_long_reductions_follow_the_canonical_order_on_any_thread_count(shape, axis):
+    script = f"""if True:
+        import os, sys
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        import test_cpu as t
+        x = t.f32(*{shape!r})
+        for threads in ("1", "2", "3"):
+            os.environ["DSLC_THREADS"] = threads
+            for prim in ("sum", "mean", "max", "min"):
+                got, want, _ = t.run_both(lambda b, v: [b.emit(prim, v, axis={axis!r})], x)
+                t.same_bits(got, want)
+        """
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, f"exit {done.returncode}: {done.stderr[-2000:]}"
+
+
+@pytest.mark.parametrize("shape, axis", [((0,), None), ((0, 5), 0), ((5, 0), 1), ((3, 0, 4), (0, 1))])
+def test_empty_reductions_are_their_identity_and_a_mean_of_nothing_is_nan(shape, axis):
+    x = np.zeros(shape, np.float32)
+    for prim in ("sum", "mean", "max", "min"):
+        (got,), (want,), _ = run_both(lambda b, v: [b.emit(prim, v, axis=axis)], x)
+        assert got.shape == want.shape and np.array_equal(got, want, equal_nan=True)
+        assert np.array_equal(np.signbit(got), np.signbit(want)) or prim == "mean"  # a NaN's sign
+        assert np.all(np.isnan(got)) == (prim == "mean")
 
 
 def test_reductions_of_nan_and_signed_zeros():
