@@ -26,11 +26,15 @@ class Reduction(Primitive):
     accepts: ClassVar[tuple[str, ...]] = DTYPES
     needs: ClassVar[str] = "any"             # said when accepts is narrower
     result_dtype: ClassVar[str | None] = None
+    integer_identity: ClassVar[bool] = False   # 0 for a sum; max and min of no integers have none
 
     def infer(self, x: TensorType, axis: Axes = None, keepdims: bool = False) -> TensorType:
         x = need(x, self.accepts, lambda: f"'{self.name}' needs {self.needs} tensor, got {x}; "
                  "use cast()", "x")
         axes = normalize_axes(self.check_axis(axis), x.rank, x)
+        if not self.has_identity(x.dtype) and any(x.shape[a].value == 0 for a in axes):
+            raise OpError(f"'{self.name}' of an empty axis has no value: {x} has length 0 "
+                          f"on axis {next(a for a in axes if x.shape[a].value == 0)}", "x")
         shape = tuple(Dim.const(1) if i in axes else d for i, d in enumerate(x.shape)
                       if keepdims or i not in axes)
         if self.result_dtype:
@@ -39,6 +43,10 @@ class Reduction(Primitive):
 
     def check_axis(self, axis: Axes) -> Axes:
         return axis
+
+    def has_identity(self, dtype: str) -> bool:
+        """Whether a reduction of nothing has a value (docs/numerics.md: the identity)."""
+        return self.canonical is not None and (dtype in FLOAT_DTYPES or self.integer_identity)
 
     # a float reduction in the canonical order of ir/numerics.py: (combine, identity)
     canonical: ClassVar[tuple[Callable, float] | None] = None
@@ -85,6 +93,7 @@ class Sum(Reduction):
     canonical = (np.add, -0.0)
     accepts = NUMERIC
     needs = "a numeric"
+    integer_identity = True
 
     def backward(self, b: Any, ct: Any, x: Any, y: Any, axes: tuple[int, ...]) -> Any:
         return _spread(b, ct, x)

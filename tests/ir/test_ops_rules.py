@@ -434,6 +434,32 @@ def test_take_one_hot_scatter_add_against_numpy() -> None:
                         {"x": x, "indices": idx, "updates": updates, "axis": 1}, want)
 
 
+def test_take_counts_negative_indices_from_the_end_unless_told_not_to() -> None:
+    x, idx = normal(5, 3), np.array([0, -1, 4], np.int32)
+    check_against_numpy("take", {"x": x, "indices": idx}, x[idx])
+    with pytest.raises(IndexError, match="index -1 is out of bounds for axis 1 with size 3"):
+        REGISTRY["take"].evaluate(x, idx, axis=-1, from_end=False)
+    check_against_numpy("take", {"x": x, "indices": idx % 3, "axis": 1, "from_end": False},
+                        x[:, idx % 3])
+
+
+@pytest.mark.parametrize("prim, dtype", [("argmax", "f32"), ("argmin", "f32"), ("max", "i32"),
+                                         ("min", "i32"), ("max", "bool")])
+def test_reductions_without_an_identity_reject_an_empty_axis(prim, dtype) -> None:
+    """NumPy raises for these; a sum (0) and a float max (-inf) of nothing are defined."""
+    with pytest.raises(OpError, match=f"'{prim}' of an empty axis has no value"):
+        infer(prim, x=tensor(dtype, 3, 0), axis=1)
+    with pytest.raises(OpError, match="has length 0 on axis 0"):
+        infer(prim, x=tensor(dtype, 0, 4))
+    assert infer(prim, x=tensor(dtype, 3, 0), axis=0).shape == (Dim.const(0),)
+
+
+def test_reductions_with_an_identity_accept_an_empty_axis() -> None:
+    assert infer("sum", x=i32(3, 0), axis=1) == i32(3)
+    assert infer("max", x=f32(0, 3), axis=0) == f32(3)
+    assert infer("mean", x=f32(0)) == f32()
+
+
 def test_symbolic_indexing_rules() -> None:
     emb = f32("V", "E")
     assert infer("take", x=emb, indices=i32("B", "T")) == f32("B", "T", "E")
