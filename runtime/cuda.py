@@ -579,7 +579,7 @@ class Executable:
         (out,) = op.outputs
         axis = op.attrs.get("axis", 0) % len(x.shape)
         outer, size, inner = scatter.around(x.shape, axis)
-        rows = gather_rows(prim, env[indices].numpy(), axis, size)
+        rows = gather_rows(prim, env[indices].numpy(), axis, size, op.attrs.get("from_end", True))
         ints = [rows] if prim == "take" else list(segments(rows, size))
         ints = [self.upload(a, f"the indices of {prim}") for a in ints]
         shape = nvptx.gather_launch(prim, dtype, math.prod(out.shape))
@@ -629,13 +629,15 @@ def gather_kernel(op: Op) -> tuple[str, str] | None:
     return None
 
 
-def gather_rows(prim: str, indices: np.ndarray, axis: int, size: int) -> np.ndarray:
-    """The indices as int64 rows in [0, size), flattened, negative ones counted from the end;
-    one out of range is the interpreter's EvalError, in its words (NumPy's)."""
+def gather_rows(prim: str, indices: np.ndarray, axis: int, size: int,
+                from_end: bool = True) -> np.ndarray:
+    """The indices as int64 rows in [0, size), flattened, negative ones counted from the end
+    (or out of range, without from_end); one out of range is the interpreter's EvalError, in
+    its words (NumPy's)."""
     flat = indices.reshape(-1).astype(np.int64)
     if prim == "take" and size == 0 and flat.size:
         raise EvalError(f"'{prim}' failed at run time: cannot do a non-empty take from an empty axes.")
-    rows = np.where(flat < 0, flat + size, flat)
+    rows = np.where(flat < 0, flat + size, flat) if from_end else flat
     bad = np.flatnonzero((rows < 0) | (rows >= size))
     if bad.size:
         raise scatter.out_of_range(prim, flat[bad[0]], axis, size)

@@ -1,8 +1,9 @@
 """Indexing by integer tensors: `take` (a gather, also written `E[idx]`), its transpose
 `scatter_add`, and `one_hot`.
 
-Indices count from 0; the reference evaluation, like NumPy, also takes negative ones from the
-end and raises on any out of range (one_hot gives a zero row for those)."""
+Indices count from 0; take, like NumPy, also counts negative ones from the end unless
+`from_end=False` (a label or a token id is never negative), and every one raises on an index
+out of range (one_hot gives a zero row for those)."""
 from __future__ import annotations
 
 from typing import Any
@@ -31,13 +32,20 @@ class Take(Primitive):
     """The slices of x at `indices` along axis: x.shape[:axis] + indices.shape +
     x.shape[axis + 1:]."""
     name = surface = "take"
-    params = (Param("x", Kind.TENSOR), Param("indices", Kind.TENSOR), Param("axis", Kind.INT, 0))
+    params = (Param("x", Kind.TENSOR), Param("indices", Kind.TENSOR), Param("axis", Kind.INT, 0),
+              Param("from_end", Kind.BOOL, True))
 
-    def infer(self, x: TensorType, indices: TensorType, axis: int = 0) -> TensorType:
+    def infer(self, x: TensorType, indices: TensorType, axis: int = 0,
+              from_end: bool = True) -> TensorType:
         _indices("take", indices)
         return x.with_shape(_gathered(x, indices, axis))
 
-    def evaluate(self, x: np.ndarray, indices: Any, axis: int = 0) -> np.ndarray:
+    def evaluate(self, x: np.ndarray, indices: Any, axis: int = 0,
+                 from_end: bool = True) -> np.ndarray:
+        negative = np.asarray(indices) < 0
+        if not from_end and negative.any():         # in NumPy's words for any other index
+            raise IndexError(f"index {np.asarray(indices)[negative].flat[0]} is out of bounds for "
+                             f"axis {axis % x.ndim} with size {x.shape[axis]}")
         return np.take(x, indices, axis)
 
     def vjp(self, b: Any, op: Any, cts: tuple) -> tuple:

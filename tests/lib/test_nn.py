@@ -312,6 +312,22 @@ def test_cross_entropy(seed, options, kwargs):
             ce_reference(**kwargs), ("logits",), seed=seed)
 
 
+@pytest.mark.parametrize("device", ["reference", "cpu"])
+@pytest.mark.parametrize("target", [3, 7, -1, -3, -101])
+def test_cross_entropy_rejects_a_target_out_of_range(target, device):
+    """As PyTorch does (it raises), rather than a row that silently adds nothing to the loss;
+    only ignore_index may lie outside [0, C)."""
+    logits = randn(np.random.default_rng(0), 4, 3)
+    y = np.array([0, target, 2, -100], np.int32)
+    with pytest.raises(IndexError):
+        F.cross_entropy(torch.from_numpy(logits), torch.from_numpy(y).long())
+    prog = dsl.loads("from nn import cross_entropy\n"
+                     "def f(x: f32[B, C], y: i32[B]) -> f32:\n  return cross_entropy(x, y)\n",
+                     name=str(HERE / "nn_driver.bend"), device=device)
+    with pytest.raises(dsl.DslError, match=f"index {target} is out of bounds for axis 0 with size 3"):
+        prog.f(logits, y)
+
+
 def test_cross_entropy_with_masked_classes():
     """-inf scores of classes that are not the target: their probability is 0 and the loss and
     gradient stay finite (a product with the one-hot target would give -inf * 0 = NaN)."""
