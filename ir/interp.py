@@ -33,7 +33,7 @@ def evaluate(op: Op, inputs: list[np.ndarray]) -> list[np.ndarray]:
     try:
         with np.errstate(all="ignore"):          # inf and NaN are values, as in IEEE arithmetic
             out = op.primitive.evaluate(**bind_inputs(op.primitive, tuple(inputs), op.attrs))
-    except (IndexError, NotImplementedError) as e:
+    except (IndexError, ArithmeticError, NotImplementedError) as e:
         raise EvalError(f"'{op.prim}' failed at run time: {e}") from None
     return list(out) if isinstance(out, (list, tuple)) else [out]
 

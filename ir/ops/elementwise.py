@@ -363,11 +363,19 @@ class FloorDiv(Binary):
     differentiable = False
 
 
+def _power(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """NumPy's power, whose error for an integer to a negative power is the program's."""
+    if np.asarray(b).dtype.kind in "iu" and np.any(np.asarray(b) < 0):
+        raise ArithmeticError("an integer to a negative integer power has no integer value; "
+                              "cast to a float first")
+    return np.power(a, b)
+
+
 @primitive
 class Pow(Binary):
     """a ** b (NumPy's power: integers to negative integer powers are an error)."""
     name, symbol = "pow", "**"
-    reference = staticmethod(np.power)
+    reference = staticmethod(_power)
     guarded = True
 
     def backward(self, b: Any, ct: Any, lhs: Any, rhs: Any, y: Any) -> tuple[Any, Any]:

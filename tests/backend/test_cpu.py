@@ -362,3 +362,12 @@ def test_one_hot_is_a_comparison_fused_into_its_kernel(dtype):
     exe = Executable(fn)
     same_bits(exe.run(arrays), interp.run(fn, arrays))
     assert not any(isinstance(s, HostStep) and s.op.prim in ("one_hot", "eq", "cast") for s in exe.plan.steps)
+
+
+@pytest.mark.parametrize("device", ["reference", "cpu"])
+def test_an_integer_to_a_negative_power_is_a_run_time_error(device):
+    prog = dsl.loads("def f(x: i32[N], y: i32[N]) -> i32[N]:\n  return x ** y\n", device=device)
+    x = np.array([2, 3, 4], np.int32)
+    np.testing.assert_array_equal(prog.f(x, np.array([0, 2, 3], np.int32)), [1, 9, 64])
+    with pytest.raises(dsl.DslError, match="an integer to a negative integer power"):
+        prog.f(x, np.array([1, -1, 2], np.int32))
