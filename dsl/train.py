@@ -62,9 +62,11 @@ names `dslc run` reads), the optimizer state named the same way from `opt` (`opt
 (steps done), `seed`, `loss` (each step's training loss so far), `valid.step` and `valid.loss`
 (the periodic evaluations), `model` (the file's name) and `format` ("dslc-train-1").
 Checkpoints go to `DIR/stepNNNNNNN.npz` every `checkpoint_every` steps, at the end, and on
-Ctrl-C. Resuming checks every array's name, dtype and shape against what the model's `init`
-and `init_opt` make: a checkpoint of another model (or of other sizes) is an error that names
-the first difference. `steps` counts from the start of the run, so a resumed run goes on
+Ctrl-C, each written to a temporary file beside it and renamed, so that none is ever half
+written. Resuming reads the file through dsl.npz (bounded, no pickles), checks the members
+above for their kinds, and every array's name, dtype and shape against what the model's `init`
+and `init_opt` make: a damaged checkpoint, or one of another model (or of other sizes), is an
+error "cannot resume from PATH: …" that names the first fault. `steps` counts from the start of the run, so a resumed run goes on
 from the checkpoint's step to `steps`.
 
 Training runs where `device` says: "auto" (the GPU where one is usable, else the CPU backend),
