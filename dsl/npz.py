@@ -20,6 +20,7 @@ from numpy.lib import format as npy
 from frontend.diagnostics import DslError
 
 MAX_BYTES = 4 * 2 ** 30          # the arrays of one archive, inflated; more is refused unread
+CHUNK = 2 ** 20                  # bytes inflated at a time
 MAX_AXES = 64                    # NumPy's limit on an array's rank
 KINDS = "biufcUS"                # bool, integers, floats, complex, strings: nothing that pickles
 ENCRYPTED_OR_PATCHED = 0x1 | 0x20 | 0x40      # zip flag bits that zipfile cannot read past
@@ -95,11 +96,23 @@ def _member(path: str, z: zipfile.ZipFile, info: zipfile.ZipInfo, budget: int) -
         header = npy.read_array_header_1_0 if version == (1, 0) else npy.read_array_header_2_0
         shape, fortran, dtype = header(fp)
         nbytes = _check(fail, shape, dtype, info.file_size - fp.tell(), budget)
-        data = fp.read(nbytes)
-    if len(data) != nbytes:
-        fail(f"ends after {len(data)} of its {nbytes} bytes")
-    flat = np.frombuffer(data, dtype).copy()           # a writable array of its own
-    return (flat.reshape(shape[::-1]).T if fortran else flat.reshape(shape)), nbytes
+        a = np.empty(shape[::-1] if fortran else shape, dtype)
+        got = _fill(fp, a)
+    if got != nbytes:
+        fail(f"ends after {got} of its {nbytes} bytes")
+    return (a.T if fortran else a), nbytes
+
+
+def _fill(fp, a: np.ndarray) -> int:
+    """Read a's bytes from fp in chunks, so that reading costs no copy of the whole array;
+    returns how many bytes there were."""
+    view, got = memoryview(a.reshape(-1).view(np.uint8)), 0
+    while got < len(view):
+        n = fp.readinto(view[got:got + CHUNK])
+        if not n:
+            break
+        got += n
+    return got
 
 
 def _check(fail, shape: tuple, dtype: np.dtype, stored: int, budget: int) -> int:
