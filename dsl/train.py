@@ -66,8 +66,8 @@ Ctrl-C, each written to a temporary file beside it and renamed, so that none is 
 written. Resuming reads the file through dsl.npz (bounded, no pickles), checks the members
 above for their kinds, and every array's name, dtype and shape against what the model's `init`
 and `init_opt` make: a damaged checkpoint, or one of another model (or of other sizes), is an
-error "cannot resume from PATH: …" that names the first fault. `steps` counts from the start of the run, so a resumed run goes on
-from the checkpoint's step to `steps`.
+error "cannot resume from PATH: …" that names the first fault. `steps` counts from the start
+of the run, so a resumed run goes on from the checkpoint's step to `steps`.
 
 Training runs where `device` says: "auto" (the GPU where one is usable, else the CPU backend),
 "cpu", "cuda" or "reference" (the interpreter).
