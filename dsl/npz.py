@@ -8,11 +8,14 @@ claims 10^12 elements costs nothing. Anything else is an NpzError naming the fil
 """
 from __future__ import annotations
 
+import errno
 import math
 import os
+import stat
 import struct
 import zipfile
 import zlib
+from typing import BinaryIO
 
 import numpy as np
 from numpy.lib import format as npy
@@ -43,11 +46,21 @@ def fits_numpy(shape: tuple[int, ...], itemsize: int) -> bool:
     return len(shape) <= MAX_AXES and math.prod(max(d, 1) for d in shape) * max(itemsize, 1) < 2 ** 63
 
 
+def open_regular(path: str) -> BinaryIO:
+    """The file at path, opened for reading, if it is a regular file: a FIFO would block until
+    a writer came, and a device has no end (a directory is refused by open itself)."""
+    f = open(path, "rb", opener=lambda p, flags: os.open(p, flags | os.O_NONBLOCK))
+    if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+        f.close()
+        raise OSError(errno.EINVAL, "not a regular file")
+    return f
+
+
 def read(path: str | os.PathLike) -> dict[str, np.ndarray]:
     """Every array of the archive, by name (the member's name less '.npy'), in its order."""
     path = os.fspath(path)
     try:
-        f = open(path, "rb")
+        f = open_regular(path)
     except OSError as e:
         raise NpzError(path, f"cannot read the file: {e.strerror or e}") from None
     with f:

@@ -14,7 +14,7 @@ import struct
 
 import numpy as np
 
-from dsl.npz import MAX_AXES, fits_numpy
+from dsl.npz import MAX_AXES, fits_numpy, open_regular
 from frontend.diagnostics import DslError
 
 # the dtypes read, as little-endian NumPy dtypes; BF16 is read as its 16 bits and widened
@@ -40,7 +40,7 @@ def read(path: str | os.PathLike) -> dict[str, np.ndarray]:
     other dtypes as themselves (in native byte order)."""
     path = os.fspath(path)
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             size = os.fstat(f.fileno()).st_size
             entries, start = _header(path, f, size)
             out = {}

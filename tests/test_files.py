@@ -4,6 +4,7 @@ or a damaged, hostile or oversized .npz archive is a diagnostic naming the file 
 from __future__ import annotations
 
 import json
+import os
 import struct
 import subprocess
 import sys
@@ -57,6 +58,16 @@ def test_a_malformed_header_is_a_safetensors_error(tmp_path, header, fault):
     with pytest.raises(SafetensorsError, match=fault) as e:
         read_safetensors(path)
     assert str(e.value).startswith(f"error: {path}: ") and len(str(e.value)) < 500
+
+
+@pytest.mark.parametrize("make, fault", [
+    (lambda p: os.mkfifo(p), "not a regular file"),
+    (lambda p: p.mkdir(), "Is a directory"),
+])
+def test_a_path_without_contents_is_refused_at_once(tmp_path, make, fault):
+    make(tmp_path / "w.safetensors")
+    with pytest.raises(SafetensorsError, match=f"w.safetensors: cannot read the file: {fault}"):
+        read_safetensors(tmp_path / "w.safetensors")
 
 
 JSON = st.recursive(st.none() | st.booleans() | st.integers(-2 ** 70, 2 ** 70) | st.floats() | st.text(max_size=8),
@@ -186,6 +197,7 @@ def test_damaged_archives_are_npz_errors(tmp_path):
 @pytest.mark.parametrize("make, fault", [
     (lambda p: p.write_bytes(b""), "not an .npz archive"),
     (lambda p: p.mkdir(), "cannot read the file: Is a directory"),
+    (lambda p: os.mkfifo(p), "cannot read the file: not a regular file"),
     (lambda p: None, "cannot read the file: No such file or directory"),
 ])
 def test_not_an_archive(tmp_path, make, fault):

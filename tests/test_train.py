@@ -426,6 +426,7 @@ def checkpoint_params(arrays: dict) -> dict:
 @pytest.mark.parametrize("make, fault", [
     (lambda p: p.write_bytes(b""), r"not an .npz archive"),
     (lambda p: p.mkdir(), r"cannot read the file: Is a directory"),
+    (lambda p: os.mkfifo(p), r"cannot read the file: not a regular file"),
     (lambda p: p.write_text("step = 3\n"), r"not an .npz archive"),
     (lambda p: zipfile.ZipFile(p, "w").writestr("notes.txt", "hello"), r"member 'notes.txt' is not an .npy array"),
 ])
