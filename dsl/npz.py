@@ -13,6 +13,7 @@ import math
 import os
 import stat
 import struct
+import tokenize
 import zipfile
 import zlib
 from typing import BinaryIO
@@ -28,8 +29,9 @@ MAX_AXES = 64                    # NumPy's limit on an array's rank
 KINDS = "biufcUS"                # bool, integers, floats, complex, strings: nothing that pickles
 ENCRYPTED_OR_PATCHED = 0x1 | 0x20 | 0x40      # zip flag bits that zipfile cannot read past
 # what a damaged zip or .npy raises from the standard library while it is read
+# (NumPy tokenizes a header that does not parse, as one written by Python 2 might not)
 DAMAGE = (zipfile.BadZipFile, zlib.error, EOFError, ValueError, struct.error, OverflowError,
-          NotImplementedError, OSError)
+          NotImplementedError, OSError, tokenize.TokenError)
 
 
 class NpzError(DslError):

@@ -100,6 +100,12 @@ def npy_member(z: zipfile.ZipFile, name: str, header: dict, data: bytes | None =
             int(np.prod(header["shape"])) * np.dtype(header["descr"]).itemsize))
 
 
+def raw_npy(header: str) -> bytes:
+    """An .npy version 1.0 member's bytes with any header text, and no data."""
+    text = header.encode("latin1") + b"\n"
+    return npy.MAGIC_PREFIX + b"\x01\x00" + struct.pack("<H", len(text)) + text
+
+
 def archive(path: Path, build) -> Path:
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as z:
         build(z)
@@ -139,6 +145,10 @@ def test_an_archive_reads_like_np_load(tmp_path):
      r"has shape \(0, 9223372036854775808\): not the shape"),
     (lambda z: npy_member(z, "x.npy", {"descr": "<f4", "fortran_order": False, "shape": (1,) * 65}),
      r"not the shape of an array NumPy can hold"),
+    (lambda z: z.writestr("x.npy", raw_npy("[[[{'descr': '<f4', 'fortran_order': False, 'shape': (1,)}")),
+     r"member 'x.npy' is damaged: "),
+    (lambda z: z.writestr("x.npy", raw_npy("{'descr': '<f4', 'fortran_order': False, 'shape': (%s,)}" % ("9" * 5000))),
+     r"member 'x.npy' is damaged: "),
     (lambda z: npy_member(z, "x.npy", F32, bytes(25)),
      r"member 'x.npy' is float32\[2, 3\], 24 bytes, but the zip stores 25 bytes after its header"),
     (lambda z: npy_member(z, "x.npy", F32, bytes(23)), r"24 bytes, but the zip stores 23 bytes"),
