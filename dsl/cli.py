@@ -5,12 +5,11 @@ import argparse
 import os
 import sys
 import traceback
-import zipfile
 
 import numpy as np
 
 import dsl
-from dsl import safetensors
+from dsl import npz, safetensors
 
 from frontend.check import check_file
 from frontend.diagnostics import DslError
@@ -85,13 +84,9 @@ def read_arrays(path: str) -> dict[str, np.ndarray]:
     if path.endswith(".safetensors"):
         return safetensors.read(path)
     try:
-        with open(path, "rb") as f:             # a missing file says so, not "not an archive"
-            if not zipfile.is_zipfile(f):
-                raise ValueError("not an .npz archive (a zip of .npy arrays) or a .safetensors file")
-            with np.load(f, allow_pickle=False) as data:
-                return {k: data[k] for k in data.files}
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
-        raise DslError(None, f"cannot read inputs from {path}: {e or type(e).__name__}") from None
+        return npz.read(path)
+    except npz.NpzError as e:
+        raise DslError(None, f"cannot read inputs from {path}: {e.problem}") from None
 
 
 def parse_values(text: str) -> dict[str, float]:

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import json
 import os
+import reprlib
 import struct
 
 import numpy as np
 
+from dsl.npz import MAX_AXES, fits_numpy, open_regular
 from frontend.diagnostics import DslError
 
 # the dtypes read, as little-endian NumPy dtypes; BF16 is read as its 16 bits and widened
@@ -20,6 +22,10 @@ DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2", "I64": "<i8",
 # what the format also has, named so that the error can say what was found
 OTHER_DTYPES = {"BOOL", "U8", "I8", "U16", "I16", "U32", "U64", "F8_E4M3", "F8_E5M2"}
 MAX_HEADER = 100_000_000        # bytes; the reference implementation's limit too
+MAX_OFFSET = 2 ** 64            # offsets are u64 in the reference implementation
+# how a value of the header appears in a message: a few elements, levels and digits of it
+SHOW = reprlib.Repr()
+SHOW.maxlevel, SHOW.maxlist, SHOW.maxdict, SHOW.maxstring, SHOW.maxlong, SHOW.maxother = 3, 8, 4, 60, 40, 60
 
 
 class SafetensorsError(DslError):
@@ -34,7 +40,7 @@ def read(path: str | os.PathLike) -> dict[str, np.ndarray]:
     other dtypes as themselves (in native byte order)."""
     path = os.fspath(path)
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             size = os.fstat(f.fileno()).st_size
             entries, start = _header(path, f, size)
             out = {}
@@ -61,10 +67,12 @@ def _header(path: str, f, size: int) -> tuple[list[tuple], int]:
                 else f"a header may have at most {MAX_HEADER}"))
     try:
         header = json.loads(f.read(n).decode("utf-8"), object_pairs_hook=_unique_keys)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except ValueError as e:         # not UTF-8, not JSON, or an integer of over 4300 digits
         fail(f"the header is not valid JSON: {e}")
+    except RecursionError:
+        fail("the header nests its JSON too deeply")
     except DuplicateKey as e:
-        fail(f"the header names '{e.args[0]}' twice")
+        fail(f"the header names {SHOW.repr(e.args[0])} twice")
     if not isinstance(header, dict):
         fail(f"the header is a JSON {type(header).__name__}, not an object of tensors")
     meta = header.pop("__metadata__", {})
@@ -88,20 +96,26 @@ def _header(path: str, f, size: int) -> tuple[list[tuple], int]:
 
 def _entry(fail, name: str, info, data: int) -> tuple:
     """One tensor's (name, dtype, shape, begin, end), checked against the data's size."""
-    where = f"tensor '{name}'"
+    where = f"tensor {SHOW.repr(name)}"
     if not isinstance(info, dict) or set(info) != {"dtype", "shape", "data_offsets"}:
         fail(f"{where} must have exactly 'dtype', 'shape' and 'data_offsets'")
     dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
-    if dtype not in DTYPES:
-        what = "a dtype this reader does not support" if dtype in OTHER_DTYPES else "not a dtype"
-        fail(f"{where} has dtype {dtype!r}: {what} (supported: {', '.join(DTYPES)})")
+    if not isinstance(dtype, str) or dtype not in DTYPES:
+        known = isinstance(dtype, str) and dtype in OTHER_DTYPES
+        what = "a dtype this reader does not support" if known else "not a dtype"
+        fail(f"{where} has dtype {SHOW.repr(dtype)}: {what} (supported: {', '.join(DTYPES)})")
+    itemsize = np.dtype(DTYPES[dtype]).itemsize
     if not isinstance(shape, list) or not all(_natural(d) for d in shape):
-        fail(f"{where} has shape {shape!r}: expected a list of non-negative integers")
+        fail(f"{where} has shape {SHOW.repr(shape)}: expected a list of non-negative integers")
+    if not fits_numpy(shape, itemsize):
+        fail(f"{where} has shape {SHOW.repr(shape)}: more than NumPy can hold (at most "
+             f"{MAX_AXES} axes, and under 2**63 bytes)")
     if not (isinstance(offsets, list) and len(offsets) == 2 and all(_natural(o) for o in offsets)
-            and offsets[0] <= offsets[1]):
-        fail(f"{where} has data_offsets {offsets!r}: expected [begin, end] with 0 <= begin <= end")
+            and offsets[0] <= offsets[1] < MAX_OFFSET):
+        fail(f"{where} has data_offsets {SHOW.repr(offsets)}: expected [begin, end] with "
+             "0 <= begin <= end < 2**64")
     begin, end = offsets
-    nbytes = int(np.prod(shape, dtype=object)) * np.dtype(DTYPES[dtype]).itemsize
+    nbytes = int(np.prod(shape, dtype=object)) * itemsize
     if end - begin != nbytes:
         fail(f"{where} is {dtype}{shape} ({nbytes} bytes) but its data_offsets {offsets} "
              f"hold {end - begin} bytes")

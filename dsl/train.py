@@ -62,10 +62,12 @@ names `dslc run` reads), the optimizer state named the same way from `opt` (`opt
 (steps done), `seed`, `loss` (each step's training loss so far), `valid.step` and `valid.loss`
 (the periodic evaluations), `model` (the file's name) and `format` ("dslc-train-1").
 Checkpoints go to `DIR/stepNNNNNNN.npz` every `checkpoint_every` steps, at the end, and on
-Ctrl-C. Resuming checks every array's name, dtype and shape against what the model's `init`
-and `init_opt` make: a checkpoint of another model (or of other sizes) is an error that names
-the first difference. `steps` counts from the start of the run, so a resumed run goes on
-from the checkpoint's step to `steps`.
+Ctrl-C, each written to a temporary file beside it and renamed, so that none is ever half
+written. Resuming reads the file through dsl.npz (bounded, no pickles), checks the members
+above for their kinds, and every array's name, dtype and shape against what the model's `init`
+and `init_opt` make: a damaged checkpoint, or one of another model (or of other sizes), is an
+error "cannot resume from PATH: …" that names the first fault. `steps` counts from the start
+of the run, so a resumed run goes on from the checkpoint's step to `steps`.
 
 Training runs where `device` says: "auto" (the GPU where one is usable, else the CPU backend),
 "cpu", "cuda" or "reference" (the interpreter).
@@ -77,6 +79,7 @@ import math
 import os
 import struct
 import sys
+import tempfile
 import time
 import zlib
 from dataclasses import dataclass, field, replace
@@ -85,6 +88,7 @@ from typing import Any, Callable, TextIO
 
 import numpy as np
 
+from dsl import npz
 from dsl.program import DEVICES, Key, Program, Record, flatten_python, key as seed_key, load
 from frontend import ast
 from frontend.check import check_file
@@ -173,10 +177,9 @@ def import_loader(model: Path) -> Loader:
 def read_npz_data(path: str) -> Callable[[str], dict | None]:
     """--data DATA.npz: arrays `split.name` (a name without a split prefix is in "train")."""
     try:
-        with np.load(path, allow_pickle=False) as f:
-            arrays = {k: f[k] for k in f.files}
-    except (OSError, ValueError, zlib.error) as e:
-        raise DslError(None, f"cannot read the data {path}: {e}") from None
+        arrays = npz.read(path)
+    except npz.NpzError as e:
+        raise DslError(None, f"cannot read the data {path}: {e.problem}") from None
     splits: dict[str, dict] = {}
     for name, a in arrays.items():
         split, dot, rest = name.partition(".")
@@ -382,7 +385,14 @@ class State:
     evals: list[tuple[int, float]] = field(default_factory=list)
 
 
+# a checkpoint's members besides the parameters and the optimizer state: their dtype kinds, rank
+META = {"step": ("iu", 0), "seed": ("iu", 0), "loss": ("f", 1), "valid.step": ("iu", 1),
+        "valid.loss": ("f", 1), "model": ("U", 0), "format": ("U", 0)}
+KIND_NAMES = {"iu": "integers", "f": "floats", "U": "text"}
+
+
 def save_checkpoint(path: Path, state: State, model: Model) -> None:
+    """The state as an .npz file (see the module's documentation), written whole or not at all."""
     arrays = {**flatten_python(state.p, "p"),
               **(flatten_python(state.s, "opt") if state.s is not None else {}),
               "step": np.int64(state.step), "seed": np.uint64(state.seed),
@@ -390,41 +400,82 @@ def save_checkpoint(path: Path, state: State, model: Model) -> None:
               "valid.step": np.asarray([e[0] for e in state.evals], np.int64),
               "valid.loss": np.asarray([e[1] for e in state.evals], np.float64),
               "model": np.str_(model.path.name), "format": np.str_(FORMAT)}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        np.savez(f, **arrays)
-    os.replace(tmp, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _write_whole(path, arrays)
+    except OSError as e:
+        raise DslError(None, f"cannot write a checkpoint in {path.parent}: {e.strerror or e}") from None
+
+
+def _write_whole(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """np.savez into a temporary file beside path, synced to disk, then renamed over path: a
+    reader never sees half a checkpoint, and a failed write leaves no temporary behind."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **arrays)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:                 # a full disk, a vanished directory, Ctrl-C: clean up
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def load_checkpoint(path: str, model: Model, fresh: State) -> State:
-    """A checkpoint's state, checked against a fresh state of the model (names, dtypes, shapes)."""
+    """A checkpoint's state, checked against a fresh state of the model (names, dtypes, shapes);
+    anything unreadable, damaged or of another model is "cannot resume from PATH: …"."""
+    def fail(problem: str):
+        raise DslError(None, f"cannot resume from {path}: {problem}")
+
     try:
-        with np.load(path, allow_pickle=False) as f:
-            arrays = {k: f[k] for k in f.files}
-    except (OSError, ValueError, zlib.error) as e:
-        raise DslError(None, f"cannot read the checkpoint {path}: {e}") from None
-    if arrays.get("format") != FORMAT or "step" not in arrays:
-        raise DslError(None, f"{path} is not a dslc train checkpoint (it has no format '{FORMAT}')")
+        arrays = npz.read(path)
+    except npz.NpzError as e:
+        fail(e.problem)
+    fmt = arrays.get("format")
+    if fmt is None or fmt.shape != () or fmt.dtype.kind != "U" or str(fmt) != FORMAT:
+        fail(f"it is not a dslc train checkpoint (it has no format '{FORMAT}')")
+    _check_meta(fail, arrays)
     want = {**flatten_python(fresh.p, "p"), **(flatten_python(fresh.s, "opt") if fresh.s is not None else {})}
-    have = {k: a for k, a in arrays.items() if k.startswith(("p.", "p[", "opt.", "opt["))}
-    other = f"the checkpoint {path} is not of this model (it was saved by {arrays['model']})"
+    have = {k: a for k, a in arrays.items() if k not in META}
+    stray = [k for k in have if not k.startswith(("p.", "p[", "opt.", "opt["))]
+    if stray:
+        fail(f"it has '{stray[0]}', which no checkpoint has (only p.…, opt.… and {', '.join(META)})")
+    other = f"it is not of this model (it was saved by {arrays['model']})"
     ours = f"{model.path.name} (init, init_opt)"
     for name, a in want.items():
         if name not in have:
-            raise DslError(None, f"{other}: it has no '{name}', which {ours} has")
+            fail(f"{other}: it has no '{name}', which {ours} has")
         b = have[name]
         if b.dtype != a.dtype or b.shape != a.shape:
-            raise DslError(None, f"{other}: its '{name}' is {_typename(b)}, {ours} makes {_typename(a)}")
+            fail(f"{other}: its '{name}' is {_typename(b)}, {ours} makes {_typename(a)}")
     extra = sorted(set(have) - set(want))
     if extra:
-        raise DslError(None, f"{other}: it has '{extra[0]}', which {ours} does not have")
+        fail(f"{other}: it has '{extra[0]}', which {ours} does not have")
     step = int(arrays["step"])
-    losses = arrays["loss"].astype(np.float64).tolist()
-    losses += [math.nan] * (step - len(losses))
+    losses = arrays["loss"].astype(np.float64).tolist() + [math.nan] * (step - len(arrays["loss"]))
     evals = list(zip(arrays["valid.step"].tolist(), arrays["valid.loss"].tolist()))
     return State(_rebuild(fresh.p, "p", have), _rebuild(fresh.s, "opt", have) if fresh.s is not None else None,
-                 step, int(arrays["seed"]), losses[:step], evals)
+                 step, int(arrays["seed"]), losses, evals)
+
+
+def _check_meta(fail, arrays: dict[str, np.ndarray]) -> None:
+    """The checkpoint's own members: present, of their kind and rank, and consistent."""
+    for name, (kinds, rank) in META.items():
+        if name not in arrays:
+            fail(f"it has no '{name}'")
+        a = arrays[name]
+        if a.dtype.kind not in kinds or a.ndim != rank:
+            fail(f"its '{name}' is {_typename(a)}, not {'a scalar' if rank == 0 else 'a vector'} "
+                 f"of {KIND_NAMES[kinds]}")
+    step, seed, losses = int(arrays["step"]), int(arrays["seed"]), len(arrays["loss"])
+    if not 0 <= seed < 2 ** 64:
+        fail(f"its 'seed' is {seed}, not in [0, 2**64)")
+    # one loss per step done, but Ctrl-C may fall between counting a step and storing its loss
+    if not losses <= step <= losses + 1:
+        fail(f"its 'step' is {step} but it has {losses} steps' losses")
+    if len(arrays["valid.step"]) != len(arrays["valid.loss"]):
+        fail(f"it has {len(arrays['valid.step'])} 'valid.step' but {len(arrays['valid.loss'])} 'valid.loss'")
 
 
 def _rebuild(like: Any, path: str, arrays: dict[str, np.ndarray]) -> Any:
