@@ -44,7 +44,8 @@ def _key(op: Op):
         a = op.attrs
         value = np.asarray(a["value"], dtype=np_dtype(a["dtype"]))
         return ("constant", a["dtype"], value.shape, value.tobytes())
-    return (op.prim, tuple(v.id for v in op.inputs), op.params, id(op.body) if op.body else None)
+    body = id(op.body) if op.body is not None else None
+    return (op.prim, tuple(v.id for v in op.inputs), op.params, body)
 
 
 def cse(fn: Function) -> Function:
@@ -55,7 +56,7 @@ def cse(fn: Function) -> Function:
     ops = []
     for op in fn.ops:
         op = Op(op.prim, tuple(env.get(v, v) for v in op.inputs), op.params, op.outputs,
-                cse(op.body) if op.body else None)
+                cse(op.body) if op.body is not None else None)
         key = None if op.prim in RANDOM or op.body is not None else _key(op)
         if key is not None and key in seen:
             env.update(zip(op.outputs, seen[key].outputs))
@@ -135,7 +136,7 @@ def simplify(fn: Function) -> Function:
     ops = []
     for op in fn.ops:
         op = Op(op.prim, tuple(env.get(v, v) for v in op.inputs), op.params, op.outputs,
-                simplify(op.body) if op.body else None)
+                simplify(op.body) if op.body is not None else None)
         inputs = [producer.get(v) for v in op.inputs]
         replaced = next((make(op, inputs) for prim, cond, make in SIMPLIFY
                          if prim == op.prim and cond(op, inputs)), None)
@@ -182,7 +183,7 @@ def optimize(fn: Function) -> Function:
 
 
 def _size(fn: Function) -> int:
-    return sum(1 + (_size(op.body) if op.body else 0) for op in fn.ops)
+    return sum(1 + (_size(op.body) if op.body is not None else 0) for op in fn.ops)
 
 
 def for_backends(fn: Function) -> Function:
@@ -203,7 +204,7 @@ def _rewritten(fn: Function, plan_of: Callable) -> Function:
     env: dict[Value, Value] = {}
     for op in fn.ops:
         op = Op(op.prim, tuple(env.get(v, v) for v in op.inputs), op.params, op.outputs,
-                _rewritten(op.body, plan_of) if op.body else None)
+                _rewritten(op.body, plan_of) if op.body is not None else None)
         plan = plan_of(op)
         if plan is None:
             ops.append(op)
