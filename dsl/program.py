@@ -63,8 +63,10 @@ class Key:
 
 def key(seed: int) -> Key:
     """dsl.key(seed): the key a program's key(seed) makes."""
-    if not 0 <= seed < 2 ** 64:
-        raise ValueError("a seed is an integer in [0, 2**64)")
+    if not isinstance(seed, (int, np.integer)) or isinstance(seed, (bool, np.bool_)) or \
+            not 0 <= seed < 2 ** 64:
+        raise DslError(None, f"a seed is an integer in [0, 2**64), got {seed!r}")
+    seed = int(seed)
     return Key(np.array([seed & 0xFFFFFFFF, seed >> 32], dtype=np.uint32))
 
 
@@ -127,7 +129,7 @@ class Program:
 
     def __init__(self, resolved: Resolved, device: str = "auto"):
         if device not in DEVICES:
-            raise ValueError(f"device must be one of {', '.join(DEVICES)}, got {device!r}")
+            raise DslError(None, f"device must be one of {', '.join(DEVICES)}, got {device!r}")
         self._resolved = resolved
         self.device = pick_device(device)
         self._cache: dict[Any, Lowered] = {}
@@ -473,7 +475,7 @@ def pick_device(device: str) -> str:
             from runtime import cuda
             return "cuda" if cuda.usable() else "cpu"
         if device not in DEVICES or device == "auto":
-            raise ValueError(f"DSLC_DEVICE must be one of cpu, cuda, reference, got {device!r}")
+            raise DslError(None, f"DSLC_DEVICE must be one of cpu, cuda, reference, got {device!r}")
     if device == "cuda":
         from runtime import cuda
         cuda.driver()                     # raises DslError saying why no GPU is usable
@@ -484,19 +486,41 @@ def load(path: str, device: str = "auto") -> Program:
     """dsl.load("model.bend"): its functions run on `device` ('auto': $DSLC_DEVICE, else the
     GPU where one is usable, else the CPU backend; 'reference': the NumPy interpreter, the
     definition)."""
+    path = _path(path, "dsl.load's path")
     return Program(deep(lambda: load_program(path, parse=_parse)), device)
 
 
 def loads(text: str, name: str = "<string>", device: str = "auto") -> Program:
     """dsl.loads(source_text, name="model.bend"): imports resolve from the current folder."""
+    name = _path(name, "dsl.loads's name")
+    if not isinstance(text, str):
+        raise DslError(None, f"dsl.loads takes the source as a str, got {_kind(text)}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise DslError(None, f"the source text is not valid Unicode: a lone surrogate "
+                             f"{text[e.start]!r} at offset {e.start}") from None
     return Program(deep(lambda: load_program(name, text, parse=_parse)), device)
+
+
+def _path(value: Any, what: str) -> str:
+    """A path from Python (a str, bytes or path object) as a str the file system can take."""
+    try:
+        path = os.fsdecode(value)
+        os.fsencode(path)
+    except (TypeError, UnicodeError):
+        raise DslError(None, f"{what} must be a path the file system can name, got "
+                             f"{repr(value) if isinstance(value, str) else _kind(value)}") from None
+    if "\0" in path:
+        raise DslError(None, f"{what} cannot hold a NUL character, got {path!r}")
+    return path
 
 
 def _parse(source: Source) -> ast.Module:
     """A module's syntax tree, from the on-disk cache when this parser read the same text under
     the same path before (parsing the standard library is most of a warm load's wait)."""
     from runtime import cache
-    k = cache.key("ast", cache.code_digest("frontend"), source.path, source.text)
+    k = cache.key("ast", cache.code_digest("frontend"), ascii(source.path), source.text)
     return cache.pickled(k, lambda: parse(source))
 
 

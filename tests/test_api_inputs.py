@@ -236,3 +236,30 @@ def test_running_an_array_larger_than_memory_is_refused_before_allocating(device
 ])
 def test_other_bad_arguments_of_the_api(prog, call, fragment):
     raises(lambda: call(prog), fragment)
+
+
+# ---------------------------------------------------------------- loading, keys, devices
+
+ONE = "def f(x: f32) -> f32:\n  return x\n"
+
+
+@pytest.mark.parametrize("call, fragment", [
+    (lambda: dsl.load(None), "dsl.load's path must be a path the file system can name, got None"),
+    (lambda: dsl.load("a\0b"), "cannot hold a NUL character"),
+    (lambda: dsl.load("\ud800.bend"), "must be a path the file system can name, got '\\ud800.bend'"),
+    (lambda: dsl.loads(ONE.encode()), "dsl.loads takes the source as a str, got bytes"),
+    (lambda: dsl.loads(None), "got None"),
+    (lambda: dsl.loads(ONE, name="\ud800"), "dsl.loads's name must be a path"),
+    (lambda: dsl.loads(ONE + "# \ud800\n"), "not valid Unicode: a lone surrogate '\\ud800' at offset"),
+    (lambda: dsl.loads(ONE, device="gpu"), "device must be one of auto, cpu, cuda, reference, got 'gpu'"),
+    (lambda: dsl.key(-1), "a seed is an integer in [0, 2**64), got -1"),
+    (lambda: dsl.key(2 ** 64), "got 18446744073709551616"), (lambda: dsl.key("1"), "got '1'"),
+    (lambda: dsl.key(1.5), "got 1.5"), (lambda: dsl.key(True), "got True"),
+])
+def test_loading_and_keys_refuse_bad_arguments(call, fragment):
+    raises(call, fragment)
+
+
+def test_a_bad_dslc_device_variable_is_a_dsl_error(monkeypatch):
+    monkeypatch.setenv("DSLC_DEVICE", "bogus")
+    raises(lambda: dsl.loads(ONE), "DSLC_DEVICE must be one of cpu, cuda, reference, got 'bogus'")
