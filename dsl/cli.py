@@ -93,7 +93,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     result = prog.call(args.entry, **prog.inputs_from_arrays(args.entry, arrays, args.dims or {}))
     flat = dsl.program.flatten_python(result, "out")
     if args.output:
-        np.savez(args.output, **flat)
+        try:
+            np.savez(args.output, **flat)
+        except (OSError, ValueError) as e:          # a missing folder, a NUL in the name
+            raise DslError(None, f"cannot write the result to {args.output}: {e}") from None
     else:
         for name, value in flat.items():
             print(f"{name}: {value.dtype}{list(value.shape)}\n{value}")

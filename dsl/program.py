@@ -90,6 +90,7 @@ class Spec:
 
 
 MAX_BYTES = 2 ** 40        # no array may be larger (nor larger than the machine's memory)
+COMPILED = "an array of compiled code may take (2**40)"
 MAX_DIM = 2 ** 40          # a dimension given by --dims or dims=
 MAX_LIST = 2 ** 16         # a list's length given by --dims (lists are unrolled)
 MAX_INT = 2 ** 63          # a static int is in (-MAX_INT, MAX_INT)
@@ -170,7 +171,8 @@ class Program:
     def _run(self, name: str, fn: Function, arrays: list[np.ndarray]) -> list[np.ndarray]:
         span = self._def(name).name_span
         if id(fn) not in self._sized:                # (fn is kept, so its id stays its own)
-            _check_sizes(span, name, fn, memory_bytes())
+            _check_sizes(span, name, fn, memory_bytes(), "an array may take here (the smaller "
+                         "of 2**40 and this machine's memory)")
             self._sized[id(fn)] = fn
         try:
             if self.device == "reference":
@@ -276,6 +278,7 @@ class Program:
             _differentiable(d, inputs, _wrt_names(d, grad))
             positions = _float_leaves(d, low, _wrt_names(d, grad))
             fn = optimize(grad_function(fn, positions, with_value=True))
+        _check_sizes(d.name_span, name, fn, MAX_BYTES, COMPILED)
         fn = for_backends(fn)
         plan = schedule.schedule(fn, name)
         try:
@@ -388,6 +391,7 @@ class Program:
         if level == "tensor":
             return printer.to_text(low.function)
         from backend import cpu, loops, schedule
+        _check_sizes(self._def(name).name_span, name, low.function, MAX_BYTES, COMPILED)
         plan = schedule.schedule(for_backends(low.function), name)
         if level == "llvm":
             return str(cpu.module_ir(plan.kernels))
@@ -801,20 +805,23 @@ def _array_input(arr: np.ndarray, t: ast.TypeExpr, tname: str | None, path: str)
     return arr
 
 
-def _check_sizes(span, name: str, fn: Function, limit: int) -> None:
-    """Refuse to run fn when one of its arrays would be larger than `limit` bytes, before
-    anything is allocated (NumPy would otherwise try, or the system kill the process)."""
+def _check_sizes(span, name: str, fn: Function, limit: int, bound: str) -> None:
+    """Refuse to run or compile fn when one of its arrays would be larger than `limit` bytes
+    (`bound` says why), before anything is allocated (NumPy would otherwise try, or the system
+    kill the process) or compiled (an index past 2**63 would wrap)."""
     def walk(f: Function):
+        yield from (("an input", v) for v in f.params)
         for op in f.ops:
-            yield from ((op, v) for v in op.outputs if not v.is_key)
+            yield from ((f"made by {op.prim}", v) for v in op.outputs)
             if op.body is not None:
                 yield from walk(op.body)
-    for op, v in walk(fn):
+    for what, v in walk(fn):
+        if v.is_key:
+            continue
         size = math.prod(v.shape) * (2 if v.dtype == "bf16" else np.dtype(NUMPY_DTYPES[v.dtype]).itemsize)
         if size > limit:
-            raise DslError(span, f"'{name}' would need an array of {size} bytes, {v.type} (made by "
-                                 f"{op.prim}), more than the {limit} bytes an array may take here "
-                                 f"(the smaller of 2**40 and this machine's memory)")
+            raise DslError(span, f"'{name}' would need an array of {size} bytes, {v.type} ({what}), "
+                                 f"more than the {limit} bytes {bound}")
 
 
 def _static(kind: str, value: Any):

@@ -311,3 +311,20 @@ def test_ctrl_c_during_start_up_or_compilation_exits_130_quietly(library):
         if p.returncode != 0:                       # 0: it was done before the signal came
             break
     assert (p.returncode, err) == (130, "dslc: interrupted\n")
+
+
+def test_compiling_an_array_past_2_to_the_40_bytes_is_a_user_error(tmp_path: Path):
+    # its indices would wrap in the compiled code (2**80 elements); the tensor IR is still shown
+    dims = "B=1099511627776,D=1099511627776,H=5,C=2"
+    assert_user_error(dslc("compile", str(MLP), "--entry", "loss", "--dims", dims, "-o", str(tmp_path / "o")),
+                      "more than the 1099511627776 bytes an array of compiled code may take")
+    assert_user_error(dslc("ir", str(MLP), "--entry", "loss", "--dims", dims, "--level", "loops"),
+                      "f32[1099511627776, 5] (an input)")
+
+
+def test_run_into_an_unwritable_output_is_a_user_error(tmp_path: Path):
+    np.savez(tmp_path / "in.npz", x=np.zeros(2, np.float32))
+    (tmp_path / "f.bend").write_text("def f(x: f32[N]) -> f32[N]:\n  return x\n")
+    r = dslc("run", str(tmp_path / "f.bend"), "--entry", "f", "--inputs", str(tmp_path / "in.npz"),
+             "-o", str(tmp_path / "no" / "such" / "out.npz"))
+    assert_user_error(r, "cannot write the result to")
