@@ -23,6 +23,9 @@ class _Package(types.ModuleType):
         setattr(self, name, value)
         return value
 
+    def __dir__(self):
+        return sorted(set(super().__dir__()) | set(_HOMES))
+
     def __setattr__(self, name: str, value) -> None:
         # importing the submodule dsl/train.py sets dsl.train to it; dsl.train is the function
         if name == "train" and isinstance(value, types.ModuleType):

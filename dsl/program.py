@@ -196,11 +196,11 @@ class Program:
 
     def grad(self, name: str, wrt: str | tuple[str, ...], has_aux: bool = False):
         """grad(f, wrt=…) from Python: the gradient function of entry `name`."""
-        _wrt_names(self._def(name), wrt)
+        _grad_options(self._def(name), wrt, has_aux)
         return lambda *args, **kwargs: self._grad(name, wrt, has_aux, False, args, kwargs)
 
     def value_and_grad(self, name: str, wrt: str | tuple[str, ...], has_aux: bool = False):
-        _wrt_names(self._def(name), wrt)
+        _grad_options(self._def(name), wrt, has_aux)
         return lambda *args, **kwargs: self._grad(name, wrt, has_aux, True, args, kwargs)
 
     def _grad(self, name, wrt, has_aux, with_value, args, kwargs):
@@ -841,6 +841,12 @@ def _wrt_names(d: ast.Def, wrt: str | tuple[str, ...]) -> tuple[str, ...]:
                            [Note(f"its parameters are {', '.join(names)}" if names else
                                  f"'{d.name}' has no parameters")])
     return wanted
+
+
+def _grad_options(d: ast.Def, wrt: Any, has_aux: Any) -> None:
+    _wrt_names(d, wrt)
+    if not isinstance(has_aux, bool):
+        raise DslError(d.name_span, f"has_aux= is True or False, got {has_aux!r}")
 
 
 def _differentiable(d: ast.Def, inputs: Inputs, wanted: tuple[str, ...]) -> None:

@@ -263,3 +263,13 @@ def test_loading_and_keys_refuse_bad_arguments(call, fragment):
 def test_a_bad_dslc_device_variable_is_a_dsl_error(monkeypatch):
     monkeypatch.setenv("DSLC_DEVICE", "bogus")
     raises(lambda: dsl.loads(ONE), "DSLC_DEVICE must be one of cpu, cuda, reference, got 'bogus'")
+
+
+def test_has_aux_is_a_bool(prog):
+    raises(lambda: prog.grad("g", wrt="x", has_aux="yes"), "has_aux= is True or False, got 'yes'")
+
+
+def test_the_package_lists_its_names_and_dsl_train_stays_the_function():
+    import dsl.train as module_or_function               # the submodule's import sets dsl.train
+    assert {"load", "loads", "key", "DslError", "train"} <= set(dir(dsl))
+    assert callable(dsl.train) and dsl.train is module_or_function
