@@ -1,7 +1,36 @@
 """dslc's Python API (LANGUAGE.md §12): load a .bend program, call its functions on NumPy
-arrays, differentiate them, read their gradient programs."""
-from dsl.program import Key, Program, Record, key, load, loads
-from dsl.train import train
-from frontend.diagnostics import DslError
+arrays, differentiate them, read their gradient programs.
 
-__all__ = ["DslError", "Key", "Program", "Record", "key", "load", "loads", "train"]
+The names below are imported on first use, so that `import dsl` is quick and dslc's start-up,
+which answers Ctrl-C itself (dsl/cli.py), does not spend its first second here."""
+import importlib
+import sys
+import types
+
+_HOMES = {"DslError": "frontend.diagnostics", "Key": "dsl.program", "Program": "dsl.program", "Record": "dsl.program",
+          "key": "dsl.program", "load": "dsl.program", "loads": "dsl.program", "train": "dsl.train"}
+
+__all__ = list(_HOMES)
+
+
+class _Package(types.ModuleType):
+    def __getattr__(self, name: str):
+        if name in ("program", "safetensors"):          # as when they were imported eagerly
+            return importlib.import_module(f"dsl.{name}")
+        if name not in _HOMES:
+            raise AttributeError(f"module 'dsl' has no attribute {name!r}")
+        value = getattr(importlib.import_module(_HOMES[name]), name)
+        setattr(self, name, value)
+        return value
+
+    def __dir__(self):
+        return sorted(set(super().__dir__()) | set(_HOMES))
+
+    def __setattr__(self, name: str, value) -> None:
+        # importing the submodule dsl/train.py sets dsl.train to it; dsl.train is the function
+        if name == "train" and isinstance(value, types.ModuleType):
+            value = value.train
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

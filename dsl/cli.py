@@ -6,13 +6,30 @@ import os
 import sys
 import traceback
 
-import numpy as np
 
-import dsl
-from dsl import npz, safetensors
 
-from frontend.check import check_file
-from frontend.diagnostics import DslError
+def interrupted():
+    """Ctrl-C: one line and status 130. By os._exit: once a KeyboardInterrupt has passed through
+    code that C ran (as in some imports), CPython would end sys.exit(130) by SIGINT instead."""
+    print("dslc: interrupted", file=sys.stderr)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(130)
+
+
+try:                          # Ctrl-C while NumPy and the compiler load: exit 130, no traceback
+    import numpy as np
+
+    import dsl
+    from dsl import npz, safetensors
+
+    from frontend.check import check_file
+    from frontend.diagnostics import DslError
+except KeyboardInterrupt:
+    interrupted()
 
 REPORT = "this is a bug in dslc: please report it with the input that caused it"
 
@@ -37,16 +54,19 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def parse_dims(text: str) -> dict[str, int]:
-    """--dims B=4,D=8 (an int for each dimension variable, static int or list length)."""
+    """--dims B=4,D=8 (an int for each dimension variable, static int or list length; which
+    names an entry takes, and the bounds on their values, dsl.program checks)."""
     dims = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
-        name, eq, value = part.partition("=")
-        if not eq or not name.strip():
-            raise argparse.ArgumentTypeError(f"expected NAME=INT, got '{part}'")
+        name, eq, value = (s.strip() for s in part.partition("="))
+        if not eq or not name:
+            raise argparse.ArgumentTypeError(f"expected NAME=INT, got {part!r}")
+        if name in dims:
+            raise argparse.ArgumentTypeError(f"{name} is given twice")
         try:
-            dims[name.strip()] = int(value, 0)
+            dims[name] = int(value, 0)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer for {name.strip()}, got '{value}'") from None
+            raise argparse.ArgumentTypeError(f"expected an integer for {name}, got {value!r}") from None
     return dims
 
 
@@ -72,7 +92,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     result = prog.call(args.entry, **prog.inputs_from_arrays(args.entry, arrays, args.dims or {}))
     flat = dsl.program.flatten_python(result, "out")
     if args.output:
-        np.savez(args.output, **flat)
+        try:
+            np.savez(args.output, **flat)
+        except (OSError, ValueError) as e:          # a missing folder, a NUL in the name
+            raise DslError(None, f"cannot write the result to {args.output}: {e}") from None
     else:
         for name, value in flat.items():
             print(f"{name}: {value.dtype}{list(value.shape)}\n{value}")
@@ -131,7 +154,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                        dims=args.dims, hyper=args.hyper, batch_size=args.batch_size,
                        device=args.device, progress=sys.stderr)
     except KeyboardInterrupt:
-        return 130
+        interrupted()
     print(result)
     return 0
 
@@ -207,14 +230,14 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
     try:
+        args = parser().parse_args(argv)
         return args.run(args)
     except DslError as e:
         print(e, file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        return 130
+        interrupted()
     except BrokenPipeError:                     # `dslc run … | head`: the reader has had enough
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0

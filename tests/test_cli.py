@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 VALID = Path(__file__).parent / "corpus" / "valid" / "01_first_look.bend"
@@ -181,3 +182,149 @@ def test_compile_writes_code_and_a_manifest(tmp_path: Path, target, artifact):
         assert manifest["matmul_entries"] and all(f".entry {e}(" in ptx for e in manifest["matmul_entries"])
         assert all(f".entry {k['launch']['entry']}(" in ptx for k in manifest["kernels"])
         assert "host" not in kinds or all(s.get("host") != "transpose" for s in manifest["steps"])
+
+
+# ---------------------------------------------------------------- bad input on the command line
+
+def assert_user_error(r: subprocess.CompletedProcess, *fragments: str) -> None:
+    assert r.returncode == 1, r.stderr
+    assert "Traceback" not in r.stderr and "internal error" not in r.stderr, r.stderr
+    for fragment in fragments:
+        assert fragment in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("command", [
+    ["ir", "--dims", "B=4,D=3,H=5,C=2"], ["grad", "--wrt", "p", "--dims", "B=4,D=3,H=5,C=2"],
+    ["compile", "--dims", "B=4,D=3,H=5,C=2", "-o", "out"], ["run", "--inputs", "in.npz"],
+])
+def test_an_unknown_entry_is_a_user_error_with_a_suggestion(tmp_path: Path, command):
+    import numpy as np
+    np.savez(tmp_path / "in.npz", x=np.zeros(2, np.float32))
+    r = dslc(command[0], str(MLP), "--entry", "los", *command[1:], cwd=tmp_path)
+    assert_user_error(r, "defines no function 'los' (did you mean 'loss'?)",
+                      "note: its entry points are hvp, loss, loss_one_hot, step")
+
+
+@pytest.mark.parametrize("wrt, message", [
+    ("y", "cannot differentiate 'loss' with respect to 'y': it is i32[4]"),
+    ("pp", "'pp' is not a parameter of 'loss' (did you mean 'p'?)"),
+])
+def test_grad_with_respect_to_a_non_float_or_non_parameter_is_a_user_error(wrt, message):
+    assert_user_error(dslc("grad", str(MLP), "--entry", "loss", "--wrt", wrt, "--dims", "B=4,D=3,H=5,C=2"),
+                      message)
+
+
+@pytest.mark.parametrize("dims, message", [
+    ("B=4,D=3,H=5,C=2,Q=1", "--dims names 'Q', which 'loss' does not have"),
+    ("B=4,D=3,H=5,CC=2", "must give the dimension 'C' (C=…); it gives 'CC': did you mean 'C'?"),
+    ("B=-1,D=3,H=5,C=2", "gives the dimension 'B' the value -1, outside [0, 1099511627776]"),
+])
+def test_dims_must_name_the_entrys_dimensions_within_bounds(dims, message):
+    assert_user_error(dslc("ir", str(MLP), "--entry", "loss", "--dims", dims), message)
+
+
+def test_ir_of_a_huge_shape_allocates_nothing():
+    r = dslc("ir", str(MLP), "--entry", "loss", "--dims", "B=1000000000000,D=1000000,H=5,C=2")
+    assert r.returncode == 0, r.stderr
+    assert "f32[1000000000000, 1000000]" in r.stdout
+
+
+@pytest.mark.parametrize("dims", ["B=1e3", "B=", "=3", "B=1,B=2"])
+def test_malformed_dims_are_usage_errors(dims):
+    r = dslc("ir", str(MLP), "--entry", "loss", "--dims", dims)
+    assert r.returncode == 2 and "usage:" in r.stderr and "Traceback" not in r.stderr
+
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"k": [1, 2, 3]}, "the input array 'k' is a key: two integers in [0, 2**32), got i64[3]"),
+    ({"k": [1.5, 2.0]}, "the input array 'k' is a key"),
+    ({"k": [-1, 2]}, "the input array 'k' is a key"),
+    ({"p.W.x": [1.0]}, "no input for the array 'p.W.x'"),
+    ({"1.5": [1.0]}, "no input for the array '1.5'"),
+    ({"-1": [1.0]}, "no input for the array '-1'"),
+    ({"ys[-1][0]": [1.0]}, "no input for the array 'ys[-1][0]'"),
+    ({"x": np.ones((4, 3))}, "the input array 'x' is f64[4, 3], but 'x' is f32[B, D]"),
+    ({"p.bias": np.zeros((2, 1), np.float32)}, "the input array 'p.bias' is f32[2, 1], but 'p.bias' is f32[C]"),
+    ({"p.biass": np.zeros(2, np.float32), "p.bias": None}, "no array 'p.bias' for 'f' (did you mean 'p.biass'?)"),
+], ids=lambda v: None if isinstance(v, str) else ",".join(v))
+def test_run_refuses_arrays_that_do_not_name_an_input_exactly(tmp_path: Path, change, message):
+    (tmp_path / "r.bend").write_text(
+        "object P { W: f32[D, C], bias: f32[C] }\n"
+        "def f(p: P, x: f32[B, D], k: Key, n: int, ys: List((f32[C], i32))) -> f32:\n"
+        "  return sum(x @ p.W + p.bias) * n + sum(ys[0][0])\n")
+    arrays = {"p.W": np.ones((3, 2), np.float32), "p.bias": np.zeros(2, np.float32),
+              "x": np.ones((4, 3), np.float32), "k": np.array([1, 2], np.uint32),
+              "ys[0][0]": np.ones(2, np.float32), "ys[0][1]": np.array(3, np.int32)}
+    run = ("run", str(tmp_path / "r.bend"), "--entry", "f", "--inputs", str(tmp_path / "in.npz"),
+           "--device", "reference")
+    np.savez(tmp_path / "in.npz", **arrays)
+    r = dslc(*run, "--dims", "n=2")
+    assert r.returncode == 0 and r.stdout == "out: float32[]\n50.0\n", r.stderr
+    for k, v in change.items():
+        if v is None:
+            del arrays[k]
+        else:
+            arrays[k] = np.asarray(v)
+    np.savez(tmp_path / "in.npz", **arrays)
+    assert_user_error(dslc(*run, "--dims", "n=2"), message)
+
+
+def test_run_refuses_unknown_static_values(tmp_path: Path):
+    np.savez(tmp_path / "in.npz", x=np.zeros(2, np.float32))
+    (tmp_path / "f.bend").write_text("def f(x: f32[N], b: bool) -> f32[N]:\n  return x\n")
+    run = ("run", str(tmp_path / "f.bend"), "--entry", "f", "--inputs", str(tmp_path / "in.npz"))
+    assert_user_error(dslc(*run, "--dims", "b=1,bb=2"), "--dims names 'bb'", "did you mean 'b'?")
+    assert_user_error(dslc(*run, "--dims", "b=5"), "the static bool 'b' the value 5, outside [0, 1]")
+
+
+def test_running_an_array_larger_than_memory_is_a_user_error(tmp_path: Path):
+    np.savez(tmp_path / "in.npz", x=np.zeros(2, np.float32))
+    (tmp_path / "f.bend").write_text("def f(x: f32[N]) -> f32:\n  return sum(zeros([100000, 100000])) + sum(x)\n")
+    r = dslc("run", str(tmp_path / "f.bend"), "--entry", "f", "--inputs", str(tmp_path / "in.npz"))
+    assert_user_error(r, "'f' would need an array of 40000000000 bytes, f32[100000, 100000]")
+
+
+def mapped(pid: int, library: str) -> bool:
+    try:
+        return library in Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="watches /proc/PID/maps")
+@pytest.mark.parametrize("library", ["_multiarray_umath", "libllvmlite"])
+def test_ctrl_c_during_start_up_or_compilation_exits_130_quietly(library):
+    """SIGINT once the process has NumPy (its start-up) or LLVM (compilation) loading: the
+    process is watched until the library is mapped, so the timing does not depend on the
+    machine's speed; a run that finishes first is tried again."""
+    import signal
+    import time
+    for _ in range(5):
+        p = subprocess.Popen([sys.executable, "-m", "dsl", "ir", str(MLP), "--entry", "step",
+                              "--dims", "B=4,D=3,H=5,C=2", "--level", "llvm"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        while p.poll() is None and not mapped(p.pid, library):
+            time.sleep(0.002)
+        p.send_signal(signal.SIGINT)
+        err = p.communicate(timeout=120)[1]
+        if p.returncode != 0:                       # 0: it was done before the signal came
+            break
+    assert (p.returncode, err) == (130, "dslc: interrupted\n")
+
+
+def test_compiling_an_array_past_2_to_the_40_bytes_is_a_user_error(tmp_path: Path):
+    # its indices would wrap in the compiled code (2**80 elements); the tensor IR is still shown
+    dims = "B=1099511627776,D=1099511627776,H=5,C=2"
+    assert_user_error(dslc("compile", str(MLP), "--entry", "loss", "--dims", dims, "-o", str(tmp_path / "o")),
+                      "more than the 1099511627776 bytes an array of compiled code may take")
+    assert_user_error(dslc("ir", str(MLP), "--entry", "loss", "--dims", dims, "--level", "loops"),
+                      "f32[1099511627776, 5] (an input)")
+
+
+def test_run_into_an_unwritable_output_is_a_user_error(tmp_path: Path):
+    np.savez(tmp_path / "in.npz", x=np.zeros(2, np.float32))
+    (tmp_path / "f.bend").write_text("def f(x: f32[N]) -> f32[N]:\n  return x\n")
+    r = dslc("run", str(tmp_path / "f.bend"), "--entry", "f", "--inputs", str(tmp_path / "in.npz"),
+             "-o", str(tmp_path / "no" / "such" / "out.npz"))
+    assert_user_error(r, "cannot write the result to")
