@@ -275,3 +275,98 @@ def test_new_cache_folders_are_writable_by_this_user_only(tmp_path, monkeypatch)
     (entry,) = (tmp_path / "new").rglob("k.o")
     assert (entry.parent.stat().st_mode & 0o777, (tmp_path / "new").stat().st_mode & 0o777) == (0o700, 0o700)
     assert cache.load("k") == b"object code"
+
+
+# ---------------------------------------------------------------------------------------------
+# A corpus of damaged entries, each met by a new process through the public API: every run
+# gives the right answer, having ignored and rebuilt what it could not trust.
+
+import json
+import shutil
+import struct
+
+SOURCE = "def f(x: f32[N]) -> f32:\n  return sum(x * x)\n"
+RUN = (f"import numpy as np, dsl; print(dsl.loads({SOURCE!r}, name='m.bend')"
+       ".f(np.arange(5, dtype=np.float32)))")
+
+
+def sealed(entry: Path, data: bytes) -> None:
+    """Rewrite entry (in the cache $DSLC_CACHE_DIR names) with data under a header and checksum
+    that match: what checking the checksum cannot catch."""
+    entry.unlink()
+    cache.store(entry.stem, data, entry.suffix[1:])
+
+
+def plain(table: list, doc) -> bytes:
+    """An entry in the codec's layout with this class table and document."""
+    t, d = json.dumps(table).encode(), json.dumps(doc).encode()
+    return struct.pack("<QQ", len(t), len(d)) + t + d
+
+
+def flip(entry):
+    blob = bytearray(entry.read_bytes())
+    blob[-5] ^= 0xFF
+    entry.write_bytes(bytes(blob))
+
+
+def fifo(entry):
+    entry.unlink()
+    os.mkfifo(entry)
+
+
+def dev_zero(entry):
+    entry.unlink()
+    entry.symlink_to("/dev/zero")
+
+
+def another_key(entry):
+    entry.write_bytes(entry.read_bytes().replace(entry.stem.encode(), b"0" * len(entry.stem)))
+
+
+ANY_ENTRY = {
+    "flip a byte": flip,
+    "truncate": lambda e: e.write_bytes(e.read_bytes()[: e.stat().st_size // 2]),
+    "append": lambda e: e.write_bytes(e.read_bytes() + b"\0" * 64),
+    "empty": lambda e: e.write_bytes(b""),
+    "another key": another_key,
+    "fifo": fifo,
+    "symlink to /dev/zero": dev_zero,
+    "a folder": lambda e: (e.unlink(), e.mkdir()),
+}
+VALUE_ENTRY = {
+    "sealed garbage": lambda e: sealed(e, os.urandom(200)),
+    "sealed truncation": lambda e: sealed(e, cache.load(e.stem, "val")[:-7]),
+    "sealed pickle": lambda e: sealed(e, __import__("pickle").dumps(print)),
+    "sealed foreign class": lambda e: sealed(e, plain([["os:system", []]], {"0": []})),
+    "sealed unimported dslc class": lambda e: sealed(e, plain([["runtime.nothing:X", []]], {"0": []})),
+    "sealed dslc function": lambda e: sealed(e, plain([["dsl.program:loads", []]], {"0": []})),
+    "sealed wrong fields": lambda e: sealed(e, plain([["ir.core:Value", ["type"]]], {"0": [1, 2]})),
+    "sealed bad reference": lambda e: sealed(e, plain([], {"r": 7})),
+    "sealed bad array": lambda e: sealed(e, plain([], {"a": ["|O", [3], 0, 24]})),
+    "sealed NaN constant": lambda e: sealed(e, plain([], [1.0]).replace(b"1.0", b"NaN")),
+}
+
+
+@pytest.fixture(scope="module")
+def warm_cache(tmp_path_factory):
+    root = tmp_path_factory.mktemp("warm")
+    run = child(RUN, root)
+    assert run.stdout.split() == ["30.0"], run.stderr
+    return root
+
+
+@pytest.mark.parametrize("kind, damage", [(k, d) for k in ("o", "val") for d in ANY_ENTRY]
+                         + [("val", d) for d in VALUE_ENTRY])
+def test_a_run_on_a_damaged_cache_ignores_and_rebuilds_the_damage(warm_cache, tmp_path, monkeypatch,
+                                                                  kind, damage):
+    root = tmp_path / "cache"
+    shutil.copytree(warm_cache, root, symlinks=True)
+    entries = sorted(root.rglob(f"*.{kind}"))
+    assert entries
+    monkeypatch.setenv("DSLC_CACHE_DIR", str(root))
+    for entry in entries:
+        {**ANY_ENTRY, **VALUE_ENTRY}[damage](entry)
+    run = child(RUN, root, timeout=120)
+    assert run.stdout.split() == ["30.0"] and "Traceback" not in run.stderr, run.stderr
+    if damage != "a folder":                    # rebuilt: the next run reads what this one stored
+        assert all(cache.load(e.stem, kind) is not None for e in entries), damage
