@@ -236,6 +236,7 @@ def test_a_planted_pickle_with_a_valid_checksum_is_never_unpickled(cache_dir, tm
     class Hostile:
         def __reduce__(self):
             return (Path.touch, (marker,))
+    assert stored_values(cache_dir)
     for entry in stored_values(cache_dir):
         cache.store(entry.stem, pickle.dumps(Hostile()), "val")   # a checksum that matches
         assert cache.load(entry.stem, "val") is not None
