@@ -32,10 +32,11 @@ class DecodeError(ValueError):
 # ---------------------------------------------------------------------------------------------
 # Encoding
 #
-# The document is JSON whose scalars are themselves and whose arrays are tuples (the commonest
-# container: a decoder's hook is called on objects only); anything else is an object of one key,
-# its tag: {"l": [...]} a list, {"d": [k, v, ...]} a dict, {"3": [field values...]} an object of the
-# class in row 3 of the class table (or {"3": "NAME"}, an enum member). A tag ending in "!"
+# The document is JSON whose scalars are themselves; anything else is an object of one key, its
+# tag: {"l": [...]} a list, {"d": [k, v, ...]} a dict, {"t": [...]} a tuple, {"3": [field
+# values...]} an object of the class in row 3 of the class table (or {"3": "NAME"}, an enum
+# member). A tuple holding no tuple or list is a bare JSON array: tuples are the commonest
+# container, and json.loads calls the decoder's hook on objects only. A tag ending in "!"
 # marks a value referred to again later, as {"r": n}, n counting such values in the order their
 # JSON ends (the order in which the decoder completes them).
 
@@ -67,7 +68,8 @@ class _Encoder:
         if t is float:
             return x if math.isfinite(x) else {"f": struct.pack(">d", x).hex()}   # nan, ±inf, bit for bit
         if t is tuple:
-            return [self.value(v) for v in x]
+            items = [self.value(v) for v in x]
+            return {"t": items} if any(type(v) in (tuple, list) for v in x) else items
         if id(x) in self.refs:
             return {"r": self.refs[id(x)]}
         if id(x) in self.open:
@@ -184,16 +186,16 @@ class _Decoder:
         self.binary = binary
         self.refs: list[Any] = []
         tags: dict[str, Callable[[Any], Any]] = {
-            "l": _list, "d": _dict, "s": _frozenset, "z": _set, "f": _float,
+            "t": _tuple, "l": _list, "d": _dict, "s": _frozenset, "z": _set, "f": _float,
             "b": self.bytes, "a": self.array, "n": self.scalar, "y": _dtype}
         tags.update((str(i), _maker(*row)) for i, row in enumerate(classes))
         tags.update([(tag + "!", self.remembered(make)) for tag, make in tags.items()])
         tags["r"] = self.ref
-        self.tags = tags
 
-    def hook(self, pairs: list[tuple[str, Any]]) -> Any:
-        (tag, body), = pairs
-        return self.tags[tag](body)
+        def hook(pairs: list[tuple[str, Any]]) -> Any:      # a closure: called for every object
+            (tag, body), = pairs
+            return tags[tag](body)
+        self.hook = hook
 
     def remembered(self, make: Callable[[Any], Any]) -> Callable[[Any], Any]:
         def make_and_remember(body: Any) -> Any:
@@ -257,7 +259,8 @@ def _maker(cls: type, names: tuple[str, ...] | None) -> Callable[[Any], Any]:
     def make(values: list) -> Any:
         if type(values) is not list or len(values) != count:
             raise DecodeError(f"{cls.__qualname__} with other fields than its class")
-        values = _items(values)
+        values = [tuple(v) if type(v) is list else v.items if type(v) is _List else v
+                  for v in values]                          # _items, inlined: the hottest call
         x = new(cls)
         if setstate is None:
             x.__dict__.update(zip(names, values))
@@ -276,9 +279,12 @@ class _List:
 
 
 def _items(body: list) -> list:
-    """The elements of a decoded container: arrays as tuples, lists as themselves."""
-    return [tuple(_items(v)) if type(v) is list else v.items if type(v) is _List else v
-            for v in body]
+    """The elements of a decoded container: bare arrays as tuples, lists as themselves."""
+    return [tuple(v) if type(v) is list else v.items if type(v) is _List else v for v in body]
+
+
+def _tuple(body: list) -> tuple:
+    return tuple([tuple(v) if type(v) is list else v.items if type(v) is _List else v for v in body])
 
 
 def _list(body: list) -> _List:
