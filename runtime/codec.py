@@ -43,7 +43,10 @@ class DecodeError(ValueError):
 
 def encode(value: Any) -> bytes:
     """value as the bytes decode reads back; EncodeError when it holds a type outside the list."""
-    return _Encoder(value).finish()
+    try:
+        return _Encoder(value).finish()
+    except RecursionError:              # a cycle through tuples, or a value nested too deeply
+        raise EncodeError("a value nested too deeply (or a cycle through a tuple)") from None
 
 
 class _Encoder:
@@ -93,6 +96,10 @@ class _Encoder:
             return {"s" if t is frozenset else "z": [self.value(v) for v in x]}
         if t is bytes:
             return {"b": self.bytes(x)}
+        if x is Ellipsis:                       # an index's `...`
+            return {"x": 0}
+        if t is slice:
+            return {"c": [self.value(x.start), self.value(x.stop), self.value(x.step)]}
         if t is np.ndarray:
             return {"a": [_dtype_name(x.dtype), list(x.shape), *self.bytes(np.ascontiguousarray(x).tobytes())]}
         if isinstance(x, np.generic):
@@ -110,7 +117,7 @@ class _Encoder:
         """The tag of t's objects with these attributes (None: an enum)."""
         if (t, names) not in self.classes:
             self.classes[t, names] = str(len(self.table))
-            self.table.append([f"{t.__module__}:{t.__qualname__}", names and list(names)])
+            self.table.append([f"{t.__module__}:{t.__qualname__}", None if names is None else list(names)])
         return self.classes[t, names]
 
     def bytes(self, data: bytes) -> list[int]:
@@ -127,7 +134,7 @@ def _shared(value: Any) -> set[int]:
     while stack:
         x = stack.pop()
         t = type(x)
-        if x is None or t in (bool, int, float, str):
+        if x is None or x is Ellipsis or t in (bool, int, float, str):
             continue
         if t is not tuple:
             if id(x) in seen:
@@ -144,7 +151,8 @@ def _shared(value: Any) -> set[int]:
 
 
 def _ours(t: type) -> bool:
-    return t.__module__.split(".")[0] in PACKAGES
+    """Whether t is a class of dslc that decode can find again by its name."""
+    return t.__module__.split(".")[0] in PACKAGES and "<locals>" not in t.__qualname__
 
 
 def _dtype_name(dtype: np.dtype) -> str:
@@ -187,7 +195,8 @@ class _Decoder:
         self.refs: list[Any] = []
         tags: dict[str, Callable[[Any], Any]] = {
             "t": _tuple, "l": _list, "d": _dict, "s": _frozenset, "z": _set, "f": _float,
-            "b": self.bytes, "a": self.array, "n": self.scalar, "y": _dtype}
+            "b": self.bytes, "a": self.array, "n": self.scalar, "y": _dtype,
+            "x": lambda _: ..., "c": _slice}
         tags.update((str(i), _maker(*row)) for i, row in enumerate(classes))
         tags.update([(tag + "!", self.remembered(make)) for tag, make in tags.items()])
         tags["r"] = self.ref
@@ -234,7 +243,7 @@ def _resolve(name: str, names: list[str] | None) -> tuple[type, tuple[str, ...] 
         raise DecodeError(f"{name} is not a class of dslc")
     cls: Any = sys.modules[module]
     for part in qualname.split("."):
-        cls = getattr(cls, part, None) if part.isidentifier() and not part.startswith("_") else None
+        cls = getattr(cls, part, None) if part.isidentifier() and not part.startswith("__") else None
     if not isinstance(cls, type) or cls.__module__ != module or cls.__qualname__ != qualname:
         raise DecodeError(f"{name} is not a class of dslc")
     if issubclass(cls, enum.Enum) and names is None:
@@ -304,6 +313,10 @@ def _dict(body: list) -> dict:
         raise DecodeError("a dict with a key and no value")
     body = _items(body)
     return dict(zip(body[::2], body[1::2]))
+
+
+def _slice(body: list) -> slice:
+    return slice(*_items(body))
 
 
 def _float(hexbits: str) -> float:

@@ -25,7 +25,8 @@ def roundtrip(value):
 @pytest.mark.parametrize("value", [
     None, True, False, 0, -7, 2**80, "", "naïve ✓", b"\x00\xffbytes", 1.5, -0.0, 1e-310,
     (), (1, (2, (3,))), [], [1, [2, ()]], {"a": 1, (1, 2): [3]}, {1: "x", "1": "y"},
-    frozenset({1, "a", (2, 3)}), {4, 5}, [(), [()], {"k": ()}],
+    frozenset({1, "a", (2, 3)}), {4, 5}, [(), [()], {"k": ()}], ..., (1, ..., slice(None, 3)),
+    slice(1, -1, (2,)),
 ])
 def test_plain_values_come_back_equal_and_of_the_same_types(value):
     back = roundtrip(value)
@@ -136,3 +137,22 @@ def test_a_class_whose_module_is_not_imported_is_a_decode_error_not_an_import(mo
     with pytest.raises(codec.DecodeError):
         codec.decode(entry([["frontend.ast:Int", ["value", "span"]]], {"0": [1, None]}))
     assert "frontend.ast" not in sys.modules
+
+
+def test_a_cycle_through_a_tuple_is_not_encoded():
+    loop = []
+    loop.append((loop,))
+    with pytest.raises(codec.EncodeError):
+        codec.encode(loop)
+
+
+def test_a_class_of_dslc_defined_in_a_function_is_not_encoded():
+    import dataclasses
+    import ir.core
+
+    @dataclasses.dataclass
+    class Local:
+        x: int
+    Local.__module__ = ir.core.__name__           # as if defined in a function of ir.core
+    with pytest.raises(codec.EncodeError):
+        codec.encode(Local(1))
