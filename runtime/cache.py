@@ -23,7 +23,7 @@ from runtime import codec
 
 MAGIC = b"dslc-entry-v2\n"
 HEADER = struct.Struct("<Q32s")     # after MAGIC and the key: the data's length and its sha256
-MAX_ENTRY = 1 << 30                 # bytes of data; an entry that says more is not one of ours
+MAX_ENTRY = 1 << 28                 # bytes of data (256 MiB); an entry that says more is not ours
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -90,7 +90,7 @@ def _read_entry(fd: int, head: bytes) -> bytes | None:
     """The data of the entry open at fd, reading no more than its header says: a FIFO, a device
     or a file of another user's is not an entry, nor is one that is longer or shorter."""
     st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
         return None
     prefix = _read_exactly(fd, len(head) + HEADER.size)
     if prefix is None or not prefix.startswith(head):
@@ -148,7 +148,7 @@ def _trusted(folder: Path) -> bool:
             st = os.stat(d)
         except OSError:
             return False
-        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o022:
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o022:
             continue
         if not _warned:
             _warned = True
