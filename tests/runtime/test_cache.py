@@ -1,6 +1,17 @@
 """The compile cache: a second compilation of the same kernels loads the stored object code;
-an entry that was corrupted or written for another key is ignored, rebuilt and never run."""
+an entry that was corrupted or written for another key is ignored, rebuilt and never run, and
+no entry is trusted further than a regular file of this user's, in folders only they can write,
+read as data."""
 from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -150,12 +161,6 @@ def test_values_of_a_cached_function_never_share_an_id_with_this_process_values(
 # What is at an entry's path is not trusted: only a regular file of this user's, in folders no
 # one else can write, with the header and checksum the key calls for, is read, and only as data.
 
-import errno
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -281,10 +286,6 @@ def test_new_cache_folders_are_writable_by_this_user_only(tmp_path, monkeypatch)
 # ---------------------------------------------------------------------------------------------
 # A corpus of damaged entries, each met by a new process through the public API: every run
 # gives the right answer, having ignored and rebuilt what it could not trust.
-
-import json
-import shutil
-import struct
 
 SOURCE = "def f(x: f32[N]) -> f32:\n  return sum(x * x)\n"
 RUN = (f"import numpy as np, dsl; print(dsl.loads({SOURCE!r}, name='m.bend')"
