@@ -1,6 +1,17 @@
 """The compile cache: a second compilation of the same kernels loads the stored object code;
-an entry that was corrupted or written for another key is ignored, rebuilt and never run."""
+an entry that was corrupted or written for another key is ignored, rebuilt and never run, and
+no entry is trusted further than a regular file of this user's, in folders only they can write,
+read as data."""
 from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -62,31 +73,31 @@ def test_the_key_covers_the_compiler_versions(monkeypatch):
     assert cache.key("ir") != k
 
 
-def pickled(root):
-    return sorted(p for p in root.rglob("*.pkl"))
+def stored_values(root):
+    return sorted(p for p in root.rglob("*.val"))
 
 
 def test_a_second_executable_of_the_same_function_reuses_its_plan(cache_dir, monkeypatch):
     x = np.arange(120, dtype=np.float32).reshape(40, 3)
     want = Executable(program()).run([x])[0]
-    assert pickled(cache_dir), "the plan was not stored"
+    assert stored_values(cache_dir), "the plan was not stored"
     monkeypatch.setattr("runtime.cpu.schedule", lambda *a: pytest.fail("planned again"))
     got = Executable(program()).run([x])[0]       # a new lowering: other value ids, same plan
     assert got.tobytes() == want.tobytes()
 
 
 @pytest.mark.parametrize("damage", ["flip a byte", "another key"])
-def test_a_damaged_or_foreign_plan_is_planned_again_never_unpickled(cache_dir, damage, monkeypatch):
+def test_a_damaged_or_foreign_plan_is_planned_again_never_decoded(cache_dir, damage, monkeypatch):
     x = np.ones((40, 3), np.float32)
     Executable(program()).run([x])
-    for entry in pickled(cache_dir):
+    for entry in stored_values(cache_dir):
         blob = bytearray(entry.read_bytes())
         if damage == "flip a byte":
             blob[-3] ^= 0xFF
         else:
             blob = blob.replace(entry.stem.encode(), b"0" * len(entry.stem))
         entry.write_bytes(bytes(blob))
-    monkeypatch.setattr("pickle.loads", lambda *a: pytest.fail("a damaged entry was unpickled"))
+    monkeypatch.setattr("runtime.codec.decode", lambda *a: pytest.fail("a damaged entry was decoded"))
     got = Executable(program()).run([x])[0]
     assert np.array_equal(got, np.full(40, 3.0, np.float32))
 
@@ -131,10 +142,233 @@ def test_a_second_load_of_the_same_text_skips_parsing_and_reports_errors_where_t
     with pytest.raises(BaseException, match="parsed again"):        # another path: parsed
         dsl.loads(source, name="n.bend", device="cpu")
 
-def test_values_of_a_cached_function_never_share_an_id_with_this_process_values():
+
+@pytest.mark.parametrize("roundtrip", ["codec", "pickle"])
+def test_values_of_a_cached_function_never_share_an_id_with_this_process_values(roundtrip):
     import pickle
+    from runtime import codec
     fn = program()
-    back = pickle.loads(pickle.dumps(fn))        # as if stored by another process
+    if roundtrip == "codec":
+        back = codec.decode(codec.encode(fn))    # as if stored by another process
+    else:
+        back = pickle.loads(pickle.dumps(fn))
     values = {v for f in (fn, back) for op in f.ops for v in op.outputs + op.inputs}
     assert len({v.id for v in values}) == len(values)
 
+
+
+# ---------------------------------------------------------------------------------------------
+# What is at an entry's path is not trusted: only a regular file of this user's, in folders no
+# one else can write, with the header and checksum the key calls for, is read, and only as data.
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def child(code: str, cache: Path, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run code in a new Python process on this cache: a hang fails the test, never the suite."""
+    env = dict(os.environ, DSLC_CACHE_DIR=str(cache), DSLC_DEVICE="cpu", PYTHONPATH=str(REPO))
+    return subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, timeout=timeout,
+                          capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("thing", ["fifo", "symlink to /dev/zero"])
+def test_a_fifo_or_device_at_an_entry_is_a_miss_not_a_hang(cache_dir, thing):
+    k = cache.key("a fifo")
+    path = cache_dir / k[:2] / f"{k}.o"
+    path.parent.mkdir(mode=0o700)
+    if thing == "fifo":
+        os.mkfifo(path)
+    else:
+        path.symlink_to("/dev/zero")
+    run = child(f"from runtime import cache; print(cache.load({k!r}))", cache_dir, timeout=30)
+    assert run.stdout.split() == ["None"], run.stderr
+
+
+def test_an_entry_longer_than_its_header_says_is_a_miss(cache_dir):
+    cache.store("k", b"object code")
+    (entry,) = cache_dir.rglob("k.o")
+    with open(entry, "ab") as f:
+        f.write(b"more")
+    assert cache.load("k") is None
+
+
+def test_an_entry_whose_header_claims_more_than_the_maximum_is_a_miss(cache_dir):
+    cache.store("k", b"object code")
+    (entry,) = cache_dir.rglob("k.o")
+    head = cache.MAGIC + b"k\n"
+    entry.write_bytes(head + cache.HEADER.pack(cache.MAX_ENTRY + 1, bytes(32)) + b"x")
+    assert cache.load("k") is None
+
+
+class FullDisk:
+    """A file whose write fails half-way, as on a full disk."""
+    fdopen = os.fdopen
+
+    def __init__(self, fd, mode):
+        self.f = FullDisk.fdopen(fd, mode)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.f.close()
+
+    def write(self, data):
+        self.f.write(data[: len(data) // 2])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+
+@pytest.mark.parametrize("failing", ["write", "replace"])
+def test_a_failed_write_leaves_no_temporary_file(cache_dir, monkeypatch, failing):
+    def no_space(*a):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    if failing == "write":
+        monkeypatch.setattr(cache.os, "fdopen", FullDisk)
+    else:
+        monkeypatch.setattr(cache.os, "replace", no_space)
+    cache.store("k", b"object code" * 1000)          # not an error to the caller
+    monkeypatch.undo()
+    assert [p.name for p in cache_dir.rglob("*") if p.is_file()] == []
+    assert cache.load("k") is None
+
+
+def test_a_planted_pickle_with_a_valid_checksum_is_never_unpickled(cache_dir, tmp_path):
+    import pickle
+    x = np.ones((40, 3), np.float32)
+    Executable(program()).run([x])
+    marker = tmp_path / "ran"
+
+    class Hostile:
+        def __reduce__(self):
+            return (Path.touch, (marker,))
+    assert stored_values(cache_dir)
+    for entry in stored_values(cache_dir):
+        cache.store(entry.stem, pickle.dumps(Hostile()), "val")   # a checksum that matches
+        assert cache.load(entry.stem, "val") is not None
+    got = Executable(program()).run([x])[0]
+    assert np.array_equal(got, np.full(40, 3.0, np.float32)) and not marker.exists()
+
+
+@pytest.mark.parametrize("where", ["cache folder", "entry folder"])
+@pytest.mark.parametrize("mode", [0o777, 0o770])
+def test_entries_in_a_folder_others_can_write_are_refused_with_one_warning(
+        cache_dir, monkeypatch, capsys, where, mode):
+    cache.store("k", b"object code")
+    assert cache.load("k") == b"object code"
+    (entry,) = cache_dir.rglob("k.o")
+    (cache_dir if where == "cache folder" else entry.parent).chmod(mode)
+    monkeypatch.setattr(cache, "_warned", False)
+    assert cache.load("k") is None and cache.load("k") is None
+    assert capsys.readouterr().err.count("dslc: not using the compile cache") == 1
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a folder to another user needs root")
+def test_entries_in_a_folder_of_another_user_are_refused(cache_dir, monkeypatch):
+    cache.store("k", b"object code")
+    (entry,) = cache_dir.rglob("k.o")
+    os.chown(entry.parent, 12345, -1)
+    monkeypatch.setattr(cache, "_warned", True)
+    assert cache.load("k") is None
+
+
+def test_new_cache_folders_are_writable_by_this_user_only(tmp_path, monkeypatch):
+    monkeypatch.setenv("DSLC_CACHE_DIR", str(tmp_path / "new"))
+    old = os.umask(0o002)                   # a umask that would let the group write
+    try:
+        cache.store("k", b"object code")
+    finally:
+        os.umask(old)
+    (entry,) = (tmp_path / "new").rglob("k.o")
+    assert (entry.parent.stat().st_mode & 0o777, (tmp_path / "new").stat().st_mode & 0o777) == (0o700, 0o700)
+    assert cache.load("k") == b"object code"
+
+
+# ---------------------------------------------------------------------------------------------
+# A corpus of damaged entries, each met by a new process through the public API: every run
+# gives the right answer, having ignored and rebuilt what it could not trust.
+
+SOURCE = "def f(x: f32[N]) -> f32:\n  return sum(x * x)\n"
+RUN = (f"import numpy as np, dsl; print(dsl.loads({SOURCE!r}, name='m.bend')"
+       ".f(np.arange(5, dtype=np.float32)))")
+
+
+def sealed(entry: Path, data: bytes) -> None:
+    """Rewrite entry (in the cache $DSLC_CACHE_DIR names) with data under a header and checksum
+    that match: what checking the checksum cannot catch."""
+    entry.unlink()
+    cache.store(entry.stem, data, entry.suffix[1:])
+
+
+def plain(table: list, doc) -> bytes:
+    """An entry in the codec's layout with this class table and document."""
+    t, d = json.dumps(table).encode(), json.dumps(doc).encode()
+    return struct.pack("<QQ", len(t), len(d)) + t + d
+
+
+def flip(entry):
+    blob = bytearray(entry.read_bytes())
+    blob[-5] ^= 0xFF
+    entry.write_bytes(bytes(blob))
+
+
+def fifo(entry):
+    entry.unlink()
+    os.mkfifo(entry)
+
+
+def dev_zero(entry):
+    entry.unlink()
+    entry.symlink_to("/dev/zero")
+
+
+def another_key(entry):
+    entry.write_bytes(entry.read_bytes().replace(entry.stem.encode(), b"0" * len(entry.stem)))
+
+
+ANY_ENTRY = {
+    "flip a byte": flip,
+    "truncate": lambda e: e.write_bytes(e.read_bytes()[: e.stat().st_size // 2]),
+    "append": lambda e: e.write_bytes(e.read_bytes() + b"\0" * 64),
+    "empty": lambda e: e.write_bytes(b""),
+    "another key": another_key,
+    "fifo": fifo,
+    "symlink to /dev/zero": dev_zero,
+    "a folder": lambda e: (e.unlink(), e.mkdir()),
+}
+VALUE_ENTRY = {
+    "sealed garbage": lambda e: sealed(e, os.urandom(200)),
+    "sealed truncation": lambda e: sealed(e, cache.load(e.stem, "val")[:-7]),
+    "sealed pickle": lambda e: sealed(e, __import__("pickle").dumps(print)),
+    "sealed foreign class": lambda e: sealed(e, plain([["os:system", []]], {"0": []})),
+    "sealed unimported dslc class": lambda e: sealed(e, plain([["runtime.nothing:X", []]], {"0": []})),
+    "sealed dslc function": lambda e: sealed(e, plain([["dsl.program:loads", []]], {"0": []})),
+    "sealed wrong fields": lambda e: sealed(e, plain([["ir.core:Value", ["type"]]], {"0": [1, 2]})),
+    "sealed bad reference": lambda e: sealed(e, plain([], {"r": 7})),
+    "sealed bad array": lambda e: sealed(e, plain([], {"a": ["|O", [3], 0, 24]})),
+    "sealed NaN constant": lambda e: sealed(e, plain([], [1.0]).replace(b"1.0", b"NaN")),
+}
+
+
+@pytest.fixture(scope="module")
+def warm_cache(tmp_path_factory):
+    root = tmp_path_factory.mktemp("warm")
+    run = child(RUN, root)
+    assert run.stdout.split() == ["30.0"], run.stderr
+    return root
+
+
+@pytest.mark.parametrize("kind, damage", [(k, d) for k in ("o", "val") for d in ANY_ENTRY]
+                         + [("val", d) for d in VALUE_ENTRY])
+def test_a_run_on_a_damaged_cache_ignores_and_rebuilds_the_damage(warm_cache, tmp_path, monkeypatch,
+                                                                  kind, damage):
+    root = tmp_path / "cache"
+    shutil.copytree(warm_cache, root, symlinks=True)
+    entries = sorted(root.rglob(f"*.{kind}"))
+    assert entries
+    monkeypatch.setenv("DSLC_CACHE_DIR", str(root))
+    for entry in entries:
+        {**ANY_ENTRY, **VALUE_ENTRY}[damage](entry)
+    run = child(RUN, root, timeout=120)
+    assert run.stdout.split() == ["30.0"] and "Traceback" not in run.stderr, run.stderr
+    if damage != "a folder":                    # rebuilt: the next run reads what this one stored
+        assert all(cache.load(e.stem, kind) is not None for e in entries), damage

@@ -1,0 +1,334 @@
+"""Plain data for the compile cache: the syntax trees, lowered IR and kernel plans it stores,
+as JSON and a section of raw bytes (arrays). Decoding constructs nothing but containers,
+numbers, NumPy arrays and the dataclasses and enums of dslc's own packages, named in the
+entry and looked up among the modules already imported, so that reading an entry can never
+run code. Objects reached more than once are written once and referred to after, so the
+decoded graph shares what the encoded one shared (an IR value used by several ops)."""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import math
+import struct
+import sys
+from typing import Any, Callable
+
+import numpy as np
+
+PACKAGES = ("frontend", "ir", "backend", "runtime", "dsl")
+DTYPE_KINDS = "biufc"           # bool, ints, floats, complex: arrays of plain bytes
+_SIZES = struct.Struct("<QQ")   # the lengths of the class table and of the document
+
+
+class EncodeError(ValueError):
+    """A value the codec does not write (a type outside its list): it is not cached."""
+
+
+class DecodeError(ValueError):
+    """An entry that is not something encode wrote: treated as absent."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Encoding
+#
+# The document is JSON whose scalars are themselves; anything else is an object of one key, its
+# tag: {"l": [...]} a list, {"d": [k, v, ...]} a dict, {"t": [...]} a tuple, {"3": [field
+# values...]} an object of the class in row 3 of the class table (or {"3": "NAME"}, an enum
+# member). A tuple holding no tuple or list is a bare JSON array: tuples are the commonest
+# container, and json.loads calls the decoder's hook on objects only. A tag ending in "!"
+# marks a value referred to again later, as {"r": n}, n counting such values in the order their
+# JSON ends (the order in which the decoder completes them).
+
+
+def encode(value: Any) -> bytes:
+    """value as the bytes decode reads back; EncodeError when it holds a type outside the list."""
+    try:
+        return _Encoder(value).finish()
+    except RecursionError:              # a cycle through tuples, or a value nested too deeply
+        raise EncodeError("a value nested too deeply (or a cycle through a tuple)") from None
+
+
+class _Encoder:
+    def __init__(self, value: Any):
+        self.classes: dict[tuple[type, tuple[str, ...] | None], str] = {}
+        self.table: list[list] = []
+        self.binary = bytearray()
+        self.shared = _shared(value)
+        self.refs: dict[int, int] = {}      # id of a shared object -> its number
+        self.open: set[int] = set()         # objects being encoded: met again, they are a cycle
+        self.doc = self.value(value)
+
+    def finish(self) -> bytes:
+        table = json.dumps(self.table, separators=(",", ":")).encode()
+        doc = json.dumps(self.doc, separators=(",", ":"), allow_nan=False).encode()
+        return _SIZES.pack(len(table), len(doc)) + table + doc + bytes(self.binary)
+
+    def value(self, x: Any) -> Any:
+        t = type(x)
+        if x is None or t in (bool, int, str):
+            return x
+        if t is float:
+            return x if math.isfinite(x) else {"f": struct.pack(">d", x).hex()}   # nan, ±inf, bit for bit
+        if t is tuple:
+            items = [self.value(v) for v in x]
+            return {"t": items} if any(type(v) in (tuple, list) for v in x) else items
+        if id(x) in self.refs:
+            return {"r": self.refs[id(x)]}
+        if id(x) in self.open:
+            raise EncodeError(f"a cycle through a {t.__name__}")
+        self.open.add(id(x))
+        node = self.node(x)
+        self.open.discard(id(x))
+        if id(x) in self.shared:
+            self.refs[id(x)] = len(self.refs)
+            (tag, body), = node.items()
+            node = {tag + "!": body}
+        return node
+
+    def node(self, x: Any) -> dict:
+        t = type(x)
+        if t is list:
+            return {"l": [self.value(v) for v in x]}
+        if t is dict:
+            return {"d": [self.value(v) for kv in x.items() for v in kv]}
+        if t in (frozenset, set):
+            return {"s" if t is frozenset else "z": [self.value(v) for v in x]}
+        if t is bytes:
+            return {"b": self.bytes(x)}
+        if x is Ellipsis:                       # an index's `...`
+            return {"x": 0}
+        if t is slice:
+            return {"c": [self.value(x.start), self.value(x.stop), self.value(x.step)]}
+        if t is np.ndarray:
+            return {"a": [_dtype_name(x.dtype), list(x.shape), *self.bytes(np.ascontiguousarray(x).tobytes())]}
+        if isinstance(x, np.generic):
+            return {"n": [_dtype_name(x.dtype), self.bytes(x.tobytes())[0]]}
+        if t is np.dtype or isinstance(x, np.dtype):
+            return {"y": _dtype_name(x)}
+        if isinstance(x, enum.Enum) and _ours(t):
+            return {self.cls(t, None): x.name}
+        if dataclasses.is_dataclass(t) and _ours(t) and hasattr(x, "__dict__"):
+            names = tuple(vars(x))
+            return {self.cls(t, names): [self.value(v) for v in vars(x).values()]}
+        raise EncodeError(f"no encoding for a {t.__module__}.{t.__qualname__}")
+
+    def cls(self, t: type, names: tuple[str, ...] | None) -> str:
+        """The tag of t's objects with these attributes (None: an enum)."""
+        if (t, names) not in self.classes:
+            self.classes[t, names] = str(len(self.table))
+            self.table.append([f"{t.__module__}:{t.__qualname__}", None if names is None else list(names)])
+        return self.classes[t, names]
+
+    def bytes(self, data: bytes) -> list[int]:
+        offset = len(self.binary)
+        self.binary += data
+        return [offset, len(data)]
+
+
+def _shared(value: Any) -> set[int]:
+    """The ids of the objects value reaches more than once (tuples and scalars aside)."""
+    seen: set[int] = set()
+    shared: set[int] = set()
+    stack = [value]
+    while stack:
+        x = stack.pop()
+        t = type(x)
+        if x is None or x is Ellipsis or t in (bool, int, float, str):
+            continue
+        if t is not tuple:
+            if id(x) in seen:
+                shared.add(id(x))
+                continue
+            seen.add(id(x))
+        if t in (tuple, list, set, frozenset):
+            stack.extend(x)
+        elif t is dict:
+            stack.extend(v for kv in x.items() for v in kv)
+        elif dataclasses.is_dataclass(t) and hasattr(x, "__dict__"):
+            stack.extend(vars(x).values())
+    return shared
+
+
+def _ours(t: type) -> bool:
+    """Whether t is a class of dslc that decode can find again by its name."""
+    return t.__module__.split(".")[0] in PACKAGES and "<locals>" not in t.__qualname__
+
+
+def _dtype_name(dtype: np.dtype) -> str:
+    if dtype.kind not in DTYPE_KINDS or dtype.fields is not None or dtype.subdtype is not None:
+        raise EncodeError(f"no encoding for dtype {dtype}")
+    return dtype.str
+
+
+# ---------------------------------------------------------------------------------------------
+# Decoding
+
+
+def decode(data: bytes) -> Any:
+    """The value encode wrote into data; DecodeError for anything else, however it differs."""
+    try:
+        return _decode(memoryview(data))
+    except DecodeError:
+        raise
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError, RecursionError,
+            OverflowError, struct.error) as e:
+        raise DecodeError(f"not an entry: {type(e).__name__}: {e}") from None
+
+
+def _decode(data: memoryview) -> Any:
+    n_table, n_doc = _SIZES.unpack_from(data)
+    start = _SIZES.size
+    if start + n_table + n_doc > len(data):
+        raise DecodeError("shorter than its header says")
+    table = json.loads(bytes(data[start:start + n_table]))
+    doc = bytes(data[start + n_table:start + n_table + n_doc])
+    decoder = _Decoder([_resolve(*row) for row in table], data[start + n_table + n_doc:])
+    return _items([json.loads(doc, object_pairs_hook=decoder.hook, parse_constant=_no_constant)])[0]
+
+
+class _Decoder:
+    """The hook of json.loads: called on each tagged object once its contents are decoded."""
+
+    def __init__(self, classes: list[tuple[type, tuple[str, ...] | None]], binary: memoryview):
+        self.binary = binary
+        self.refs: list[Any] = []
+        tags: dict[str, Callable[[Any], Any]] = {
+            "t": _tuple, "l": _list, "d": _dict, "s": _frozenset, "z": _set, "f": _float,
+            "b": self.bytes, "a": self.array, "n": self.scalar, "y": _dtype,
+            "x": lambda _: ..., "c": _slice}
+        tags.update((str(i), _maker(*row)) for i, row in enumerate(classes))
+        tags.update([(tag + "!", self.remembered(make)) for tag, make in tags.items()])
+        tags["r"] = self.ref
+
+        def hook(pairs: list[tuple[str, Any]]) -> Any:      # a closure: called for every object
+            (tag, body), = pairs
+            return tags[tag](body)
+        self.hook = hook
+
+    def remembered(self, make: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        def make_and_remember(body: Any) -> Any:
+            value = make(body)
+            self.refs.append(value)
+            return value
+        return make_and_remember
+
+    def ref(self, n: int) -> Any:
+        if type(n) is not int or not 0 <= n < len(self.refs):
+            raise DecodeError(f"a reference to {n!r}, not to a value before it")
+        return self.refs[n]
+
+    def bytes(self, body: list) -> bytes:
+        return bytes(self.span(*body))
+
+    def array(self, body: list) -> np.ndarray:
+        dtype, shape, offset, size = body
+        return np.frombuffer(self.span(offset, size), _dtype(dtype)).reshape(shape).copy()
+
+    def scalar(self, body: list) -> np.generic:
+        dtype = _dtype(body[0])
+        return np.frombuffer(self.span(body[1], dtype.itemsize), dtype)[0]
+
+    def span(self, offset: int, size: int) -> memoryview:
+        if not (0 <= offset and 0 <= size and offset + size <= len(self.binary)):
+            raise DecodeError("bytes outside the entry")
+        return self.binary[offset:offset + size]
+
+
+def _resolve(name: str, names: list[str] | None) -> tuple[type, tuple[str, ...] | None]:
+    """The class an entry names, if it is a dataclass or enum of dslc in a module already
+    imported (an entry never makes Python import anything); names None for an enum."""
+    module, _, qualname = name.partition(":")
+    if module.split(".")[0] not in PACKAGES or module not in sys.modules:
+        raise DecodeError(f"{name} is not a class of dslc")
+    cls: Any = sys.modules[module]
+    for part in qualname.split("."):
+        cls = getattr(cls, part, None) if part.isidentifier() and not part.startswith("__") else None
+    if not isinstance(cls, type) or cls.__module__ != module or cls.__qualname__ != qualname:
+        raise DecodeError(f"{name} is not a class of dslc")
+    if issubclass(cls, enum.Enum) and names is None:
+        return cls, None
+    fields = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else None
+    if fields is None or type(names) is not list or not all(
+            type(n) is str and n.isidentifier() and not n.startswith("__") for n in names) \
+            or not fields <= set(names):
+        raise DecodeError(f"{name} with fields {names} is not a dataclass of dslc")
+    return cls, tuple(names)
+
+
+def _maker(cls: type, names: tuple[str, ...] | None) -> Callable[[Any], Any]:
+    """What makes an object of cls from its encoding: an enum member from its name, a dataclass
+    instance from its attributes' values, as unpickling would (without calling __init__, and
+    through __setstate__ where the class has one: ir.core.Value takes a fresh id)."""
+    if names is None:
+        return lambda name: cls[name]
+    new, count = object.__new__, len(names)
+    setstate = getattr(cls, "__setstate__", None)
+
+    def make(values: list) -> Any:
+        if type(values) is not list or len(values) != count:
+            raise DecodeError(f"{cls.__qualname__} with other fields than its class")
+        values = [tuple(v) if type(v) is list else v.items if type(v) is _List else v
+                  for v in values]                          # _items, inlined: the hottest call
+        x = new(cls)
+        if setstate is None:
+            x.__dict__.update(zip(names, values))
+        else:
+            setstate(x, dict(zip(names, values)))
+        return x
+    return make
+
+
+class _List:
+    """A decoded list, until its container is made: a list there is a JSON array, a tuple."""
+    __slots__ = ("items",)
+
+    def __init__(self, items: list):
+        self.items = items
+
+
+def _items(body: list) -> list:
+    """The elements of a decoded container: bare arrays as tuples, lists as themselves."""
+    return [tuple(v) if type(v) is list else v.items if type(v) is _List else v for v in body]
+
+
+def _tuple(body: list) -> tuple:
+    return tuple([tuple(v) if type(v) is list else v.items if type(v) is _List else v for v in body])
+
+
+def _list(body: list) -> _List:
+    return _List(_items(body))
+
+
+def _frozenset(body: list) -> frozenset:
+    return frozenset(_items(body))
+
+
+def _set(body: list) -> set:
+    return set(_items(body))
+
+
+def _dict(body: list) -> dict:
+    if len(body) % 2:
+        raise DecodeError("a dict with a key and no value")
+    body = _items(body)
+    return dict(zip(body[::2], body[1::2]))
+
+
+def _slice(body: list) -> slice:
+    return slice(*_items(body))
+
+
+def _float(hexbits: str) -> float:
+    return struct.unpack(">d", bytes.fromhex(hexbits))[0]
+
+
+def _dtype(name: str) -> np.dtype:
+    dtype = np.dtype(name)
+    if dtype.kind not in DTYPE_KINDS or dtype.fields is not None or dtype.subdtype is not None:
+        raise DecodeError(f"dtype {name} is not one of plain numbers")
+    return dtype
+
+
+def _no_constant(name: str) -> None:
+    raise DecodeError(f"{name} in an entry (encode writes no NaN or Infinity)")
