@@ -447,7 +447,7 @@ class Program:
         sources = sorted((m.path, m.source.text) for m in self._resolved.modules.values())
         k = cache.key("lowered", cache.code_digest("frontend", "ir", "dsl"), repr(sources),
                       d.name, repr(inputs.key))
-        return cache.pickled(k, lambda: deep(lambda: self._lower(d, b, inputs)))
+        return cache.memo(k, lambda: deep(lambda: self._lower(d, b, inputs)))
 
     def _lower(self, d: ast.Def, b: Builder, inputs: Inputs) -> Lowered:
         checker = Checker(self._resolved, builder=b)
@@ -525,7 +525,7 @@ def _parse(source: Source) -> ast.Module:
     the same path before (parsing the standard library is most of a warm load's wait)."""
     from runtime import cache
     k = cache.key("ast", cache.code_digest("frontend"), ascii(source.path), source.text)
-    return cache.pickled(k, lambda: parse(source))
+    return cache.memo(k, lambda: parse(source))
 
 
 # ---------------------------------------------------------------- Python values in and out

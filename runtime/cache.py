@@ -187,9 +187,8 @@ def store_value(k: str, value: Any) -> None:
     store(k, data, "val")
 
 
-def pickled(k: str, make: Callable[[], Any]) -> Any:
-    """The value stored under k, or make()'s, stored there for next time. (Plain data, not
-    pickles, despite the name its callers know it by.)"""
+def memo(k: str, make: Callable[[], Any]) -> Any:
+    """The value stored under k, or make()'s, stored there for next time."""
     value = load_value(k)
     if value is None:
         value = make()

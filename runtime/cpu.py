@@ -142,7 +142,7 @@ def _planned(fn: Function, name: str) -> tuple[Plan, Memory]:
         made = schedule(for_backends(fn), name)
         return made, plan_memory(made)
     k = cache.key("plan", cache.code_digest("backend", "ir"), name, _digest(fn))
-    return cache.pickled(k, plan)
+    return cache.memo(k, plan)
 
 
 def _digest(fn: Function) -> str:
