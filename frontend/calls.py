@@ -132,12 +132,17 @@ class Calls:
         key = (id(d), id(f.env), tuple(signature(v) for v in values))
         if key in self.memo:
             return self.memo[key]
-        if key in self.active:          # symbolic recursion: the declared result, if any
-            return Binder().instantiate(d.ret, mod, "result") if d.ret else UNKNOWN
+        entries = self.entered.setdefault(key[:2], [])
+        if key in self.active or entries and self.undecided > entries[-1]:
+            # recursion with the same arguments, or from a branch the checker could not
+            # choose (`switch n` with n unknown): the call is typed by the signature, as a
+            # type checker does, and unrolled only where the branch is decided
+            return self.assumed(f, values, spans)
         if self.depth >= MAX_DEPTH:
             raise CheckError(span, f"static recursion deeper than {MAX_DEPTH} calls of '{d.name}': "
                                    "does its switch or bend reach a base case?")
         self.active.add(key)
+        entries.append(self.undecided)
         self.depth += 1
         called = span != d.name_span                # not the generic check of d itself
         if called:
@@ -150,17 +155,29 @@ class Calls:
             raise with_note(e, Note(f"in '{d.name}' called from {span}")) from None
         finally:
             self.active.discard(key)
+            entries.pop()
             self.depth -= 1
             if called:
                 self.calls.pop()
         self.memo[key] = result
         return result
 
-    def run_def(self, f: FuncV, values: list, spans: Spans):
+    def assumed(self, f: FuncV, values: list, spans: Spans):
+        """A call not unrolled: its arguments checked against the parameters' annotations and
+        its result the declared one (unknown where none is declared)."""
+        if f.node.ret is None:
+            return UNKNOWN
+        binder = Binder()
+        self.bind_params(f, values, spans, binder)
+        binder.finish()
+        result = binder.instantiate(f.node.ret, f.module, f"{f.node.name}()")
+        return StaticV("int", Dim.unknown()) if isinstance(result, StaticV) and result.kind == "int" else result
+
+    def bind_params(self, f: FuncV, values: list, spans: Spans, binder: Binder) -> dict:
+        """The arguments matched against the parameters' annotations (dimensions bound in binder)."""
         d, mod = f.node, f.module
         names = [p.name for p in d.params]
-        binder = self.binder()
-        env = dict(f.env or {})
+        env = {}
         order = sorted(range(len(d.params)), key=lambda i: not _is_static_int(d.params[i].type))
         for i in order:
             p, v = d.params[i], values[i]
@@ -175,6 +192,13 @@ class Calls:
                 if isinstance(v, TensorV):
                     v = TensorV(v.type, Origin(p.name, p.type, p.span), v.ir)
             env[p.name] = v
+        return env
+
+    def run_def(self, f: FuncV, values: list, spans: Spans):
+        d, mod = f.node, f.module
+        binder = self.binder()
+        env = dict(f.env or {})
+        env.update(self.bind_params(f, values, spans, binder))
         binder.finish()
         for name, dim in binder.env.items():
             env.setdefault(name, StaticV("int", dim))

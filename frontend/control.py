@@ -2,6 +2,8 @@
 fold, scan and bend), evaluated where static and every branch checked where not."""
 from __future__ import annotations
 
+from contextlib import contextmanager, nullcontext
+
 from frontend import ast
 from frontend.ast import contains_span, names_type_param
 from frontend.calls import MAX_DEPTH, Frame
@@ -11,7 +13,7 @@ from frontend.lower import (LoweringError, close_over, fresh_params, leaf_values
 from frontend.resolve import bound_names
 from frontend.unify import Binder, Mismatch
 from frontend.values import (UNKNOWN, AdtV, ForkV, FuncV, ListV, RecordV, StaticV, TensorV, TupleV,
-                             UnknownV, describe, merge_all, signature, stack, type_of)
+                             UnknownV, describe, merge, merge_all, signature, stack, type_of)
 from ir.ad import b_scan
 from ir.core import Builder
 from ir.dims import Dim
@@ -124,17 +126,28 @@ class Statements:
     def branches(self, bodies: list, frame: Frame) -> bool:
         """Check several bodies the checker cannot choose between; merge what they assign."""
         ends = []
-        for body, extra in bodies:
-            f = Frame({**frame.env, **extra}, frame.module, frame.name, frame.returns,
-                      frame.declared, frame.binder)
-            if not self.block(body, f):
-                ends.append(f.env)
+        with self.undecided_branch():
+            for body, extra in bodies:
+                f = Frame({**frame.env, **extra}, frame.module, frame.name, frame.returns,
+                          frame.declared, frame.binder)
+                if not self.block(body, f):
+                    ends.append(f.env)
         if not ends:
             return True
         merged = {k: merge_all([e.get(k, UNKNOWN) for e in ends]) for k in set().union(*ends)}
         frame.env.clear()
         frame.env.update(merged)
         return False
+
+    @contextmanager
+    def undecided_branch(self):
+        """Inside a branch the checker cannot choose: a recursive call or fork here is not
+        unrolled but typed (a generic check of `switch n` with n unknown, calls.assumed)."""
+        self.undecided += 1
+        try:
+            yield
+        finally:
+            self.undecided -= 1
 
     def if_(self, s: ast.If, frame: Frame) -> bool:
         candidates = []
@@ -378,9 +391,14 @@ class Statements:
     def bend(self, s: ast.Bend, frame: Frame) -> None:
         result = _bend_result(s)
         names = [st.name for st in s.state]
+        memo: dict = {}              # forks with the same state give the same result
 
-        def run(values: list, span: Span):
-            key = ("bend", id(s), id(frame), tuple(signature(v) for v in values))
+        def run(values: list, span: Span, base_only: bool = False):
+            """One step of the bend; base_only: its `else` branch alone (a fork not unrolled)."""
+            signatures = tuple(signature(v) for v in values)
+            if (signatures, base_only) in memo:
+                return memo[signatures, base_only]
+            key = ("bend", id(s), id(frame), signatures)
             if key in self.active:
                 return UNKNOWN
             if self.depth >= MAX_DEPTH:
@@ -389,18 +407,29 @@ class Statements:
             self.active.add(key)
             self.depth += 1
             try:
-                step = frame.child(**dict(zip(names, values)), fork=ForkV(run, len(names)))
-                cond = self.static_bool(s.cond, step, "when")
+                entry = self.undecided
+
+                def fork(args: list, fork_span: Span):
+                    if self.undecided > entry:
+                        # a fork in a branch the checker could not choose (a generic check of
+                        # `when d < depth`): typed by the base case for the state it may have
+                        return run([merge(a, v) for a, v in zip(args, values)], fork_span, True)
+                    return run(args, fork_span)
+
+                step = frame.child(**dict(zip(names, values)), fork=ForkV(fork, len(names)))
+                cond = False if base_only else self.static_bool(s.cond, step, "when")
                 bodies = [b for b, ok in ((s.when_body, cond is not False), (s.else_body, cond is not True)) if ok]
                 outs = []
-                for body in bodies:
-                    f = Frame(dict(step.env), step.module, step.name)
-                    self.block(body, f)
-                    if f.returns:
-                        raise CheckError(f.returns[0][1], "'return' inside a bend: assign the "
-                                                          f"result to '{result}' instead")
-                    outs.append(f.env.get(result, UNKNOWN))
-                return merge_all(outs)
+                with self.undecided_branch() if cond is None else nullcontext():
+                    for body in bodies:
+                        f = Frame(dict(step.env), step.module, step.name)
+                        self.block(body, f)
+                        if f.returns:
+                            raise CheckError(f.returns[0][1], "'return' inside a bend: assign the "
+                                                              f"result to '{result}' instead")
+                        outs.append(f.env.get(result, UNKNOWN))
+                out = memo[signatures, base_only] = merge_all(outs)
+                return out
             finally:
                 self.active.discard(key)
                 self.depth -= 1
