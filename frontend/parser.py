@@ -26,7 +26,7 @@ COMPARISON = 7
 
 ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "0": "\0", "\\": "\\", '"': '"', "'": "'"}
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-NUMBER_LIKE = re.compile(r"\.?\d[\w.]*")
+NUMBER_LIKE = re.compile(r"\.?\d[\w.]*")            # \d: any digit, to name a non-ASCII one
 CLOSERS = {"(": ")", "[": "]", "{": "}"}
 
 # How a message names the tokens it expected; the others are named by their quoted text.
@@ -472,6 +472,9 @@ def _bad_character(source: Source, pos: int) -> ParseError:
         message = "unclosed '#{' comment"
     elif number := NUMBER_LIKE.match(text, pos):
         message, end = f"invalid number '{number[0]}'", number.end()
+        if not number[0].isascii():
+            digit = next(c for c in number[0] if not c.isascii())
+            message += f": {digit!r} is not an ASCII digit; write numbers with 0-9"
     else:
         message = f"unexpected character {text[pos]!r}"
     return ParseError(Span(source, pos, end), message)

@@ -56,3 +56,18 @@ def test_a_wrong_recursive_call_is_still_reported():
     err = checked_within(1.0, "rep.bend", text)
     assert err is not None and "expected f32[N], got f32[N - 1]" in err.message
     assert (err.span.line, err.span.col) == (6, 14)
+
+
+# ---------------------------------------------------------------- lexical
+
+@pytest.mark.parametrize("number, col", [("٣", 14), ("３", 14), ("1３", 14), ("2.５", 14),
+                                         ("1e٣", 14), ("0x1F٣", 14), ("7 + ３", 18)])
+def test_non_ascii_digits_are_not_numbers(number: str, col: int):
+    err = checked_within(1.0, "digits.bend", f"def f(x: f32[N]) -> f32[N]:\n  return x * {number}\n")
+    assert err is not None and "is not an ASCII digit" in err.message, err
+    assert (err.span.line, err.span.col) == (2, col)
+
+
+def test_non_ascii_digits_in_a_dimension():
+    err = checked_within(1.0, "dims.bend", "def f(x: f32[３]) -> f32[3]:\n  return x\n")
+    assert err is not None and (err.span.line, err.span.col) == (1, 14), err
