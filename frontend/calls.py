@@ -9,6 +9,7 @@ import numpy as np
 from frontend import ast
 from frontend.ast import contains_span, names_type_param, source_text
 from frontend.diagnostics import CheckError, DslError, Note, ShapeError, Span, with_note
+from frontend.limits import MAX_RANK, MAX_STATIC_RECURSION
 from frontend.lower import close_over, emit_primitive, fresh_params, leaf_values, rebuild
 from frontend.resolve import Entity, ModuleInfo, lookup_type
 from frontend.unify import Binder, Mismatch, as_tensor, eval_dim
@@ -23,7 +24,6 @@ from ir.dims import Dim
 from ir.ops.base import Kind, OpError, Primitive
 from ir.types import FLOAT_DTYPES, TensorType, UnknownType
 
-MAX_DEPTH = 256          # static recursion (switch, bend, recursive helpers) deeper than this is an error
 
 
 @dataclass(frozen=True)
@@ -138,8 +138,8 @@ class Calls:
             # choose (`switch n` with n unknown): the call is typed by the signature, as a
             # type checker does, and unrolled only where the branch is decided
             return self.assumed(f, values, spans)
-        if self.depth >= MAX_DEPTH:
-            raise CheckError(span, f"static recursion deeper than {MAX_DEPTH} calls of '{d.name}': "
+        if self.depth >= MAX_STATIC_RECURSION:
+            raise CheckError(span, f"static recursion deeper than {MAX_STATIC_RECURSION} calls of '{d.name}': "
                                    "does its switch or bend reach a base case?")
         self.active.add(key)
         entries.append(self.undecided)
@@ -245,6 +245,9 @@ class Calls:
             return UNKNOWN
         try:
             result = prim.infer(**prepared)
+            if isinstance(result, TensorType) and result.rank > MAX_RANK:
+                raise CheckError(span, f"'{name}' would make a tensor of rank {result.rank}: a "
+                                       f"tensor has at most {MAX_RANK} dimensions")
             if self.builder is None:
                 return abstract(result)
             raw = {p.name: v for p, v in zip(positional, values)}
@@ -321,6 +324,9 @@ class Calls:
                 if not all(isinstance(i, StaticV) and i.kind == "int" for i in v.items):
                     raise bad()
                 if kind is Kind.SHAPE:
+                    if len(v.items) > MAX_RANK:
+                        raise CheckError(span, f"a shape of {len(v.items)} dimensions: a tensor has "
+                                               f"at most {MAX_RANK}")
                     for i in v.items:
                         if i.known and i.python < -1:
                             raise CheckError(span, f"negative dimension {i.python} in a shape")

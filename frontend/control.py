@@ -6,8 +6,9 @@ from contextlib import contextmanager, nullcontext
 
 from frontend import ast
 from frontend.ast import contains_span, names_type_param
-from frontend.calls import MAX_DEPTH, Frame
+from frontend.calls import Frame
 from frontend.diagnostics import CheckError, DslError, Note, ShapeError, Span, with_note
+from frontend.limits import MAX_STATIC_RECURSION
 from frontend.lower import (LoweringError, close_over, fresh_params, leaf_values, materialize,
                             rebuild)
 from frontend.resolve import bound_names
@@ -401,8 +402,8 @@ class Statements:
             key = ("bend", id(s), id(frame), signatures)
             if key in self.active:
                 return UNKNOWN
-            if self.depth >= MAX_DEPTH:
-                raise CheckError(span, f"bend recursion deeper than {MAX_DEPTH}: does its 'when' "
+            if self.depth >= MAX_STATIC_RECURSION:
+                raise CheckError(span, f"bend recursion deeper than {MAX_STATIC_RECURSION}: does its 'when' "
                                        "condition become false?")
             self.active.add(key)
             self.depth += 1

@@ -12,21 +12,25 @@ import pytest
 import dsl
 from frontend.check import check_file
 from frontend.diagnostics import DslError
+from frontend.limits import MAX_DIAGNOSTICS, MAX_EXCERPT, MAX_NESTING, MAX_RANK, MAX_SOURCE_BYTES
 
 CORPUS = Path(__file__).resolve().parents[1] / "corpus"
 RECURSION = CORPUS / "valid" / "53_generic_static_recursion.bend"
+check_file("warm.bend", "def f(x):\n  return x\n")     # the parser is built once, at first use
 
 
-def checked_within(seconds: float, path: str, text: str):
-    """check_file(path, text), which must finish (either way) within `seconds`."""
-    start = time.perf_counter()
+def checked_within(seconds: float, path: str, text: str | None):
+    """check_file(path, text)'s error (None if it checks), which must come within `seconds` of
+    CPU time (the process's: the checker runs on a thread of its own; a loaded machine's
+    other work is not counted)."""
+    start = time.process_time()
     try:
         check_file(path, text)
         error = None
     except DslError as e:
         error = e
-    elapsed = time.perf_counter() - start
-    assert elapsed < seconds, f"checking took {elapsed:.1f} s"
+    elapsed = time.process_time() - start
+    assert elapsed < seconds, f"checking took {elapsed:.1f} s of CPU time"
     return error
 
 
@@ -71,3 +75,88 @@ def test_non_ascii_digits_are_not_numbers(number: str, col: int):
 def test_non_ascii_digits_in_a_dimension():
     err = checked_within(1.0, "dims.bend", "def f(x: f32[３]) -> f32[3]:\n  return x\n")
     assert err is not None and (err.span.line, err.span.col) == (1, 14), err
+
+
+# ---------------------------------------------------------------- limits
+
+HEAD = "def f(x: f32[N]) -> f32[N]:\n"
+
+NESTED = {                      # n levels of each kind of nesting, in a function of x
+    "brackets": lambda n: f"  return {'(' * n}x{')' * n}\n",
+    "calls": lambda n: f"  return {'tanh(' * n}x{')' * n}\n",
+    "lists": lambda n: f"  y = {'[' * n}1{']' * n}\n  return x\n",
+    "lambdas": lambda n: f"  return map({'lambda a: ' * n}a, x)\n",
+    "prefix operators": lambda n: f"  return {'-' * n}x\n",
+    "powers": lambda n: f"  return x{' ** x' * n}\n",
+    "an operator chain": lambda n: f"  return x{' + x' * n}\n",
+    "indexing": lambda n: f"  return x{'[:]' * n}\n",
+    "blocks": lambda n: "".join(" " * (i + 1) + "if True:\n" for i in range(n)) + " " * (n + 1) + "return x\n",
+}
+
+
+@pytest.mark.parametrize("kind", NESTED)
+@pytest.mark.parametrize("n", [1000, 10_000])
+def test_deep_nesting_is_a_diagnostic(kind: str, n: int):
+    if kind == "blocks" and n > 1000:
+        pytest.skip("10,000 blocks are 50 MB of indentation: the size limit's case")
+    """10,000 nested lambdas took 12 s and 4 GB; nested brackets and operators exhausted the
+    stack: past MAX_NESTING levels, one diagnostic where the limit is passed."""
+    err = checked_within(1.0 if n <= 1000 else 3.0, "deep.bend", HEAD + NESTED[kind](n))
+    assert err is not None and f"nested more than {MAX_NESTING} deep" in err.message, err
+    assert err.span is not None and err.span.line >= 2
+    assert len(err.diagnostics) == 1 and len(str(err)) < 1000
+
+
+@pytest.mark.parametrize("kind", NESTED)
+def test_nesting_within_the_limit_checks(kind: str):
+    n = MAX_NESTING - 10
+    err = checked_within(2.0, "deep.bend", HEAD + NESTED[kind](n))
+    assert err is None or "nested" not in err.message, err
+
+
+def test_a_source_over_the_size_limit_is_refused_unread(tmp_path):
+    """A 50 MB source took over 5 minutes to reach a diagnostic."""
+    body = HEAD + "  return x\n"
+    padding = "# " + "x" * 78 + "\n"
+    text = body + padding * (MAX_SOURCE_BYTES // len(padding) + 1)
+    err = checked_within(1.0, "big.bend", text)
+    assert err is not None and "may have at most" in err.message
+    assert (err.span.line, err.span.col) == (1, 1)
+    path = tmp_path / "big.bend"
+    path.write_text(text * 20)
+    err = checked_within(1.0, str(path), None)
+    assert err is not None and f"{len(text) * 20:,} bytes" in err.message
+    (tmp_path / "main.bend").write_text("from big import f\n\ndef g(x: f32[N]) -> f32[N]:\n  return f(x)\n")
+    err = checked_within(1.0, str(tmp_path / "main.bend"), None)
+    assert err is not None and err.span.source.path == str(path) and "may have at most" in err.message
+
+
+@pytest.mark.parametrize("source, where", [
+    (HEAD + "  y = zeros([" + "1, " * 10_000 + "1])\n  return x\n", (2, 13)),
+    (HEAD + "  y = reshape(x, [" + "1, " * (MAX_RANK) + "N])\n  return x\n", (2, 18)),
+    ("def f(x: f32[" + "1, " * MAX_RANK + "N]) -> f32[N]:\n  return x\n", (1, 14 + 3 * MAX_RANK)),
+])
+def test_a_rank_over_the_limit_is_a_diagnostic(source: str, where):
+    """A 100,000-dimension zeros([1, 1, …]) took 50 s (now 3 s, all of it parsing 300 KB)."""
+    err = checked_within(1.0, "rank.bend", source)
+    assert err is not None and f"at most {MAX_RANK}" in err.message, err
+    assert (err.span.line, err.span.col) == where
+
+
+def test_a_rank_at_the_limit_checks():
+    assert checked_within(1.0, "rank.bend", HEAD + "  y = zeros([" + "1, " * (MAX_RANK - 1)
+                          + "1])\n  return x\n") is None
+
+
+def test_many_errors_are_reported_up_to_the_limit():
+    text = HEAD + "".join(f"  y{i} = undefined{i}\n" for i in range(3 * MAX_DIAGNOSTICS)) + "  return x\n"
+    err = checked_within(2.0, "many.bend", text)
+    assert len(err.diagnostics) == MAX_DIAGNOSTICS
+    assert f"{2 * MAX_DIAGNOSTICS:,} more errors" in err.diagnostics[-1].notes[-1].message
+
+
+def test_a_long_line_is_shown_around_the_error():
+    err = checked_within(2.0, "long.bend", HEAD + "  return x" + " + x" * 50 + " + y" + " + x" * 100 + "\n")
+    source_line, caret = str(err).split("\n")[1:3]
+    assert len(source_line) < MAX_EXCERPT + 20 and source_line.endswith("…")
+    assert source_line[caret.index("^")] == "y"
