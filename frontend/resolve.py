@@ -148,7 +148,13 @@ class _Loader:
         importer_dir = os.path.dirname(os.path.abspath(importer.path))
         for folder in search_path(importer_dir):
             candidate = folder / rel
-            if candidate.is_file():
+            try:
+                found = candidate.is_file()
+            except OSError as e:               # a name too long for the file system
+                name = "/".join(parts)
+                shown = name if len(name) <= 60 else name[:57] + "…"
+                raise ResolveError(span, f"cannot import '{shown}': {e.strerror or e}") from None
+            if found:
                 try:
                     text = read_source(candidate)
                 except (OSError, UnicodeDecodeError) as e:
