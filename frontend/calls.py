@@ -22,6 +22,7 @@ from ir.ad import grad_function, inline
 from ir.core import Builder, Op, Value
 from ir.dims import Dim
 from ir.ops.base import Kind, OpError, Primitive
+from ir.ops.elementwise import Pow
 from ir.types import FLOAT_DTYPES, TensorType, UnknownType
 
 
@@ -245,6 +246,10 @@ class Calls:
             return UNKNOWN
         try:
             result = prim.infer(**prepared)
+            if isinstance(prim, Pow) and isinstance(result, TensorType) and result.is_int \
+                    and _negative(values[1]):
+                raise CheckError(where_is("b"), "integer power with a negative exponent; cast to a "
+                                                "float first")
             if isinstance(result, TensorType) and result.rank > MAX_RANK:
                 raise CheckError(span, f"'{name}' would make a tensor of rank {result.rank}: a "
                                        f"tensor has at most {MAX_RANK} dimensions")
@@ -543,6 +548,13 @@ def _choose(cands: list[Primitive], args: list) -> Primitive:
             if p.params and (p.params[0].kind is Kind.KEY) == isinstance(args[0], KeyV):
                 return p
     return cands[0]
+
+
+def _negative(v) -> bool:
+    """Whether a static int, or a list of them, is or holds a known negative number."""
+    if isinstance(v, StaticV):
+        return v.kind == "int" and v.known and v.python < 0
+    return isinstance(v, (ListV, TupleV)) and v.items is not None and any(map(_negative, v.items))
 
 
 def _not_differentiable(v) -> str | None:
