@@ -160,3 +160,27 @@ def test_a_long_line_is_shown_around_the_error():
     source_line, caret = str(err).split("\n")[1:3]
     assert len(source_line) < MAX_EXCERPT + 20 and source_line.endswith("…")
     assert source_line[caret.index("^")] == "y"
+
+
+# ---------------------------------------------------------------- programs that crashed
+
+TRIVIAL = CORPUS / "valid" / "54_fold_state_is_an_existing_value.bend"
+
+
+@pytest.mark.parametrize("device", ["reference", "cpu"])
+def test_a_fold_whose_state_is_an_existing_value_runs(device: str):
+    """`s = x` left the scan's body without ops; the IR passes then dropped it (exit 3)."""
+    prog = dsl.loads(TRIVIAL.read_text(), name=str(TRIVIAL), device=device)
+    xs = np.arange(6, dtype=np.float32).reshape(3, 2)
+    a, b = np.float32([1, 2]), np.float32([3, 4])
+    np.testing.assert_array_equal(prog.last(xs), xs[-1])
+    np.testing.assert_array_equal(prog.last(xs[:0]), np.zeros(2, np.float32))
+    np.testing.assert_array_equal(prog.scaled(xs), xs[-1])
+    p, q = prog.swap(xs, a, b)                     # three swaps
+    np.testing.assert_array_equal(p, b)
+    np.testing.assert_array_equal(q, a)
+    ys, s = prog.emits(xs)
+    np.testing.assert_array_equal(ys, xs)
+    np.testing.assert_array_equal(s, xs[-1])
+    np.testing.assert_array_equal(prog.dloss(xs), np.float32([[0, 0], [0, 0], [8, 10]]))
+    np.testing.assert_array_equal(prog.same(a), a)
