@@ -9,7 +9,7 @@ import numpy as np
 from frontend import ast
 from frontend.ast import contains_span, names_type_param, source_text
 from frontend.diagnostics import CheckError, DslError, Note, ShapeError, Span, with_note
-from frontend.limits import MAX_RANK, MAX_STATIC_RECURSION
+from frontend.limits import MAX_RANK, MAX_STATIC_RECURSION, MAX_UNROLLED
 from frontend.lower import close_over, emit_primitive, fresh_params, kept_body, leaf_values, rebuild
 from frontend.resolve import Entity, ModuleInfo, lookup_type
 from frontend.unify import Binder, Mismatch, as_tensor, eval_dim
@@ -142,6 +142,7 @@ class Calls:
         if self.depth >= MAX_STATIC_RECURSION:
             raise CheckError(span, f"static recursion deeper than {MAX_STATIC_RECURSION} calls of '{d.name}': "
                                    "does its switch or bend reach a base case?")
+        self.unroll(span)
         self.active.add(key)
         entries.append(self.undecided)
         self.depth += 1
@@ -162,6 +163,13 @@ class Calls:
                 self.calls.pop()
         self.memo[key] = result
         return result
+
+    def unroll(self, span: Span) -> None:
+        """Count one function body or bend step run; past MAX_UNROLLED, an error at span."""
+        self.unrolled += 1
+        if self.unrolled > MAX_UNROLLED:
+            raise CheckError(span, f"more than {MAX_UNROLLED:,} calls and forks unrolled at compile "
+                                   "time: a static recursion that branches too much?")
 
     def assumed(self, f: FuncV, values: list, spans: Spans):
         """A call not unrolled: its arguments checked against the parameters' annotations and

@@ -44,6 +44,7 @@ class Checker(Calls, Statements):
         self.memo: dict = {}
         self.active: set = set()
         self.depth = 0
+        self.unrolled = 0           # function bodies and bend steps run so far (MAX_UNROLLED)
         self.undecided = 0          # how many branches the checker could not choose it is inside
         self.entered: dict = {}     # a function being checked -> `undecided` at each of its calls
         self.calls: list[tuple[ast.Def, Span]] = []    # the calls being checked, innermost last

@@ -406,6 +406,7 @@ class Statements:
             if self.depth >= MAX_STATIC_RECURSION:
                 raise CheckError(span, f"bend recursion deeper than {MAX_STATIC_RECURSION}: does its 'when' "
                                        "condition become false?")
+            self.unroll(span)
             self.active.add(key)
             self.depth += 1
             try:

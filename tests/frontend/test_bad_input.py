@@ -12,7 +12,8 @@ import pytest
 import dsl
 from frontend.check import check_file
 from frontend.diagnostics import DslError
-from frontend.limits import MAX_DIAGNOSTICS, MAX_EXCERPT, MAX_NESTING, MAX_RANK, MAX_SOURCE_BYTES
+from frontend.limits import (MAX_DIAGNOSTICS, MAX_EXCERPT, MAX_NESTING, MAX_RANK, MAX_SOURCE_BYTES,
+                             MAX_UNROLLED)
 
 CORPUS = Path(__file__).resolve().parents[1] / "corpus"
 RECURSION = CORPUS / "valid" / "53_generic_static_recursion.bend"
@@ -60,6 +61,19 @@ def test_a_wrong_recursive_call_is_still_reported():
     err = checked_within(1.0, "rep.bend", text)
     assert err is not None and "expected f32[N], got f32[N - 1]" in err.message
     assert (err.span.line, err.span.col) == (6, 14)
+
+
+def test_static_recursion_that_branches_too_much_is_a_diagnostic():
+    """A bend whose two forks differ in a static int (2 * c, 2 * c + 1) unrolls 2 ** depth
+    distinct steps: past MAX_UNROLLED, a diagnostic at the fork, within a second or two."""
+    text = ("def code(depth: int, x: f32[N]) -> f32[N]:\n  bend d = 0, c = 0, y = x:\n"
+            "    when d < depth:\n      r = fork(d + 1, 2 * c, y) + fork(d + 1, 2 * c + 1, y)\n"
+            "    else:\n      r = y * c\n  return r\n\n"
+            "def main(x: f32[N]) -> f32[N]:\n  return code(40, x)\n")
+    err = checked_within(3.0, "code.bend", text)
+    assert err is not None and f"more than {MAX_UNROLLED:,} calls and forks" in err.message, err
+    assert err.span.line == 4
+    assert checked_within(1.0, "code.bend", text.replace("code(40, x)", "code(8, x)")) is None
 
 
 # ---------------------------------------------------------------- lexical
