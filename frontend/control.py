@@ -393,14 +393,14 @@ class Statements:
     def bend(self, s: ast.Bend, frame: Frame) -> None:
         result = _bend_result(s)
         names = [st.name for st in s.state]
-        memo: dict = {}              # forks with the same state give the same result
+        memo: dict = {}              # forks with the same state (in one IR function) give one result
 
         def run(values: list, span: Span, base_only: bool = False):
             """One step of the bend; base_only: its `else` branch alone (a fork not unrolled)."""
-            signatures = tuple(signature(v) for v in values)
+            signatures = (id(self.builder), tuple(signature(v) for v in values))
             if (signatures, base_only) in memo:
                 return memo[signatures, base_only]
-            key = ("bend", id(s), id(frame), signatures)
+            key = ("bend", id(s), id(frame), signatures[1])
             if key in self.active:
                 return UNKNOWN
             if self.depth >= MAX_STATIC_RECURSION:
