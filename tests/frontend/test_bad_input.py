@@ -43,8 +43,9 @@ def test_generic_static_recursion_is_checked_once():
     assert checked_within(1.0, str(RECURSION), RECURSION.read_text()) is None
 
 
-def test_static_recursion_unrolls_for_known_values():
-    prog = dsl.loads(RECURSION.read_text(), name=str(RECURSION), device="reference")
+@pytest.mark.parametrize("device", ["reference", "cpu"])
+def test_static_recursion_unrolls_for_known_values(device: str):
+    prog = dsl.loads(RECURSION.read_text(), name=str(RECURSION), device=device)
     x = np.array([1.5, 0.5, -2.0, 1.0], np.float32)
     np.testing.assert_array_equal(prog.rep(3, x), x ** 8)
 

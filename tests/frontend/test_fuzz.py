@@ -4,8 +4,9 @@ or raise DslError, each within a second of CPU time.
 The second is the process's CPU time (the checker's thread included), kept by a watchdog,
 not hypothesis' deadline: that one is wall-clock time, which a loaded machine stretches, and
 it judges an example only after it returns, which one that hangs never does. Past the second
-the check is stopped (an exception raised in its thread) and the example fails. The seed programs are tests/corpus/valid, among them static recursion
-(53_generic_static_recursion.bend) that once hung the checker."""
+the check is stopped (an exception raised in its thread) and the example fails. The seed
+programs are tests/corpus/valid, among them the static recursion that once hung the checker
+(53_generic_static_recursion.bend)."""
 from __future__ import annotations
 
 import ctypes
