@@ -8,7 +8,8 @@ import numpy as np
 
 from frontend import ast
 from frontend.ast import contains_span, names_type_param, source_text
-from frontend.diagnostics import CheckError, DslError, Note, ShapeError, Span, with_note
+from frontend.diagnostics import (CheckError, DslError, LimitError, Note, ShapeError, Span,
+                                  with_note)
 from frontend.limits import MAX_RANK, MAX_STATIC_RECURSION, MAX_UNROLLED
 from frontend.lower import close_over, emit_primitive, fresh_params, kept_body, leaf_values, rebuild
 from frontend.resolve import Entity, ModuleInfo, lookup_type
@@ -76,6 +77,7 @@ class Calls:
                 if kwargs or len(args) != len(f.node.params):
                     raise CheckError(span, f"the lambda takes {len(f.node.params)} arguments but "
                                            f"{len(args)} were given")
+                self.unroll(span)
                 frame = Frame({**f.env, **dict(zip(f.node.params, args))}, f.module, "lambda")
                 return self.eval(f.node.body, frame)
             case PrimV():
@@ -165,11 +167,13 @@ class Calls:
         return result
 
     def unroll(self, span: Span) -> None:
-        """Count one function body or bend step run; past MAX_UNROLLED, an error at span."""
+        """Count one body run at compile time (of a function, lambda, bend step or step of a
+        fold over a list); past MAX_UNROLLED, an error at span."""
         self.unrolled += 1
         if self.unrolled > MAX_UNROLLED:
-            raise CheckError(span, f"more than {MAX_UNROLLED:,} calls and forks unrolled at compile "
-                                   "time: a static recursion that branches too much?")
+            raise LimitError(span, f"more than {MAX_UNROLLED:,} calls, forks and fold steps unrolled "
+                                   "at compile time: a static recursion that branches too much, or "
+                                   "a fold over too long a list?")
 
     def assumed(self, f: FuncV, values: list, spans: Spans):
         """A call not unrolled: its arguments checked against the parameters' annotations and

@@ -7,7 +7,8 @@ from contextlib import contextmanager, nullcontext
 from frontend import ast
 from frontend.ast import contains_span, names_type_param
 from frontend.calls import Frame
-from frontend.diagnostics import CheckError, DslError, Note, ShapeError, Span, with_note
+from frontend.diagnostics import (CheckError, DslError, LimitError, Note, ShapeError, Span,
+                                  with_note)
 from frontend.limits import MAX_STATIC_RECURSION
 from frontend.lower import (LoweringError, close_over, fresh_params, kept_body, leaf_values,
                             materialize, rebuild)
@@ -30,6 +31,8 @@ class Statements:
             try:
                 if self.stmt(s, frame):
                     return True
+            except LimitError:
+                raise
             except DslError as e:
                 self.errors.append(self.in_context(e))
                 for name in bound_names((s,)):
@@ -223,6 +226,7 @@ class Statements:
         if isinstance(seq, ListV) and seq.items is not None:
             emitted = []
             for item in seq.items:
+                self.unroll(s.iterable.span)
                 state, emits = self.fold_step(s, frame, item, state)
                 emitted.append(self.one_emit(emits))
             result = self.stack_static(emitted, s) if s.result is not None else None

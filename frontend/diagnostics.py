@@ -145,6 +145,10 @@ class ShapeError(CheckError):
     """Shapes that do not agree."""
 
 
+class LimitError(CheckError):
+    """Work past a limit of frontend/limits.py: the check stops at the first one."""
+
+
 def with_note(e: DslError, note: Note) -> DslError:
     """e with note added to its first diagnostic, unless that has three 'in …' notes already."""
     first, *rest = e.diagnostics

@@ -5,6 +5,7 @@ MAX_SOURCE_BYTES = 2 ** 20        # one source file, in UTF-8 (the parser reads 
 MAX_NESTING = 200                 # brackets, blocks, lambdas and operators within one another
 MAX_RANK = 64                     # dimensions of a tensor (NumPy's limit)
 MAX_STATIC_RECURSION = 256        # calls and forks unrolled within one another at compile time
-MAX_UNROLLED = 10_000             # calls and forks unrolled in all by one check or specialisation
+MAX_UNROLLED = 10_000             # calls, forks and steps of folds over lists unrolled in all,
+                                  # by the check or a specialisation of one function
 MAX_DIAGNOSTICS = 100             # errors reported; a note on the last counts the others
 MAX_EXCERPT = 160                 # characters of a source line shown under a diagnostic

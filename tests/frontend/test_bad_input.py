@@ -72,9 +72,19 @@ def test_static_recursion_that_branches_too_much_is_a_diagnostic():
             "    else:\n      r = y * c\n  return r\n\n"
             "def main(x: f32[N]) -> f32[N]:\n  return code(40, x)\n")
     err = checked_within(3.0, "code.bend", text)
-    assert err is not None and f"more than {MAX_UNROLLED:,} calls and forks" in err.message, err
+    assert err is not None and f"more than {MAX_UNROLLED:,} calls, forks and fold steps" in err.message, err
     assert err.span.line == 4
     assert checked_within(1.0, "code.bend", text.replace("code(40, x)", "code(8, x)")) is None
+
+
+def test_folds_over_long_lists_are_a_diagnostic():
+    """Folds over static lists are unrolled: 30 ** 3 steps pass MAX_UNROLLED."""
+    items = ", ".join(["1.0"] * 30)
+    text = (HEAD + f"  l = [{items}]\n  fold a in l with s = x:\n    fold b in l with t = s:\n"
+            "      fold c in l with u = t:\n        u = u + c\n      t = u\n    s = t\n  return s\n")
+    err = checked_within(3.0, "folds.bend", text)
+    assert err is not None and "fold steps unrolled" in err.message, err
+    assert len(err.diagnostics) == 1 and (err.span.line, err.span.col) == (5, 17)
 
 
 # ---------------------------------------------------------------- lexical
