@@ -5,7 +5,7 @@ Dimension expressions in types are ordinary expressions (`Name`, `Int`, `BinOp`)
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from frontend.diagnostics import Span
 
@@ -454,3 +454,39 @@ def contains_span(span: Span | None, node) -> bool:
 def source_text(e) -> str:
     """The text a node was parsed from."""
     return e.span.source.text[e.span.start:e.span.end]
+
+
+def too_deep(root, limit: int):
+    """The first node (in source order) nested more than `limit` levels below root, or None.
+    The parts of a node (an if's branches, a call's keywords, a def's parameters) are at its
+    level."""
+    stack = [(root, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return node
+        children = []
+        for name in _child_fields(type(node)):
+            value = getattr(node, name)
+            if isinstance(value, tuple):
+                children.extend(v for v in value if hasattr(v, "span"))
+            elif hasattr(value, "span"):
+                children.append(value)
+        stack.extend((c, depth + (type(c) not in _PARTS)) for c in reversed(children))
+    return None
+
+
+_CHILD_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _child_fields(cls: type) -> tuple[str, ...]:
+    """The fields of a node class that may hold nodes (not its spans, names or values)."""
+    found = _CHILD_FIELDS.get(cls)
+    if found is None:
+        found = _CHILD_FIELDS[cls] = tuple(f.name for f in fields(cls) if not f.name.endswith("span")
+                                           and f.type not in ("str", "int", "float", "bool"))
+    return found
+
+
+_PARTS = {IfBranch, SwitchCase, MatchCase, StateInit, Keyword, FieldInit, Param, Field, CtorField,
+          Ctor, ImportName, NameTarget, TupleTarget}

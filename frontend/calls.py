@@ -8,8 +8,10 @@ import numpy as np
 
 from frontend import ast
 from frontend.ast import contains_span, names_type_param, source_text
-from frontend.diagnostics import CheckError, DslError, Note, ShapeError, Span, with_note
-from frontend.lower import close_over, emit_primitive, fresh_params, leaf_values, rebuild
+from frontend.diagnostics import (CheckError, DslError, LimitError, Note, ShapeError, Span,
+                                  with_note)
+from frontend.limits import MAX_RANK, MAX_STATIC_RECURSION, MAX_UNROLLED
+from frontend.lower import close_over, emit_primitive, fresh_params, kept_body, leaf_values, rebuild
 from frontend.resolve import Entity, ModuleInfo, lookup_type
 from frontend.unify import Binder, Mismatch, as_tensor, eval_dim
 from frontend.values import (UNKNOWN, AdtV, CheckpointV, CtorV, DTypeV, ForkV, FuncV, GradV, KeyV,
@@ -21,9 +23,9 @@ from ir.ad import grad_function, inline
 from ir.core import Builder, Op, Value
 from ir.dims import Dim
 from ir.ops.base import Kind, OpError, Primitive
+from ir.ops.elementwise import Pow
 from ir.types import FLOAT_DTYPES, TensorType, UnknownType
 
-MAX_DEPTH = 256          # static recursion (switch, bend, recursive helpers) deeper than this is an error
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,7 @@ class Calls:
                 if kwargs or len(args) != len(f.node.params):
                     raise CheckError(span, f"the lambda takes {len(f.node.params)} arguments but "
                                            f"{len(args)} were given")
+                self.unroll(span)
                 frame = Frame({**f.env, **dict(zip(f.node.params, args))}, f.module, "lambda")
                 return self.eval(f.node.body, frame)
             case PrimV():
@@ -132,12 +135,18 @@ class Calls:
         key = (id(d), id(f.env), tuple(signature(v) for v in values))
         if key in self.memo:
             return self.memo[key]
-        if key in self.active:          # symbolic recursion: the declared result, if any
-            return Binder().instantiate(d.ret, mod, "result") if d.ret else UNKNOWN
-        if self.depth >= MAX_DEPTH:
-            raise CheckError(span, f"static recursion deeper than {MAX_DEPTH} calls of '{d.name}': "
+        entries = self.entered.setdefault(key[:2], [])
+        if key in self.active or entries and self.undecided > entries[-1]:
+            # recursion with the same arguments, or from a branch the checker could not
+            # choose (`switch n` with n unknown): the call is typed by the signature, as a
+            # type checker does, and unrolled only where the branch is decided
+            return self.assumed(f, values, spans)
+        if self.depth >= MAX_STATIC_RECURSION:
+            raise CheckError(span, f"static recursion deeper than {MAX_STATIC_RECURSION} calls of '{d.name}': "
                                    "does its switch or bend reach a base case?")
+        self.unroll(span)
         self.active.add(key)
+        entries.append(self.undecided)
         self.depth += 1
         called = span != d.name_span                # not the generic check of d itself
         if called:
@@ -150,17 +159,38 @@ class Calls:
             raise with_note(e, Note(f"in '{d.name}' called from {span}")) from None
         finally:
             self.active.discard(key)
+            entries.pop()
             self.depth -= 1
             if called:
                 self.calls.pop()
         self.memo[key] = result
         return result
 
-    def run_def(self, f: FuncV, values: list, spans: Spans):
+    def unroll(self, span: Span) -> None:
+        """Count one body run at compile time (of a function, lambda, bend step or step of a
+        fold over a list); past MAX_UNROLLED, an error at span."""
+        self.unrolled += 1
+        if self.unrolled > MAX_UNROLLED:
+            raise LimitError(span, f"more than {MAX_UNROLLED:,} calls, forks and fold steps unrolled "
+                                   "at compile time: a static recursion that branches too much, or "
+                                   "a fold over too long a list?")
+
+    def assumed(self, f: FuncV, values: list, spans: Spans):
+        """A call not unrolled: its arguments checked against the parameters' annotations and
+        its result the declared one (unknown where none is declared)."""
+        if f.node.ret is None:
+            return UNKNOWN
+        binder = Binder()
+        self.bind_params(f, values, spans, binder)
+        binder.finish()
+        result = binder.instantiate(f.node.ret, f.module, f"{f.node.name}()")
+        return StaticV("int", Dim.unknown()) if isinstance(result, StaticV) and result.kind == "int" else result
+
+    def bind_params(self, f: FuncV, values: list, spans: Spans, binder: Binder) -> dict:
+        """The arguments matched against the parameters' annotations (dimensions bound in binder)."""
         d, mod = f.node, f.module
         names = [p.name for p in d.params]
-        binder = self.binder()
-        env = dict(f.env or {})
+        env = {}
         order = sorted(range(len(d.params)), key=lambda i: not _is_static_int(d.params[i].type))
         for i in order:
             p, v = d.params[i], values[i]
@@ -175,6 +205,13 @@ class Calls:
                 if isinstance(v, TensorV):
                     v = TensorV(v.type, Origin(p.name, p.type, p.span), v.ir)
             env[p.name] = v
+        return env
+
+    def run_def(self, f: FuncV, values: list, spans: Spans):
+        d, mod = f.node, f.module
+        binder = self.binder()
+        env = dict(f.env or {})
+        env.update(self.bind_params(f, values, spans, binder))
         binder.finish()
         for name, dim in binder.env.items():
             env.setdefault(name, StaticV("int", dim))
@@ -221,6 +258,13 @@ class Calls:
             return UNKNOWN
         try:
             result = prim.infer(**prepared)
+            if isinstance(prim, Pow) and isinstance(result, TensorType) and result.is_int \
+                    and _negative(values[1]):
+                raise CheckError(where_is("b"), "integer power with a negative exponent; cast to a "
+                                                "float first")
+            if isinstance(result, TensorType) and result.rank > MAX_RANK:
+                raise CheckError(span, f"'{name}' would make a tensor of rank {result.rank}: a "
+                                       f"tensor has at most {MAX_RANK} dimensions")
             if self.builder is None:
                 return abstract(result)
             raw = {p.name: v for p, v in zip(positional, values)}
@@ -297,6 +341,9 @@ class Calls:
                 if not all(isinstance(i, StaticV) and i.kind == "int" for i in v.items):
                     raise bad()
                 if kind is Kind.SHAPE:
+                    if len(v.items) > MAX_RANK:
+                        raise CheckError(span, f"a shape of {len(v.items)} dimensions: a tensor has "
+                                               f"at most {MAX_RANK}")
                     for i in v.items:
                         if i.known and i.python < -1:
                             raise CheckError(span, f"negative dimension {i.python} in a shape")
@@ -495,6 +542,7 @@ class Calls:
         with self.emitting(body):
             out = self.realize(out)
         fn, captured = close_over(body, leaf_values(out))
+        fn = kept_body(fn)
         outputs = tuple(Value(v.type) for v in fn.results)
         self.builder.add(Op("checkpoint", tuple(actual + captured), (), outputs, fn))
         return rebuild(out, list(outputs))
@@ -513,6 +561,13 @@ def _choose(cands: list[Primitive], args: list) -> Primitive:
             if p.params and (p.params[0].kind is Kind.KEY) == isinstance(args[0], KeyV):
                 return p
     return cands[0]
+
+
+def _negative(v) -> bool:
+    """Whether a static int, or a list of them, is or holds a known negative number."""
+    if isinstance(v, StaticV):
+        return v.kind == "int" and v.known and v.python < 0
+    return isinstance(v, (ListV, TupleV)) and v.items is not None and any(map(_negative, v.items))
 
 
 def _not_differentiable(v) -> str | None:

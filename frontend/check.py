@@ -44,6 +44,9 @@ class Checker(Calls, Statements):
         self.memo: dict = {}
         self.active: set = set()
         self.depth = 0
+        self.unrolled = 0           # bodies run at compile time by this check of one function
+        self.undecided = 0          # how many branches the checker could not choose it is inside
+        self.entered: dict = {}     # a function being checked -> `undecided` at each of its calls
         self.calls: list[tuple[ast.Def, Span]] = []    # the calls being checked, innermost last
 
     def binder(self) -> Binder:
@@ -64,10 +67,12 @@ class Checker(Calls, Statements):
         """Check a fully annotated function for symbolic arguments of its declared types."""
         binder = Binder()
         args = [binder.instantiate(p.type, mod, p.name) for p in d.params]
+        self.unrolled = 0
         self.guard(lambda: self.call_def(FuncV(d, mod), args, {}, Spans(d.name_span)))
 
     def specialise(self, d: ast.Def, mod: ModuleInfo, args: list):
         """The result of calling d on concrete abstract arguments (tensors of concrete shapes)."""
+        self.unrolled = 0
         return self.guard(lambda: self.call_def(FuncV(d, mod), args, {}, Spans(d.name_span)))
 
     def guard(self, thunk):

@@ -2,16 +2,20 @@
 fold, scan and bend), evaluated where static and every branch checked where not."""
 from __future__ import annotations
 
+from contextlib import contextmanager, nullcontext
+
 from frontend import ast
 from frontend.ast import contains_span, names_type_param
-from frontend.calls import MAX_DEPTH, Frame
-from frontend.diagnostics import CheckError, DslError, Note, ShapeError, Span, with_note
-from frontend.lower import (LoweringError, close_over, fresh_params, leaf_values, materialize,
-                            rebuild)
+from frontend.calls import Frame
+from frontend.diagnostics import (CheckError, DslError, LimitError, Note, ShapeError, Span,
+                                  with_note)
+from frontend.limits import MAX_STATIC_RECURSION
+from frontend.lower import (LoweringError, close_over, fresh_params, kept_body, leaf_values,
+                            materialize, rebuild)
 from frontend.resolve import bound_names
 from frontend.unify import Binder, Mismatch
 from frontend.values import (UNKNOWN, AdtV, ForkV, FuncV, ListV, RecordV, StaticV, TensorV, TupleV,
-                             UnknownV, describe, merge_all, signature, stack, type_of)
+                             UnknownV, describe, merge, merge_all, signature, stack, type_of)
 from ir.ad import b_scan
 from ir.core import Builder
 from ir.dims import Dim
@@ -27,6 +31,8 @@ class Statements:
             try:
                 if self.stmt(s, frame):
                     return True
+            except LimitError:
+                raise
             except DslError as e:
                 self.errors.append(self.in_context(e))
                 for name in bound_names((s,)):
@@ -124,17 +130,28 @@ class Statements:
     def branches(self, bodies: list, frame: Frame) -> bool:
         """Check several bodies the checker cannot choose between; merge what they assign."""
         ends = []
-        for body, extra in bodies:
-            f = Frame({**frame.env, **extra}, frame.module, frame.name, frame.returns,
-                      frame.declared, frame.binder)
-            if not self.block(body, f):
-                ends.append(f.env)
+        with self.undecided_branch():
+            for body, extra in bodies:
+                f = Frame({**frame.env, **extra}, frame.module, frame.name, frame.returns,
+                          frame.declared, frame.binder)
+                if not self.block(body, f):
+                    ends.append(f.env)
         if not ends:
             return True
         merged = {k: merge_all([e.get(k, UNKNOWN) for e in ends]) for k in set().union(*ends)}
         frame.env.clear()
         frame.env.update(merged)
         return False
+
+    @contextmanager
+    def undecided_branch(self):
+        """Inside a branch the checker cannot choose: a recursive call or fork here is not
+        unrolled but typed (a generic check of `switch n` with n unknown, calls.assumed)."""
+        self.undecided += 1
+        try:
+            yield
+        finally:
+            self.undecided -= 1
 
     def if_(self, s: ast.If, frame: Frame) -> bool:
         candidates = []
@@ -209,6 +226,7 @@ class Statements:
         if isinstance(seq, ListV) and seq.items is not None:
             emitted = []
             for item in seq.items:
+                self.unroll(s.iterable.span)
                 state, emits = self.fold_step(s, frame, item, state)
                 emitted.append(self.one_emit(emits))
             result = self.stack_static(emitted, s) if s.result is not None else None
@@ -279,6 +297,7 @@ class Statements:
             new = [self.realize(after[n], like=v) for n, v in zip(names, init)]
         results = [v for a in new for v in leaf_values(a)] + leaf_values(emitted)
         fn, captured = close_over(body, results)
+        fn = kept_body(fn)
         inputs = [v for a in init for v in leaf_values(a)]
         outs = b_scan(outer, fn, inputs + [seq.ir] + captured,
                       {"n_state": len(inputs), "n_xs": 1, "length": seq.type.shape[0].value})
@@ -378,29 +397,46 @@ class Statements:
     def bend(self, s: ast.Bend, frame: Frame) -> None:
         result = _bend_result(s)
         names = [st.name for st in s.state]
+        memo: dict = {}              # forks with the same state (in one IR function) give one result
 
-        def run(values: list, span: Span):
-            key = ("bend", id(s), id(frame), tuple(signature(v) for v in values))
+        def run(values: list, span: Span, base_only: bool = False):
+            """One step of the bend; base_only: its `else` branch alone (a fork not unrolled)."""
+            signatures = (id(self.builder), tuple(signature(v) for v in values))
+            if (signatures, base_only) in memo:
+                return memo[signatures, base_only]
+            key = ("bend", id(s), id(frame), signatures[1])
             if key in self.active:
                 return UNKNOWN
-            if self.depth >= MAX_DEPTH:
-                raise CheckError(span, f"bend recursion deeper than {MAX_DEPTH}: does its 'when' "
+            if self.depth >= MAX_STATIC_RECURSION:
+                raise CheckError(span, f"bend recursion deeper than {MAX_STATIC_RECURSION}: does its 'when' "
                                        "condition become false?")
+            self.unroll(span)
             self.active.add(key)
             self.depth += 1
             try:
-                step = frame.child(**dict(zip(names, values)), fork=ForkV(run, len(names)))
-                cond = self.static_bool(s.cond, step, "when")
+                entry = self.undecided
+
+                def fork(args: list, fork_span: Span):
+                    if self.undecided > entry:
+                        # a fork in a branch the checker could not choose (a generic check of
+                        # `when d < depth`): typed by the base case for the state it may have
+                        return run([merge(a, v) for a, v in zip(args, values)], fork_span, True)
+                    return run(args, fork_span)
+
+                step = frame.child(**dict(zip(names, values)), fork=ForkV(fork, len(names)))
+                cond = False if base_only else self.static_bool(s.cond, step, "when")
                 bodies = [b for b, ok in ((s.when_body, cond is not False), (s.else_body, cond is not True)) if ok]
                 outs = []
-                for body in bodies:
-                    f = Frame(dict(step.env), step.module, step.name)
-                    self.block(body, f)
-                    if f.returns:
-                        raise CheckError(f.returns[0][1], "'return' inside a bend: assign the "
-                                                          f"result to '{result}' instead")
-                    outs.append(f.env.get(result, UNKNOWN))
-                return merge_all(outs)
+                with self.undecided_branch() if cond is None else nullcontext():
+                    for body in bodies:
+                        f = Frame(dict(step.env), step.module, step.name)
+                        self.block(body, f)
+                        if f.returns:
+                            raise CheckError(f.returns[0][1], "'return' inside a bend: assign the "
+                                                              f"result to '{result}' instead")
+                        outs.append(f.env.get(result, UNKNOWN))
+                out = memo[signatures, base_only] = merge_all(outs)
+                return out
             finally:
                 self.active.discard(key)
                 self.depth -= 1

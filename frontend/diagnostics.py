@@ -5,6 +5,8 @@ import bisect
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from frontend.limits import MAX_DIAGNOSTICS, MAX_EXCERPT
+
 
 @dataclass(frozen=True, eq=False)
 class Source:
@@ -78,10 +80,17 @@ class Diagnostic:
 
 
 def excerpt(span: Span) -> list[str]:
-    """The source line of a span and a caret line under it (`^` then `~` to the span's end)."""
+    """The source line of a span and a caret line under it (`^` then `~` to the span's end);
+    of a line longer than MAX_EXCERPT, the part around the caret, cut ends marked `…`."""
     line, col = span.line, span.col
     text = span.source.line_text(line).replace("\t", " ")
     width = max(1, min(span.end - span.start, len(text) - col + 1))
+    if len(text) > MAX_EXCERPT:
+        first = max(0, min(col - 1 - MAX_EXCERPT // 4, len(text) - MAX_EXCERPT))
+        shown = ("…" if first else "") + text[first:first + MAX_EXCERPT]
+        text = shown + ("…" if first + MAX_EXCERPT < len(text) else "")
+        col = col - first + (1 if first else 0)
+        width = max(1, min(width, len(shown) - col + 1))
     gutter = f"{line:>5}"
     return [f"{gutter} | {text}", f"{' ' * len(gutter)} | {' ' * (col - 1)}^{'~' * (width - 1)}"]
 
@@ -95,10 +104,15 @@ class DslError(Exception):
 
     @classmethod
     def collect(cls, errors: list[DslError]) -> DslError:
-        """One error carrying the diagnostics of several, in source order."""
+        """One error carrying the diagnostics of several, in source order; past MAX_DIAGNOSTICS,
+        a note on the last one counts the others."""
         err = cls.__new__(cls)
         diags = [d for e in errors for d in e.diagnostics]
         diags.sort(key=lambda d: (d.span.source.path, d.span.start) if d.span else ("", 0))
+        if len(diags) > MAX_DIAGNOSTICS:
+            last = diags[MAX_DIAGNOSTICS - 1]
+            more = Note(f"{len(diags) - MAX_DIAGNOSTICS:,} more errors are not shown")
+            diags = diags[:MAX_DIAGNOSTICS - 1] + [Diagnostic(last.span, last.message, last.notes + (more,))]
         err.diagnostics = tuple(diags)
         Exception.__init__(err, diags[0].message)
         return err
@@ -129,6 +143,10 @@ class CheckError(DslError):
 
 class ShapeError(CheckError):
     """Shapes that do not agree."""
+
+
+class LimitError(CheckError):
+    """Work past a limit of frontend/limits.py: the check stops at the first one."""
 
 
 def with_note(e: DslError, note: Note) -> DslError:

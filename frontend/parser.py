@@ -16,6 +16,7 @@ from lark.lexer import BasicLexer
 
 from frontend import ast
 from frontend.diagnostics import Note, ParseError, Source, Span
+from frontend.limits import MAX_NESTING, MAX_RANK, MAX_SOURCE_BYTES
 
 # Binary operators by precedence, loosest (1) to tightest (LANGUAGE.md §5); `**` is right-associative.
 BINARY = {"or": 1, "and": 2, "|": 4, "^": 5, "&": 6, "==": 7, "!=": 7, "<": 7, "<=": 7, ">": 7,
@@ -26,7 +27,7 @@ COMPARISON = 7
 
 ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "0": "\0", "\\": "\\", '"': '"', "'": "'"}
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-NUMBER_LIKE = re.compile(r"\.?\d[\w.]*")
+NUMBER_LIKE = re.compile(r"\.?\d[\w.]*")            # \d: any digit, to name a non-ASCII one
 CLOSERS = {"(": ")", "[": "]", "{": "}"}
 
 # How a message names the tokens it expected; the others are named by their quoted text.
@@ -130,6 +131,9 @@ class Layout(Indenter):
             yield token
             if token.type in self.OPEN_PAREN_types:
                 self.open_brackets.append(token)
+                if len(self.open_brackets) > MAX_NESTING:
+                    raise LayoutError(token.start_pos, token.end_pos,
+                                      f"brackets nested more than {MAX_NESTING} deep")
             elif token.type in self.CLOSE_PAREN_types and self.open_brackets:
                 self.open_brackets.pop()
         if at_line_start:
@@ -147,6 +151,9 @@ class Layout(Indenter):
         here = token if token is not None else line_break
         if column > self.indent_level[-1]:
             self.indent_level.append(column)
+            if len(self.indent_level) > MAX_NESTING:
+                raise LayoutError(here.start_pos, here.end_pos,
+                                  f"blocks nested more than {MAX_NESTING} deep")
             yield Token.new_borrow_pos(self.INDENT_type, "", here)
             return
         while column < self.indent_level[-1]:
@@ -188,14 +195,17 @@ class Builder(Transformer):
                 ast.Attr: "a field: records are immutable"}.get(type(expr), "this expression")
         raise ParseError(expr.span, f"cannot assign to {what}")
 
-    def _group(self, items, i: int, min_level: int):
-        """Group items[i:] by precedence, down to `min_level`; returns (expression, next i)."""
+    def _group(self, items, i: int, min_level: int, depth: int = 0):
+        """Group items[i:] by precedence, down to `min_level`; returns (expression, next i).
+        `depth` counts the prefix and right-associative operators it is nested in."""
         first = items[i]
+        if depth > MAX_NESTING:
+            raise ParseError(self._span(items[i - 1]), f"operators nested more than {MAX_NESTING} deep")
         if isinstance(first, Token):                                  # a prefix operator
             level = PREFIX[first]
             if first == "not" and min_level > level:
                 raise ParseError(self._span(first), "put 'not …' in parentheses here")
-            operand, i = self._group(items, i + 1, level + 1)
+            operand, i = self._group(items, i + 1, level + 1, depth + 1)
             span = self._span(first, operand)
             left = (dataclasses.replace(operand, span=span) if first == "+"
                     else ast.UnaryOp(str(first), operand, span))
@@ -207,7 +217,8 @@ class Builder(Transformer):
             if level == COMPARISON and compared:
                 raise ParseError(self._span(op), "comparisons cannot be chained; use 'and'")
             compared = level == COMPARISON
-            right, i = self._group(items, i + 1, level if op == "**" else level + 1)
+            right, i = self._group(items, i + 1, level if op == "**" else level + 1,
+                                   depth + (op == "**"))
             left = ast.BinOp(str(op), left, right, self._span(op), self._span(left, right))
         return left, i
 
@@ -263,6 +274,9 @@ class Builder(Transformer):
     # ---------------------------------------------------------------- types
 
     def tensor_type(self, dtype, dims, rsqb):
+        if dims and len(dims) > MAX_RANK:
+            raise ParseError(self._span(dims[MAX_RANK]), f"a tensor type of {len(dims)} dimensions: "
+                                                         f"a tensor has at most {MAX_RANK}")
         return ast.TensorTypeExpr(str(dtype), dims or (), self._span(dtype, rsqb))
 
     def qual_name(self, *names):
@@ -435,12 +449,15 @@ def _lark() -> Lark:
 
 def parse(source: Source) -> ast.Module:
     """Parse a module; malformed input raises a ParseError that points at the problem."""
+    size = len(source.text)
+    if size * 4 > MAX_SOURCE_BYTES and (size := len(source.text.encode("utf-8", "replace"))) > MAX_SOURCE_BYTES:
+        raise too_large(source.path, source.text[:MAX_EXCERPT_READ], size)
     text = source.text if source.text.endswith("\n") else source.text + "\n"
     parser = _lark()
     with _LOCK, _no_cycle_collection():
         _BUILDER._begin(source)
         try:
-            return parser.parse(text)
+            tree = parser.parse(text)
         except UnexpectedCharacters as e:
             raise _bad_character(source, e.pos_in_stream) from None
         except UnexpectedToken as e:
@@ -449,6 +466,20 @@ def parse(source: Source) -> ast.Module:
             raise ParseError(Span(source, e.start, e.end), e.message) from None
         except RecursionError:
             raise ParseError(Span(source, 0, 0), "expression nested too deeply") from None
+    deep = ast.too_deep(tree, MAX_NESTING)
+    if deep is not None:
+        raise ParseError(getattr(deep, "op_span", deep.span), f"expressions and blocks nested more "
+                                                              f"than {MAX_NESTING} deep")
+    return tree
+
+
+MAX_EXCERPT_READ = 4096       # what is read of a source too large to parse, for its diagnostic
+
+
+def too_large(path: str, head: str, size: int) -> ParseError:
+    """The error for a source over MAX_SOURCE_BYTES, shown at its start (head: its first characters)."""
+    return ParseError(Span(Source(path, head), 0, 0), f"the source is {size:,} bytes: a source file "
+                                                      f"may have at most {MAX_SOURCE_BYTES:,}")
 
 
 @contextlib.contextmanager
@@ -472,6 +503,9 @@ def _bad_character(source: Source, pos: int) -> ParseError:
         message = "unclosed '#{' comment"
     elif number := NUMBER_LIKE.match(text, pos):
         message, end = f"invalid number '{number[0]}'", number.end()
+        if not number[0].isascii():
+            digit = next(c for c in number[0] if not c.isascii())
+            message += f": {digit!r} is not an ASCII digit; write numbers with 0-9"
     else:
         message = f"unexpected character {text[pos]!r}"
     return ParseError(Span(source, pos, end), message)

@@ -15,7 +15,8 @@ from pathlib import Path
 from frontend import ast
 from frontend.builtins import BUILTIN_TYPES, is_builtin_value, unsupported_dtype
 from frontend.diagnostics import DslError, Note, ResolveError, Source, Span
-from frontend.parser import parse
+from frontend.limits import MAX_SOURCE_BYTES
+from frontend.parser import MAX_EXCERPT_READ, parse, too_large
 
 STDLIB_DIR = Path(__file__).resolve().parent.parent / "dsl" / "lib"
 
@@ -56,7 +57,7 @@ def load_program(path: str, text: str | None = None,
     loader = _Loader(parse)
     if text is None:
         try:
-            text = Path(path).read_text(encoding="utf-8")
+            text = read_source(Path(path))
         except (OSError, UnicodeDecodeError) as e:
             raise ResolveError(None, f"cannot read {path}: {getattr(e, 'strerror', None) or e}")
     main = loader.load(path, text, importer=None)
@@ -65,6 +66,17 @@ def load_program(path: str, text: str | None = None,
     if loader.errors:
         raise DslError.collect(loader.errors)
     return Program(main, loader.modules)
+
+
+def read_source(path: Path) -> str:
+    """A source file's text; one over MAX_SOURCE_BYTES is a ParseError at its start, found
+    before it is read."""
+    size = path.stat().st_size
+    if size > MAX_SOURCE_BYTES:
+        with path.open("rb") as f:
+            head = f.read(MAX_EXCERPT_READ).decode("utf-8", "replace")
+        raise too_large(str(path), head, size)
+    return path.read_text(encoding="utf-8")
 
 
 def search_path(importer_dir: str) -> list[Path]:
@@ -136,9 +148,15 @@ class _Loader:
         importer_dir = os.path.dirname(os.path.abspath(importer.path))
         for folder in search_path(importer_dir):
             candidate = folder / rel
-            if candidate.is_file():
+            try:
+                found = candidate.is_file()
+            except OSError as e:               # a name too long for the file system
+                name = "/".join(parts)
+                shown = name if len(name) <= 60 else name[:57] + "…"
+                raise ResolveError(span, f"cannot import '{shown}': {e.strerror or e}") from None
+            if found:
                 try:
-                    text = candidate.read_text(encoding="utf-8")
+                    text = read_source(candidate)
                 except (OSError, UnicodeDecodeError) as e:
                     raise ResolveError(span, f"cannot read {candidate}: {e}")
                 return self.load(str(candidate), text, importer=span)
