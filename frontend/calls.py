@@ -11,7 +11,7 @@ from frontend.ast import contains_span, names_type_param, source_text
 from frontend.diagnostics import (CheckError, DslError, LimitError, Note, ShapeError, Span,
                                   with_note)
 from frontend.limits import MAX_RANK, MAX_STATIC_RECURSION, MAX_UNROLLED
-from frontend.lower import close_over, emit_primitive, fresh_params, kept_body, leaf_values, rebuild
+from frontend.lower import close_over, emit_primitive, fresh_params, leaf_values, rebuild
 from frontend.resolve import Entity, ModuleInfo, lookup_type
 from frontend.unify import Binder, Mismatch, as_tensor, eval_dim
 from frontend.values import (UNKNOWN, AdtV, CheckpointV, CtorV, DTypeV, ForkV, FuncV, GradV, KeyV,
@@ -542,7 +542,6 @@ class Calls:
         with self.emitting(body):
             out = self.realize(out)
         fn, captured = close_over(body, leaf_values(out))
-        fn = kept_body(fn)
         outputs = tuple(Value(v.type) for v in fn.results)
         self.builder.add(Op("checkpoint", tuple(actual + captured), (), outputs, fn))
         return rebuild(out, list(outputs))

@@ -10,8 +10,8 @@ from frontend.calls import Frame
 from frontend.diagnostics import (CheckError, DslError, LimitError, Note, ShapeError, Span,
                                   with_note)
 from frontend.limits import MAX_STATIC_RECURSION
-from frontend.lower import (LoweringError, close_over, fresh_params, kept_body, leaf_values,
-                            materialize, rebuild)
+from frontend.lower import (LoweringError, close_over, fresh_params, leaf_values, materialize,
+                            rebuild)
 from frontend.resolve import bound_names
 from frontend.unify import Binder, Mismatch
 from frontend.values import (UNKNOWN, AdtV, ForkV, FuncV, ListV, RecordV, StaticV, TensorV, TupleV,
@@ -297,7 +297,6 @@ class Statements:
             new = [self.realize(after[n], like=v) for n, v in zip(names, init)]
         results = [v for a in new for v in leaf_values(a)] + leaf_values(emitted)
         fn, captured = close_over(body, results)
-        fn = kept_body(fn)
         inputs = [v for a in init for v in leaf_values(a)]
         outs = b_scan(outer, fn, inputs + [seq.ir] + captured,
                       {"n_state": len(inputs), "n_xs": 1, "length": seq.type.shape[0].value})

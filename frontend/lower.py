@@ -19,7 +19,6 @@ from ir.core import Builder, Function, Value
 from ir.dims import Dim
 from ir.ops.base import Kind, Primitive, common_dtype
 from ir.ops.shape import SliceSpec
-from ir.passes import optimize
 from ir.types import KeyType, ListType, TensorType, TupleType, Type
 
 
@@ -219,24 +218,6 @@ def _leaf_type(x) -> TensorType | KeyType:
 def leaf_values(v) -> list[Value]:
     """The IR values of v's runtime leaves."""
     return [x.ir for x in runtime_leaves(v)]
-
-
-def kept_body(fn: Function) -> Function:
-    """The body of a scan or checkpoint, made one that the IR passes cannot leave without ops:
-    they read a Function without ops as false (its __len__) and then drop it from its op
-    (ir/passes.py, `... if op.body else None`), which no device can run. A body the passes
-    would empty (every result one of its parameters, as in a fold whose new state is the
-    element, `s = x`) passes a result through where(True, v, v)."""
-    if optimize(fn).ops:
-        return fn
-    i = next((k for k, v in enumerate(fn.results) if not v.is_key), None)
-    if i is None:
-        return fn
-    b = Builder(fn.name)
-    b.params, b.ops = list(fn.params), list(fn.ops)
-    v = fn.results[i]
-    kept = b.emit("where", b.constant(True, "bool"), v, v)
-    return Function(fn.name, fn.params, tuple(b.ops), fn.results[:i] + (kept,) + fn.results[i + 1:])
 
 
 def close_over(b: Builder, results: list[Value]) -> tuple[Function, list[Value]]:
