@@ -489,3 +489,60 @@ def test_a_bad_data_file_is_a_diagnostic(tmp_path, write, fault):
     write(tmp_path / "d.npz")
     with pytest.raises(DslError, match=f"cannot read the data {re.escape(str(tmp_path / 'd.npz'))}: {fault}"):
         read_npz_data(str(tmp_path / "d.npz"))
+
+
+def test_xor_trains_to_100_percent():
+    result = dsl.train(str(XOR), progress=None)
+    assert result.steps == 500 and result.metrics["train"]["accuracy"] == 1.0
+
+
+# ---------------------------------------------------------------- full runs (minutes each)
+# DSLC_SLOW=1 pytest -s -m slow tests/test_train.py prints each run's report (wall times).
+
+needs_slow = pytest.mark.skipif(not os.environ.get("DSLC_SLOW"), reason="set DSLC_SLOW=1 for the full runs")
+
+
+def full_run(name: str, **kw):
+    batches = []
+    result = dsl.train(str(EXAMPLES / f"{name}.bend"), progress=sys.stderr,
+                       on_step=lambda t, b, l: batches.append(b), **kw)
+    print(f"\n{result}")
+    return result, batches
+
+
+@pytest.fixture(scope="module")
+def mlp_run():
+    return full_run("names_mlp")
+
+
+@pytest.mark.slow
+@needs_slow
+def test_full_names_mlp_matches_its_twin_within_0_02_nats(mlp_run):
+    result, batches = mlp_run
+    w = tensors(Model(str(EXAMPLES / "names_mlp.bend")).init(0)[0])
+    opt = torch.optim.AdamW(list(w.values()), lr=0.005, weight_decay=0.01)
+    for b in batches:
+        loss = mlp_loss(w, b)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    sys.path.insert(0, str(EXAMPLES))
+    import names_mlp
+    with torch.no_grad():
+        twin = mlp_loss(w, names_mlp.load("valid")).item()
+    print(f"names_mlp valid loss: dslc {result.metrics['valid']['loss']:.4f}, PyTorch twin {twin:.4f}")
+    assert abs(result.metrics["valid"]["loss"] - twin) < 0.02
+
+
+@pytest.mark.slow
+@needs_slow
+def test_full_lstm_beats_the_mlp(mlp_run):
+    result, _ = full_run("lstm_chars")
+    assert result.metrics["valid"]["loss"] < mlp_run[0].metrics["valid"]["loss"]
+
+
+@pytest.mark.slow
+@needs_slow
+def test_full_cnn_reaches_97_percent():
+    result, _ = full_run("cnn_digits")
+    assert result.metrics["test"]["accuracy"] >= 0.97
