@@ -285,7 +285,7 @@ def einsum(g: Gen, x: Value) -> Value:
     bsz, m, k = x.shape
     y = g.partner(x, lambda v: v.dtype == x.dtype == "f32" and len(v.shape) == 3
                   and v.shape[:2] == (bsz, k))
-    return g.b.emit("einsum", "bmk,bkn->bmn", x, y)
+    return g.b.emit("einsum", x, y, spec="bmk,bkn->bmn")
 
 
 def take(g: Gen, x: Value) -> Value:
