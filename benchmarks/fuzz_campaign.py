@@ -30,7 +30,7 @@ def campaign(mode: str, start: int, count: int, jobs: int, out: Path) -> collect
             detail = value.get("detail")
             detail = detail if isinstance(detail, (str, type(None))) else "\n".join(detail)
             f.write(json.dumps({"mode": m, "seed": seed, "outcome": outcome,
-                                "detail": (detail or "")[-3000:], "prims": value.get("prims"),
+                                "detail": (detail or "")[-3000:], "prims": value.get("prims"), "ulps": value.get("ulps"),
                                 "seconds": round(time.monotonic() - began, 1)}) + "\n")
             f.flush()
     return counts
@@ -38,12 +38,16 @@ def campaign(mode: str, start: int, count: int, jobs: int, out: Path) -> collect
 
 def summary(paths: list[Path]) -> None:
     counts: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    ulps: dict[str, float] = {}
     for path in paths:
         for line in path.read_text().splitlines():
             row = json.loads(line)
             counts[row["mode"]][row["outcome"]] += 1
+            for f, err in (row.get("ulps") or {}).items():
+                ulps[f] = max(err, ulps.get(f, 0.0))
     for mode, c in counts.items():
         print(mode, sum(c.values()), dict(c))
+    print("largest error of each math function compiled alone (ulps):", dict(sorted(ulps.items())))
 
 
 def show(mode: str, seed: int) -> None:

@@ -468,8 +468,11 @@ def check(key: tuple[str, int]) -> dict:
         return {"outcome": "error", "detail": e.args[0]}
     except Invalid as e:
         return {"outcome": "invalid", "detail": e.args[0]}
+    ulps: dict[str, float] = {}
+    for prim, dtype, err in ULP_SEEN:
+        ulps[f"{prim} {dtype}"] = max(err, ulps.get(f"{prim} {dtype}", 0.0))
     return {"outcome": "mismatch" if problems else "ok", "detail": problems,
-            "prims": sorted({op.prim for op in p.fn.ops})}
+            "prims": sorted({op.prim for op in p.fn.ops}), "ulps": ulps}
 
 
 def compare(fn: Function, arrays: list[np.ndarray], want: list[np.ndarray]) -> list[str]:
