@@ -83,7 +83,8 @@ class Gen:
     def floats(self) -> list[Value]:
         return [v for v in self.pool if v.dtype in FLOATS]
 
-    def partner(self, x: Value, fits) -> Value:
+    def partner(self, fits) -> Value:
+        """A value of the pool that fits (IndexError: none)."""
         return self.r.choice([v for v in self.pool if fits(v)])
 
     def const(self, value: float, like: Value) -> Value:
@@ -121,7 +122,7 @@ def transcendental(g: Gen, x: Value) -> Value:
     if prim == "pow":
         if g.r.random() < 0.5:
             return g.b.emit("pow", x, g.const(g.r.choice([2.0, 3.0, -1.0, 0.5, 1.5, -2.5]), x))
-        y = g.partner(x, lambda v: v.dtype == x.dtype and _broadcasts(v.shape, x.shape))
+        y = g.partner(lambda v: v.dtype == x.dtype and _broadcasts(v.shape, x.shape))
         return g.b.emit("pow", g.b.emit("abs", x) if g.r.random() < 0.7 else x, y)
     if prim.startswith("log") and g.r.random() < 0.7:
         x = g.b.emit("abs", x)
@@ -129,7 +130,7 @@ def transcendental(g: Gen, x: Value) -> Value:
 
 
 def binary(g: Gen, x: Value) -> Value:
-    z = g.partner(x, lambda v: _broadcasts(v.shape, x.shape) and v.dtype == x.dtype)
+    z = g.partner(lambda v: _broadcasts(v.shape, x.shape) and v.dtype == x.dtype)
     if x.dtype in FLOATS:
         prims = ["add", "sub", "mul", "div", "maximum", "minimum", "tanh_grad", "sigmoid_grad"]
     elif x.dtype == "bool":
@@ -140,7 +141,7 @@ def binary(g: Gen, x: Value) -> Value:
 
 
 def select(g: Gen, x: Value) -> Value:
-    z = g.partner(x, lambda v: v.shape == x.shape and v.dtype == x.dtype)
+    z = g.partner(lambda v: v.shape == x.shape and v.dtype == x.dtype)
     cmp = g.r.choice(["gt", "ge", "lt", "le", "eq", "ne"])
     other = g.b.emit("neg", z) if x.dtype in FLOATS else z
     return g.b.emit("where", g.b.emit(cmp, x, z), x, other)
@@ -265,7 +266,7 @@ def rearrange(g: Gen, x: Value) -> Value:
         n = x.shape[0]
         return b.emit("slice", x, start=r.randint(0, n), stop=None, axis=0)
     axis = r.randrange(len(x.shape))
-    z = g.partner(x, lambda v: v.dtype == x.dtype and len(v.shape) == len(x.shape) and all(
+    z = g.partner(lambda v: v.dtype == x.dtype and len(v.shape) == len(x.shape) and all(
         a == c for i, (a, c) in enumerate(zip(v.shape, x.shape)) if choice == "stack" or i != axis))
     return b.emit(choice, x, z, axis=axis)
 
@@ -275,7 +276,7 @@ def rearrange(g: Gen, x: Value) -> Value:
 def matmul(g: Gen, x: Value) -> Value:
     if x.shape[-1] > 32768:             # the interpreter's exact fma takes a NumPy pass per term
         raise ValueError("too long a product for the interpreter")
-    y = g.partner(x, lambda v: 1 <= len(v.shape) <= 3 and len(v.shape) >= 1
+    y = g.partner(lambda v: 1 <= len(v.shape) <= 3
                   and v.shape[-2 if len(v.shape) > 1 else 0] == x.shape[-1] and v.dtype == x.dtype
                   and x.dtype in FLOATS)
     return g.b.emit("matmul", x, y)
@@ -283,7 +284,7 @@ def matmul(g: Gen, x: Value) -> Value:
 
 def einsum(g: Gen, x: Value) -> Value:
     bsz, m, k = x.shape
-    y = g.partner(x, lambda v: v.dtype == x.dtype == "f32" and len(v.shape) == 3
+    y = g.partner(lambda v: v.dtype == x.dtype == "f32" and len(v.shape) == 3
                   and v.shape[:2] == (bsz, k))
     return g.b.emit("einsum", x, y, spec="bmk,bkn->bmn")
 
@@ -323,7 +324,6 @@ SMALL_OPS = [cast, unary, unary, transcendental, transcendental, binary, binary,
              one_hot]
 LARGE_OPS = [unary, transcendental, binary, select, reduce, reduce, reduce, reduce, softmax,
              layer_norm, normalize, transpose, index, window, matmul, matmul, take, scatter_add]
-SMOOTH_OPS = "smooth"                         # grad mode: see smooth()
 
 
 def smooth(g: Gen, x: Value) -> Value:
@@ -332,7 +332,7 @@ def smooth(g: Gen, x: Value) -> Value:
     choice = r.choice(["binary", "unary", "unary", "reduce", "softmax", "layer_norm", "view",
                        "view", "matmul", "take", "window", "pad"])
     if choice == "binary":
-        z = g.partner(x, lambda v: _broadcasts(v.shape, x.shape))
+        z = g.partner(lambda v: _broadcasts(v.shape, x.shape))
         prim = r.choice(["add", "sub", "mul", "div"])
         if prim == "div":
             z = b.emit("add", b.emit("mul", z, z), g.const(1.0, z))
