@@ -16,13 +16,15 @@ Every program runs on 1, 2 and 3 threads (DSLC_THREADS) and must give the same b
 
 Modes: "small" (axes of 0, 1, primes, powers of two and their neighbours; every primitive family
 the generator reaches, all dtypes), "large" (one axis of 10^5 to 10^7 elements, at most
-64 MB of values per program) and "grad" (smooth f64 programs: ir/ad.py's gradient on the
+64 MB of values per program), "wide" (the same without reductions of more than 10^5 elements
+into one value, so that the other kernels at those sizes are seen past a reduction's crash)
+and "grad" (smooth f64 programs: ir/ad.py's gradient on the
 interpreter against central finite differences, and the gradient program itself through the
 same comparison as the others). Outcomes: ok, mismatch, crash, hang, error (a Python exception
 in the compiler or the runtime) and invalid (the interpreter refuses the program).
 
-DSLC_FUZZ_EXAMPLES sets how many small programs (default 60; large and grad get a tenth each,
-at least 4), DSLC_FUZZ_JOBS how many children at a time (default 2). For long campaigns and
+DSLC_FUZZ_EXAMPLES sets how many small programs (default 60; large, wide and grad get a tenth
+each, at least 4), DSLC_FUZZ_JOBS how many children at a time (default 2). For long campaigns and
 reproducers: benchmarks/fuzz_campaign.py.
 """
 from __future__ import annotations
@@ -46,7 +48,7 @@ from ir.ops.shape import SliceSpec
 PROGRAMS = int(os.environ.get("DSLC_FUZZ_EXAMPLES", "60"))
 JOBS = int(os.environ.get("DSLC_FUZZ_JOBS", "2"))
 THREADS = (1, 2, 3)
-TIMEOUT = {"small": 60.0, "large": 300.0, "grad": 120.0}
+TIMEOUT = {"small": 60.0, "large": 300.0, "wide": 300.0, "grad": 120.0}
 
 SMALL = [0, 1, 1, 2, 3, 5, 7, 8, 13, 17, 31, 32, 33]
 LARGE = [100_000, 131_071, 199_999, 200_000, 262_147, 300_007, 1_000_003, 2_097_152,
@@ -295,7 +297,7 @@ def take(g: Gen, x: Value) -> Value:
     if n == 0:
         raise ValueError("nothing to take")
     shape = tuple(g.r.choice([1, 2, 3, 5, 7]) for _ in range(g.r.randint(0, 2)))
-    if g.mode == "large" and g.r.random() < 0.5:
+    if g.mode in ("large", "wide") and g.r.random() < 0.5:
         shape = (n,)                                   # a permutation-sized gather
     return g.b.emit("take", x, g.indices(shape, n), axis=axis - len(x.shape) * (g.r.random() < 0.3))
 
@@ -305,7 +307,7 @@ def scatter_add(g: Gen, x: Value) -> Value:
     n = x.shape[axis]
     if n == 0 or x.dtype == "bool":
         raise ValueError("nowhere to scatter")
-    shape = (g.r.choice([1, 2, 5, 2 * n + 1]),) if g.mode != "large" else (g.r.choice([3, n]),)
+    shape = (g.r.choice([3, n]),) if g.mode in ("large", "wide") else (g.r.choice([1, 2, 5, 2 * n + 1]),)
     idx = g.indices(shape, n)
     updates = g.b.emit("take", x, idx, axis=axis)
     if x.dtype in FLOATS:
@@ -364,6 +366,15 @@ def smooth(g: Gen, x: Value) -> Value:
     return b.emit("pad", x, widths=tuple(r.randint(0, 1) for _ in range(2 * len(x.shape))))
 
 
+REDUCTIONS = ("sum", "mean", "max", "min", "argmax", "argmin")
+
+
+def long_reduction(op) -> bool:
+    """A reduction of more than 100,000 elements into each result."""
+    return op.prim in REDUCTIONS and math.prod(op.inputs[0].shape) > 100_000 * max(
+        1, math.prod(op.outputs[0].shape))
+
+
 def nbytes(v: Value) -> int:
     return math.prod(v.shape) * np.dtype(np_dtype(v.dtype)).itemsize
 
@@ -394,16 +405,16 @@ def program(mode: str, seed: int) -> Program:
     r = random.Random(f"{mode}-{seed}")
     g = Gen(r, Builder(f"{mode}{seed}"), mode)
     long = r.choice(LARGE) if r.random() < 0.5 else int(10 ** r.uniform(5, 7))
-    dtypes = ["f64"] if mode == "grad" else ["f32", "f32", "f64", "i32", "bool"] if mode == "small" else ["f32", "f32", "f64"]
+    dtypes = {"grad": ["f64"], "small": ["f32", "f32", "f64", "i32", "bool"]}.get(mode, ["f32", "f32", "f64"])
     for _ in range(r.randint(1, 3)):
         shape = _shape(r, mode, long)
         dtype = r.choice(dtypes)
-        if mode == "large":
+        if mode in ("large", "wide"):
             while math.prod(shape) * np.dtype(np_dtype(dtype)).itemsize > BUDGET // 4:
                 shape = tuple(max(1, n // 2) if n >= 100_000 else n for n in shape)
         g.pool.append(g.param(dtype, shape))
-    ops = {"small": SMALL_OPS, "large": LARGE_OPS, "grad": [smooth]}[mode]
-    steps = {"small": (2, 14), "large": (1, 5), "grad": (2, 8)}[mode]
+    ops = {"small": SMALL_OPS, "large": LARGE_OPS, "wide": LARGE_OPS, "grad": [smooth]}[mode]
+    steps = {"small": (2, 14), "large": (1, 5), "wide": (1, 6), "grad": (2, 8)}[mode]
     first, used = len(g.pool), sum(nbytes(p) for p in g.b.params)
     for _ in range(r.randint(*steps)):
         mark, params = len(g.b.ops), len(g.b.params)
@@ -413,6 +424,8 @@ def program(mode: str, seed: int) -> Program:
             added += sum(nbytes(p) for p in g.b.params[params:])
             if used + added > BUDGET:
                 raise ValueError("over the memory budget")
+            if mode == "wide" and any(long_reduction(op) for op in g.b.ops[mark:]):
+                raise ValueError("a long reduction (the large mode has them)")
         except (OpError, IndexError, ValueError, TypeError):   # no operand fits, or a rule says no
             del g.b.ops[mark:], g.b.params[params:], g.inputs[params:]
             continue
@@ -694,6 +707,10 @@ def test_small_random_programs_give_the_definitions_bits_on_every_thread_count()
 
 def test_large_random_programs_give_the_definitions_bits_on_every_thread_count():
     _assert_all_ok("large", max(4, PROGRAMS // 10))
+
+
+def test_wide_random_programs_give_the_definitions_bits_on_every_thread_count():
+    _assert_all_ok("wide", max(4, PROGRAMS // 10))
 
 
 def test_random_gradients_match_finite_differences_and_the_cpu_gives_their_bits():
