@@ -284,6 +284,17 @@ def matmul(g: Gen, x: Value) -> Value:
     return g.b.emit("matmul", x, y)
 
 
+def product(g: Gen, x: Value) -> Value:
+    """x as rows of k (a divisor up to 512) @ a new [k, n] parameter: a product large enough
+    to be shared by the threads (2^20 multiply-adds each)."""
+    if x.dtype not in FLOATS:
+        raise ValueError("an integer product")
+    size = math.prod(x.shape)
+    k = g.r.choice([d for d in (512, 384, 256, 100, 64, 7) if size % d == 0] or [1])
+    rows = g.b.emit("reshape", x, shape=(size // k, k))
+    return g.b.emit("matmul", rows, g.param(x.dtype, (k, g.r.choice([1, 7, 64]))))
+
+
 def einsum(g: Gen, x: Value) -> Value:
     bsz, m, k = x.shape
     y = g.partner(lambda v: v.dtype == x.dtype == "f32" and len(v.shape) == 3
@@ -325,7 +336,8 @@ SMALL_OPS = [cast, unary, unary, transcendental, transcendental, binary, binary,
              index, window, expand, rearrange, rearrange, matmul, matmul, einsum, take, scatter_add,
              one_hot]
 LARGE_OPS = [unary, transcendental, binary, select, reduce, reduce, reduce, reduce, softmax,
-             layer_norm, normalize, transpose, index, window, matmul, matmul, take, scatter_add]
+             layer_norm, normalize, transpose, reshape, index, window, matmul, product, product,
+             take, scatter_add]
 
 
 def smooth(g: Gen, x: Value) -> Value:

@@ -219,7 +219,7 @@ DEFAULT = {(k, n) for k in KINDS for n in (1, 4097)} | {
     ("mean", 200_000), ("max", 200_000), ("map", 1_000_000), ("tanh", 200_000),
     ("sum_axis0", 300_000), ("sum_axis1of3", 65_537), ("max_axis1", 300_000), ("softmax", 65_537),
     ("softmax", 200_000), ("layer_norm", 200_000), ("matmul_1_1", 65_537), ("matmul_0_3", 5),
-    ("matmul_3_0", 5), ("matmul_3_5", 0), ("take", 200_000), ("scatter_add", 200_000),
+    ("matmul_3_0", 5), ("matmul_3_5", 0), ("matmul_17_13", 65_537), ("take", 200_000), ("scatter_add", 200_000),
     ("window", 200_000)}
 CASES = sorted({(k, n) for k in KINDS for n in SIZES} | DEFAULT)
 
