@@ -412,7 +412,7 @@ class Program:
 
 def program(mode: str, seed: int) -> Program:
     """A function of random parameters built by random ops (those whose shape rules refuse
-    their operands are skipped), its last values the results, and its inputs: normals with
+    their operands are skipped), the values no op reads its results, and its inputs: normals with
     zeros of both signs, infinities, NaNs and subnormals sprinkled in (grad mode: none)."""
     r = random.Random(f"{mode}-{seed}")
     g = Gen(r, Builder(f"{mode}{seed}"), mode)
@@ -443,7 +443,9 @@ def program(mode: str, seed: int) -> Program:
             continue
         used += added
         g.pool.append(y)
-    results = g.pool[first:][-3:] or [g.b.emit("neg", _float(g, g.pool[0]))]
+    read = {v for op in g.b.ops for v in op.inputs}            # results: what no op reads,
+    results = [v for v in g.pool[first:] if v not in read][-6:] or [   # so that none is dead
+        g.b.emit("neg", _float(g, g.pool[0]))]
     if mode == "grad":
         results = [_loss(g, [v for v in results if v.dtype == "f64"] or [g.pool[0]])]
     fn = g.b.finish(results)
