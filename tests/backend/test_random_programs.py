@@ -291,8 +291,9 @@ def product(g: Gen, x: Value) -> Value:
         raise ValueError("an integer product")
     size = math.prod(x.shape)
     k = g.r.choice([d for d in (512, 384, 256, 100, 64, 7) if size % d == 0] or [1])
-    rows = g.b.emit("reshape", x, shape=(size // k, k))
-    return g.b.emit("matmul", rows, g.param(x.dtype, (k, g.r.choice([1, 7, 64]))))
+    n = g.r.choice([c for c in (1, 7, 64) if size * c <= 1 << 24] or [1])   # (the interpreter's
+    rows = g.b.emit("reshape", x, shape=(size // k, k))                      # exact fma: k passes)
+    return g.b.emit("matmul", rows, g.param(x.dtype, (k, n)))
 
 
 def einsum(g: Gen, x: Value) -> Value:
@@ -698,11 +699,14 @@ def run_all(keys, jobs: int = JOBS):
 
 
 def reproducer(key: tuple[str, int]) -> str:
-    """The program as .bend (IR text where a primitive has no spelling), its input shapes and
-    the threads; enough to rerun it."""
+    """The program as .bend (IR text for the large modes, or where a primitive has no
+    spelling), its input shapes and the threads; enough to rerun it."""
     from ir.printer import printable, to_bend, to_text
     p = program(*key)
-    text = (to_bend(p.fn, "f") if all(printable(op.prim) for op in p.fn.ops) else to_text(p.fn))
+    # (.bend only for small programs: to_bend spells a window as takes whose position lists
+    # it builds in quadratic time, hours for an axis of 10^6)
+    bend = p.mode in ("small", "grad") and all(printable(op.prim) for op in p.fn.ops)
+    text = to_bend(p.fn, "f") if bend else to_text(p.fn)
     shapes = ", ".join(f"{a.dtype}{list(a.shape)}" for a in p.arrays)
     return f"# program{key}: inputs {shapes}; threads {THREADS}\n{text}"
 
