@@ -10,3 +10,81 @@ from hypothesis import settings
 # that promise a time, like the front end's fuzz test, set their own deadline.
 settings.register_profile("dslc", deadline=None)
 settings.load_profile("dslc")
+
+
+# ---------------------------------------------------------------- a child process per case
+# A compiled kernel that crashes (a signal) or never returns (a hang) must be a test's finding,
+# not the end of the run: `isolated` runs each call in a forked child and says how it ended.
+
+import os as _os
+import pickle as _pickle
+import select as _select
+import signal as _signal
+import time as _time
+import traceback as _traceback
+from collections.abc import Callable as _Callable, Iterable as _Iterable, Iterator as _Iterator
+
+
+def isolated(fn: _Callable, items: _Iterable, timeout: float, jobs: int = 1) -> _Iterator:
+    """(item, outcome, value) for each fn(item), each call in its own forked child, `jobs` at
+    a time: ("ok", fn's value), ("error", the traceback of its exception), ("crash", the
+    signal or exit status that ended it) or ("hang", None) past `timeout` seconds (killed).
+    Results come in the order the children finish."""
+    pending, running = iter(items), {}
+    while True:
+        while len(running) < jobs:
+            item = next(pending, _DONE)
+            if item is _DONE:
+                break
+            running.update([_fork(fn, item, timeout)])
+        if not running:
+            return
+        now = _time.monotonic()
+        ready, _, _ = _select.select(list(running), [], [],
+                                     max(0.0, min(r[3] for r in running.values()) - now))
+        for fd in ready:
+            chunk = _os.read(fd, 1 << 20)
+            running[fd][2].append(chunk)
+            if not chunk:
+                pid, item, chunks, _ = running.pop(fd)
+                yield (item, *_ended(pid, fd, b"".join(chunks)))
+        now = _time.monotonic()
+        for fd in [fd for fd, r in running.items() if r[3] < now]:
+            pid, item, _, _ = running.pop(fd)
+            _os.kill(pid, _signal.SIGKILL)
+            _os.waitpid(pid, 0)
+            _os.close(fd)
+            yield item, "hang", None
+
+
+_DONE = object()
+
+
+def _fork(fn: _Callable, item, timeout: float) -> tuple[int, list]:
+    read, write = _os.pipe()
+    pid = _os.fork()
+    if pid == 0:                                   # the child: report, then leave at once
+        _os.close(read)
+        try:
+            import faulthandler
+            faulthandler.disable()                 # (a crash is the parent's to report)
+            message = ("ok", fn(item))
+        except BaseException:                      # noqa: BLE001 — the edge of the child
+            message = ("error", _traceback.format_exc())
+        data = _pickle.dumps(message)
+        view = memoryview(data)
+        while view:
+            view = view[_os.write(write, view):]
+        _os._exit(0)
+    _os.close(write)
+    return read, [pid, item, [], _time.monotonic() + timeout]
+
+
+def _ended(pid: int, fd: int, data: bytes) -> tuple[str, object]:
+    _os.close(fd)
+    _, status = _os.waitpid(pid, 0)
+    if _os.WIFSIGNALED(status):
+        return "crash", _signal.Signals(_os.WTERMSIG(status)).name
+    if _os.WEXITSTATUS(status) != 0 or not data:
+        return "crash", f"exit status {_os.WEXITSTATUS(status)}"
+    return _pickle.loads(data)
