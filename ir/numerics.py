@@ -21,6 +21,7 @@ it rounds twice (a * b + acc), which the compiled backends' true fma can beat by
 """
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import numpy as np
@@ -42,7 +43,7 @@ def reduce(x: np.ndarray, axes: tuple[int, ...], combine: Callable, identity: fl
     """x reduced over axes in the canonical order (the reduced axes dropped)."""
     kept = [i for i in range(x.ndim) if i not in axes]
     x = np.transpose(x, kept + list(axes))
-    flat = x.reshape(x.shape[:len(kept)] + (-1,))
+    flat = x.reshape(x.shape[:len(kept)] + (math.prod(x.shape[len(kept):]),))   # (-1 fails on 0 rows)
     if flat.shape[-1] == 0:
         return np.full(flat.shape[:-1], identity, dtype=x.dtype)
     while flat.shape[-1] > CHUNK:
