@@ -434,6 +434,8 @@ class Pad(Primitive):
 
     def evaluate(self, x: np.ndarray, widths: tuple[int, ...],
                  value: int | float = 0) -> np.ndarray:
+        if not widths:                          # a 0-d x, which NumPy's pad refuses
+            return np.array(x)
         return np.pad(x, list(zip(widths[::2], widths[1::2])), constant_values=value)
 
     def vjp(self, b: Any, op: Any, cts: tuple) -> tuple:

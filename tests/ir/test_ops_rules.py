@@ -769,3 +769,8 @@ def test_evaluate_applies_the_rule() -> None:
         REGISTRY["add"].evaluate(a=normal(3), b=ints(3))
     with pytest.raises(OpError, match="float literal"):
         REGISTRY["mul"].evaluate(a=ints(3), b=0.5)
+
+
+def test_pad_of_a_scalar_is_the_scalar() -> None:
+    """No axes, no widths: what NumPy's pad refuses (it wants integer pairs) is a copy."""
+    check_against_numpy("pad", {"x": np.float32(2.5), "widths": ()}, np.float32(2.5))
