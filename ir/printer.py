@@ -476,8 +476,9 @@ def unindex_steps(items: tuple, shape: tuple[int, ...], dtype: str) -> list[str]
     for axis, (positions, n) in enumerate(zip(picked, shape)):
         if positions == list(range(n)):
             continue
-        source = tuple(positions.index(j) if j in positions else 0 for j in range(n))
-        mask = np.array([j in positions for j in range(n)]).reshape(
+        where = {j: k for k, j in enumerate(positions)}       # (a list's index() is O(n))
+        source = tuple(where.get(j, 0) for j in range(n))
+        mask = np.array([j in where for j in range(n)]).reshape(
             [n if i == axis else 1 for i in range(len(shape))])
         steps.append(f"take({{}}, {_list_text(source)}, axis={axis})")
         steps.append(f"where({constant_text(mask, 'bool')}, {{}}, zeros([], dtype={dtype}))")

@@ -5,7 +5,7 @@ documented ulps where the interpreter's NumPy exp, log, tanh… differ from the 
 (docs/numerics.md); and the same bits whatever the number of threads."""
 from __future__ import annotations
 
-import subprocess
+import os
 import sys
 from pathlib import Path
 
@@ -14,6 +14,7 @@ import pytest
 
 import dsl
 from backend.schedule import KernelStep
+from conftest import isolated
 from ir import interp
 from ir.core import Builder, tensor_type
 from ir.ops.base import np_dtype
@@ -162,21 +163,20 @@ LONG = [((200_000,), None), ((1_000_000,), None), ((4096 * 4096 + 5,), None),
         ((300_000, 3), 0), ((3, 300_000), 1), ((2, 4096 * 33 + 1, 2), 1), ((40, 40_000), 0)]
 
 
+def long_reductions(case) -> None:
+    shape, axis = case
+    x = f32(*shape)
+    for threads in ("1", "2", "3"):
+        os.environ["DSLC_THREADS"] = threads
+        for prim in ("sum", "mean", "max", "min"):
+            got, want, _ = run_both(lambda b, v: [b.emit(prim, v, axis=axis)], x)
+            same_bits(got, want)
+
+
 @pytest.mark.parametrize("shape, axis", LONG)
 def test_long_reductions_follow_the_canonical_order_on_any_thread_count(shape, axis):
-    script = f"""if True:
-        import os, sys
-        sys.path.insert(0, {str(Path(__file__).parent)!r})
-        import test_cpu as t
-        x = t.f32(*{shape!r})
-        for threads in ("1", "2", "3"):
-            os.environ["DSLC_THREADS"] = threads
-            for prim in ("sum", "mean", "max", "min"):
-                got, want, _ = t.run_both(lambda b, v: [b.emit(prim, v, axis={axis!r})], x)
-                t.same_bits(got, want)
-        """
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, f"exit {done.returncode}: {done.stderr[-2000:]}"
+    [(_, outcome, value)] = isolated(long_reductions, [(shape, axis)], timeout=600)
+    assert outcome == "ok", value
 
 
 @pytest.mark.parametrize("shape, axis", [((0,), None), ((0, 5), 0), ((5, 0), 1), ((3, 0, 4), (0, 1)),

@@ -637,3 +637,14 @@ def test_to_text_shows_params_items_constants_and_several_results():
         "  %7: i32[2, 3] = cast(%3; dtype=i32)\n"
         "  %8: f32[3] = einsum(%2; spec='ij->j')\n"
         "  %9: Key, %10: Key = key_split(%1; n=2)\n")
+
+
+def window_steps(n: int) -> int:
+    return len(printer.unindex_steps((SliceSpec(1, n - 1, 2),), (n,), "f32"))
+
+
+def test_a_long_window_prints_in_linear_time():
+    """unindex over 10^5 positions: finding each position in a list took 10^10 steps."""
+    from conftest import isolated
+    [(_, outcome, value)] = isolated(window_steps, [100_000], timeout=60)
+    assert (outcome, value) == ("ok", 2)
