@@ -65,7 +65,7 @@ class Emitter:
         b = self.b
         x = args[0] if args else None
         flt = dtype in FLOATS
-        signed = dtypes and dtypes[0] != "u32"
+        signed = dtypes and dtypes[0] not in ("u32", "bool")   # an i1 True is -1 signed
         if prim in ("add", "sub", "mul"):
             op = {"add": (b.fadd, b.add), "sub": (b.fsub, b.sub), "mul": (b.fmul, b.mul)}[prim]
             return op[0 if flt else 1](*args)

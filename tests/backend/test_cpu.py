@@ -372,3 +372,12 @@ def test_an_integer_to_a_negative_power_is_a_run_time_error(device):
     np.testing.assert_array_equal(prog.f(x, np.array([0, 2, 3], np.int32)), [1, 9, 64])
     with pytest.raises(dsl.DslError, match="an integer to a negative integer power"):
         prog.f(x, np.array([1, -1, 2], np.int32))
+
+
+@pytest.mark.parametrize("prim", ["lt", "le", "gt", "ge", "eq", "ne"])
+def test_bool_comparisons_order_false_before_true(prim):
+    """As NumPy does; an i1 compared signed takes True for -1 (found by the fuzzer)."""
+    a = np.array([False, False, True, True])
+    c = np.array([False, True, False, True])
+    got, want, _ = run_both(lambda b, u, v: [b.emit(prim, u, v), b.emit("max", u), b.emit("min", u)], a, c)
+    same_bits(got, want)
