@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import dsl
-from dsl.program import example_inputs
+from dsl.inputs import example_inputs
 from ir.ad import grad_function
 from ir.passes import optimize
 

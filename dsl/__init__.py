@@ -7,15 +7,15 @@ import importlib
 import sys
 import types
 
-_HOMES = {"DslError": "frontend.diagnostics", "Key": "dsl.program", "Program": "dsl.program", "Record": "dsl.program",
-          "key": "dsl.program", "load": "dsl.program", "loads": "dsl.program", "train": "dsl.train"}
+_HOMES = {"DslError": "frontend.diagnostics", "Key": "dsl.values", "Program": "dsl.program", "Record": "dsl.values",
+          "key": "dsl.values", "load": "dsl.program", "loads": "dsl.program", "train": "dsl.train"}
 
 __all__ = list(_HOMES)
 
 
 class _Package(types.ModuleType):
     def __getattr__(self, name: str):
-        if name in ("program", "safetensors"):          # as when they were imported eagerly
+        if name in ("inputs", "program", "safetensors", "values"):   # as when they were imported eagerly
             return importlib.import_module(f"dsl.{name}")
         if name not in _HOMES:
             raise AttributeError(f"module 'dsl' has no attribute {name!r}")

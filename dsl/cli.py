@@ -24,7 +24,7 @@ try:                          # Ctrl-C while NumPy and the compiler load: exit 1
     import numpy as np
 
     import dsl
-    from dsl import npz, safetensors
+    from dsl import npz, safetensors, values
 
     from frontend.check import check_file
     from frontend.diagnostics import DslError
@@ -55,7 +55,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def parse_dims(text: str) -> dict[str, int]:
     """--dims B=4,D=8 (an int for each dimension variable, static int or list length; which
-    names an entry takes, and the bounds on their values, dsl.program checks)."""
+    names an entry takes, and the bounds on their values, dsl/inputs.py checks)."""
     dims = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         name, eq, value = (s.strip() for s in part.partition("="))
@@ -90,7 +90,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     prog = dsl.load(args.file, device=args.device)
     arrays = read_arrays(args.inputs)
     result = prog.call(args.entry, **prog.inputs_from_arrays(args.entry, arrays, args.dims or {}))
-    flat = dsl.program.flatten_python(result, "out")
+    flat = values.flatten_python(result, "out")
     if args.output:
         try:
             np.savez(args.output, **flat)

@@ -4,104 +4,34 @@ A call specialises the entry point for its inputs' types (checking and lowering 
 cached per input signature) and runs it. Records come back as `Record`s, keys as `Key`s."""
 from __future__ import annotations
 
-import difflib
-import math
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from dsl.inputs import (COMPILED, MAX_BYTES, Inputs, abstract_inputs, bind_python, check_sizes,
+                        from_arrays, from_python, kind, memory_bytes)
+from dsl.values import unflatten
 from frontend import ast
 from frontend.check import Checker, deep, raise_collected
 from frontend.calls import _not_differentiable
-from frontend.diagnostics import CheckError, DslError, Note, Source
+from frontend.diagnostics import CheckError, DslError, Note, Source, did_you_mean
 from frontend.lower import Layout, LoweringError, flatten
 from frontend.parser import parse
-from frontend.unify import eval_dim
-from frontend.resolve import Program as Resolved, load_program, lookup_type
+from frontend.resolve import Program as Resolved, load_program
 from frontend.values import KeyV, ListV, RecordV, StaticV, TensorV, TupleV
 from ir import interp
 from ir.ad import grad_function
-from ir.core import Builder, Function, tensor_type
-from ir.dims import Dim
-from ir.ops.base import NUMPY_DTYPES
+from ir.core import Builder, Function
 from ir.passes import for_backends, optimize
-from ir.types import FLOAT_DTYPES, KeyType
-
-
-class Record(dict):
-    """A record value: a dict of its fields, also readable as attributes (p.W1)."""
-
-    def __init__(self, type_name: str, fields: dict[str, Any]):
-        super().__init__(fields)
-        self.type_name = type_name
-
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self[name]
-        except KeyError:
-            raise AttributeError(name) from None
-
-    def __repr__(self) -> str:
-        return f"{self.type_name}{dict.__repr__(self)}"
-
-
-@dataclass(frozen=True)
-class Key:
-    """A random key: two 32-bit words (docs/random.md)."""
-    words: np.ndarray
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Key) and np.array_equal(self.words, other.words)
-
-    def __hash__(self) -> int:
-        return hash(self.words.tobytes())
-
-
-def key(seed: int) -> Key:
-    """dsl.key(seed): the key a program's key(seed) makes."""
-    if not isinstance(seed, (int, np.integer)) or isinstance(seed, (bool, np.bool_)) or \
-            not 0 <= seed < 2 ** 64:
-        raise DslError(None, f"a seed is an integer in [0, 2**64), got {seed!r}")
-    seed = int(seed)
-    return Key(np.array([seed & 0xFFFFFFFF, seed >> 32], dtype=np.uint32))
+from ir.types import FLOAT_DTYPES
 
 
 class NoSuchName(DslError, AttributeError):
     """A name a program does not define: a DslError like every user error, and an
     AttributeError too, so that hasattr(prog, "f") and getattr(prog, "f", None) keep working."""
-
-
-def did_you_mean(name: Any, candidates) -> str:
-    """' (did you mean 'loss'?)' when a candidate is close to `name`, else ''."""
-    close = difflib.get_close_matches(name, list(candidates), n=1) if isinstance(name, str) else []
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
-@dataclass(frozen=True)
-class Spec:
-    """A tensor input's type without its array: what --dims makes for `dslc ir`, `grad` and
-    `compile`, which must not allocate the arrays whose shapes they print."""
-    dtype: str
-    shape: tuple[int, ...]
-
-
-MAX_BYTES = 2 ** 40        # no array may be larger (nor larger than the machine's memory)
-COMPILED = "an array of compiled code may take (2**40)"
-MAX_DIM = 2 ** 40          # a dimension given by --dims or dims=
-MAX_LIST = 2 ** 16         # a list's length given by --dims (lists are unrolled)
-MAX_INT = 2 ** 63          # a static int is in (-MAX_INT, MAX_INT)
-
-
-def memory_bytes() -> int:
-    """The array size a run may not exceed: MAX_BYTES, or the machine's memory if smaller."""
-    try:
-        return min(MAX_BYTES, os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
-    except (ValueError, OSError, AttributeError):
-        return MAX_BYTES
 
 
 @dataclass(frozen=True)
@@ -111,18 +41,6 @@ class Lowered:
     outputs: Layout
     params: list[Layout]              # each parameter's structure
     arg_leaves: list[list[int]]       # for each parameter, the positions of its leaves
-
-
-@dataclass(frozen=True)
-class Inputs:
-    """A call's arguments: their abstract values (the specialisation key) and their arrays."""
-    abstract: list
-    arrays: list[np.ndarray]
-    arg_leaves: list[list[int]]
-
-    @property
-    def key(self) -> tuple:
-        return tuple(signature_of(a) for a in self.abstract)
 
 
 class Program:
@@ -171,7 +89,7 @@ class Program:
     def _run(self, name: str, fn: Function, arrays: list[np.ndarray]) -> list[np.ndarray]:
         span = self._def(name).name_span
         if id(fn) not in self._sized:                # (fn is kept, so its id stays its own)
-            _check_sizes(span, name, fn, memory_bytes(), "an array may take here (the smaller "
+            check_sizes(span, name, fn, memory_bytes(), "an array may take here (the smaller "
                          "of 2**40 and this machine's memory)")
             self._sized[id(fn)] = fn
         try:
@@ -278,7 +196,7 @@ class Program:
             _differentiable(d, inputs, _wrt_names(d, grad))
             positions = _float_leaves(d, low, _wrt_names(d, grad))
             fn = optimize(grad_function(fn, positions, with_value=True))
-        _check_sizes(d.name_span, name, fn, MAX_BYTES, COMPILED)
+        check_sizes(d.name_span, name, fn, MAX_BYTES, COMPILED)
         fn = for_backends(fn)
         plan = schedule.schedule(fn, name)
         try:
@@ -340,46 +258,9 @@ class Program:
 
     def inputs_from_arrays(self, name: str, arrays: dict[str, np.ndarray],
                            statics: dict[str, int]) -> dict[str, Any]:
-        """An entry's arguments from named arrays (`p.W1`, `xs[0]`, as `dslc run` reads them);
-        static parameters from `statics`. Every array must be named exactly after one input,
-        with its dtype and rank; every static value must name a static parameter."""
-        d = self._def(name)
-        used: set[str] = set()
-        given = _Given(statics, d)
-
-        def make(t: ast.TypeExpr, path: str, module) -> Any:
-            tname = "/".join(t.name) if isinstance(t, ast.NamedType) else None
-            if tname in ("int", "float", "bool"):
-                return given.static(t, tname, path)
-            if isinstance(t, ast.TupleTypeExpr):
-                return tuple(make(i, f"{path}[{k}]", module) for k, i in enumerate(t.items))
-            if tname == "List":
-                n = 0
-                while any(k == f"{path}[{n}]" or k.startswith((f"{path}[{n}].", f"{path}[{n}]["))
-                          for k in arrays):
-                    n += 1
-                return [make(t.args[0], f"{path}[{i}]", module) for i in range(n)]
-            entity = lookup_type(t.name, module) if isinstance(t, ast.NamedType) else None
-            if entity is not None and entity.kind == "object":
-                return {f.name: make(f.type, f"{path}.{f.name}", entity.module) for f in entity.node.fields}
-            if path not in arrays:
-                unused = [k for k in arrays if k not in used]
-                raise DslError(t.span, f"the inputs have no array '{path}' for '{name}'"
-                                       f"{did_you_mean(path, unused)}")
-            used.add(path)
-            return _array_input(arrays[path], t, tname, path)
-
-        for p in d.params:
-            if p.type is None:
-                raise DslError(p.span, f"entry point '{name}' must annotate its parameter '{p.name}'")
-        out = {p.name: make(p.type, p.name, self._resolved.main) for p in d.params}
-        extra = sorted(set(arrays) - used)
-        if extra:
-            raise DslError(d.name_span, f"'{name}' has no input for the array {extra[0]!r}: each array "
-                                        f"is named after a parameter, a record's field (p.W) or a "
-                                        f"list's or tuple's item (xs[0]){did_you_mean(extra[0], used)}")
-        given.check_all_used()
-        return out
+        """An entry's arguments from named arrays (`p.W1`, `xs[0]`, as `dslc run` reads them)
+        and static values (dsl/inputs.py checks them)."""
+        return from_arrays(name, self._def(name), self._resolved.main, arrays, statics)
 
     def ir(self, name: str, dims: dict[str, int] | None = None, level: str = "tensor") -> str:
         """An entry point at a stage of compilation, as text: 'tensor' (the IR), 'loops' (the
@@ -391,7 +272,7 @@ class Program:
         if level == "tensor":
             return printer.to_text(low.function)
         from backend import cpu, loops, schedule
-        _check_sizes(self._def(name).name_span, name, low.function, MAX_BYTES, COMPILED)
+        check_sizes(self._def(name).name_span, name, low.function, MAX_BYTES, COMPILED)
         plan = schedule.schedule(for_backends(low.function), name)
         if level == "llvm":
             return str(cpu.module_ir(plan.kernels))
@@ -424,7 +305,7 @@ class Program:
             if p.type is None:
                 raise DslError(p.span, f"entry point '{name}' must annotate its parameter '{p.name}'")
         b = Builder(d.name)
-        inputs = self._inputs(b, d, _bind_python(d, args, kwargs))
+        inputs = self._inputs(b, d, bind_python(d, args, kwargs))
         key = (name, inputs.key)
         low = self._cache.get(key)              # one lookup: a deep key's hash is not kept
         if low is None:
@@ -498,7 +379,7 @@ def loads(text: str, name: str = "<string>", device: str = "auto") -> Program:
     """dsl.loads(source_text, name="model.bend"): imports resolve from the current folder."""
     name = _path(name, "dsl.loads's name")
     if not isinstance(text, str):
-        raise DslError(None, f"dsl.loads takes the source as a str, got {_kind(text)}")
+        raise DslError(None, f"dsl.loads takes the source as a str, got {kind(text)}")
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as e:
@@ -514,7 +395,7 @@ def _path(value: Any, what: str) -> str:
         os.fsencode(path)
     except (TypeError, UnicodeError):
         raise DslError(None, f"{what} must be a path the file system can name, got "
-                             f"{repr(value) if isinstance(value, str) else _kind(value)}") from None
+                             f"{repr(value) if isinstance(value, str) else kind(value)}") from None
     if "\0" in path:
         raise DslError(None, f"{what} cannot hold a NUL character, got {path!r}")
     return path
@@ -526,306 +407,6 @@ def _parse(source: Source) -> ast.Module:
     from runtime import cache
     k = cache.key("ast", cache.code_digest("frontend"), ascii(source.path), source.text)
     return cache.memo(k, lambda: parse(source))
-
-
-# ---------------------------------------------------------------- Python values in and out
-
-def _bind_python(d: ast.Def, args: tuple, kwargs: dict) -> dict[str, Any]:
-    names = [p.name for p in d.params]
-    if len(args) > len(names):
-        raise DslError(d.name_span, f"'{d.name}' takes {len(names)} arguments but {len(args)} were given")
-    bound = dict(zip(names, args))
-    for k, v in kwargs.items():
-        if k not in names or k in bound:
-            raise DslError(d.name_span, f"'{d.name}' has no parameter {k!r}{did_you_mean(k, names)}"
-                           if k not in names else f"'{d.name}' got two values for '{k}'")
-        bound[k] = v
-    for p in d.params:
-        if p.name not in bound and p.default is not None:
-            bound[p.name] = _literal_default(p)
-    missing = [n for n in names if n not in bound]
-    if missing:
-        raise DslError(d.name_span, f"'{d.name}' is missing the argument '{missing[0]}'")
-    return bound
-
-
-def _literal_default(p: ast.Param) -> Any:
-    """An entry parameter's default, which must be a literal (a number, bool or string)."""
-    e, sign = p.default, 1
-    if isinstance(e, ast.UnaryOp) and e.op == "-":
-        e, sign = e.operand, -1
-    if isinstance(e, (ast.Int, ast.Float)):
-        return sign * e.value
-    if isinstance(e, (ast.Bool, ast.Str)) and sign == 1:
-        return e.value
-    raise DslError(p.default.span, f"an entry point's default for '{p.name}' must be a literal")
-
-
-DTYPE_NAMES = {np.dtype(v): k for k, v in NUMPY_DTYPES.items()}     # (one name each)
-
-
-def from_python(b: Builder, value: Any, t: ast.TypeExpr, mod, where: str, arrays: list):
-    """The abstract value of a Python input for a parameter annotated t; arrays become
-    parameters of b and are appended to `arrays` in the same order."""
-    name = "/".join(t.name) if isinstance(t, ast.NamedType) else None
-    if isinstance(t, ast.TensorTypeExpr) or name in NUMPY_DTYPES and name != "bool":
-        dtype = t.dtype if isinstance(t, ast.TensorTypeExpr) else name
-        arr = value if isinstance(value, (np.ndarray, Spec)) or _on_device(value) else \
-            _array_from_python(value, dtype, t, where)
-        dt = arr.dtype if isinstance(arr, Spec) else DTYPE_NAMES.get(arr.dtype)
-        if dt is None:
-            raise DslError(t.span, f"'{where}' must be an array of a dslc dtype "
-                                   f"({', '.join(NUMPY_DTYPES)}), got {arr.dtype}")
-        arrays.append(arr)
-        param = b.param(tensor_type(dt, arr.shape))
-        return TensorV(param.type, ir=param)
-    if name in ("int", "float", "bool"):
-        kinds = {"int": (int, np.integer), "float": (int, float, np.integer, np.floating), "bool": (bool, np.bool_)}
-        if not isinstance(value, kinds[name]) or name != "bool" and isinstance(value, (bool, np.bool_)):
-            raise DslError(t.span, f"'{where}' is a static {name}, got {_kind(value)}")
-        if name == "int" and not -MAX_INT < int(value) < MAX_INT:
-            raise DslError(t.span, f"'{where}' is a static int, which must lie strictly between "
-                                   f"-2**63 and 2**63, got {int(value)}")
-        if name == "float" and isinstance(value, (int, np.integer)) and not abs(int(value)) < 2 ** 1024:
-            raise DslError(t.span, f"'{where}' is a static float, got an int too large for one")
-        return StaticV(name, _static(name, value))
-    if name == "Key":
-        if not (isinstance(value, Key) and isinstance(value.words, np.ndarray)
-                and value.words.dtype == np.uint32 and value.words.shape == (2,)):
-            raise DslError(t.span, f"'{where}' must be a key (dsl.key(seed)), got {_kind(value)}")
-        arrays.append(value.words)
-        return KeyV(ir=b.param(KeyType()))
-    if isinstance(t, ast.TupleTypeExpr) or name == "List":
-        items = t.items if isinstance(t, ast.TupleTypeExpr) else None
-        if not isinstance(value, (list, tuple)):
-            raise DslError(t.span, f"'{where}' must be a {'tuple' if items else 'list'}, got {_kind(value)}")
-        if items is not None and len(items) != len(value):
-            raise DslError(t.span, f"'{where}' must be a tuple of {len(items)} items, got {len(value)}")
-        parts = [from_python(b, v, items[i] if items else t.args[0], mod, f"{where}[{i}]", arrays)
-                 for i, v in enumerate(value)]
-        return TupleV(tuple(parts)) if items is not None else ListV.of(parts)
-    entity = lookup_type(t.name, mod)
-    if entity is not None and entity.kind == "object":
-        record = entity.node.name
-        if not isinstance(value, dict):
-            raise DslError(t.span, f"'{where}' must be a {record} record (a dict), got {_kind(value)}")
-        names = [f.name for f in entity.node.fields]
-        extra = [k for k in value if k not in names]
-        if extra:
-            raise DslError(t.span, f"'{where}' has a field {extra[0]!r} that {record} does not have"
-                                   f"{did_you_mean(extra[0], [n for n in names if n not in value])}",
-                           [Note(f"the fields of {record} are {', '.join(names)}", entity.node.span)])
-        fields = []
-        for f in entity.node.fields:
-            if f.name not in value:
-                raise DslError(t.span, f"'{where}' lacks the field '{f.name}' of {record}",
-                               [Note(f"the fields of {record} are {', '.join(names)}", entity.node.span)])
-            fields.append((f.name, from_python(b, value[f.name], f.type, entity.module,
-                                               f"{where}.{f.name}", arrays)))
-        return RecordV(record, tuple(fields), entity)
-    raise DslError(t.span, f"a value of type '{name}' cannot be passed from Python")
-
-
-def _kind(value: Any) -> str:
-    """What a Python value is, for a diagnostic: its type, and for arrays their dtype."""
-    if isinstance(value, np.ndarray):
-        return f"an array of {value.dtype}"
-    return "None" if value is None else type(value).__name__
-
-
-def _array_from_python(value: Any, dtype: str, t: ast.TypeExpr, where: str) -> np.ndarray:
-    """A Python number or nested list of numbers as an array of `dtype`; anything else, or
-    a number the dtype cannot hold exactly (1.5 or 2**40 for i32, 1e300 for f32), is an error."""
-    want = f"'{where}' must be {t.span.source.text[t.span.start:t.span.end]}"
-    hint = "a NumPy array, a number or a nested list of numbers"
-    if not isinstance(value, (bool, int, float, list, tuple, np.generic)):
-        raise DslError(t.span, f"{want} ({hint}), got {_kind(value)}")
-    try:
-        arr = np.asarray(value)
-    except (ValueError, TypeError, OverflowError):
-        raise DslError(t.span, f"{want} ({hint}), got a ragged list (its rows differ in length)") from None
-    if arr.dtype.kind not in "biuf":
-        what = "a number too large for any dtype" if arr.dtype.kind == "O" and _all_ints(value) else \
-            f"a {type(value).__name__} holding {'non-numbers' if arr.dtype.kind != 'c' else 'complex numbers'}"
-        raise DslError(t.span, f"{want} ({hint}), got {what}")
-    target = NUMPY_DTYPES.get(dtype)
-    if target is None:
-        raise DslError(t.span, f"{want}: pass a NumPy array, since NumPy has no {dtype}")
-    target = np.dtype(target)
-    if target.kind == "b":
-        if arr.dtype.kind != "b":
-            raise DslError(t.span, f"{want}: bools, got {'floats' if arr.dtype.kind == 'f' else 'ints'}")
-        return arr.astype(target)
-    if target.kind in "iu":
-        if arr.dtype.kind == "f" and arr.size and not np.all(np.isfinite(arr) & (arr == np.round(arr))):
-            raise DslError(t.span, f"{want}: integers, got a float that is not one")
-        info = np.iinfo(target)
-        if arr.size and (arr.min() < info.min or arr.max() > info.max):
-            raise DslError(t.span, f"{want}: integers in [{info.min}, {info.max}], "
-                                   f"got {arr.min() if arr.min() < info.min else arr.max()}")
-        return arr.astype(target)
-    with np.errstate(over="ignore"):
-        out = arr.astype(target)
-    if not np.array_equal(np.isfinite(out), np.isfinite(arr)):
-        raise DslError(t.span, f"{want}: a number too large for {dtype}")
-    return out
-
-
-def _all_ints(value: Any) -> bool:
-    if isinstance(value, (list, tuple)):
-        return all(_all_ints(v) for v in value)
-    return isinstance(value, int)
-
-
-def _on_device(value: Any) -> bool:
-    """A GPU runtime's array (runtime/cuda.py), passed on as it is, without a copy."""
-    cuda = sys.modules.get("runtime.cuda")          # not loaded: no such array exists
-    return cuda is not None and isinstance(value, cuda.DeviceArray)
-
-
-def abstract_inputs(d: ast.Def, mod, dims: dict[str, int]) -> dict[str, Any]:
-    """Inputs of an entry made concrete by --dims: Specs of the annotated shapes (their types
-    without arrays), static values (and list lengths, as `name=3`) from dims, key(0) for keys.
-    Every name in dims must be one of the entry's (a dimension, a static or a list)."""
-    given = _Given(dims, d)
-    out = _given_inputs(d, mod, given)
-    given.check_all_used()
-    return out
-
-
-def example_inputs(d: ast.Def, mod, dims: dict[str, int]) -> dict[str, Any]:
-    """abstract_inputs with zero arrays for the Specs, for tests and benchmarks; names in dims
-    that the entry does not have are ignored (one dict can then serve several entries)."""
-    def real(v: Any) -> Any:
-        match v:
-            case Spec():
-                return np.zeros(v.shape, NUMPY_DTYPES.get(v.dtype, np.float32))
-            case dict():
-                return {k: real(i) for k, i in v.items()}
-            case list() | tuple():
-                return type(v)(real(i) for i in v)
-        return v
-    return real(_given_inputs(d, mod, _Given(dims, d)))
-
-
-def _given_inputs(d: ast.Def, mod, given: _Given) -> dict[str, Any]:
-
-    def make(t: ast.TypeExpr, where: str, module) -> Any:
-        name = "/".join(t.name) if isinstance(t, ast.NamedType) else None
-        if isinstance(t, ast.TensorTypeExpr) or name in NUMPY_DTYPES and name != "bool":
-            dtype = t.dtype if isinstance(t, ast.TensorTypeExpr) else name
-            dims_ = t.dims if isinstance(t, ast.TensorTypeExpr) else ()
-            return Spec(dtype, tuple(given.size(e, where) for e in dims_))
-        if name in ("int", "float", "bool"):
-            return given.static(t, name, where)
-        if name == "Key":
-            return key(0)
-        if isinstance(t, ast.TupleTypeExpr):
-            return tuple(make(i, f"{where}[{k}]", module) for k, i in enumerate(t.items))
-        if name == "List":
-            return [make(t.args[0], where, module) for _ in range(given.length(t, where))]
-        entity = lookup_type(t.name, module)
-        if entity is None or entity.kind != "object":
-            raise DslError(t.span, f"a value of type '{name}' cannot be an entry point's input")
-        return {f.name: make(f.type, f"{where}.{f.name}", entity.module) for f in entity.node.fields}
-
-    for p in d.params:
-        if p.type is None:
-            raise DslError(p.span, f"entry point '{d.name}' must annotate its parameter '{p.name}'")
-    return {p.name: make(p.type, p.name, mod) for p in d.params}
-
-
-class _Given:
-    """The values --dims (or dims=) gives an entry, checked as the entry's inputs use them:
-    dimensions in [0, MAX_DIM], list lengths in [0, MAX_LIST], static ints below 2**63 in size,
-    bools 0 or 1; and at the end, that each name was one of the entry's."""
-
-    def __init__(self, values: Any, d: ast.Def):
-        if not isinstance(values, dict) or not all(isinstance(k, str) for k in values) or \
-                not all(isinstance(v, (int, np.integer, np.bool_)) for v in values.values()):
-            raise DslError(d.name_span, f"dims= maps names to integers (as --dims B=4,D=8), got {values!r}")
-        self.values, self.d, self.names = values, d, set()
-
-    def _get(self, span, name: str, what: str, lo: int, hi: int) -> int:
-        self.names.add(name)
-        if name not in self.values:
-            close = difflib.get_close_matches(name, [k for k in self.values if k != name], n=1)
-            raise DslError(span, f"--dims must give {what} '{name}' ({name}=…)" +
-                           (f"; it gives {close[0]!r}: did you mean {name!r}?" if close else ""))
-        v = int(self.values[name])
-        if not lo <= v <= hi:
-            raise DslError(span, f"--dims gives {what} '{name}' the value {v}, outside [{lo}, {hi}]")
-        return v
-
-    def size(self, e: ast.Expr, where: str) -> int:
-        dim = eval_dim(e)
-        env = {v: Dim.const(self._get(e.span, v, "the dimension", 0, MAX_DIM))
-               for v in sorted(dim.free_vars())}
-        n = dim.subst(env).value
-        if n is None or n < 0:
-            raise DslError(e.span, f"a dimension of '{where}' would be {n if n is not None else 'unknown'} "
-                                   f"with the sizes --dims gives")
-        return n
-
-    def length(self, t: ast.TypeExpr, where: str) -> int:
-        return self._get(t.span, where, "the length of the list", 0, MAX_LIST)
-
-    def static(self, t: ast.TypeExpr, kind: str, where: str) -> Any:
-        if kind == "bool":
-            return bool(self._get(t.span, where, "the static bool", 0, 1))
-        v = self._get(t.span, where, f"the static {kind}", -MAX_INT + 1, MAX_INT - 1)
-        return float(v) if kind == "float" else v
-
-    def check_all_used(self) -> None:
-        unknown = [k for k in self.values if k not in self.names]
-        if unknown:
-            names = sorted(self.names)
-            raise DslError(self.d.name_span, f"--dims names {unknown[0]!r}, which '{self.d.name}' does not have"
-                                             f"{did_you_mean(unknown[0], names)}",
-                           [Note(f"'{self.d.name}' takes {', '.join(names)}" if names else
-                                 f"'{self.d.name}' takes no dimensions or static values")])
-
-
-def _array_input(arr: np.ndarray, t: ast.TypeExpr, tname: str | None, path: str) -> Any:
-    """An array read for the input `path` (annotated t), checked against its annotation: a key's
-    two 32-bit words, a tensor's dtype and rank (its sizes are the checker's)."""
-    if tname == "Key":
-        if not (arr.shape == (2,) and arr.dtype.kind in "iu" and np.all((arr >= 0) & (arr < 2 ** 32))):
-            raise DslError(t.span, f"the input array {path!r} is a key: two integers in [0, 2**32), "
-                                   f"got {DTYPE_NAMES.get(arr.dtype, arr.dtype)}{list(arr.shape)}")
-        return Key(arr.astype(np.uint32))
-    dtype = t.dtype if isinstance(t, ast.TensorTypeExpr) else tname
-    dims = t.dims if isinstance(t, ast.TensorTypeExpr) else ()
-    want = t.span.source.text[t.span.start:t.span.end]
-    got = f"{DTYPE_NAMES.get(arr.dtype, arr.dtype)}{list(arr.shape)}"
-    sizes = [eval_dim(e).value for e in dims]
-    if DTYPE_NAMES.get(arr.dtype) != dtype or arr.ndim != len(dims) or \
-            any(n is not None and n != m for n, m in zip(sizes, arr.shape)):
-        raise DslError(t.span, f"the input array {path!r} is {got}, but '{path}' is {want}")
-    return arr
-
-
-def _check_sizes(span, name: str, fn: Function, limit: int, bound: str) -> None:
-    """Refuse to run or compile fn when one of its arrays would be larger than `limit` bytes
-    (`bound` says why), before anything is allocated (NumPy would otherwise try, or the system
-    kill the process) or compiled (an index past 2**63 would wrap)."""
-    def walk(f: Function):
-        yield from (("an input", v) for v in f.params)
-        for op in f.ops:
-            yield from ((f"made by {op.prim}", v) for v in op.outputs)
-            if op.body is not None:
-                yield from walk(op.body)
-    for what, v in walk(fn):
-        if v.is_key:
-            continue
-        size = math.prod(v.shape) * (2 if v.dtype == "bf16" else np.dtype(NUMPY_DTYPES[v.dtype]).itemsize)
-        if size > limit:
-            raise DslError(span, f"'{name}' would need an array of {size} bytes, {v.type} ({what}), "
-                                 f"more than the {limit} bytes {bound}")
-
-
-def _static(kind: str, value: Any):
-    return Dim.const(int(value)) if kind == "int" else float(value) if kind == "float" else bool(value)
 
 
 def _wrt_names(d: ast.Def, wrt: str | tuple[str, ...]) -> tuple[str, ...]:
@@ -941,17 +522,6 @@ def _declarations(values: list) -> list[str]:
     return list(found.values())
 
 
-def flatten_python(value: Any, path: str) -> dict[str, np.ndarray]:
-    """A result as named arrays (`out`, `out[0]`, `out.W1`), as `dslc run` writes them."""
-    if isinstance(value, dict):
-        return {k: a for f, v in value.items() for k, a in flatten_python(v, f"{path}.{f}").items()}
-    if isinstance(value, (list, tuple)):
-        return {k: a for i, v in enumerate(value) for k, a in flatten_python(v, f"{path}[{i}]").items()}
-    if isinstance(value, Key):
-        return {path: value.words}
-    return {path: np.asarray(value)}
-
-
 def llvm_module(module) -> Any:
     import llvmlite.binding as llvm
     from backend.cpu import optimise
@@ -959,22 +529,3 @@ def llvm_module(module) -> Any:
     mod.verify()
     optimise(mod)
     return mod
-
-
-def signature_of(v) -> Any:
-    """What a specialisation depends on: types and static values, not the arrays' contents."""
-    match v:
-        case TensorV():
-            return v.type
-        case KeyV():
-            return "key"
-        case TupleV() | ListV():
-            return (type(v).__name__, tuple(signature_of(i) for i in v.items))
-        case RecordV():
-            return (v.name, tuple((n, signature_of(f)) for n, f in v.fields))
-    return v
-
-
-def unflatten(layout: Layout, arrays: list[np.ndarray]) -> Any:
-    return layout.unflatten(list(arrays), Record, Key)
-

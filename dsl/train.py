@@ -89,7 +89,8 @@ from typing import Any, Callable, TextIO
 import numpy as np
 
 from dsl import npz
-from dsl.program import DEVICES, Key, Program, Record, flatten_python, key as seed_key, load
+from dsl.program import DEVICES, Program, load
+from dsl.values import Key, Record, flatten_python, key as seed_key
 from frontend import ast
 from frontend.check import check_file
 from frontend.diagnostics import Diagnostic, DslError, Note

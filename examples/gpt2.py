@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 import dsl
-from dsl.program import flatten_python
+from dsl.values import flatten_python
 from dsl.safetensors import SafetensorsError, read
 
 MODEL = Path(__file__).with_suffix(".bend")

@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import bisect
+import difflib
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Any
 
 from frontend.limits import MAX_DIAGNOSTICS, MAX_EXCERPT
 
@@ -156,3 +158,9 @@ def with_note(e: DslError, note: Note) -> DslError:
         first = type(first)(first.span, first.message, first.notes + (note,))
     e.diagnostics = (first, *rest)
     return e
+
+
+def did_you_mean(name: Any, candidates) -> str:
+    """' (did you mean 'loss'?)' when a candidate is close to `name`, else ''."""
+    close = difflib.get_close_matches(name, list(candidates), n=1) if isinstance(name, str) else []
+    return f" (did you mean {close[0]!r}?)" if close else ""

@@ -226,7 +226,7 @@ def test_ir_of_a_huge_shape_allocates_nothing(prog):
 def test_running_an_array_larger_than_memory_is_refused_before_allocating(device):
     prog = dsl.loads(SOURCE, name="m.bend", device=device)
     raises(lambda: prog.big(np.ones(3, np.float32)), "'big' would need an array of 40000000000 bytes",
-           "f32[100000, 100000]", str(dsl.program.memory_bytes()))
+           "f32[100000, 100000]", str(dsl.inputs.memory_bytes()))
 
 
 @pytest.mark.parametrize("call, fragment", [

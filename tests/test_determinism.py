@@ -22,7 +22,7 @@ SMALL = {                                   # sizes that keep each step well und
 
 
 def bits(tree) -> list[bytes]:
-    return [np.asarray(v).tobytes() for v in dsl.program.flatten_python(tree, "p").values()]
+    return [np.asarray(v).tobytes() for v in dsl.values.flatten_python(tree, "p").values()]
 
 
 @pytest.mark.parametrize("name", SMALL)

@@ -140,7 +140,7 @@ def test_first_20_steps_match_a_pytorch_twin(name):
 # ---------------------------------------------------------------- checkpoints and seeds
 
 def same_bits(a, b) -> bool:
-    fa, fb = dsl.program.flatten_python(a, "v"), dsl.program.flatten_python(b, "v")
+    fa, fb = dsl.values.flatten_python(a, "v"), dsl.values.flatten_python(b, "v")
     return fa.keys() == fb.keys() and all(fa[k].dtype == fb[k].dtype and
                                           np.array_equal(fa[k], fb[k]) for k in fa)
 

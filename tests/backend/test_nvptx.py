@@ -14,7 +14,7 @@ import dsl
 from backend import nvptx, schedule
 from backend.llvm import row_major
 from backend.loops import Instr, Load, LoopKernel, Reduce
-from dsl.program import example_inputs
+from dsl.inputs import example_inputs
 from ir.ad import grad_function
 from ir.core import Builder, tensor_type
 from ir.numerics import CHUNK

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import dsl
-from dsl.program import example_inputs
+from dsl.inputs import example_inputs
 from frontend.diagnostics import DslError
 from ir.numerics import CHUNK
 from runtime import cuda

@@ -1,0 +1,65 @@
+"""The Python values dslc's API exchanges besides arrays: records, keys, and a result's
+arrays by name (as `dslc run` and checkpoints write them)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from frontend.diagnostics import DslError
+from frontend.lower import Layout
+
+
+class Record(dict):
+    """A record value: a dict of its fields, also readable as attributes (p.W1)."""
+
+    def __init__(self, type_name: str, fields: dict[str, Any]):
+        super().__init__(fields)
+        self.type_name = type_name
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def __repr__(self) -> str:
+        return f"{self.type_name}{dict.__repr__(self)}"
+
+
+@dataclass(frozen=True)
+class Key:
+    """A random key: two 32-bit words (docs/random.md)."""
+    words: np.ndarray
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Key) and np.array_equal(self.words, other.words)
+
+    def __hash__(self) -> int:
+        return hash(self.words.tobytes())
+
+
+def key(seed: int) -> Key:
+    """dsl.key(seed): the key a program's key(seed) makes."""
+    if not isinstance(seed, (int, np.integer)) or isinstance(seed, (bool, np.bool_)) or \
+            not 0 <= seed < 2 ** 64:
+        raise DslError(None, f"a seed is an integer in [0, 2**64), got {seed!r}")
+    seed = int(seed)
+    return Key(np.array([seed & 0xFFFFFFFF, seed >> 32], dtype=np.uint32))
+
+
+def flatten_python(value: Any, path: str) -> dict[str, np.ndarray]:
+    """A result as named arrays (`out`, `out[0]`, `out.W1`), as `dslc run` writes them."""
+    if isinstance(value, dict):
+        return {k: a for f, v in value.items() for k, a in flatten_python(v, f"{path}.{f}").items()}
+    if isinstance(value, (list, tuple)):
+        return {k: a for i, v in enumerate(value) for k, a in flatten_python(v, f"{path}[{i}]").items()}
+    if isinstance(value, Key):
+        return {path: value.words}
+    return {path: np.asarray(value)}
+
+
+def unflatten(layout: Layout, arrays: list[np.ndarray]) -> Any:
+    """A function's result arrays as the Python value `layout` describes (Records, Keys, tuples)."""
+    return layout.unflatten(list(arrays), Record, Key)
