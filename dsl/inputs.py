@@ -1,5 +1,5 @@
 """What a Python caller (or --dims, or `dslc run`'s arrays) passes an entry point, converted
-and checked against the entry's annotations and dslc's limits (LANGUAGE.md §13.1)."""
+and checked against the entry's annotations and dslc's limits (docs/language.md §13.1)."""
 from __future__ import annotations
 
 import difflib
