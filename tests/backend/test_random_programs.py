@@ -37,7 +37,6 @@ import traceback
 from dataclasses import dataclass, field
 
 import numpy as np
-import pytest
 
 from conftest import isolated
 from ir import interp
