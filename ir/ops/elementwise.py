@@ -364,11 +364,15 @@ class FloorDiv(Binary):
 
 
 def _power(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """NumPy's power, whose error for an integer to a negative power is the program's."""
+    """C99's pow (NumPy's power), whose error for an integer to a negative power is the
+    program's. The exponent is never a scalar: for one (or a broadcast one), NumPy computes
+    x ** 0.5 as sqrt(x), which gives -0.0 and NaN where pow gives +0.0 and +inf."""
     if np.asarray(b).dtype.kind in "iu" and np.any(np.asarray(b) < 0):
         raise ArithmeticError("an integer to a negative integer power has no integer value; "
                               "cast to a float first")
-    return np.power(a, b)
+    shape = np.broadcast_shapes(np.shape(a), np.shape(b))
+    exponent = np.array(np.broadcast_to(b, shape), ndmin=1)     # not a view of strides 0 either
+    return np.power(a, exponent).reshape(shape)
 
 
 @primitive

@@ -381,3 +381,17 @@ def test_bool_comparisons_order_false_before_true(prim):
     c = np.array([False, True, False, True])
     got, want, _ = run_both(lambda b, u, v: [b.emit(prim, u, v), b.emit("max", u), b.emit("min", u)], a, c)
     same_bits(got, want)
+
+
+@pytest.mark.parametrize("exponent", [0.5, 2.0, -1.0, 3.0, -0.5])
+def test_a_power_by_a_scalar_has_c99s_special_values_on_every_device(exponent):
+    """NumPy computes x ** 0.5 by a scalar as sqrt(x), giving -0.0 and NaN at -0.0 and -inf
+    where C99's pow (the definition, the math library's, NumPy's for an array of exponents)
+    gives +0.0 and +inf (found by the fuzzer's campaign)."""
+    with np.errstate(all="ignore"):
+        c99 = np.power(SPECIAL, np.full(SPECIAL.shape, exponent, np.float32))
+    (got,), (want,), _ = run_both(lambda b, v: [b.emit("pow", v, b.constant(exponent, "f32"))], SPECIAL)
+    for result in (got, want):
+        assert np.array_equal(result, c99, equal_nan=True)
+        ordered = ~np.isnan(c99)
+        assert np.array_equal(np.signbit(result[ordered]), np.signbit(c99[ordered]))
