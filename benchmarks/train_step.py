@@ -136,7 +136,7 @@ def gpt_case(repeat, clock=time.perf_counter):
 def warm_in_new_process() -> float:
     """Load and first step of the GPT from the compile cache in a new Python process, its
     imports not counted (as the test of a warm load: what a second `dslc train` would wait)."""
-    code = ("import sys, time; sys.path[:0] = [{root!r}, {here!r}]; import train_step as b, dsl; "
+    code = ("import sys, time; sys.path[:0] = [{root!r}, {here!r}]; import train_step as b, dsl, dsl.program; "
             "p, i, t = b.gpt_inputs(); s = b.state_like(p); c = time.perf_counter(); "
             "dsl.loads(b.GPT_STEP, name=str(b.MODELS / 'gpt_step.bend'), device='cpu')"
             ".step(p, s, i, t, 4); print(time.perf_counter() - c)")
