@@ -42,8 +42,7 @@ class Take(Primitive):
 
     def evaluate(self, x: np.ndarray, indices: Any, axis: int = 0,
                  from_end: bool = True) -> np.ndarray:
-        negative = np.asarray(indices) < 0
-        if not from_end and negative.any():         # in NumPy's words for any other index
+        if not from_end and (negative := np.asarray(indices) < 0).any():   # NumPy's words
             raise IndexError(f"index {np.asarray(indices)[negative].flat[0]} is out of bounds for "
                              f"axis {axis % x.ndim} with size {x.shape[axis]}")
         return np.take(x, indices, axis)
