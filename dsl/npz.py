@@ -22,10 +22,10 @@ import numpy as np
 from numpy.lib import format as npy
 
 from frontend.diagnostics import DslError
+from frontend.limits import MAX_RANK
 
 MAX_BYTES = 4 * 2 ** 30          # the arrays of one archive, inflated; more is refused unread
 CHUNK = 2 ** 20                  # bytes inflated at a time
-MAX_AXES = 64                    # NumPy's limit on an array's rank
 KINDS = "biufcUS"                # bool, integers, floats, complex, strings: nothing that pickles
 ENCRYPTED_OR_PATCHED = 0x1 | 0x20 | 0x40      # zip flag bits that zipfile cannot read past
 # what a damaged zip or .npy raises from the standard library while it is read
@@ -45,7 +45,7 @@ class NpzError(DslError):
 def fits_numpy(shape: tuple[int, ...], itemsize: int) -> bool:
     """Whether NumPy can make an array of this shape: at most 64 axes, and its nonzero sizes'
     product in bytes below 2**63 (NumPy checks that even when another axis is 0)."""
-    return len(shape) <= MAX_AXES and math.prod(max(d, 1) for d in shape) * max(itemsize, 1) < 2 ** 63
+    return len(shape) <= MAX_RANK and math.prod(max(d, 1) for d in shape) * max(itemsize, 1) < 2 ** 63
 
 
 def open_regular(path: str) -> BinaryIO:

@@ -14,8 +14,9 @@ import struct
 
 import numpy as np
 
-from dsl.npz import MAX_AXES, fits_numpy, open_regular
+from dsl.npz import fits_numpy, open_regular
 from frontend.diagnostics import DslError
+from frontend.limits import MAX_RANK
 
 # the dtypes read, as little-endian NumPy dtypes; BF16 is read as its 16 bits and widened
 DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2", "I64": "<i8", "I32": "<i4"}
@@ -109,7 +110,7 @@ def _entry(fail, name: str, info, data: int) -> tuple:
         fail(f"{where} has shape {SHOW.repr(shape)}: expected a list of non-negative integers")
     if not fits_numpy(shape, itemsize):
         fail(f"{where} has shape {SHOW.repr(shape)}: more than NumPy can hold (at most "
-             f"{MAX_AXES} axes, and under 2**63 bytes)")
+             f"{MAX_RANK} axes, and under 2**63 bytes)")
     if not (isinstance(offsets, list) and len(offsets) == 2 and all(_natural(o) for o in offsets)
             and offsets[0] <= offsets[1] < MAX_OFFSET):
         fail(f"{where} has data_offsets {SHOW.repr(offsets)}: expected [begin, end] with "
