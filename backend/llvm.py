@@ -16,13 +16,14 @@ from llvmlite import ir
 
 from backend.loops import Instr, LoopKernel
 from ir.numerics import CHUNK, LANES
+from ir.ops.elementwise import Maximum, Minimum
 
 I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
 SCALAR = {"f32": ir.FloatType(), "f64": ir.DoubleType(), "f16": ir.HalfType(),
           "i32": I32, "i64": I64, "u32": I32, "bool": I1}
 FLOATS = ("f32", "f64", "f16")
 ROW_BLOCK = 8                      # rows a row kernel's stage runs for at a time (see rows)
-MATH = ("exp", "exp2", "log", "log2", "tanh", "sigmoid", "sin", "cos", "pow")
+COMBINERS = {"max": Maximum(), "min": Minimum()}   # the primitives whose bodies combine so
 
 
 def memory_type(dtype: str) -> ir.Type:
@@ -37,7 +38,7 @@ def overload_suffix(t: ir.Type) -> str:
 
 
 class Emitter:
-    """Scalar (or lane-vector) operations by primitive name, for the dtypes of the language."""
+    """Scalar (or lane-vector) operations for the dtypes of the language."""
 
     def __init__(self, b: ir.IRBuilder, module: ir.Module):
         self.b, self.module = b, module
@@ -59,60 +60,72 @@ class Emitter:
         vec = self.b.insert_element(vec, c, ir.Constant(I32, 0))
         return self.b.shuffle_vector(vec, vec, ir.Constant(ir.VectorType(I32, n), [0] * n))
 
-    def apply(self, prim: str, args: list[ir.Value], dtypes: list[str], dtype: str,
-              attrs: dict) -> ir.Value:
-        """The value of one primitive applied to scalars (or lane vectors) of known dtypes."""
-        b = self.b
-        x = args[0] if args else None
-        flt = dtype in FLOATS
-        signed = dtypes and dtypes[0] not in ("u32", "bool")   # an i1 True is -1 signed
-        if prim in ("add", "sub", "mul"):
-            op = {"add": (b.fadd, b.add), "sub": (b.fsub, b.sub), "mul": (b.fmul, b.mul)}[prim]
-            return op[0 if flt else 1](*args)
-        if prim == "div":
-            return b.fdiv(*args)
-        if prim == "neg":
-            return b.fneg(x) if flt else b.neg(x)
-        if prim == "abs":
-            return self.intrinsic("llvm.fabs", x) if flt else b.select(b.icmp_signed("<", x, self.const(0, dtype, x)), b.neg(x), x)
-        if prim in ("maximum", "minimum"):
-            a, c = args
-            if flt:
-                keep = b.or_(b.fcmp_ordered(">=" if prim == "maximum" else "<=", a, c),
-                             b.fcmp_unordered("uno", a, a))
-            else:
-                cmp = b.icmp_signed if signed else b.icmp_unsigned
-                keep = cmp(">=" if prim == "maximum" else "<=", a, c)
-            return b.select(keep, a, c)
-        if prim in ("eq", "ne", "lt", "le", "gt", "ge"):
-            sym = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}[prim]
-            if dtypes[0] in FLOATS:
-                return b.fcmp_unordered(sym, *args) if prim == "ne" else b.fcmp_ordered(sym, *args)
-            return (b.icmp_signed if signed else b.icmp_unsigned)(sym, *args)
-        if prim in ("and", "or", "xor"):
-            return {"and": b.and_, "or": b.or_, "xor": b.xor}[prim](*args)
-        if prim == "where":
-            return b.select(*args)
-        if prim == "sqrt":
-            return self.intrinsic("llvm.sqrt", x)
-        if prim == "rsqrt":
-            return b.fdiv(self.const(1.0, dtype, x), self.intrinsic("llvm.sqrt", x))
-        if prim == "floor":
-            return self.intrinsic("llvm.floor", x)
-        if prim == "tanh_grad":
-            y, ct = args
-            return b.fmul(ct, b.fsub(self.const(1.0, dtype, y), b.fmul(y, y)))
-        if prim == "sigmoid_grad":
-            y, ct = args
-            return b.fmul(b.fmul(ct, y), b.fsub(self.const(1.0, dtype, y), y))
-        if prim == "cast":
-            return self.cast(x, dtypes[0], dtype)
-        if prim == "stop_gradient":
-            return x
-        if prim in MATH:
-            from backend import mathlib
-            return getattr(mathlib, prim)(b, *args)
-        raise NotImplementedError(prim)
+    # The operations primitives' scalar bodies are built from (ir/ops: `Primitive.scalar`);
+    # each works on scalars and lane vectors alike, and on floats or integers by x's type.
+
+    def add(self, x: ir.Value, y: ir.Value) -> ir.Value:
+        return self.b.fadd(x, y) if _is_float(x) else self.b.add(x, y)
+
+    def sub(self, x: ir.Value, y: ir.Value) -> ir.Value:
+        return self.b.fsub(x, y) if _is_float(x) else self.b.sub(x, y)
+
+    def mul(self, x: ir.Value, y: ir.Value) -> ir.Value:
+        return self.b.fmul(x, y) if _is_float(x) else self.b.mul(x, y)
+
+    def div(self, x: ir.Value, y: ir.Value) -> ir.Value:
+        return self.b.fdiv(x, y)
+
+    def neg(self, x: ir.Value) -> ir.Value:
+        return self.b.fneg(x) if _is_float(x) else self.b.neg(x)
+
+    def abs(self, x: ir.Value, dtype: str) -> ir.Value:
+        if _is_float(x):
+            return self.intrinsic("llvm.fabs", x)
+        return self.b.select(self.compare("<", x, self.const(0, dtype, x), dtype), self.b.neg(x), x)
+
+    def compare(self, symbol: str, x: ir.Value, y: ir.Value, dtype: str) -> ir.Value:
+        """x symbol y (== != < <= > >=) for operands of dtype: ordered for floats, but for !=
+        (NaN != NaN); unsigned for u32 and bool (an i1 True is -1 signed)."""
+        if dtype in FLOATS:
+            return (self.b.fcmp_unordered if symbol == "!=" else self.b.fcmp_ordered)(symbol, x, y)
+        unsigned = dtype in ("u32", "bool")
+        return (self.b.icmp_unsigned if unsigned else self.b.icmp_signed)(symbol, x, y)
+
+    def isnan(self, x: ir.Value) -> ir.Value:
+        return self.b.fcmp_unordered("uno", x, x)
+
+    def and_(self, x: ir.Value, y: ir.Value) -> ir.Value:
+        return self.b.and_(x, y)
+
+    def or_(self, x: ir.Value, y: ir.Value) -> ir.Value:
+        return self.b.or_(x, y)
+
+    def xor(self, x: ir.Value, y: ir.Value) -> ir.Value:
+        return self.b.xor(x, y)
+
+    def select(self, cond: ir.Value, x: ir.Value, y: ir.Value) -> ir.Value:
+        return self.b.select(cond, x, y)
+
+    def sqrt(self, x: ir.Value) -> ir.Value:
+        return self.intrinsic("llvm.sqrt", x)
+
+    def floor(self, x: ir.Value) -> ir.Value:
+        return self.intrinsic("llvm.floor", x)
+
+    def math(self, function: str, *args: ir.Value) -> ir.Value:
+        """A function of the exact-mode math library (backend/mathlib.py) by its name there."""
+        from backend import mathlib
+        return (mathlib.BINARY.get(function) or mathlib.UNARY[function])(self.b, *args)
+
+    def apply(self, ins: Instr, args: list[ir.Value], dtypes: list[str]) -> ir.Value:
+        """The value of an instruction's primitive from its operands' values (of dtypes)."""
+        return ins.prim.scalar(self, args, dtypes, ins.dtype, dict(ins.attrs))
+
+    def combine(self, how: str, x: ir.Value, y: ir.Value, dtype: str) -> ir.Value:
+        """Two partial results of a reduction combined by the loop IR's `how` (backend/loops.py)."""
+        if how == "add":
+            return self.b.fadd(x, y)
+        return COMBINERS[how].scalar(self, [x, y], [dtype, dtype], dtype, {})
 
     def cast(self, x: ir.Value, src: str, dst: str) -> ir.Value:
         b = self.b
@@ -134,32 +147,13 @@ class Emitter:
         return b.trunc(x, to) if _bits(dst) < _bits(src) else x
 
 
+def _is_float(x: ir.Value) -> bool:
+    t = x.type.element if isinstance(x.type, ir.VectorType) else x.type
+    return isinstance(t, (ir.HalfType, ir.FloatType, ir.DoubleType))
+
+
 def _bits(dtype: str) -> int:
     return {"f16": 16, "f32": 32, "f64": 64, "i32": 32, "u32": 32, "i64": 64, "bool": 1}[dtype]
-
-
-COMPILED = {"add", "sub", "mul", "neg", "abs", "maximum", "minimum", "eq", "ne", "lt", "le",
-            "gt", "ge", "and", "or", "xor", "where", "cast", "stop_gradient", "tanh_grad",
-            "sigmoid_grad"}
-FLOAT_ONLY = {"div", "sqrt", "rsqrt", "floor"}
-
-
-def can_compile(prim: str, in_dtypes: list[str], dtype: str) -> bool:
-    """Whether a kernel body can compute this op (the others run on the host)."""
-    if dtype == "bf16" or "bf16" in in_dtypes:
-        return False
-    if prim in FLOAT_ONLY:
-        return dtype in FLOATS
-    if prim in MATH:
-        return dtype in ("f32", "f64") and _have_mathlib()
-    if prim == "cast":
-        return not (in_dtypes[0] in FLOATS and dtype not in FLOATS and dtype != "bool")
-    return prim in COMPILED
-
-
-def _have_mathlib() -> bool:
-    from backend import mathlib
-    return all(callable(getattr(mathlib, f, None)) for f in MATH)
 
 
 # ---------------------------------------------------------------- kernels
@@ -199,7 +193,7 @@ def grain(k: LoopKernel) -> int:
     for a reduction whose result points are reduced LANES at a time side by side."""
     if not k.is_reduction or not k.shape or k.shape[-1] < LANES:
         return 1
-    loads = [ins.load for ins in k.body if ins.prim == "load"]
+    loads = [ins.load for ins in k.body if ins.load is not None]
     across = all(l.strides[-2] in (0, 1) for l in loads) and any(l.strides[-1] != 1 for l in loads)
     return LANES if across else 1
 
@@ -230,14 +224,13 @@ def evaluate_body(e: Emitter, k: LoopKernel, load: Callable[[Instr], ir.Value],
     widened as the loads are (a splat across vector lanes), each operation by the Emitter."""
     values: list[ir.Value] = []
     for ins in k.body:
-        if ins.prim == "load":
+        if ins.load is not None:
             values.append(load(ins))
-        elif ins.prim == "const":
+        elif ins.prim is None:
             values.append(widen(e.const(dict(ins.attrs)["value"], ins.dtype)))
         else:
             args = [values[a] for a in ins.args]
-            dtypes = [k.body[a].dtype for a in ins.args]
-            values.append(e.apply(ins.prim, args, dtypes, ins.dtype, dict(ins.attrs)))
+            values.append(e.apply(ins, args, [k.body[a].dtype for a in ins.args]))
     return values
 
 
@@ -350,7 +343,7 @@ class _KernelGen:
         values the earlier ones stored (measured on the GPT step: softmax forward -10%,
         layer-norm backward +13% when blocked)."""
         b, k = self.b, self.k
-        costly = any(ins.prim in MATH for stage in k.stages for ins in stage.body)
+        costly = any(ins.prim is not None and ins.prim.costly for stage in k.stages for ins in stage.body)
         block = max(1, min(ROW_BLOCK, CHUNK // max(k.n, 1))) if costly else 1
 
         def rows_from(o: ir.Value) -> None:
@@ -441,7 +434,7 @@ class _KernelGen:
             rest = b.udiv(rest, ir.Constant(I64, d))
         index.reverse()
         base = {id(ins): self.offset(index, ins.load.strides[:-1], ins.load.offset)
-                for ins in self.k.body if ins.prim == "load"}
+                for ins in self.k.body if ins.load is not None}
 
         def value_at(j: ir.Value, lanes: int = 0) -> ir.Value:
             offsets = lambda ins: b.add(base[id(ins)], b.mul(j, ir.Constant(I64, ins.load.strides[-1])))
@@ -474,9 +467,7 @@ class _KernelGen:
         return ptr
 
     def combine(self, how: str, a: ir.Value, c: ir.Value, dtype: str) -> ir.Value:
-        if how == "add":
-            return self.b.fadd(a, c)
-        return self.e.apply("maximum" if how == "max" else "minimum", [a, c], [dtype, dtype], dtype, {})
+        return self.e.combine(how, a, c, dtype)
 
     def identity(self, how: str, dtype: str) -> ir.Value:
         value = {"add": -0.0, "max": float("-inf"), "min": float("inf")}[how]

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from math import prod
 from typing import Any
 
+from ir.ops.base import Primitive
+
 
 @dataclass(frozen=True)
 class Load:
@@ -40,12 +42,21 @@ class Load:
 
 @dataclass(frozen=True)
 class Instr:
-    """%i = prim(args…; attrs) of dtype, or a load (prim 'load'), or a scalar 'const'."""
-    prim: str
+    """%i = prim(args…; attrs) of dtype, the primitive's scalar body; with no primitive, a
+    load (where `load` is set) or a scalar constant (the attribute `value`)."""
+    prim: Primitive | None
     args: tuple[int, ...]
     attrs: tuple[tuple[str, Any], ...]
     dtype: str
     load: Load | None = None
+
+    @staticmethod
+    def constant(value: Any, dtype: str) -> Instr:
+        return Instr(None, (), (("value", value),), dtype)
+
+    @staticmethod
+    def read(load: Load, dtype: str) -> Instr:
+        return Instr(None, (), (), dtype, load)
 
 
 @dataclass(frozen=True)
@@ -139,7 +150,7 @@ def _stage_text(k: LoopKernel) -> list[str]:
 def _body_text(k: LoopKernel) -> list[str]:
     lines = []
     for i, ins in enumerate(k.body):
-        if ins.prim == "load":
+        if ins.load is not None:
             load = ins.load
             at = f" {'-' if load.offset < 0 else '+'} {abs(load.offset)}" if load.offset else ""
             inside = " and ".join(f"{lo} <= i{axis} < {hi}" for axis, lo, hi in load.window)
@@ -148,7 +159,7 @@ def _body_text(k: LoopKernel) -> list[str]:
         else:
             attrs = "".join(f", {a}={v!r}" for a, v in ins.attrs)
             args = ", ".join(f"%{a}" for a in ins.args)
-            lines.append(f"  %{i} = {ins.prim}({args}{attrs}) : {ins.dtype}")
+            lines.append(f"  %{i} = {ins.prim.name if ins.prim else 'const'}({args}{attrs}) : {ins.dtype}")
     for buf, ins in k.stores:
         lines.append(f"  store b{buf} <- %{ins}")
     if k.reduce:

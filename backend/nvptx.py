@@ -42,6 +42,8 @@ from llvmlite import ir
 
 from backend.llvm import I8, I32, I64, SCALAR, Emitter, evaluate_body, memory_type, row_major, windowed
 from backend.loops import Instr, LoopKernel
+from ir.ops.base import Primitive
+from ir.ops.index import Take
 from ir.numerics import CHUNK, LANES
 
 TRIPLE = "nvptx64-nvidia-cuda"
@@ -323,10 +325,7 @@ class _LoopKernelGen(_Builder):
     # -------------------------------------------------------- reductions
 
     def combine(self, a: ir.Value, c: ir.Value) -> ir.Value:
-        how, dtype = self.k.reduce.combine, self.dtype
-        if how == "add":
-            return self.b.fadd(a, c)
-        return self.e.apply("maximum" if how == "max" else "minimum", [a, c], [dtype, dtype], dtype, {})
+        return self.e.combine(self.k.reduce.combine, a, c, self.dtype)
 
     @property
     def dtype(self) -> str:
@@ -352,7 +351,7 @@ class _LoopKernelGen(_Builder):
         """Element j of the reduction of result point o: the body at the j-th reduced index."""
         b, k = self.b, self.k
         index = self.unravel(o, k.shape)
-        loads = [ins for ins in k.body if ins.prim == "load"]
+        loads = [ins for ins in k.body if ins.load is not None]
         base = {id(ins): self.offset(index, ins.load.strides[:-1]) for ins in loads}
         return lambda j: self.body(
             lambda ins: b.add(base[id(ins)], b.mul(j, self.c(ins.load.strides[-1]))))[k.reduce.value]
@@ -710,16 +709,16 @@ def _matmul_entry(module: ir.Module, dtype: str, annotations, t: MatmulTiles, ta
 GATHERS = ("take", "scatter_add")
 
 
-def gather_entry(prim: str, dtype: str) -> str:
-    return f"dslc_{prim}_{dtype}"
+def gather_entry(prim: Primitive, dtype: str) -> str:
+    return f"dslc_{prim.name}_{dtype}"
 
 
-def gather_launch(prim: str, dtype: str, n: int) -> Launch:
+def gather_launch(prim: Primitive, dtype: str, n: int) -> Launch:
     """The gather kernel and launch shape for a result of n elements: a thread per element."""
     return Launch(gather_entry(prim, dtype), n, BLOCK, _grid(n, BLOCK))
 
 
-def _gather_entry(module: ir.Module, prim: str, dtype: str, annotations, target: Target) -> None:
+def _gather_entry(module: ir.Module, prim: Primitive, dtype: str, annotations, target: Target) -> None:
     """With x [outer, size, inner], updates and take's result [outer, n, inner]:
 
     void dslc_take_T(const T *x, const i64 *rows, T *out, i64 outer, i64 n, i64 size, i64 inner):
@@ -732,20 +731,21 @@ def _gather_entry(module: ir.Module, prim: str, dtype: str, annotations, target:
     within a row, row r's being order[bounds[r] … bounds[r+1]-1]. Launched by gather_launch."""
     t = memory_type(dtype)
     data, ints = t.as_pointer(), I64.as_pointer()
-    params = [data, ints, data] if prim == "take" else [data, ints, ints, data, data]
+    take = isinstance(prim, Take)                     # else scatter_add
+    params = [data, ints, data] if take else [data, ints, ints, data, data]
     fn = _entry(module, gather_entry(prim, dtype), params + [I64] * 4, annotations, BLOCK)
     *pointers, outer, n, size, inner = fn.args
     g = _Builder(fn, I64, target)
     b = g.b
     # aligned to the element: without a data layout LLVM takes i64s as 4-aligned and splits them
     load = lambda array, i, of="i64": b.load(b.gep(array, [i], inbounds=True), align=_bytes(of))
-    middle = n if prim == "take" else size            # the result's own axis
+    middle = n if take else size            # the result's own axis
 
     def element(e: ir.Value) -> None:
         j, rest = b.urem(e, inner), b.udiv(e, inner)
         m, o = b.urem(rest, middle), b.udiv(rest, middle)
         at = lambda count, row: b.add(b.mul(b.add(b.mul(o, count), row), inner), j)   # [o, row, j]
-        if prim == "take":
+        if take:
             x, rows, out = pointers
             value = load(x, at(size, load(rows, m)), dtype)
         else:
@@ -769,7 +769,7 @@ def _gather_entry(module: ir.Module, prim: str, dtype: str, annotations, target:
 def module_ir(kernels: list[LoopKernel], matmuls: tuple[str, ...] = (), target: Target = GPU,
               gathers: tuple[tuple[str, str], ...] = ()) -> ir.Module:
     """One NVPTX module: a GPU entry per loop kernel, the contraction kernels for each dtype
-    in `matmuls`, and a gather kernel for each (prim, dtype) in `gathers`."""
+    in `matmuls`, and a gather kernel for each (primitive, dtype) in `gathers`."""
     module = ir.Module(name="dslc_gpu")
     module.triple = target.triple
     annotations = module.add_named_metadata("nvvm.annotations")

@@ -21,6 +21,7 @@ from llvmlite import ir
 from backend.llvm import I64, SCALAR, loop
 from ir.core import Op
 from ir.interp import EvalError
+from ir.ops.index import ScatterAdd
 
 FLOATS = ("f32", "f64")
 INDICES = ("i32", "i64")
@@ -92,7 +93,7 @@ def evaluate(op: Op, inputs: list[np.ndarray]) -> list[np.ndarray] | None:
     i32 or i64 indices), else None. An index out of range is the interpreter's EvalError."""
     x, indices, updates = op.inputs
     (out,) = op.outputs
-    if op.prim != "scatter_add" or out.dtype not in FLOATS or indices.dtype not in INDICES \
+    if not isinstance(op.primitive, ScatterAdd) or out.dtype not in FLOATS or indices.dtype not in INDICES \
             or x.dtype != out.dtype or updates.dtype != out.dtype:
         return None
     _, fn = _function(out.dtype, indices.dtype)

@@ -15,7 +15,10 @@ a view of a view that no strides express (a reshape of a transpose), and a windo
 anything but a map kernel reads, are read from a contiguous copy a copy kernel makes.
 Everything else — gathers, scatters, concatenation, random numbers, integer division — is a
 host step, evaluated by the reference interpreter on NumPy arrays (exact, and mostly cheap
-data movement). Every buffer is a contiguous row-major array.
+data movement): each primitive says why in its `host`, and an op without such a reason that
+the kernels cannot compute is an error. Every buffer is a contiguous row-major array.
+
+What an op is to the scheduler is its primitive's `role` (ir/ops/base.py), never its name.
 
 The buffer plan (`plan_memory`) places the values the kernels and contractions write in one
 arena, reused from call to call: two values share bytes only when one is dead before the
@@ -26,17 +29,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from math import prod
 
-from backend.llvm import can_compile, row_major
+from backend.llvm import FLOATS, row_major
 from backend.loops import Instr, Load, LoopKernel, Reduce, row_scalar
-from backend.views import VIEWS, WINDOWS, View, identity, load_strides, load_window, view_of
+from backend.views import View, identity, load_strides, load_window, view_of
 from ir.core import Function, Op, Value
-from ir.ops.base import np_dtype
-
-ELEMENTWISE = {"add", "sub", "mul", "div", "neg", "abs", "maximum", "minimum", "eq", "ne", "lt",
-               "le", "gt", "ge", "and", "or", "xor", "where", "sqrt", "rsqrt", "floor", "cast",
-               "stop_gradient", "tanh_grad", "sigmoid_grad", "exp", "exp2", "log", "log2",
-               "tanh", "sigmoid", "sin", "cos", "pow"}
-REDUCTIONS = {"sum": "add", "mean": "add", "max": "max", "min": "min"}
+from ir.ops.base import Role, np_dtype
 
 
 @dataclass(frozen=True)
@@ -84,8 +81,22 @@ class Plan:
 
 
 def fusible(op: Op) -> bool:
-    return (op.prim in ELEMENTWISE and op.body is None
-            and can_compile(op.prim, [v.dtype for v in op.inputs], op.outputs[0].dtype))
+    """Whether op is elementwise with a scalar body for its dtypes; an elementwise op without
+    one must have a reason to run on the host."""
+    prim = op.primitive
+    if prim.role is not Role.ELEMENTWISE:
+        return False
+    dtypes, dtype = [v.dtype for v in op.inputs], op.outputs[0].dtype
+    if prim.compiles(dtypes, dtype):
+        return True
+    if prim.host is None and "bf16" not in (*dtypes, dtype):
+        raise NotImplementedError(f"'{prim.name}' has no scalar body for {dtypes} -> {dtype}, "
+                                  "and no reason to run on the host")
+    return False
+
+
+def reduces(op: Op) -> bool:
+    return op.primitive.role is Role.REDUCTION
 
 
 def schedule(fn: Function, name: str = "k") -> Plan:
@@ -98,7 +109,8 @@ def schedule(fn: Function, name: str = "k") -> Plan:
     # scalar constants are written into the kernels that use them (and made on the host for
     # anything else that does)
     constants = {op.outputs[0]: op.attrs["value"] for op in fn.ops
-                 if op.prim == "constant" and op.outputs[0].shape == () and op.outputs[0].dtype != "bf16"}
+                 if op.primitive.role is Role.CONSTANT and op.outputs[0].shape == ()
+                 and op.outputs[0].dtype != "bf16"}
     views: dict[Value, tuple[Op, View]] = {}
     made: set[Value] = set()                  # views a ViewStep has made
     steps: list[Step] = []
@@ -146,13 +158,13 @@ def schedule(fn: Function, name: str = "k") -> Plan:
         x = op.inputs[0] if op.inputs else None
         source = views[x][1] if x in views else None
         view = None
-        if op.prim in VIEWS | WINDOWS:
+        if op.primitive.role in (Role.VIEW, Role.WINDOW):
             view = view_of(op, source or identity(x))
             if view is None and source is not None and x not in made:
                 view = view_of(op, identity(x))
                 if view is not None:            # a view of x once contiguous: copy x
                     copy(x)
-        if op.prim == "constant" and op.outputs[0] in constants:
+        if op.outputs[0] in constants:
             steps.append(HostStep(op))     # needs nothing, so it may run before the group
         elif view is not None:
             views[op.outputs[0]] = (op, view)
@@ -166,7 +178,7 @@ def schedule(fn: Function, name: str = "k") -> Plan:
                 space = _shape(op)
             group.append(op)
             in_group.update(op.outputs)
-        elif op.prim in REDUCTIONS and _reducible(op):
+        elif reduces(op) and _reducible(op):
             x = op.inputs[0]
             # a reduction over a row that comes back into the row, or one more over the rows of
             # a row group: a stage of the group's row kernel
@@ -198,7 +210,7 @@ def schedule(fn: Function, name: str = "k") -> Plan:
             flush()
             for v in op.inputs:
                 need(v)
-            is_matmul = op.prim == "matmul" and op.outputs[0].dtype in ("f32", "f64")
+            is_matmul = op.primitive.role is Role.CONTRACTION and op.outputs[0].dtype in ("f32", "f64")
             steps.append(ContractStep(op) if is_matmul else HostStep(op))
     flush()
     for v in fn.results:
@@ -287,7 +299,7 @@ class _Body:
         `load` (None where the kernel cannot read v so)."""
         if v not in self.where:
             if v in self.constants:
-                self.emit(v, Instr("const", (), (("value", self.constants[v]),), v.dtype))
+                self.emit(v, Instr.constant(self.constants[v], v.dtype))
                 return self.where[v]
             view = self.views[v][1] if v in self.views else identity(v)
             read = load(v, view)
@@ -295,7 +307,7 @@ class _Body:
                 return None
             if view.base not in self.args:
                 self.args.append(view.base)
-            self.emit(v, Instr("load", (), (), v.dtype, replace(read, buffer=self.args.index(view.base))))
+            self.emit(v, Instr.read(replace(read, buffer=self.args.index(view.base)), v.dtype))
         return self.where[v]
 
     def compute(self, op: Op, load: Callable[[Value, View], Load | None]) -> bool:
@@ -303,7 +315,7 @@ class _Body:
         inputs = [self.operand(v, load) for v in op.inputs]
         if None in inputs:
             return False
-        self.emit(op.outputs[0], Instr(op.prim, tuple(inputs), op.params, op.outputs[0].dtype))
+        self.emit(op.outputs[0], Instr(op.primitive, tuple(inputs), op.params, op.outputs[0].dtype))
         return True
 
     def emit(self, v: Value, ins: Instr) -> None:
@@ -338,7 +350,7 @@ def _copy_kernel(name: str, v: Value, view: View) -> KernelStep:
     """v made contiguous from its view."""
     load = _load(0, view, v.shape, v.shape)
     buffers = ((view.base.dtype, view.base.shape), (v.dtype, v.shape))
-    kernel = LoopKernel(name, v.shape, buffers, (Instr("load", (), (), v.dtype, load),), ((1, 0),))
+    kernel = LoopKernel(name, v.shape, buffers, (Instr.read(load, v.dtype),), ((1, 0),))
     return KernelStep(kernel, (view.base, v), (v,))
 
 
@@ -353,7 +365,7 @@ def _reducible(op: Op) -> bool:
     """A float reduction whose reduced axes are adjacent, so that they read as one strided
     axis (others run on the host)."""
     x = op.inputs[0]
-    if x.dtype not in ("f32", "f64", "f16") or not can_compile("add", [x.dtype], x.dtype):
+    if x.dtype not in FLOATS:
         return False
     axes = _axes(op)
     return not axes or axes == tuple(range(axes[0], axes[-1] + 1))
@@ -402,14 +414,18 @@ def _reduction_kernel(name: str, op: Op, cone: list[Op], views: dict[Value, tupl
     n = prod(x.shape[a] for a in axes)
     outer = tuple(x.shape[i] for i in range(len(x.shape)) if i not in axes)
     buffers = tuple((v.dtype, v.shape) for v in k.args) + ((out.dtype, out.shape),)
-    reduce = Reduce(REDUCTIONS[op.prim], k.where[x], len(k.args), n if op.prim == "mean" else None)
+    reduce = _reduce(op, k.where[x], len(k.args), n)
     kernel = LoopKernel(name, outer, buffers, tuple(k.body), reduce=reduce, n=n)
     return KernelStep(kernel, tuple(k.args) + (out,), (out,))
 
 
-# ---------------------------------------------------------------- row kernels
+def _reduce(op: Op, value: int, buffer: int, n: int) -> Reduce:
+    """The loop IR's reduction of instruction `value` into `buffer` that op's primitive does."""
+    prim = op.primitive
+    return Reduce(prim.combine, value, buffer, n if prim.averages else None)
 
-COSTLY = {"exp", "exp2", "log", "log2", "tanh", "sigmoid", "sin", "cos", "pow"}
+
+# ---------------------------------------------------------------- row kernels
 
 
 def _rows(op: Op) -> tuple[int, ...] | None:
@@ -437,9 +453,9 @@ def _broadcast_back(fn: Function) -> set[int]:
     back: set[int] = set()
     for op in fn.ops:
         came = [source[v] for v in op.inputs if v in source]
-        if op.prim in REDUCTIONS and _rows(op) is not None:
+        if reduces(op) and _rows(op) is not None:
             source[op.outputs[0]] = op
-        elif came and op.prim in VIEWS:
+        elif came and op.primitive.role is Role.VIEW:
             source[op.outputs[0]] = came[0]
         elif came and fusible(op):
             if _shape(op) == came[0].inputs[0].shape:
@@ -471,7 +487,7 @@ def _row_kernel(name: str, ops: list[Op], rows: tuple[int, ...], users: dict[Val
     needs is computed again by each (a few cheap operations, no memory) unless it comes from
     a costly op (exp, log, tanh…): then a map stage stores it first, and later stages load it.
     Every row's value a later stage reads is stored (and kept in a register there)."""
-    reductions = [op for op in ops if op.prim in REDUCTIONS]
+    reductions = [op for op in ops if reduces(op)]
     space = reductions[0].inputs[0].shape
     n = prod(space[len(rows):])
     made = {v: op for op in ops for v in op.outputs}
@@ -485,7 +501,7 @@ def _row_kernel(name: str, ops: list[Op], rows: tuple[int, ...], users: dict[Val
     finals = [v for v in made if v in written and v not in per_row]
     cones = [_cone(ops, [r.inputs[0]], per_row) for r in reductions] + [_cone(ops, finals, per_row)]
     needed = [op for c in cones for op in c]
-    materialize = {op.outputs[0] for op in set(needed) if op.prim in COSTLY and needed.count(op) > 1}
+    materialize = {op.outputs[0] for op in set(needed) if op.primitive.costly and needed.count(op) > 1}
 
     bufs: list[Value] = []
     stored: set[Value] = set()
@@ -571,7 +587,7 @@ def _row_kernel(name: str, ops: list[Op], rows: tuple[int, ...], users: dict[Val
                                       tuple((args.index(v), at) for at, v in stores)))
         else:
             (at, out), = stores
-            reduce = Reduce(REDUCTIONS[reduction.prim], at, args.index(out), n if reduction.prim == "mean" else None)
+            reduce = _reduce(reduction, at, args.index(out), n)
             kernels.append(LoopKernel(f"{name}.s{i}", rows, buffers, body, reduce=reduce, n=n))
     kernel = LoopKernel(name, rows, buffers, (), n=n, stages=tuple(kernels))
     return KernelStep(kernel, tuple(args), tuple(writes))

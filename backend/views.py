@@ -19,13 +19,8 @@ from backend.llvm import row_major
 from ir.core import Op, Value
 from ir.dims import Dim
 from ir.ops.base import normalize_axes
-from ir.ops.shape import SliceSpec, _along, _full
-
-VIEWS = {"transpose", "reshape", "expand_dims", "squeeze", "broadcast_to", "index", "slice"}
-# views with a window, apart from VIEWS: a strided copy that ignores windows (runtime/cuda.py's
-# copy kernels of VIEWS) would read them wrongly
-WINDOWS = {"unindex"}
-
+from ir.ops.shape import (BroadcastTo, ExpandDims, Index, Reshape, SliceSpec, Slice, Squeeze,
+                          Transpose, Unindex, _along, _full)
 
 @dataclass(frozen=True)
 class View:
@@ -44,37 +39,39 @@ def identity(v: Value) -> View:
 def view_of(op: Op, source: View) -> View | None:
     """The view that op's result is of source's base, or None where it is not one."""
     x, out = op.inputs[0], op.outputs[0]
-    if 0 in x.shape or 0 in out.shape:
+    rule = RULES.get(type(op.primitive))
+    if rule is None or 0 in x.shape or 0 in out.shape:
         return None
-    if source.window is not None and op.prim not in ("transpose", "broadcast_to"):
+    if source.window is not None and type(op.primitive) not in KEEP_WINDOWS:
         return None
-    a = op.attrs
-    if op.prim == "transpose":
-        perm = normalize_axes(a.get("perm"), len(x.shape), x) if a.get("perm") is not None \
-            else tuple(reversed(range(len(x.shape))))
-        window = None if source.window is None else tuple(source.window[p] for p in perm)
-        return View(source.base, source.offset, tuple(source.strides[p] for p in perm), window)
-    if op.prim in ("reshape", "expand_dims", "squeeze"):
-        strides = _regroup(x.shape, source.strides, out.shape)
-        return None if strides is None else View(source.base, source.offset, strides)
-    if op.prim == "broadcast_to":
-        lead = len(out.shape) - len(x.shape)
-        strides = (0,) * lead + tuple(
-            s if n == m else 0 for n, m, s in zip(x.shape, out.shape[lead:], source.strides))
-        window = None
-        if source.window is not None:   # never empty: a broadcast length-1 axis is whole
-            window = tuple((0, m) for m in out.shape[:lead]) + tuple(
-                w if n == m else (0, m) for n, m, w in zip(x.shape, out.shape[lead:], source.window))
-        return View(source.base, source.offset, strides, window)
-    if op.prim == "index":
-        return _index(source, x.shape, a["items"])
-    if op.prim == "slice":
-        axis = a.get("axis", 0) % len(x.shape)
-        return _index(source, x.shape, _along(axis, SliceSpec(a["start"], a.get("stop"),
-                                                               a.get("step", 1))))
-    if op.prim == "unindex":
-        return _unindex(source, out.shape, a["items"])
-    return None
+    return rule(source, x.shape, out.shape, op.attrs)
+
+
+def _transpose(source: View, shape: tuple[int, ...], out: tuple[int, ...], a: dict) -> View:
+    perm = normalize_axes(a.get("perm"), len(shape), "x") if a.get("perm") is not None \
+        else tuple(reversed(range(len(shape))))
+    window = None if source.window is None else tuple(source.window[p] for p in perm)
+    return View(source.base, source.offset, tuple(source.strides[p] for p in perm), window)
+
+
+def _rearrange(source: View, shape: tuple[int, ...], out: tuple[int, ...], a: dict) -> View | None:
+    strides = _regroup(shape, source.strides, out)
+    return None if strides is None else View(source.base, source.offset, strides)
+
+
+def _broadcast(source: View, shape: tuple[int, ...], out: tuple[int, ...], a: dict) -> View:
+    lead = len(out) - len(shape)
+    strides = (0,) * lead + tuple(s if n == m else 0 for n, m, s in zip(shape, out[lead:], source.strides))
+    window = None
+    if source.window is not None:   # never empty: a broadcast length-1 axis is whole
+        window = tuple((0, m) for m in out[:lead]) + tuple(
+            w if n == m else (0, m) for n, m, w in zip(shape, out[lead:], source.window))
+    return View(source.base, source.offset, strides, window)
+
+
+def _slice(source: View, shape: tuple[int, ...], out: tuple[int, ...], a: dict) -> View | None:
+    axis = a.get("axis", 0) % len(shape)
+    return _index(source, shape, _along(axis, SliceSpec(a["start"], a.get("stop"), a.get("step", 1))))
 
 
 def _int(d: int | Dim | None) -> int | None:
@@ -176,3 +173,15 @@ def load_window(view: View, shape: tuple[int, ...], space: tuple[int, ...]
     lead = len(space) - len(shape)
     return tuple((lead + d, lo, hi) for d, (lo, hi) in enumerate(view.window)
                  if (lo, hi) != (0, shape[d]))
+
+
+# How each primitive of role VIEW or WINDOW (ir/ops/shape.py) reads its input in place:
+# (source, input shape, result shape, attributes) -> the result's view, or None
+RULES = {
+    Transpose: _transpose, Reshape: _rearrange, ExpandDims: _rearrange, Squeeze: _rearrange,
+    BroadcastTo: _broadcast,
+    Index: lambda source, shape, out, a: _index(source, shape, a["items"]),
+    Slice: _slice,
+    Unindex: lambda source, shape, out, a: _unindex(source, out, a["items"]),
+}
+KEEP_WINDOWS = (Transpose, BroadcastTo)         # the views of a window that keep it

@@ -53,7 +53,7 @@ def check_sizes(span, name: str, fn: Function, limit: int, bound: str) -> None:
     def walk(f: Function):
         yield from (("an input", v) for v in f.params)
         for op in f.ops:
-            yield from ((f"made by {op.prim}", v) for v in op.outputs)
+            yield from ((f"made by {op.primitive.name}", v) for v in op.outputs)
             if op.body is not None:
                 yield from walk(op.body)
     for what, v in walk(fn):

@@ -234,14 +234,14 @@ class Program:
                 return {"kernel": gpu.copies[id(s.op)].name, "args": inputs + outputs}
             if gpu and id(s.op) in gpu.gathers:            # a gather kernel, indices from the host
                 prim, dtype = gpu.gathers[id(s.op)]
-                return {"gather": prim, "entry": nvptx.gather_entry(prim, dtype),
+                return {"gather": prim.name, "entry": nvptx.gather_entry(prim, dtype),
                         "axis": s.op.attrs.get("axis", 0), "inputs": inputs, "outputs": outputs}
             if isinstance(s, schedule.ContractStep):      # dslc's contraction kernel
                 entry = {"matmul": s.op.outputs[0].dtype, "inputs": inputs, "outputs": outputs}
                 if s.epilogue:                              # a kernel run after the product
                     entry["epilogue"] = step_entry(s.epilogue)
                 return entry
-            return {"host": s.op.prim, "inputs": inputs, "outputs": outputs}
+            return {"host": s.op.primitive.name, "inputs": inputs, "outputs": outputs}
 
         manifest = {
             "entry": name, "target": target, "gradient_of": grad,
@@ -286,8 +286,8 @@ class Program:
                 return loops.to_text(s.kernel)
             if isinstance(s, schedule.ContractStep) and s.epilogue:
                 epilogue = loops.to_text(s.epilogue.kernel).replace("\n", "\n  ")
-                return f"host {s.op.prim}, on each block of rows it finishes:\n  {epilogue}"
-            return f"host {s.op.prim}"
+                return f"host {s.op.primitive.name}, on each block of rows it finishes:\n  {epilogue}"
+            return f"host {s.op.primitive.name}"
         return "\n".join(text(s) for s in plan.steps) + "\n"
 
     def _specialised(self, d: ast.Def, dims: dict[str, int] | None) -> tuple[Lowered, Inputs]:

@@ -23,6 +23,7 @@ from ir.ad import grad_function, inline
 from ir.core import Builder, Op, Value
 from ir.dims import Dim
 from ir.ops.base import Kind, OpError, Primitive
+from ir.ops.control import Checkpoint
 from ir.ops.elementwise import Pow
 from ir.types import FLOAT_DTYPES, TensorType, UnknownType
 
@@ -543,7 +544,7 @@ class Calls:
             out = self.realize(out)
         fn, captured = close_over(body, leaf_values(out))
         outputs = tuple(Value(v.type) for v in fn.results)
-        self.builder.add(Op("checkpoint", tuple(actual + captured), (), outputs, fn))
+        self.builder.add(Op(Checkpoint(), tuple(actual + captured), (), outputs, fn))
         return rebuild(out, list(outputs))
 
 

@@ -91,7 +91,7 @@ def emit_primitive(b: Builder, prim: Primitive, raw: dict[str, Any], prepared: d
                 inputs.append(materialize(b, item, literal_dtype(prim, p.name, t, result, prepared)))
         else:
             statics[p.name] = _plain(prepared[p.name])
-    out = b.emit(prim.name, *inputs, **statics)
+    out = b.emit(prim, *inputs, **statics)
     return attach(result, list(out) if isinstance(out, tuple) else [out])
 
 

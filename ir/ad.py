@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from ir.core import Builder, Function, Op, Value
 from ir.dims import Dim
+from ir.ops.control import Checkpoint, Scan
 from ir.types import FLOAT_DTYPES, TensorType
 
 
@@ -49,9 +50,9 @@ def backward(b: Builder, f: Function, cts: dict[Value, Value], wrt: set[Value]) 
         out_cts = tuple(cts.get(v) for v in op.outputs)
         if all(c is None for c in out_cts) or not any(v in active for v in op.inputs):
             continue
-        if op.prim == "scan":
+        if isinstance(op.primitive, Scan):
             in_cts = vjp_scan(b, op, out_cts)
-        elif op.prim == "checkpoint":
+        elif isinstance(op.primitive, Checkpoint):
             in_cts = vjp_checkpoint(b, op, out_cts)
         elif not op.primitive.differentiable:
             continue
@@ -101,7 +102,7 @@ def inline(b: Builder, f: Function, args: list[Value]) -> list[Value]:
     env: dict[Value, Value] = dict(zip(f.params, args))
     for op in f.ops:
         outputs = tuple(Value(v.type) for v in op.outputs)
-        b.add(Op(op.prim, tuple(env[v] for v in op.inputs), op.params, outputs, op.body))
+        b.add(Op(op.primitive, tuple(env[v] for v in op.inputs), op.params, outputs, op.body))
         env.update(zip(op.outputs, outputs))
     return [env[v] for v in f.results]
 
@@ -139,7 +140,7 @@ def vjp_scan(b: Builder, op: Op, out_cts: tuple[Value | None, ...]) -> list[Valu
                                    if v in produced))
     stacked = [Value(TensorType(v.dtype, (Dim.const(length), *v.type.shape))) for v in residuals]
     forward = Function(op.body.name, tuple(args), tuple(fwd_ops), tuple(outs) + tuple(residuals))
-    b.ops[b.ops.index(op)] = Op("scan", op.inputs, op.params, op.outputs + tuple(stacked), forward)
+    b.ops[b.ops.index(op)] = Op(Scan(), op.inputs, op.params, op.outputs + tuple(stacked), forward)
 
     consts = args[n_state + n_xs:]
     bwd = Function(step.name, tuple(carry + acc + residuals + emit_cts + consts), tuple(bwd_ops),
@@ -159,6 +160,6 @@ def b_scan(b: Builder, body: Function, inputs: list[Value], attrs: dict) -> list
     n_state, length = attrs["n_state"], attrs["length"]
     outputs = [Value(v.type) for v in body.results[:n_state]]
     outputs += [Value(TensorType(v.dtype, (Dim.const(length), *v.type.shape))) for v in body.results[n_state:]]
-    b.add(Op("scan", tuple(inputs), tuple(sorted(attrs.items())), tuple(outputs), body))
+    b.add(Op(Scan(), tuple(inputs), tuple(sorted(attrs.items())), tuple(outputs), body))
     return outputs
 

@@ -50,8 +50,9 @@ class Value:
 
 @dataclass(frozen=True, eq=False)
 class Op:
-    """outputs = prim(inputs; params), with a body Function for structured ops (scan, checkpoint)."""
-    prim: str
+    """outputs = primitive(inputs; params), with a body Function for structured ops (scan,
+    checkpoint)."""
+    primitive: Primitive
     inputs: tuple[Value, ...]
     params: tuple[tuple[str, Any], ...]
     outputs: tuple[Value, ...]
@@ -60,10 +61,6 @@ class Op:
     @property
     def attrs(self) -> dict[str, Any]:
         return dict(self.params)
-
-    @property
-    def primitive(self) -> Primitive:
-        return ops.REGISTRY[self.prim]
 
 
 @dataclass(frozen=True, eq=False)
@@ -130,14 +127,15 @@ class Builder:
         self.params.append(v)
         return v
 
-    def emit(self, prim: str, *inputs: Value, **static: Any) -> Value | tuple[Value, ...]:
-        """Append prim(inputs; static) and return its result (a tuple when it has several)."""
-        p = ops.REGISTRY[prim]
+    def emit(self, prim: str | Primitive, *inputs: Value, **static: Any) -> Value | tuple[Value, ...]:
+        """Append prim(inputs; static) and return its result (a tuple when it has several);
+        prim is a primitive or its IR name."""
+        p = prim if isinstance(prim, Primitive) else ops.REGISTRY[prim]
         args = bind_inputs(p, tuple(v.type for v in inputs), static)
         kinds = {q.name: q.kind for q in p.params}
         result = p.infer(**{k: _dims(kinds[k], v) for k, v in args.items()})
         outputs = tuple(Value(t) for t in _flat_types(result))
-        self.ops.append(Op(prim, tuple(inputs), tuple(sorted(static.items())), outputs))
+        self.ops.append(Op(p, tuple(inputs), tuple(sorted(static.items())), outputs))
         return outputs[0] if not isinstance(result, (TupleType, ListType)) else outputs
 
     def add(self, op: Op) -> None:

@@ -9,17 +9,20 @@ import numpy as np
 
 from ir import interp
 from ir.core import Function, Op, Value
-from ir.ops.base import np_dtype
+from ir.ops.base import Primitive, Role, np_dtype
+from ir.ops.construct import Constant
+from ir.ops.contract import Einsum
+from ir.ops.elementwise import Add, Cast, Div, Mul, Sub
+from ir.ops.index import OneHot
+from ir.ops.shape import BroadcastTo, Reshape, Transpose
 
-RANDOM = {"key", "key_split", "fold_in", "uniform", "normal", "bernoulli"}
-CONSTRUCTORS = {"zeros", "ones", "full", "eye", "arange"}
 FOLD_LIMIT = 4096            # constant results larger than this many elements stay computed
 
 
 def substitute(fn: Function, ops: list[Op], env: dict[Value, Value]) -> Function:
     """fn with the given ops, every use of a value in env replaced by its image."""
     get = lambda v: env.get(v, v)
-    new_ops = tuple(Op(op.prim, tuple(map(get, op.inputs)), op.params, op.outputs, op.body)
+    new_ops = tuple(Op(op.primitive, tuple(map(get, op.inputs)), op.params, op.outputs, op.body)
                     if any(v in env for v in op.inputs) else op for op in ops)
     return Function(fn.name, fn.params, new_ops, tuple(map(get, fn.results)))
 
@@ -36,16 +39,16 @@ def dce(fn: Function) -> Function:
 
 
 def _with_body(op: Op, body: Function) -> Op:
-    return Op(op.prim, op.inputs, op.params, op.outputs, body)
+    return Op(op.primitive, op.inputs, op.params, op.outputs, body)
 
 
 def _key(op: Op):
-    if op.prim == "constant":
+    if isinstance(op.primitive, Constant):
         a = op.attrs
         value = np.asarray(a["value"], dtype=np_dtype(a["dtype"]))
         return ("constant", a["dtype"], value.shape, value.tobytes())
     body = id(op.body) if op.body is not None else None
-    return (op.prim, tuple(v.id for v in op.inputs), op.params, body)
+    return (op.primitive, tuple(v.id for v in op.inputs), op.params, body)
 
 
 def cse(fn: Function) -> Function:
@@ -55,9 +58,9 @@ def cse(fn: Function) -> Function:
     env: dict[Value, Value] = {}
     ops = []
     for op in fn.ops:
-        op = Op(op.prim, tuple(env.get(v, v) for v in op.inputs), op.params, op.outputs,
+        op = Op(op.primitive, tuple(env.get(v, v) for v in op.inputs), op.params, op.outputs,
                 cse(op.body) if op.body is not None else None)
-        key = None if op.prim in RANDOM or op.body is not None else _key(op)
+        key = None if op.primitive.random or op.body is not None else _key(op)
         if key is not None and key in seen:
             env.update(zip(op.outputs, seen[key].outputs))
             continue
@@ -69,7 +72,7 @@ def cse(fn: Function) -> Function:
 
 def _constant(op: Op | None, value: float) -> bool:
     """Whether op is a scalar or splat constant equal to value, bit for bit."""
-    if op is None or op.prim != "constant":
+    if op is None or not isinstance(op.primitive, Constant):
         return False
     a = op.attrs
     arr = np.asarray(a["value"], dtype=np_dtype(a["dtype"]))
@@ -79,41 +82,38 @@ def _constant(op: Op | None, value: float) -> bool:
     return bool(np.all(arr == want))
 
 
-# Each rule: (primitive, condition on (op, producers of its inputs), index of the input it becomes)
-Rule = tuple[str, Callable[[Op, list], bool], Callable[[Op, list], Value | None]]
+# Each rule: (primitive, condition on (op, producers of its inputs), the value it becomes)
+Rule = tuple[Primitive, Callable[[Op, list], bool], Callable[[Op, list], Value | None]]
 
 SIMPLIFY: list[Rule] = [
-    ("mul", lambda op, p: _constant(p[1], 1.0) and _same(op, 0), lambda op, p: op.inputs[0]),
-    ("mul", lambda op, p: _constant(p[0], 1.0) and _same(op, 1), lambda op, p: op.inputs[1]),
-    ("sub", lambda op, p: _constant(p[1], 0.0) and _same(op, 0), lambda op, p: op.inputs[0]),
-    ("add", lambda op, p: _constant(p[1], -0.0) and _same(op, 0), lambda op, p: op.inputs[0]),
-    ("div", lambda op, p: _constant(p[1], 1.0) and _same(op, 0), lambda op, p: op.inputs[0]),
-    ("reshape", lambda op, p: op.inputs[0].shape == op.outputs[0].shape, lambda op, p: op.inputs[0]),
-    ("broadcast_to", lambda op, p: op.inputs[0].shape == op.outputs[0].shape, lambda op, p: op.inputs[0]),
-    ("cast", lambda op, p: op.inputs[0].dtype == op.outputs[0].dtype, lambda op, p: op.inputs[0]),
-    ("transpose", lambda op, p: p[0] is not None and p[0].prim == "transpose"
+    (Mul(), lambda op, p: _constant(p[1], 1.0) and _same(op, 0), lambda op, p: op.inputs[0]),
+    (Mul(), lambda op, p: _constant(p[0], 1.0) and _same(op, 1), lambda op, p: op.inputs[1]),
+    (Sub(), lambda op, p: _constant(p[1], 0.0) and _same(op, 0), lambda op, p: op.inputs[0]),
+    (Add(), lambda op, p: _constant(p[1], -0.0) and _same(op, 0), lambda op, p: op.inputs[0]),
+    (Div(), lambda op, p: _constant(p[1], 1.0) and _same(op, 0), lambda op, p: op.inputs[0]),
+    (Reshape(), lambda op, p: op.inputs[0].shape == op.outputs[0].shape, lambda op, p: op.inputs[0]),
+    (BroadcastTo(), lambda op, p: op.inputs[0].shape == op.outputs[0].shape, lambda op, p: op.inputs[0]),
+    (Cast(), lambda op, p: op.inputs[0].dtype == op.outputs[0].dtype, lambda op, p: op.inputs[0]),
+    (Transpose(), lambda op, p: p[0] is not None and p[0].primitive == Transpose()
      and _composes_to_identity(p[0], op), lambda op, p: p[0].inputs[0]),
 ]
-
-
-ELEMENTWISE_BINARY = {"add", "sub", "mul", "div", "maximum", "minimum", "pow", "mod", "where",
-                      "eq", "ne", "lt", "le", "gt", "ge"}
+COLLAPSE = (Reshape(), BroadcastTo())      # of two in a row of one of these, the second will do
 
 
 def _implicit_broadcast(op: Op, producers: list) -> Op | None:
     """An elementwise op broadcasts its operands itself: an explicit broadcast_to feeding it is
     redundant when the result's shape does not depend on it."""
-    if op.prim not in ELEMENTWISE_BINARY:
+    if op.primitive.role is not Role.ELEMENTWISE or len(op.inputs) < 2:
         return None
     inputs = list(op.inputs)
     for i, p in enumerate(producers):
-        if p is not None and p.prim == "broadcast_to":
+        if p is not None and p.primitive == BroadcastTo():
             trial = inputs[:i] + [p.inputs[0]] + inputs[i + 1:]
             if np.broadcast_shapes(*(v.shape for v in trial)) == op.outputs[0].shape:
                 inputs = trial
     if inputs == list(op.inputs):
         return None
-    return Op(op.prim, tuple(inputs), op.params, op.outputs, op.body)
+    return Op(op.primitive, tuple(inputs), op.params, op.outputs, op.body)
 
 
 def _same(op: Op, i: int) -> bool:
@@ -135,16 +135,16 @@ def simplify(fn: Function) -> Function:
     env: dict[Value, Value] = {}
     ops = []
     for op in fn.ops:
-        op = Op(op.prim, tuple(env.get(v, v) for v in op.inputs), op.params, op.outputs,
+        op = Op(op.primitive, tuple(env.get(v, v) for v in op.inputs), op.params, op.outputs,
                 simplify(op.body) if op.body is not None else None)
         inputs = [producer.get(v) for v in op.inputs]
         replaced = next((make(op, inputs) for prim, cond, make in SIMPLIFY
-                         if prim == op.prim and cond(op, inputs)), None)
+                         if prim == op.primitive and cond(op, inputs)), None)
         if replaced is not None:
             env[op.outputs[0]] = replaced
             continue
-        if op.prim in ("reshape", "broadcast_to") and inputs[0] is not None and inputs[0].prim == op.prim:
-            op = Op(op.prim, inputs[0].inputs, op.params, op.outputs)
+        if op.primitive in COLLAPSE and inputs[0] is not None and inputs[0].primitive == op.primitive:
+            op = Op(op.primitive, inputs[0].inputs, op.params, op.outputs)
         op = _implicit_broadcast(op, inputs) or op
         ops.append(op)
         producer.update((v, op) for v in op.outputs)
@@ -156,15 +156,14 @@ def fold_constants(fn: Function) -> Function:
     constant: dict[Value, np.ndarray] = {}
     ops = []
     for op in fn.ops:
-        if op.prim == "constant":
+        if isinstance(op.primitive, Constant):
             constant[op.outputs[0]] = interp.evaluate(op, [])[0]
-        elif (op.body is None and op.prim not in RANDOM and len(op.outputs) == 1
-              and (op.inputs or op.prim in CONSTRUCTORS)
+        elif (op.body is None and not op.primitive.random and len(op.outputs) == 1
               and all(v in constant for v in op.inputs) and not op.outputs[0].is_key
               and 0 < int(np.prod(op.outputs[0].shape)) <= FOLD_LIMIT):   # a literal has no empty shape
             value = interp.evaluate(op, [constant[v] for v in op.inputs])[0]
             constant[op.outputs[0]] = value
-            op = Op("constant", (), (("dtype", op.outputs[0].dtype), ("value", _literal(value))), op.outputs)
+            op = Op(Constant(), (), (("dtype", op.outputs[0].dtype), ("value", _literal(value))), op.outputs)
         ops.append(op)
     return Function(fn.name, fn.params, tuple(ops), fn.results)
 
@@ -192,8 +191,8 @@ def for_backends(fn: Function) -> Function:
     accumulate over the contracted letters in row-major order of their first appearance, with
     fma), which the contraction kernels compile; and one_hot as the comparison it is, which
     fuses into the kernel that uses it."""
-    return _rewritten(fn, lambda op: _matmul_plan(op) if op.prim == "einsum" else
-                      _one_hot_plan(op) if op.prim == "one_hot" else None)
+    plans = {Einsum(): _matmul_plan, OneHot(): _one_hot_plan}
+    return _rewritten(fn, lambda op: plans[op.primitive](op) if op.primitive in plans else None)
 
 
 def _rewritten(fn: Function, plan_of: Callable) -> Function:
@@ -203,7 +202,7 @@ def _rewritten(fn: Function, plan_of: Callable) -> Function:
     ops = []
     env: dict[Value, Value] = {}
     for op in fn.ops:
-        op = Op(op.prim, tuple(env.get(v, v) for v in op.inputs), op.params, op.outputs,
+        op = Op(op.primitive, tuple(env.get(v, v) for v in op.inputs), op.params, op.outputs,
                 _rewritten(op.body, plan_of) if op.body is not None else None)
         plan = plan_of(op)
         if plan is None:

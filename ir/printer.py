@@ -107,11 +107,11 @@ def _text_function(fn: Function, number: dict[Value, int], lines: list[str], dep
 
 
 def _text_op(op: Op, ref: Callable[[Value], str]) -> str:
-    kinds = {p.name: p.kind for p in getattr(ops.REGISTRY.get(op.prim), "params", ())}
+    kinds = {p.name: p.kind for p in op.primitive.params}
     params = ", ".join(f"{k}={_text_static(v, kinds.get(k))}" for k, v in op.params)
     args = "; ".join(part for part in (", ".join(map(ref, op.inputs)), params) if part)
     outputs = ", ".join(f"{ref(v)}: {v.type}" for v in op.outputs)
-    return f"{outputs + ' = ' if outputs else ''}{op.prim}({args})"
+    return f"{outputs + ' = ' if outputs else ''}{op.primitive.name}({args})"
 
 
 def _text_static(v: Any, kind: Kind | None) -> str:
@@ -313,31 +313,31 @@ class _Writer:
         self.lines.append("  " * depth + text)
 
     def assign(self, depth: int, op: Op, targets: list[str], expr: str) -> None:
-        structured = len(targets) != 1 or op.prim in STRUCTURED_RESULTS
+        structured = len(targets) != 1 or op.primitive.name in STRUCTURED_RESULTS
         lhs = ", ".join(targets) + ("," if structured and len(targets) == 1 else "")
         self.line(depth, f"{lhs} = {expr}")
 
     # ------------------------------------------------------------ ops
 
     def op(self, op: Op, env: dict[Value, str], depth: int) -> None:
-        statement = STATEMENTS.get(op.prim)
+        statement = STATEMENTS.get(op.primitive.name)
         if statement is not None:
             statement(self, op, env, depth)
             return
         expr = self.expression(op, env)
-        self.assign(depth, op, [self.define(v, op.prim) for v in op.outputs], expr)
+        self.assign(depth, op, [self.define(v, op.primitive.name) for v in op.outputs], expr)
 
     def expression(self, op: Op, env: dict[Value, str]) -> str:
         args = [self.ref(v, env) for v in op.inputs]
-        if op.prim in OPERATORS:
-            return f" {OPERATORS[op.prim]} ".join(args)
-        if op.prim in PREFIX_OPERATORS:
-            return PREFIX_OPERATORS[op.prim] + args[0]
-        if op.prim in EXPRESSIONS:
-            return EXPRESSIONS[op.prim](op, args)
-        if op.prim in ops.REGISTRY and op.primitive.surface:
+        if op.primitive.name in OPERATORS:
+            return f" {OPERATORS[op.primitive.name]} ".join(args)
+        if op.primitive.name in PREFIX_OPERATORS:
+            return PREFIX_OPERATORS[op.primitive.name] + args[0]
+        if op.primitive.name in EXPRESSIONS:
+            return EXPRESSIONS[op.primitive.name](op, args)
+        if op.primitive.surface:
             return self.call(op, env)
-        raise ValueError(f"'{op.prim}' has no .bend spelling")
+        raise ValueError(f"'{op.primitive.name}' has no .bend spelling")
 
     def call(self, op: Op, env: dict[Value, str]) -> str:
         """surface(required…, optional=…): positional while every earlier parameter was."""
@@ -360,7 +360,7 @@ class _Writer:
                 positional = False
                 continue
             else:
-                text = static_text(p.kind, value, op.prim)
+                text = static_text(p.kind, value, op.primitive.name)
             positional = positional and p.required
             args.append(text if positional else f"{p.name}={text}")
         return f"{prim.surface}({', '.join(args)})"
@@ -449,7 +449,7 @@ class _Writer:
     def unindex(self, op: Op, env: dict[Value, str], depth: int) -> None:
         """unindex as the statements of `unindex_steps`, the last one naming the result."""
         (out,) = op.outputs
-        name = self.define(out, op.prim)
+        name = self.define(out, op.primitive.name)
         steps = unindex_steps(op.attrs["items"], tuple(op.attrs["shape"]), out.dtype)
         current = self.ref(op.inputs[0], env)
         for k, step in enumerate(steps):

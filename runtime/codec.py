@@ -1,8 +1,8 @@
 """Plain data for the compile cache: the syntax trees, lowered IR and kernel plans it stores,
 as JSON and a section of raw bytes (arrays). Decoding constructs nothing but containers,
 numbers, NumPy arrays and the dataclasses and enums of dslc's own packages, named in the
-entry and looked up among the modules already imported, so that reading an entry can never
-run code. Objects reached more than once are written once and referred to after, so the
+entry and looked up among the modules already imported, and primitives, by their name in the
+registry, so that reading an entry can never run code. Objects reached more than once are written once and referred to after, so the
 decoded graph shares what the encoded one shared (an IR value used by several ops)."""
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ import sys
 from typing import Any, Callable
 
 import numpy as np
+
+from ir.ops.base import REGISTRY, Primitive
 
 PACKAGES = ("frontend", "ir", "backend", "runtime", "dsl")
 DTYPE_KINDS = "biufc"           # bool, ints, floats, complex: arrays of plain bytes
@@ -35,7 +37,7 @@ class DecodeError(ValueError):
 # The document is JSON whose scalars are themselves; anything else is an object of one key, its
 # tag: {"l": [...]} a list, {"d": [k, v, ...]} a dict, {"t": [...]} a tuple, {"3": [field
 # values...]} an object of the class in row 3 of the class table (or {"3": "NAME"}, an enum
-# member). A tuple holding no tuple or list is a bare JSON array: tuples are the commonest
+# member), {"p": "NAME"} the primitive of that name. A tuple holding no tuple or list is a bare JSON array: tuples are the commonest
 # container, and json.loads calls the decoder's hook on objects only. A tag ending in "!"
 # marks a value referred to again later, as {"r": n}, n counting such values in the order their
 # JSON ends (the order in which the decoder completes them).
@@ -70,6 +72,8 @@ class _Encoder:
             return x
         if t is float:
             return x if math.isfinite(x) else {"f": struct.pack(">d", x).hex()}   # nan, ±inf, bit for bit
+        if isinstance(x, Primitive):
+            return {"p": x.name}
         if t is tuple:
             items = [self.value(v) for v in x]
             return {"t": items} if any(type(v) in (tuple, list) for v in x) else items
@@ -196,7 +200,7 @@ class _Decoder:
         tags: dict[str, Callable[[Any], Any]] = {
             "t": _tuple, "l": _list, "d": _dict, "s": _frozenset, "z": _set, "f": _float,
             "b": self.bytes, "a": self.array, "n": self.scalar, "y": _dtype,
-            "x": lambda _: ..., "c": _slice}
+            "x": lambda _: ..., "c": _slice, "p": _primitive}
         tags.update((str(i), _maker(*row)) for i, row in enumerate(classes))
         tags.update([(tag + "!", self.remembered(make)) for tag, make in tags.items()])
         tags["r"] = self.ref
@@ -317,6 +321,12 @@ def _dict(body: list) -> dict:
 
 def _slice(body: list) -> slice:
     return slice(*_items(body))
+
+
+def _primitive(name: str) -> Primitive:
+    if type(name) is not str or name not in REGISTRY:
+        raise DecodeError(f"{name!r} is not a primitive")
+    return REGISTRY[name]
 
 
 def _float(hexbits: str) -> float:

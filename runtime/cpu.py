@@ -38,7 +38,8 @@ from backend.schedule import (
 from backend.team import team
 from ir import interp
 from ir.core import Function, Op, Value, bind_inputs
-from ir.ops.base import np_dtype
+from ir.ops.base import Role, np_dtype
+from ir.ops.index import ScatterAdd
 from ir.passes import for_backends
 from runtime import cache
 
@@ -123,11 +124,9 @@ class Executable:
 
     def host(self, op: Op, inputs: list[np.ndarray]) -> list[np.ndarray]:
         body = self.bodies.get(id(op))
-        if op.prim == "scan":
-            return interp.scan(op, inputs, body.run)
-        if op.prim == "checkpoint":
-            return body.run(inputs)
-        if op.prim == "scatter_add":                # (an embedding's gradient) compiled
+        if op.primitive.role is Role.STRUCTURED:   # its body compiled
+            return op.primitive.run(op, inputs, body.run)
+        if isinstance(op.primitive, ScatterAdd):    # (an embedding's gradient) compiled
             outputs = scatter.evaluate(op, inputs)
             if outputs is not None:
                 return outputs
@@ -161,7 +160,7 @@ def _digest(fn: Function) -> str:
                 if v.type not in types:
                     types[v.type] = len(types)
                     h.update(repr(v.type).encode())
-            h.update(repr((op.prim, op.params, [number[v] for v in op.inputs],
+            h.update(repr((op.primitive.name, op.params, [number[v] for v in op.inputs],
                            [types[v.type] for v in op.outputs])).encode())
             if op.body is not None:
                 walk(op.body)

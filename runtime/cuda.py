@@ -34,12 +34,12 @@ from frontend.diagnostics import DslError
 from ir import interp
 from ir.core import Function, Op, Value
 from ir.interp import EvalError
-from ir.ops.base import np_dtype
+from ir.ops.base import Primitive, Role, np_dtype
+from ir.ops.control import Checkpoint
+from ir.ops.index import ScatterAdd, Take
+from ir.ops.shape import Rearrange
 from ir.passes import for_backends
 from runtime import cache
-
-VIEWS = ("reshape", "expand_dims", "squeeze")    # host ops whose result is the same bytes
-COPIES = tuple(sorted(set(views.VIEWS) - set(VIEWS)))   # run on the GPU as strided copies
 
 
 class DriverError(Exception):
@@ -372,17 +372,17 @@ def compile_ptx(kernels: list, matmuls: tuple[str, ...], gathers: tuple[tuple[st
 class GpuKernels:
     """What a plan runs on the GPU: its loop kernels and the copy kernels of its data movement
     (by the id of the op they replace), their launch shapes, the dtypes of its products, and
-    the gather kernel, (prim, dtype), of each take and scatter_add that runs on the GPU."""
+    the gather kernel, (primitive, dtype), of each take and scatter_add that runs on the GPU."""
     kernels: list[LoopKernel]
     copies: dict[int, LoopKernel]
     launches: dict[str, nvptx.Launch]
     matmuls: tuple[str, ...]
-    gathers: dict[int, tuple[str, str]]
+    gathers: dict[int, tuple[Primitive, str]]
 
     @property
-    def gather_kernels(self) -> tuple[tuple[str, str], ...]:
-        """The gather kernels the module holds: one per (prim, dtype) the plan uses."""
-        return tuple(sorted(set(self.gathers.values())))
+    def gather_kernels(self) -> tuple[tuple[Primitive, str], ...]:
+        """The gather kernels the module holds: one per (primitive, dtype) the plan uses."""
+        return tuple(sorted(set(self.gathers.values()), key=lambda g: (g[0].name, g[1])))
 
     @property
     def entries(self) -> list[str]:
@@ -544,7 +544,7 @@ class Executable:
     def host(self, op: Op, env: dict[Value, DeviceArray]) -> None:
         """A host step: its inputs copied to the host, evaluated as the CPU runtime does, its
         outputs copied back; reshapes re-label the buffer instead; ops of no inputs run once."""
-        if op.prim in VIEWS:
+        if isinstance(op.primitive, Rearrange):           # the same bytes
             env[op.outputs[0]] = env[op.inputs[0]].view(self.layout(op.outputs[0])[1])
             return
         if id(op) in self.copies:
@@ -557,12 +557,12 @@ class Executable:
             env.update(zip(op.outputs, self.constants[id(op)]))
             return
         body = self.bodies.get(id(op))
-        if op.prim == "checkpoint":
+        if isinstance(op.primitive, Checkpoint):          # its body's values stay on the GPU
             outs = body.run([env[v] for v in op.inputs])
         else:
             inputs = [env[v].numpy() for v in op.inputs]
-            if op.prim == "scan":
-                outs = interp.scan(op, inputs, lambda arrays: [np.asarray(x) for x in body.run(arrays)])
+            if op.primitive.role is Role.STRUCTURED:
+                outs = op.primitive.run(op, inputs, lambda arrays: [np.asarray(x) for x in body.run(arrays)])
             else:
                 outs = interp.evaluate(op, inputs)
         outs = [self.to_device(a, v) for a, v in zip(outs, op.outputs)]
@@ -580,8 +580,8 @@ class Executable:
         axis = op.attrs.get("axis", 0) % len(x.shape)
         outer, size, inner = scatter.around(x.shape, axis)
         rows = gather_rows(prim, env[indices].numpy(), axis, size, op.attrs.get("from_end", True))
-        ints = [rows] if prim == "take" else list(segments(rows, size))
-        ints = [self.upload(a, f"the indices of {prim}") for a in ints]
+        ints = [rows] if isinstance(prim, Take) else list(segments(rows, size))
+        ints = [self.upload(a, f"the indices of {prim.name}") for a in ints]
         shape = nvptx.gather_launch(prim, dtype, math.prod(out.shape))
         env[out] = result = self.empty(out, f"the result of {shape.entry}")
         if shape.extent:
@@ -617,30 +617,30 @@ class _Product:
                         f"the result of {nvptx.matmul_entry(out.dtype, nvptx.TILES[0])}")
 
 
-def gather_kernel(op: Op) -> tuple[str, str] | None:
-    """The gather kernel, (prim, dtype), that runs a take (of any dtype: a copy) or a
+def gather_kernel(op: Op) -> tuple[Primitive, str] | None:
+    """The gather kernel, (primitive, dtype), that runs a take (of any dtype: a copy) or a
     scatter_add (of the values backend/scatter.py compiles for the CPU), else None."""
     dtype = op.outputs[0].dtype if op.outputs else None
-    if op.prim == "take" and dtype in SCALAR:
-        return "take", dtype
-    if op.prim == "scatter_add" and dtype in scatter.FLOATS and \
+    if isinstance(op.primitive, Take) and dtype in SCALAR:
+        return op.primitive, dtype
+    if isinstance(op.primitive, ScatterAdd) and dtype in scatter.FLOATS and \
             op.inputs[0].dtype == op.inputs[2].dtype == dtype:
-        return "scatter_add", dtype
+        return op.primitive, dtype
     return None
 
 
-def gather_rows(prim: str, indices: np.ndarray, axis: int, size: int,
+def gather_rows(prim: Primitive, indices: np.ndarray, axis: int, size: int,
                 from_end: bool = True) -> np.ndarray:
     """The indices as int64 rows in [0, size), flattened, negative ones counted from the end
     (or out of range, without from_end); one out of range is the interpreter's EvalError, in
     its words (NumPy's)."""
     flat = indices.reshape(-1).astype(np.int64)
-    if prim == "take" and size == 0 and flat.size:
-        raise EvalError(f"'{prim}' failed at run time: cannot do a non-empty take from an empty axes.")
+    if isinstance(prim, Take) and size == 0 and flat.size:
+        raise EvalError(f"'{prim.name}' failed at run time: cannot do a non-empty take from an empty axes.")
     rows = np.where(flat < 0, flat + size, flat) if from_end else flat
     bad = np.flatnonzero((rows < 0) | (rows >= size))
     if bad.size:
-        raise scatter.out_of_range(prim, flat[bad[0]], axis, size)
+        raise scatter.out_of_range(prim.name, flat[bad[0]], axis, size)
     return rows
 
 
@@ -657,14 +657,15 @@ def copy_kernel(name: str, op: Op) -> LoopKernel | None:
     """A transpose, broadcast, index or slice as a map kernel that reads its input through
     the op's view (backend/views.py: out[i] = x[offset + Σ i[d] · strides[d]]), so that it
     runs on the GPU; None for other ops."""
-    if op.prim not in COPIES or op.inputs[0].dtype not in SCALAR:
+    copied = op.primitive.role is Role.VIEW and not isinstance(op.primitive, Rearrange)
+    if not copied or op.inputs[0].dtype not in SCALAR:
         return None
     (x,), (out,) = op.inputs, op.outputs
     view = views.view_of(op, views.identity(x))
     if view is None:
         return None
     return LoopKernel(name, out.shape, ((x.dtype, x.shape), (out.dtype, out.shape)),
-                      (Instr("load", (), (), x.dtype, Load(0, view.strides, view.offset)),), ((1, 0),))
+                      (Instr.read(Load(0, view.strides, view.offset), x.dtype),), ((1, 0),))
 
 
 _memories: dict[int, Memory] = {}

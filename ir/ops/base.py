@@ -1,5 +1,6 @@
-"""What a primitive is: its call signature and its shape rule (later stages add evaluation,
-VJP and a loop-IR body in the same class), and the registry the front end looks names up in."""
+"""What a primitive is: its call signature, its shape rule, its reference evaluation, its VJP,
+its role in a kernel and its scalar body, all in its class; and the registry the front end looks
+names up in. The pipeline after the front end dispatches on these objects, never on names."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -52,14 +53,43 @@ class OpError(Exception):
         self.message, self.arg = message, arg
 
 
+class Role(Enum):
+    """What a primitive is to the scheduler and the code generators (backend/schedule.py)."""
+    ELEMENTWISE = "elementwise"   # one value per point from its operands' there: its scalar body
+    REDUCTION = "reduction"       # `combine` along axes: a reduction kernel, or a row kernel's stage
+    VIEW = "view"                 # its input's elements read in place (backend/views.py)
+    WINDOW = "window"             # a view that is 0 outside a window: read in place by map kernels
+    CONTRACTION = "contraction"   # a matrix product: the blocked contraction kernel
+    CONSTANT = "constant"         # a literal: written into the kernels that read it
+    STRUCTURED = "structured"     # holds a body function (scan, checkpoint) the runtimes run
+    HOST = "host"                 # evaluated by the reference interpreter, for `host`'s reason
+
+
 class Primitive:
-    """Base of every primitive. Subclasses set `name`, `params`, and define `infer`."""
+    """Base of every primitive. Subclasses set `name`, `params`, and define `infer`.
+
+    Instances are stateless: two of one class are equal, and each prints as its name."""
     name: ClassVar[str]                  # the IR op name, unique
     surface: ClassVar[str | None] = None # the name users call it by, if any (several may share one)
     params: ClassVar[tuple[Param, ...]] = ()
     differentiable: ClassVar[bool] = True
     # tensor parameters whose literal arguments take the dtype of the others (x * 2)
     shares_dtype: ClassVar[tuple[str, ...]] = ()
+    role: ClassVar[Role] = Role.HOST
+    # why the backends run it (or, for an elementwise primitive, its dtypes without a scalar
+    # body) on the host; None: they must compile it, and a plan that cannot is an error
+    host: ClassVar[str | None] = None
+    costly: ClassVar[bool] = False       # many instructions a value: a row kernel stores it once
+    random: ClassVar[bool] = False       # each op is its own draw: never merged, never folded
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self)
+
+    def __hash__(self) -> int:
+        return hash(type(self))
+
+    def __repr__(self) -> str:
+        return self.name
 
     def infer(self, **args: Any) -> Type:
         """The result type for bound, prepared arguments; raises OpError."""
@@ -69,6 +99,16 @@ class Primitive:
         """Cotangents of op's inputs (None: zero) given those of its outputs (None: zero),
         emitted as ops into the ir.core.Builder b (see ir/ad.py)."""
         raise NotImplementedError(f"no VJP rule for '{self.name}'")
+
+    def compiles(self, dtypes: list[str], dtype: str) -> bool:
+        """Whether `scalar` has a body for operands of these dtypes and a result of dtype."""
+        return False
+
+    def scalar(self, e: Any, args: list, dtypes: list[str], dtype: str, attrs: dict) -> Any:
+        """The result at one point (or one vector of lanes) from the operands' values there,
+        built with a target's scalar emitter e (backend/llvm.py's Emitter: LLVM operations and
+        the exact-mode math library); the body every target fuses into its kernels."""
+        raise NotImplementedError(f"'{self.name}' has no scalar body")
 
 
 REGISTRY: dict[str, Primitive] = {}

@@ -6,13 +6,14 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ir.dims import Dim
-from ir.ops.base import (Kind, OpError, Param, Primitive, check_fill, check_shape, np_dtype,
+from ir.ops.base import (Kind, OpError, Param, Primitive, Role, check_fill, check_shape, np_dtype,
                          primitive, range_length)
 from ir.types import TensorType
 
 
 class Filled(Primitive):
     """A tensor of `shape` holding one value everywhere."""
+    host = "made once per executable"
     params = (Param("shape", Kind.SHAPE), Param("dtype", Kind.DTYPE, "f32"))
     fill: ClassVar[int]
     differentiable = False
@@ -65,6 +66,7 @@ def _range(start: Dim | int, stop: Dim | int | None) -> tuple[Dim | int, Dim | i
 class Arange(Primitive):
     """The integers start, start + step, … before stop, as in range(); arange(n) counts 0 to
     n - 1. The bounds are static ints; dtype may be a float dtype."""
+    host = "made once per executable"
     name = surface = "arange"
     params = (Param("start", Kind.DIM), Param("stop", Kind.DIM, None), Param("step", Kind.INT, 1),
               Param("dtype", Kind.DTYPE, "i32"))
@@ -87,6 +89,7 @@ class Arange(Primitive):
 @primitive
 class Eye(Primitive):
     """The n × m identity matrix (m defaults to n)."""
+    host = "made once per executable"
     name = surface = "eye"
     params = (Param("n", Kind.DIM), Param("m", Kind.DIM, None), Param("dtype", Kind.DTYPE, "f32"))
     differentiable = False
@@ -104,6 +107,7 @@ class Eye(Primitive):
 @primitive
 class Constant(Primitive):
     """A literal tensor: a number or a nested tuple of numbers, in the given dtype (IR only)."""
+    role, host = Role.CONSTANT, "a literal that is not a scalar is made once per executable"
     name = "constant"
     params = (Param("value", Kind.STATIC), Param("dtype", Kind.DTYPE))
     differentiable = False

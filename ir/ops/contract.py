@@ -10,7 +10,7 @@ import numpy as np
 
 from ir import numerics
 from ir.dims import Dim
-from ir.ops.base import (NUMERIC, Kind, OpError, Param, Primitive, broadcast_shapes,
+from ir.ops.base import (NUMERIC, Kind, OpError, Param, Primitive, Role, broadcast_shapes,
                          common_dtype, merge_dims, np_dtype, primitive, type_of, unbroadcast)
 from ir.types import TensorType
 
@@ -27,6 +27,7 @@ class MatMul(Primitive):
     """a @ b as NumPy does it: contracts a's last axis with b's second to last, broadcasting
     the leading (batch) axes; a 1-D operand gains an axis (a in front, b behind) that the
     result then drops."""
+    role, host = Role.CONTRACTION, "integer products are evaluated by NumPy"
     name = "matmul"
     params = (Param("a", Kind.TENSOR), Param("b", Kind.TENSOR))
     shares_dtype = ("a", "b")
@@ -109,6 +110,7 @@ class Einsum(Primitive):
     the letters that appear exactly once, in alphabetical order (NumPy's implicit mode).
     A letter repeated within one operand takes its diagonal. Every use of a letter must agree
     in length; there is no broadcasting of length-1 axes."""
+    host = "an einsum that is not a matrix product is evaluated by NumPy"
     name = surface = "einsum"
     params = (Param("spec", Kind.STR), Param("operands", Kind.TENSOR, variadic=True))
     shares_dtype = ("operands",)

@@ -1,12 +1,15 @@
-"""Control of differentiation: `stop_gradient`."""
+"""Control: `stop_gradient`, and the structured primitives `scan` (a fold over a tensor) and
+`checkpoint` (a call recomputed in the backward pass), which hold a body function."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
-from ir.ops.base import Kind, Param, Primitive, primitive
+from ir.ops.base import Kind, Param, Primitive, Role, np_dtype, primitive
 from ir.types import TensorType
+
+Run = Callable[[list[np.ndarray]], list[np.ndarray]]
 
 
 @primitive
@@ -15,6 +18,7 @@ class StopGradient(Primitive):
     name = surface = "stop_gradient"
     params = (Param("x", Kind.TENSOR),)
     differentiable = False
+    role = Role.ELEMENTWISE
 
     def infer(self, x: TensorType) -> TensorType:
         return x
@@ -24,3 +28,52 @@ class StopGradient(Primitive):
 
     def vjp(self, b: Any, op: Any, cts: tuple) -> tuple:
         return (None,)
+
+    def compiles(self, dtypes: list[str], dtype: str) -> bool:
+        return dtype != "bf16"
+
+    def scalar(self, e: Any, args: list, dtypes: list[str], dtype: str, attrs: dict) -> Any:
+        return args[0]
+
+
+class Structured(Primitive):
+    """A primitive whose op holds a body Function; `run` is its meaning, given a way to run
+    the body (the interpreter's, or a runtime's compiled one). ir/ad.py differentiates it."""
+    role = Role.STRUCTURED
+
+    def run(self, op: Any, inputs: list[np.ndarray], run_body: Run) -> list[np.ndarray]:
+        raise NotImplementedError
+
+
+@primitive
+class Scan(Structured):
+    """The body applied along the leading axis of the scanned inputs, threading the state:
+    inputs = states + scanned sequences + constants; outputs = final states + stacked emits."""
+    name = "scan"
+
+    def run(self, op: Any, inputs: list[np.ndarray], run_body: Run) -> list[np.ndarray]:
+        a = op.attrs
+        n_state, n_xs, length = a["n_state"], a["n_xs"], a["length"]
+        state = inputs[:n_state]
+        xs, consts = inputs[n_state:n_state + n_xs], inputs[n_state + n_xs:]
+        steps = range(length - 1, -1, -1) if a.get("reverse") else range(length)
+        emitted: dict[int, list[np.ndarray]] = {}
+        for t in steps:
+            outs = run_body(state + [x[t] for x in xs] + consts)
+            state, emitted[t] = outs[:n_state], outs[n_state:]
+        emits = []
+        for k, v in enumerate(op.body.results[n_state:]):
+            if length:
+                emits.append(np.stack([emitted[t][k] for t in range(length)]))
+            else:
+                emits.append(np.zeros((0, *v.shape), dtype=np_dtype(v.dtype)))
+        return state + emits
+
+
+@primitive
+class Checkpoint(Structured):
+    """The body called on the inputs; reverse mode recomputes it instead of keeping its values."""
+    name = "checkpoint"
+
+    def run(self, op: Any, inputs: list[np.ndarray], run_body: Run) -> list[np.ndarray]:
+        return run_body(inputs)

@@ -8,7 +8,10 @@ it to plain Python numbers for static arithmetic.
 VJP rules follow PyTorch: `maximum`/`minimum` split the cotangent equally between tied
 operands (so relu(0)' = 0 needs `where(x > 0, x, 0)`, not `maximum(x, 0)`); abs'(0) = 0; `where`
 sends zeros, never NaN, to the branch it did not take; and where a local derivative can be inf
-or NaN (`div log log2 sqrt rsqrt pow`), a zero cotangent still gives a zero input cotangent."""
+or NaN (`div log log2 sqrt rsqrt pow`), a zero cotangent still gives a zero input cotangent.
+
+Each class's `scalar` is its body in a kernel, for the result dtypes of `compiled`; the
+functions of the math library (`exp`, `tanh`, `**`…) are compiled for f32 and f64."""
 from __future__ import annotations
 
 from typing import Any, Callable, ClassVar
@@ -17,7 +20,7 @@ import numpy as np
 
 from ir import numerics
 
-from ir.ops.base import (NUMERIC, Kind, OpError, Param, Primitive, broadcast_shapes,
+from ir.ops.base import (NUMERIC, Kind, OpError, Param, Primitive, Role, broadcast_shapes,
                          common_dtype, need, np_dtype, primitive, type_of, unbroadcast,
                          zero_where_ct_is_zero)
 from ir.types import DTYPES, FLOAT_DTYPES, INT_DTYPES, TensorType
@@ -30,9 +33,18 @@ def _scalar(b: Any, value: float, like: Any) -> Any:
     return b.constant(value, like.dtype)
 
 
+_COMPILED = ("f32", "f64", "f16", "i32", "i64", "u32", "bool")   # every dtype but bf16
+_MATH_HOST = "the math library is for f32 and f64; f16 is evaluated by NumPy"
+
+
 class Elementwise(Primitive):
     """Evaluates `reference` on the arguments, in the dtype the shape rule gives."""
     reference: ClassVar[Callable[..., Any]]
+    role = Role.ELEMENTWISE
+    compiled: ClassVar[tuple[str, ...]] = _COMPILED    # the result dtypes `scalar` computes
+
+    def compiles(self, dtypes: list[str], dtype: str) -> bool:
+        return dtype in self.compiled and "bf16" not in (*dtypes, dtype)
 
     @property
     def shares_dtype(self) -> tuple[str, ...]:
@@ -44,10 +56,21 @@ class Elementwise(Primitive):
         return np.asarray(result, dtype=np_dtype(out.dtype))
 
 
+class MathFunction(Elementwise):
+    """A function of the exact-mode math library (backend/mathlib.py) of the same name."""
+    compiled = ("f32", "f64")
+    costly = True
+    host = _MATH_HOST
+
+    def scalar(self, e: Any, args: list, dtypes: list[str], dtype: str, attrs: dict) -> Any:
+        return e.math(self.name, *args)
+
+
 # ---------------------------------------------------------------- unary
 
 class Unary(Elementwise):
     """f(x) for each element; by default float tensors only."""
+    compiled = FLOAT_DTYPES
     params = (Param("x", Kind.TENSOR),)
     accepts: ClassVar[tuple[str, ...]] = FLOAT_DTYPES
     needs: ClassVar[str] = "a float"
@@ -75,6 +98,7 @@ class Unary(Elementwise):
 
 class SignedUnary(Unary):
     """A unary primitive that also works on integers."""
+    compiled = _COMPILED
     accepts = NUMERIC
     needs = "a numeric"
     hint = ""
@@ -97,6 +121,9 @@ class Neg(SignedUnary):
     symbol = "-"
     reference = staticmethod(np.negative)
 
+    def scalar(self, e: Any, args: list, dtypes: list[str], dtype: str, attrs: dict) -> Any:
+        return e.neg(args[0])
+
     def backward(self, b: Any, ct: Any, x: Any, y: Any) -> Any:
         return b.emit("neg", ct)
 
@@ -106,6 +133,9 @@ class Abs(SignedUnary):
     """|x|."""
     name = surface = "abs"
     reference = staticmethod(np.abs)
+
+    def scalar(self, e: Any, args: list, dtypes: list[str], dtype: str, attrs: dict) -> Any:
+        return e.abs(args[0], dtype)
 
     def backward(self, b: Any, ct: Any, x: Any, y: Any) -> Any:
         return b.emit("mul", ct, b.emit("sign", x))                  # abs'(0) = 0
@@ -117,10 +147,12 @@ class Sign(SignedUnary):
     name = surface = "sign"
     reference = staticmethod(np.sign)
     differentiable = False
+    compiled = ()
+    host = "not compiled yet"
 
 
 @primitive
-class Exp(Unary):
+class Exp(MathFunction, Unary):
     """e ** x."""
     name = surface = "exp"
     reference = staticmethod(np.exp)
@@ -130,7 +162,7 @@ class Exp(Unary):
 
 
 @primitive
-class Log(Unary):
+class Log(MathFunction, Unary):
     """The natural logarithm."""
     name = surface = "log"
     reference = staticmethod(np.log)
@@ -141,7 +173,7 @@ class Log(Unary):
 
 
 @primitive
-class Exp2(Unary):
+class Exp2(MathFunction, Unary):
     """2 ** x."""
     name = surface = "exp2"
     reference = staticmethod(np.exp2)
@@ -151,7 +183,7 @@ class Exp2(Unary):
 
 
 @primitive
-class Log2(Unary):
+class Log2(MathFunction, Unary):
     """The base-2 logarithm."""
     name = surface = "log2"
     reference = staticmethod(np.log2)
@@ -168,6 +200,9 @@ class Sqrt(Unary):
     reference = staticmethod(np.sqrt)
     guarded = True
 
+    def scalar(self, e: Any, args: list, dtypes: list[str], dtype: str, attrs: dict) -> Any:
+        return e.sqrt(args[0])
+
     def backward(self, b: Any, ct: Any, x: Any, y: Any) -> Any:
         return b.emit("div", ct, b.emit("mul", y, _scalar(b, 2.0, y)))
 
@@ -179,13 +214,17 @@ class Rsqrt(Unary):
     reference = staticmethod(_rsqrt)
     guarded = True
 
+    def scalar(self, e: Any, args: list, dtypes: list[str], dtype: str, attrs: dict) -> Any:
+        x, = args
+        return e.div(e.const(1.0, dtype, x), e.sqrt(x))
+
     def backward(self, b: Any, ct: Any, x: Any, y: Any) -> Any:
         cube = b.emit("mul", y, b.emit("mul", y, y))                 # d x^-1/2 = -x^-3/2 / 2
         return b.emit("mul", b.emit("mul", ct, _scalar(b, -0.5, ct)), cube)
 
 
 @primitive
-class Tanh(Unary):
+class Tanh(MathFunction, Unary):
     """The hyperbolic tangent."""
     name = surface = "tanh"
     reference = staticmethod(np.tanh)
@@ -195,7 +234,7 @@ class Tanh(Unary):
 
 
 @primitive
-class Sigmoid(Unary):
+class Sigmoid(MathFunction, Unary):
     """1 / (1 + exp(-x))."""
     name = surface = "sigmoid"
     reference = staticmethod(_sigmoid)
@@ -205,7 +244,7 @@ class Sigmoid(Unary):
 
 
 @primitive
-class Sin(Unary):
+class Sin(MathFunction, Unary):
     """The sine (radians)."""
     name = surface = "sin"
     reference = staticmethod(np.sin)
@@ -215,7 +254,7 @@ class Sin(Unary):
 
 
 @primitive
-class Cos(Unary):
+class Cos(MathFunction, Unary):
     """The cosine (radians)."""
     name = surface = "cos"
     reference = staticmethod(np.cos)
@@ -230,6 +269,9 @@ class Floor(Unary):
     name = surface = "floor"
     reference = staticmethod(np.floor)
     differentiable = False
+
+    def scalar(self, e: Any, args: list, dtypes: list[str], dtype: str, attrs: dict) -> Any:
+        return e.floor(args[0])
 
 
 # ---------------------------------------------------------------- binary
@@ -269,6 +311,7 @@ class FusedGrad(Binary):
     params = (Param("y", Kind.TENSOR), Param("ct", Kind.TENSOR))
     accepts = FLOAT_DTYPES
     needs = "float"
+    compiled = FLOAT_DTYPES
 
     def infer(self, y: TensorType, ct: TensorType) -> TensorType:
         return super().infer(y, ct)
@@ -288,6 +331,10 @@ class TanhGrad(FusedGrad):
         dy = b.emit("mul", b.emit("mul", g, ct), b.emit("mul", y, _scalar(b, -2.0, y)))
         return dy, b.emit("tanh_grad", y, g)
 
+    def scalar(self, e: Any, args: list, dtypes: list[str], dtype: str, attrs: dict) -> Any:
+        y, ct = args
+        return e.mul(ct, e.sub(e.const(1.0, dtype, y), e.mul(y, y)))
+
 
 @primitive
 class SigmoidGrad(FusedGrad):
@@ -299,12 +346,19 @@ class SigmoidGrad(FusedGrad):
         slope = b.emit("sub", _scalar(b, 1.0, y), b.emit("mul", y, _scalar(b, 2.0, y)))
         return b.emit("mul", b.emit("mul", g, ct), slope), b.emit("sigmoid_grad", y, g)
 
+    def scalar(self, e: Any, args: list, dtypes: list[str], dtype: str, attrs: dict) -> Any:
+        y, ct = args
+        return e.mul(e.mul(ct, y), e.sub(e.const(1.0, dtype, y), y))
+
 
 @primitive
 class Add(Binary):
     """a + b."""
     name, symbol = "add", "+"
     reference = staticmethod(np.add)
+
+    def scalar(self, e: Any, args: list, dtypes: list[str], dtype: str, attrs: dict) -> Any:
+        return e.add(*args)
 
     def backward(self, b: Any, ct: Any, lhs: Any, rhs: Any, y: Any) -> tuple[Any, Any]:
         return ct, ct
@@ -316,6 +370,9 @@ class Sub(Binary):
     name, symbol = "sub", "-"
     reference = staticmethod(np.subtract)
 
+    def scalar(self, e: Any, args: list, dtypes: list[str], dtype: str, attrs: dict) -> Any:
+        return e.sub(*args)
+
     def backward(self, b: Any, ct: Any, lhs: Any, rhs: Any, y: Any) -> tuple[Any, Any]:
         return ct, b.emit("neg", ct)
 
@@ -325,6 +382,9 @@ class Mul(Binary):
     """a * b."""
     name, symbol = "mul", "*"
     reference = staticmethod(np.multiply)
+
+    def scalar(self, e: Any, args: list, dtypes: list[str], dtype: str, attrs: dict) -> Any:
+        return e.mul(*args)
 
     def backward(self, b: Any, ct: Any, lhs: Any, rhs: Any, y: Any) -> tuple[Any, Any]:
         return b.emit("mul", ct, rhs), b.emit("mul", ct, lhs)
@@ -339,6 +399,10 @@ class Div(Binary):
     needs = "float"
     hint = "; use '//' for integer division, or cast() to a float dtype"
     guarded = True
+    compiled = FLOAT_DTYPES
+
+    def scalar(self, e: Any, args: list, dtypes: list[str], dtype: str, attrs: dict) -> Any:
+        return e.div(*args)
 
     def backward(self, b: Any, ct: Any, lhs: Any, rhs: Any, y: Any) -> tuple[Any, Any]:
         return (b.emit("div", ct, rhs),
@@ -350,6 +414,8 @@ class Mod(Binary):
     """a % b with Python's sign rule (the result takes b's sign)."""
     name, symbol = "mod", "%"
     reference = staticmethod(np.mod)
+    compiled = ()
+    host = "Python's rounding and sign rules are not compiled yet"
 
     def backward(self, b: Any, ct: Any, lhs: Any, rhs: Any, y: Any) -> tuple[Any, Any]:
         return ct, b.emit("neg", b.emit("mul", ct, b.emit("floordiv", lhs, rhs)))
@@ -361,6 +427,8 @@ class FloorDiv(Binary):
     name, symbol = "floordiv", "//"
     reference = staticmethod(np.floor_divide)
     differentiable = False
+    compiled = ()
+    host = "Python's rounding and sign rules are not compiled yet"
 
 
 def _power(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -376,11 +444,12 @@ def _power(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 @primitive
-class Pow(Binary):
+class Pow(MathFunction, Binary):
     """a ** b (NumPy's power: integers to negative integer powers are an error)."""
     name, symbol = "pow", "**"
     reference = staticmethod(_power)
     guarded = True
+    host = "integer powers, and f16, are evaluated by NumPy"
 
     def backward(self, b: Any, ct: Any, lhs: Any, rhs: Any, y: Any) -> tuple[Any, Any]:
         zero = _scalar(b, 0.0, y)
@@ -406,6 +475,9 @@ class Maximum(Binary):
     name = surface = symbol = "maximum"
     reference = staticmethod(numerics.maximum)
 
+    def scalar(self, e: Any, args: list, dtypes: list[str], dtype: str, attrs: dict) -> Any:
+        return e.select(_keeps(e, ">=", *args, dtype), *args)
+
     def backward(self, b: Any, ct: Any, lhs: Any, rhs: Any, y: Any) -> tuple[Any, Any]:
         return _extreme_cts(b, ct, lhs, rhs, "lt"), _extreme_cts(b, ct, rhs, lhs, "lt")
 
@@ -416,8 +488,18 @@ class Minimum(Binary):
     name = surface = symbol = "minimum"
     reference = staticmethod(numerics.minimum)
 
+    def scalar(self, e: Any, args: list, dtypes: list[str], dtype: str, attrs: dict) -> Any:
+        return e.select(_keeps(e, "<=", *args, dtype), *args)
+
     def backward(self, b: Any, ct: Any, lhs: Any, rhs: Any, y: Any) -> tuple[Any, Any]:
         return _extreme_cts(b, ct, lhs, rhs, "gt"), _extreme_cts(b, ct, rhs, lhs, "gt")
+
+
+def _keeps(e: Any, order: str, a: Any, b: Any, dtype: str) -> Any:
+    """Whether maximum (order '>=') or minimum ('<=') of a and b is a: where a wins or ties,
+    or is NaN."""
+    wins = e.compare(order, a, b, dtype)
+    return e.or_(wins, e.isnan(a)) if dtype in FLOAT_DTYPES else wins
 
 
 class Comparison(Binary):
@@ -425,6 +507,9 @@ class Comparison(Binary):
     accepts = DTYPES
     result_dtype = "bool"
     differentiable = False
+
+    def scalar(self, e: Any, args: list, dtypes: list[str], dtype: str, attrs: dict) -> Any:
+        return e.compare(self.symbol, *args, dtypes[0])
 
 
 @primitive
@@ -483,12 +568,18 @@ class And(Bitwise):
     name, symbol = "and", "&"
     reference = staticmethod(np.bitwise_and)
 
+    def scalar(self, e: Any, args: list, dtypes: list[str], dtype: str, attrs: dict) -> Any:
+        return e.and_(*args)
+
 
 @primitive
 class Or(Bitwise):
     """a | b."""
     name, symbol = "or", "|"
     reference = staticmethod(np.bitwise_or)
+
+    def scalar(self, e: Any, args: list, dtypes: list[str], dtype: str, attrs: dict) -> Any:
+        return e.or_(*args)
 
 
 @primitive
@@ -497,11 +588,16 @@ class Xor(Bitwise):
     name, symbol = "xor", "^"
     reference = staticmethod(np.bitwise_xor)
 
+    def scalar(self, e: Any, args: list, dtypes: list[str], dtype: str, attrs: dict) -> Any:
+        return e.xor(*args)
+
 
 class Shift(Bitwise):
     """A bit shift of integers."""
     accepts = INT_DTYPES
     needs = "integer"
+    compiled = ()
+    host = "shifts by counts out of range are not compiled yet"
 
 
 @primitive
@@ -534,6 +630,9 @@ class Where(Elementwise):
         dtype, weak = common_dtype("where", [("a", a), ("b", b)])
         return TensorType(dtype, broadcast_shapes(cond, a, b), weak)
 
+    def scalar(self, e: Any, args: list, dtypes: list[str], dtype: str, attrs: dict) -> Any:
+        return e.select(*args)
+
     def vjp(self, b: Any, op: Any, cts: tuple) -> tuple:
         (cond, lhs, rhs), (ct,) = op.inputs, cts
         zero = _scalar(b, 0.0, ct)                  # zeros, never NaN, in the untaken branch
@@ -552,6 +651,16 @@ class Cast(Primitive):
     params = (Param("x", Kind.TENSOR), Param("dtype", Kind.DTYPE))
     reference = staticmethod(_cast)
     evaluate = staticmethod(_cast)
+    role = Role.ELEMENTWISE
+    host = "float to integer casts are evaluated by NumPy"
+
+    def compiles(self, dtypes: list[str], dtype: str) -> bool:
+        src, = dtypes
+        floor = src in FLOAT_DTYPES and dtype not in FLOAT_DTYPES and dtype != "bool"
+        return "bf16" not in (src, dtype) and not floor
+
+    def scalar(self, e: Any, args: list, dtypes: list[str], dtype: str, attrs: dict) -> Any:
+        return e.cast(args[0], dtypes[0], dtype)
 
     def infer(self, x: TensorType, dtype: str) -> TensorType:
         return x.with_dtype(dtype)

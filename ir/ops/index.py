@@ -31,6 +31,7 @@ def _gathered(x: TensorType, indices: TensorType, axis: int) -> tuple[Dim, ...]:
 class Take(Primitive):
     """The slices of x at `indices` along axis: x.shape[:axis] + indices.shape +
     x.shape[axis + 1:]."""
+    host = "a gather: NumPy's take (a gather kernel on the GPU)"
     name = surface = "take"
     params = (Param("x", Kind.TENSOR), Param("indices", Kind.TENSOR), Param("axis", Kind.INT, 0),
               Param("from_end", Kind.BOOL, True))
@@ -57,6 +58,7 @@ class Take(Primitive):
 @primitive
 class OneHot(Primitive):
     """indices.shape + [n]: 1 at each index's position, 0 elsewhere."""
+    host = "for_backends rewrites it as a comparison, which fuses"
     name = surface = "one_hot"
     params = (Param("indices", Kind.TENSOR), Param("n", Kind.DIM),
               Param("dtype", Kind.DTYPE, "f32"))
@@ -75,6 +77,7 @@ class OneHot(Primitive):
 class ScatterAdd(Primitive):
     """A copy of x with each slice of `updates` added at its index along axis; repeated
     indices accumulate. The transpose of take: updates has take(x, indices, axis)'s shape."""
+    host = "compiled by backend/scatter.py for floats; NumPy's add.at otherwise"
     name = surface = "scatter_add"
     params = (Param("x", Kind.TENSOR), Param("indices", Kind.TENSOR), Param("updates", Kind.TENSOR),
               Param("axis", Kind.INT, 0))

@@ -35,6 +35,7 @@ def _dims(shape: tuple[int, ...]) -> tuple[Dim, ...]:
 
 class Random(Primitive):
     """A primitive of keys and draws; nothing flows back through it."""
+    random, host = True, "Philox counters in NumPy (docs/random.md)"
     differentiable = False
 
 

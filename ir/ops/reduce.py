@@ -11,7 +11,7 @@ import numpy as np
 
 from ir import numerics
 from ir.dims import Dim
-from ir.ops.base import (NUMERIC, Kind, OpError, Param, Primitive, need, normalize_axes,
+from ir.ops.base import (NUMERIC, Kind, OpError, Param, Primitive, Role, need, normalize_axes,
                          np_dtype, primitive, statics, type_of)
 from ir.types import DTYPES, FLOAT_DTYPES, TensorType
 
@@ -27,6 +27,10 @@ class Reduction(Primitive):
     needs: ClassVar[str] = "any"             # said when accepts is narrower
     result_dtype: ClassVar[str | None] = None
     integer_identity: ClassVar[bool] = False   # 0 for a sum; max and min of no integers have none
+    role = Role.REDUCTION
+    combine: ClassVar[str]                     # the kernels' combining operation: add, max, min
+    averages: ClassVar[bool] = False           # the combination is divided by the count (mean)
+    host = "integer and bool reductions (exact in any order) are evaluated by NumPy"
 
     def infer(self, x: TensorType, axis: Axes = None, keepdims: bool = False) -> TensorType:
         x = need(x, self.accepts, lambda: f"'{self.name}' needs {self.needs} tensor, got {x}; "
@@ -94,6 +98,7 @@ class Sum(Reduction):
     accepts = NUMERIC
     needs = "a numeric"
     integer_identity = True
+    combine = "add"
 
     def backward(self, b: Any, ct: Any, x: Any, y: Any, axes: tuple[int, ...]) -> Any:
         return _spread(b, ct, x)
@@ -105,6 +110,7 @@ class Mean(Reduction):
     name = surface = "mean"
     numpy = staticmethod(np.mean)
     canonical = (np.add, -0.0)
+    combine, averages = "add", True
 
     def finish(self, reduced: np.ndarray, x: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
         """The canonical sum divided by the count (in the tensor's dtype)."""
@@ -130,6 +136,7 @@ class Max(Reduction):
     name = surface = "max"
     numpy = staticmethod(np.max)
     canonical = (numerics.maximum, -np.inf)
+    combine = "max"
     backward = staticmethod(_ties_share)
 
 
@@ -139,6 +146,7 @@ class Min(Reduction):
     name = surface = "min"
     numpy = staticmethod(np.min)
     canonical = (numerics.minimum, np.inf)
+    combine = "min"
     backward = staticmethod(_ties_share)
 
 
@@ -147,6 +155,8 @@ class ArgReduction(Reduction):
     ties pick the first."""
     result_dtype = "i32"
     differentiable = False
+    role = Role.HOST
+    host = "an index of an extreme is not compiled yet"
 
     def check_axis(self, axis: Axes) -> Axes:
         if isinstance(axis, tuple):

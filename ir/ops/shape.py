@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from ir.dims import Dim
-from ir.ops.base import (Kind, OpError, Param, Primitive, check_fill, check_shape,
+from ir.ops.base import (Kind, OpError, Param, Primitive, Role, check_fill, check_shape,
                          common_dtype, format_shape, merge_dims, normalize_axes, np_dtype,
                          primitive, range_length, statics, type_of, unbroadcast)
 from ir.types import TensorType, TupleType, Type, UnknownType
@@ -34,8 +34,13 @@ def _axis(axis: int, x: TensorType) -> int:
     return normalize_axes(axis, x.rank, x)[0]
 
 
+_NOT_A_VIEW = "a view that no strides express is copied by NumPy"
+
+
 class Rearrange(Primitive):
-    """A primitive that only reshapes x: its VJP reshapes the cotangent back."""
+    """A primitive that only reshapes x (its result is x's bytes in row-major order): its VJP
+    reshapes the cotangent back."""
+    role, host = Role.VIEW, _NOT_A_VIEW
 
     def vjp(self, b: Any, op: Any, cts: tuple) -> tuple:
         return (b.emit("reshape", cts[0], shape=op.inputs[0].shape),)
@@ -74,6 +79,7 @@ class Reshape(Rearrange):
 @primitive
 class Transpose(Primitive):
     """x with its axes permuted: result axis i is x's axis perm[i]; by default reversed."""
+    role, host = Role.VIEW, _NOT_A_VIEW
     name = surface = "transpose"
     params = (Param("x", Kind.TENSOR), Param("perm", Kind.AXES, None))
 
@@ -97,6 +103,7 @@ class Transpose(Primitive):
 @primitive
 class BroadcastTo(Primitive):
     """x repeated along new leading axes and along its length-1 axes to `shape`."""
+    role, host = Role.VIEW, _NOT_A_VIEW
     name = surface = "broadcast_to"
     params = (Param("x", Kind.TENSOR), Param("shape", Kind.SHAPE))
 
@@ -171,6 +178,7 @@ def _same_rank(op: str, xs: tuple[TensorType, ...]) -> tuple[TensorType, str, bo
 @primitive
 class Concat(Primitive):
     """xs joined along an existing axis; the other axes must agree."""
+    host = "copies of whole inputs: NumPy's concatenate"
     name = surface = "concat"
     params = (Param("xs", Kind.TENSORS), Param("axis", Kind.INT, 0))
 
@@ -201,6 +209,7 @@ class Concat(Primitive):
 @primitive
 class Stack(Primitive):
     """xs, all of one shape, stacked along a new axis."""
+    host = "copies of whole inputs: NumPy's stack"
     name = surface = "stack"
     params = (Param("xs", Kind.TENSORS), Param("axis", Kind.INT, 0))
 
@@ -233,6 +242,7 @@ def _arrays(op: Primitive, xs: tuple[Any, ...], axis: int) -> list[np.ndarray]:
 @primitive
 class Split(Primitive):
     """x cut along an axis into `sections` equal parts (an int) or parts of the listed sizes."""
+    host = "views of its input, by NumPy"
     name, surface = "split", "split"
     params = (Param("x", Kind.TENSOR), Param("sections", Kind.STATIC), Param("axis", Kind.INT, 0))
 
@@ -317,6 +327,7 @@ def _bound(n: Dim, b: int | Dim | None, default: Dim) -> Dim:
 class Index(Primitive):
     """x[items]: basic indexing. Each item is an int (selects, dropping the axis; negative
     from the end), a SliceSpec, or one Ellipsis standing for the axes not named."""
+    role, host = Role.VIEW, _NOT_A_VIEW
     name = "index"
     params = (Param("x", Kind.TENSOR), Param("items", Kind.STATIC))
 
@@ -365,6 +376,7 @@ INDEX = Index()
 class Unindex(Primitive):
     """Zeros of `shape` holding x at the positions that index(·, items) selects: the
     transpose of `index` (IR only). Basic indexing selects each position at most once."""
+    role, host = Role.WINDOW, _NOT_A_VIEW
     name = "unindex"
     params = (Param("x", Kind.TENSOR), Param("items", Kind.STATIC), Param("shape", Kind.SHAPE))
 
@@ -395,6 +407,7 @@ def _along(axis: int, s: SliceSpec) -> tuple[SliceSpec, ...]:
 @primitive
 class Slice(Primitive):
     """x[start:stop:step] along one axis, by Python's rules (stop None: to the end)."""
+    role, host = Role.VIEW, _NOT_A_VIEW
     name = surface = "slice"
     params = (Param("x", Kind.TENSOR), Param("start", Kind.DIM), Param("stop", Kind.DIM, None),
               Param("axis", Kind.INT, 0), Param("step", Kind.INT, 1))
@@ -418,6 +431,7 @@ class Slice(Primitive):
 @primitive
 class Pad(Primitive):
     """x surrounded by `value`: widths lists (before, after) for each axis in turn, flat."""
+    host = "a copy into zeros, by NumPy"
     name = surface = "pad"
     params = (Param("x", Kind.TENSOR), Param("widths", Kind.SHAPE),
               Param("value", Kind.NUMBER, 0))
@@ -447,6 +461,7 @@ class Pad(Primitive):
 @primitive
 class Flip(Primitive):
     """x with the order of elements reversed along the axes (by default all)."""
+    host = "a view of negative strides, by NumPy"
     name = surface = "flip"
     params = (Param("x", Kind.TENSOR), Param("axis", Kind.AXES, None))
 
@@ -463,6 +478,7 @@ class Flip(Primitive):
 
 class Triangle(Primitive):
     """x with the elements on one side of diagonal k of its last two axes set to zero."""
+    host = "made by NumPy (a mask is made once)"
     params = (Param("x", Kind.TENSOR), Param("k", Kind.INT, 0))
 
     def infer(self, x: TensorType, k: int = 0) -> TensorType:

@@ -383,7 +383,7 @@ REDUCTIONS = ("sum", "mean", "max", "min", "argmax", "argmin")
 
 def long_reduction(op) -> bool:
     """A reduction of more than 100,000 elements into each result."""
-    return op.prim in REDUCTIONS and math.prod(op.inputs[0].shape) > 100_000 * max(
+    return op.primitive.name in REDUCTIONS and math.prod(op.inputs[0].shape) > 100_000 * max(
         1, math.prod(op.outputs[0].shape))
 
 
@@ -499,7 +499,7 @@ def check(key: tuple[str, int]) -> dict:
     for prim, dtype, err in ULP_SEEN:
         ulps[f"{prim} {dtype}"] = max(err, ulps.get(f"{prim} {dtype}", 0.0))
     return {"outcome": "mismatch" if problems else "ok", "detail": problems,
-            "prims": sorted({op.prim for op in p.fn.ops}), "ulps": ulps}
+            "prims": sorted({op.primitive.name for op in p.fn.ops}), "ulps": ulps}
 
 
 def compare(fn: Function, arrays: list[np.ndarray], want: list[np.ndarray]) -> list[str]:
@@ -566,7 +566,7 @@ def inexact(fn: Function) -> bool:
 
 def _compiled_alone(op) -> bool:
     """The ops whose bits the interpreter does not define (docs/numerics.md)."""
-    return op.prim in MATH or (op.prim in ("matmul", "einsum") and op.outputs[0].dtype == "f64")
+    return op.primitive.name in MATH or (op.primitive.name in ("matmul", "einsum") and op.outputs[0].dtype == "f64")
 
 
 def by_ops(fn: Function, arrays: list[np.ndarray]) -> tuple[list[np.ndarray], list[str]]:
@@ -578,7 +578,7 @@ def by_ops(fn: Function, arrays: list[np.ndarray]) -> tuple[list[np.ndarray], li
         outs = interp.evaluate(op, inputs)
         if _compiled_alone(op):
             alone = _alone(op, inputs)
-            problems += [f"{op.prim} alone: {d}" for d in bound(op, inputs, alone[0], outs[0])]
+            problems += [f"{op.primitive.name} alone: {d}" for d in bound(op, inputs, alone[0], outs[0])]
             outs = alone
         env.update(zip(op.outputs, outs))
     return [env[v] for v in fn.results], problems
@@ -591,9 +591,9 @@ def _alone(op, inputs: list[np.ndarray]) -> list[np.ndarray]:
     """op compiled on its own; a math function on its operands flattened and padded to a power
     of two (fewer compilations; the lanes do not affect each other)."""
     from runtime.cpu import Executable
-    if op.prim not in MATH:
+    if op.primitive.name not in MATH:
         b = Builder()
-        fn = b.finish([b.emit(op.prim, *[b.param(v.type) for v in op.inputs], **op.attrs)])
+        fn = b.finish([b.emit(op.primitive.name, *[b.param(v.type) for v in op.inputs], **op.attrs)])
         with compiling():
             return Executable(fn).run(inputs)
     shape = np.broadcast_shapes(*(np.shape(a) for a in inputs))
@@ -602,12 +602,12 @@ def _alone(op, inputs: list[np.ndarray]) -> list[np.ndarray]:
     flat = [np.concatenate([np.broadcast_to(a, shape).ravel(),
                             np.ones(size - n, np.asarray(a).dtype)]) for a in inputs]
     dtype = op.outputs[0].dtype
-    key = (op.prim, dtype, len(inputs), size)
+    key = (op.primitive.name, dtype, len(inputs), size)
     if key not in _ALONE:
         b = Builder()
         params = [b.param(tensor_type(dtype, (size,))) for _ in inputs]
         with compiling():
-            _ALONE[key] = Executable(b.finish([b.emit(op.prim, *params)]))
+            _ALONE[key] = Executable(b.finish([b.emit(op.primitive.name, *params)]))
     with compiling():
         (y,) = _ALONE[key].run(flat)
     return [y[:n].reshape(shape)]
@@ -616,10 +616,10 @@ def _alone(op, inputs: list[np.ndarray]) -> list[np.ndarray]:
 def bound(op, inputs: list[np.ndarray], got: np.ndarray, interp_value: np.ndarray) -> list[str]:
     """Where an op compiled alone is beyond its documented bound."""
     with np.errstate(all="ignore"):
-        if op.prim in MATH:
-            err, where = ulps(op.prim, inputs, got)
-            limit = ULPS.get(op.prim) or ULPS[(op.prim, str(got.dtype).replace("float", "f"))]
-            ULP_SEEN.append((op.prim, str(got.dtype), float(np.max(err, initial=0))))
+        if op.primitive.name in MATH:
+            err, where = ulps(op.primitive.name, inputs, got)
+            limit = ULPS.get(op.primitive.name) or ULPS[(op.primitive.name, str(got.dtype).replace("float", "f"))]
+            ULP_SEEN.append((op.primitive.name, str(got.dtype), float(np.max(err, initial=0))))
             if err.size and np.max(err) > limit:
                 at = np.unravel_index(np.argmax(err), err.shape)
                 args = [np.broadcast_to(a, got.shape)[at] for a in inputs]
@@ -628,7 +628,7 @@ def bound(op, inputs: list[np.ndarray], got: np.ndarray, interp_value: np.ndarra
         a, b = (np.asarray(x, np.float64) for x in inputs)
         k = a.shape[-1]
         gamma = (k + 1) * 2.0 ** -53 / (1 - (k + 1) * 2.0 ** -53)
-        scale = np.matmul(np.abs(a), np.abs(b)) if op.prim == "matmul" else np.einsum(
+        scale = np.matmul(np.abs(a), np.abs(b)) if op.primitive.name == "matmul" else np.einsum(
             op.attrs["spec"], np.abs(a), np.abs(b))
         finite = np.isfinite(interp_value) & np.isfinite(got)
         bad = finite & (np.abs(got - interp_value) > 2 * gamma * scale)
@@ -706,7 +706,7 @@ def reproducer(key: tuple[str, int]) -> str:
     p = program(*key)
     # (.bend only for small programs: to_bend spells a window as takes whose position lists
     # it builds in quadratic time, hours for an axis of 10^6)
-    bend = p.mode in ("small", "grad") and all(printable(op.prim) for op in p.fn.ops)
+    bend = p.mode in ("small", "grad") and all(printable(op.primitive.name) for op in p.fn.ops)
     text = to_bend(p.fn, "f") if bend else to_text(p.fn)
     shapes = ", ".join(f"{a.dtype}{list(a.shape)}" for a in p.arrays)
     return f"# program{key}: inputs {shapes}; threads {THREADS}\n{text}"

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import dsl
-from backend.llvm import MATH
+from ir.ops.elementwise import MathFunction
 from backend.loops import to_text
 from ir import interp
 from ir.core import Builder, Function, tensor_type
@@ -72,10 +72,10 @@ def reference(fn: Function, arrays: list[np.ndarray]) -> list[np.ndarray]:
     env = dict(zip(fn.params, arrays))
     for op in fn.ops:
         inputs = [env[v] for v in op.inputs]
-        if op.prim in MATH:
+        if isinstance(op.primitive, MathFunction):
             b = Builder()
             x = b.param(op.inputs[0].type)
-            outs = Executable(b.finish([b.emit(op.prim, x, **op.attrs)])).run(inputs)
+            outs = Executable(b.finish([b.emit(op.primitive.name, x, **op.attrs)])).run(inputs)
         else:
             outs = interp.evaluate(op, inputs)
         env.update(zip(op.outputs, outs))

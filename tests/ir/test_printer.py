@@ -14,6 +14,7 @@ from ir.ad import grad_function
 from ir.core import Builder, Function, Op, Value, tensor_type
 from ir.ops import SliceSpec
 from ir.ops.base import NUMPY_DTYPES, Kind, Param, Primitive
+from ir.ops.control import Checkpoint, Scan
 from ir.types import KeyType, TensorType
 
 try:
@@ -84,7 +85,7 @@ def scan(b: Builder, body: Function, inputs: list[Value], n_state: int, n_xs: in
     outputs = tuple(Value(v.type) for v in body.results[:n_state]) + tuple(
         Value(tensor_type(v.dtype, (length, *v.shape))) for v in body.results[n_state:])
     attrs = {"n_state": n_state, "n_xs": n_xs, "length": length, "reverse": reverse}
-    b.add(Op("scan", tuple(inputs), tuple(sorted(attrs.items())), outputs, body))
+    b.add(Op(Scan(), tuple(inputs), tuple(sorted(attrs.items())), outputs, body))
     return outputs
 
 
@@ -164,7 +165,7 @@ def checkpointed(n_out: int):
         body = function("block", [x.type, w.type], lambda bb, x_, w_: [
             y := bb.emit("tanh", bb.emit("matmul", x_, w_)), bb.emit("sum", y)][:n_out])
         outputs = tuple(Value(v.type) for v in body.results)
-        b.add(Op("checkpoint", (x, w), (), outputs, body))
+        b.add(Op(Checkpoint(), (x, w), (), outputs, body))
         return list(outputs)
     return built(build, floats(2, 3), floats(3, 4))
 
@@ -353,7 +354,7 @@ def assert_same_bits(got: list, want: list) -> None:
 
 
 def primitives_in(fn: Function) -> set[str]:
-    return {p for op in fn.ops for p in {op.prim} | (primitives_in(op.body) if op.body else set())}
+    return {p for op in fn.ops for p in {op.primitive.name} | (primitives_in(op.body) if op.body else set())}
 
 
 # ---------------------------------------------------------------- to_bend: checks and runs
@@ -588,7 +589,7 @@ def scan_and_checkpoint_model() -> tuple[Function, list]:
             h, hs = scan(b, body, [h0, xs, w], 1, 1, 4, reverse)
             readout = function("readout", [hs.type], lambda bb, v: [bb.emit("sum", bb.emit("sin", v))])
             (r,) = outputs = (Value(readout.results[0].type),)
-            b.add(Op("checkpoint", (hs,), (), outputs, readout))
+            b.add(Op(Checkpoint(), (hs,), (), outputs, readout))
             total.append(b.emit("add", r, b.emit("sum", h)))
         return b.emit("add", *total)
     return program(build, floats(3), floats(4, 3), floats(3))
