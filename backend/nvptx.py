@@ -706,9 +706,6 @@ def _matmul_entry(module: ir.Module, dtype: str, annotations, t: MatmulTiles, ta
 # The gather kernels: take and scatter_add
 
 
-GATHERS = ("take", "scatter_add")
-
-
 def gather_entry(prim: Primitive, dtype: str) -> str:
     return f"dslc_{prim.name}_{dtype}"
 
