@@ -109,9 +109,6 @@ class Emitter:
     def sqrt(self, x: ir.Value) -> ir.Value:
         return self.intrinsic("llvm.sqrt", x)
 
-    def floor(self, x: ir.Value) -> ir.Value:
-        return self.intrinsic("llvm.floor", x)
-
     def math(self, function: str, *args: ir.Value) -> ir.Value:
         """A function of the exact-mode math library (backend/mathlib.py) by its name there."""
         from backend import mathlib
@@ -138,6 +135,8 @@ class Emitter:
             return b.fcmp_unordered("!=", x, zero) if src in FLOATS else b.icmp_unsigned("!=", x, zero)
         if src == "bool":
             return b.uitofp(x, to) if dst in FLOATS else b.zext(x, to)
+        if src == "f64" and dst == "f16":
+            return b.fptrunc(self.to_f32_rounded_to_odd(x), to)
         if src in FLOATS and dst in FLOATS:
             return b.fpext(x, to) if _bits(dst) > _bits(src) else b.fptrunc(x, to)
         if dst in FLOATS:
@@ -145,6 +144,22 @@ class Emitter:
         if _bits(dst) > _bits(src):
             return b.zext(x, to) if src == "u32" else b.sext(x, to)
         return b.trunc(x, to) if _bits(dst) < _bits(src) else x
+
+
+    def to_f32_rounded_to_odd(self, x: ir.Value) -> ir.Value:
+        """A double as a float rounded to odd (toward zero, the last bit set where inexact):
+        rounded again to half, it is the double rounded once. x86 has no instruction from
+        double to half, and LLVM's call of compiler-rt's for it is a null pointer in a JIT."""
+        b = self.b
+        vec = isinstance(x.type, ir.VectorType)
+        f32, i32 = (ir.VectorType(t, x.type.count) if vec else t for t in (SCALAR["f32"], I32))
+        t = b.fptrunc(x, f32)
+        back = b.fpext(t, x.type)
+        bits = b.bitcast(t, i32)
+        away = b.fcmp_ordered(">", self.intrinsic("llvm.fabs", back), self.intrinsic("llvm.fabs", x))
+        bits = b.select(away, b.sub(bits, self.const(1, "i32", bits)), bits)   # one ulp toward 0
+        inexact = b.fcmp_ordered("!=", back, x)                                   # (NaN is exact)
+        return b.bitcast(b.select(inexact, b.or_(bits, self.const(1, "i32", bits)), bits), f32)
 
 
 def _is_float(x: ir.Value) -> bool:

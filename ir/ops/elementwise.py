@@ -44,7 +44,8 @@ class Elementwise(Primitive):
     compiled: ClassVar[tuple[str, ...]] = _COMPILED    # the result dtypes `scalar` computes
 
     def compiles(self, dtypes: list[str], dtype: str) -> bool:
-        return dtype in self.compiled and "bf16" not in (*dtypes, dtype)
+        has_body = type(self).scalar is not Primitive.scalar
+        return has_body and dtype in self.compiled and "bf16" not in (*dtypes, dtype)
 
     @property
     def shares_dtype(self) -> tuple[str, ...]:
@@ -143,12 +144,17 @@ class Abs(SignedUnary):
 
 @primitive
 class Sign(SignedUnary):
-    """-1, 0 or 1 by the sign of x (NaN stays NaN)."""
+    """-1, 0 or 1 by the sign of x (NaN stays NaN, and -0.0 gives 0.0, as NumPy)."""
     name = surface = "sign"
     reference = staticmethod(np.sign)
     differentiable = False
-    compiled = ()
-    host = "not compiled yet"
+
+    def scalar(self, e: Any, args: list, dtypes: list[str], dtype: str, attrs: dict) -> Any:
+        x, = args
+        zero, one = e.const(0, dtype, x), e.const(1, dtype, x)
+        rest = e.select(e.compare("==", x, zero, dtype), zero, x)       # NaN stays x
+        rest = e.select(e.compare("<", x, zero, dtype), e.neg(one), rest)
+        return e.select(e.compare(">", x, zero, dtype), one, rest)
 
 
 @primitive
@@ -263,15 +269,103 @@ class Cos(MathFunction, Unary):
         return b.emit("neg", b.emit("mul", ct, b.emit("sin", x)))
 
 
-@primitive
-class Floor(Unary):
-    """The largest integer not above x, as a float."""
-    name = surface = "floor"
-    reference = staticmethod(np.floor)
+class Rounding(Unary):
+    """An integer near x, as a float, by the LLVM intrinsic `intrinsic` (exact on every target:
+    IEEE's roundToIntegral operations); its derivative is 0 almost everywhere."""
+    intrinsic: ClassVar[str]
     differentiable = False
 
     def scalar(self, e: Any, args: list, dtypes: list[str], dtype: str, attrs: dict) -> Any:
-        return e.floor(args[0])
+        return e.intrinsic(self.intrinsic, args[0])
+
+
+@primitive
+class Floor(Rounding):
+    """The largest integer not above x, as a float."""
+    name = surface = "floor"
+    reference = staticmethod(np.floor)
+    intrinsic = "llvm.floor"
+
+
+@primitive
+class Ceil(Rounding):
+    """The smallest integer not below x, as a float."""
+    name = surface = "ceil"
+    reference = staticmethod(np.ceil)
+    intrinsic = "llvm.ceil"
+
+
+@primitive
+class Trunc(Rounding):
+    """x rounded toward zero, as a float."""
+    name = surface = "trunc"
+    reference = staticmethod(np.trunc)
+    intrinsic = "llvm.trunc"
+
+
+@primitive
+class Round(Rounding):
+    """x rounded to the nearest integer, halves to even (as NumPy and PyTorch), as a float."""
+    name = surface = "round"
+    reference = staticmethod(np.round)
+    intrinsic = "llvm.roundeven"
+
+
+class Classify(Unary):
+    """A bool tensor: whether each element of x is of a class of floats (integers never are
+    NaN or infinite)."""
+    accepts = NUMERIC
+    needs = "a numeric"
+    hint = ""
+    compiled = ("bool",)
+    differentiable = False
+
+    def infer(self, x: TensorType) -> TensorType:
+        return super().infer(x).with_dtype("bool")
+
+    def scalar(self, e: Any, args: list, dtypes: list[str], dtype: str, attrs: dict) -> Any:
+        x, = args
+        if dtypes[0] not in FLOAT_DTYPES:
+            return e.const(self.of_integers, "bool", x)
+        return self.classify(e, x, e.const(float("inf"), dtypes[0], x), dtypes[0])
+
+    of_integers: ClassVar[bool]
+
+    def classify(self, e: Any, x: Any, inf: Any, dtype: str) -> Any:
+        raise NotImplementedError
+
+
+@primitive
+class IsNan(Classify):
+    """Whether x is NaN."""
+    name = surface = "isnan"
+    reference = staticmethod(np.isnan)
+    of_integers = False
+
+    def classify(self, e: Any, x: Any, inf: Any, dtype: str) -> Any:
+        return e.isnan(x)
+
+
+@primitive
+class IsInf(Classify):
+    """Whether x is +inf or -inf."""
+    name = surface = "isinf"
+    reference = staticmethod(np.isinf)
+    of_integers = False
+
+    def classify(self, e: Any, x: Any, inf: Any, dtype: str) -> Any:
+        return e.compare("==", e.abs(x, dtype), inf, dtype)
+
+
+@primitive
+class IsFinite(Classify):
+    """Whether x is neither NaN nor infinite."""
+    name = surface = "isfinite"
+    reference = staticmethod(np.isfinite)
+    of_integers = True
+
+    def classify(self, e: Any, x: Any, inf: Any, dtype: str) -> Any:
+        return e.compare("<", e.abs(x, dtype), inf, dtype)             # false for NaN
 
 
 # ---------------------------------------------------------------- binary
