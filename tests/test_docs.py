@@ -69,3 +69,16 @@ def test_example(kind, options, text, line, folder, monkeypatch):
         check_file(name, text)
     assert expected[1].strip() in str(info.value), (
         f"docs/language.md:{line}: expected '{expected[1].strip()}' in:\n{info.value}")
+
+
+def test_the_architecture_page_names_every_host_primitive():
+    """docs/architecture.md's table of host steps: each primitive that always runs on the host
+    is named there (in backquotes, by its surface name or its IR name)."""
+    from ir.ops import REGISTRY
+    from ir.ops.base import Role
+    page = (DOC.parent / "architecture.md").read_text(encoding="utf-8")
+    table = page.split("### What runs on the host, and why")[1].split("\n## ")[0]
+    named = set(re.findall(r"`([a-z_]+)`", table))
+    for name, p in REGISTRY.items():
+        if p.role is Role.HOST:
+            assert name in named or p.surface in named, f"{name} is missing from the host table"
