@@ -376,6 +376,29 @@ def test_group_norm(groups):
             lambda x: nhwc(F.group_norm(nchw(x), groups)), ("x",))
 
 
+@pytest.mark.parametrize("training", [True, False])
+def test_batch_norm(training):
+    """The value, the running statistics after the step (PyTorch updates them in place), and
+    the gradients with respect to x, weight and bias (none flows into the statistics)."""
+    rng = np.random.default_rng(int(training))
+    x, w, b = randn(rng, 3, 2, 5, 4, scale=2.0) + 0.5, randn(rng, 4), randn(rng, 4)
+    rm, rv = randn(rng, 4), np.abs(randn(rng, 4)) + 0.5
+
+    def torch_batch_norm(x, rm, rv, w, b):
+        rm, rv = rm.clone(), rv.clone()
+        y = F.batch_norm(nchw(x), rm, rv, w, b, training, 0.1, 1e-5)
+        return nhwc(y), rm, rv
+    compare(f"nn.batch_norm(x, rm, rv, w, b, {training})", dict(x=x, rm=rm, rv=rv, w=w, b=b),
+            torch_batch_norm, ("x", "w", "b"))
+
+
+def test_batch_norm_of_one_value_a_channel_is_an_error():
+    with pytest.raises(dsl.DslError, match="more than one value per channel"):
+        driver("import nn\ndef f(x: f32[1, 1, 1, 3], m: f32[3], v: f32[3]):\n"
+               "  return nn.batch_norm(x, m, v)\n").f(np.ones((1, 1, 1, 3), np.float32),
+                                                        np.zeros(3, np.float32), np.ones(3, np.float32))
+
+
 # ---------------------------------------------------------------- convolution and pooling
 
 @pytest.mark.parametrize("stride, padding", [(1, 0), (2, 0), (1, 1), (2, 2), (3, 1)])
