@@ -269,6 +269,131 @@ class Cos(MathFunction, Unary):
         return b.emit("neg", b.emit("mul", ct, b.emit("sin", x)))
 
 
+@primitive
+class Tan(MathFunction, Unary):
+    """The tangent (radians)."""
+    name = surface = "tan"
+    reference = staticmethod(np.tan)
+
+    def backward(self, b: Any, ct: Any, x: Any, y: Any) -> Any:
+        return b.emit("mul", ct, b.emit("add", _scalar(b, 1.0, y), b.emit("mul", y, y)))
+
+
+@primitive
+class Atan(MathFunction, Unary):
+    """The arctangent, in (-pi/2, pi/2)."""
+    name = surface = "atan"
+    reference = staticmethod(np.arctan)
+
+    def backward(self, b: Any, ct: Any, x: Any, y: Any) -> Any:
+        return b.emit("div", ct, b.emit("add", _scalar(b, 1.0, x), b.emit("mul", x, x)))
+
+
+class Arcsine(MathFunction, Unary):
+    """asin and acos, whose derivatives are ±1 / sqrt(1 - x²) (infinite at ±1)."""
+    guarded = True
+    sign: ClassVar[float]
+
+    def backward(self, b: Any, ct: Any, x: Any, y: Any) -> Any:
+        root = b.emit("sqrt", b.emit("sub", _scalar(b, 1.0, x), b.emit("mul", x, x)))
+        return b.emit("div", b.emit("mul", ct, _scalar(b, self.sign, ct)), root)
+
+
+@primitive
+class Asin(Arcsine):
+    """The arcsine, in [-pi/2, pi/2]; NaN outside [-1, 1]."""
+    name = surface = "asin"
+    reference = staticmethod(np.arcsin)
+    sign = 1.0
+
+
+@primitive
+class Acos(Arcsine):
+    """The arccosine, in [0, pi]; NaN outside [-1, 1]."""
+    name = surface = "acos"
+    reference = staticmethod(np.arccos)
+    sign = -1.0
+
+
+@primitive
+class Sinh(MathFunction, Unary):
+    """The hyperbolic sine."""
+    name = surface = "sinh"
+    reference = staticmethod(np.sinh)
+
+    def backward(self, b: Any, ct: Any, x: Any, y: Any) -> Any:
+        return b.emit("mul", ct, b.emit("cosh", x))
+
+
+@primitive
+class Cosh(MathFunction, Unary):
+    """The hyperbolic cosine."""
+    name = surface = "cosh"
+    reference = staticmethod(np.cosh)
+
+    def backward(self, b: Any, ct: Any, x: Any, y: Any) -> Any:
+        return b.emit("mul", ct, b.emit("sinh", x))
+
+
+@primitive
+class Log1p(MathFunction, Unary):
+    """log(1 + x), accurate for x near 0."""
+    name = surface = "log1p"
+    reference = staticmethod(np.log1p)
+    guarded = True
+
+    def backward(self, b: Any, ct: Any, x: Any, y: Any) -> Any:
+        return b.emit("div", ct, b.emit("add", x, _scalar(b, 1.0, x)))
+
+
+@primitive
+class Expm1(MathFunction, Unary):
+    """exp(x) - 1, accurate for x near 0."""
+    name = surface = "expm1"
+    reference = staticmethod(np.expm1)
+
+    def backward(self, b: Any, ct: Any, x: Any, y: Any) -> Any:
+        return b.emit("mul", ct, b.emit("add", y, _scalar(b, 1.0, y)))
+
+
+def _erf(x: Any) -> Any:
+    from scipy import special                    # (imported once a program uses it)
+    return special.erf(x)
+
+
+def _erfc(x: Any) -> Any:
+    from scipy import special
+    return special.erfc(x)
+
+
+_TWO_OVER_ROOT_PI = 1.1283791670955126
+
+
+class ErrorFunction(MathFunction, Unary):
+    """erf and erfc, whose derivatives are ±2/sqrt(pi) exp(-x²)."""
+    sign: ClassVar[float]
+
+    def backward(self, b: Any, ct: Any, x: Any, y: Any) -> Any:
+        density = b.emit("exp", b.emit("neg", b.emit("mul", x, x)))
+        return b.emit("mul", b.emit("mul", ct, density), _scalar(b, self.sign * _TWO_OVER_ROOT_PI, x))
+
+
+@primitive
+class Erf(ErrorFunction):
+    """The error function, 2/sqrt(pi) times the integral of exp(-t²) from 0 to x."""
+    name = surface = "erf"
+    reference = staticmethod(_erf)
+    sign = 1.0
+
+
+@primitive
+class Erfc(ErrorFunction):
+    """1 - erf(x), accurate where erf(x) is near 1."""
+    name = surface = "erfc"
+    reference = staticmethod(_erfc)
+    sign = -1.0
+
+
 class Rounding(Unary):
     """An integer near x, as a float, by the LLVM intrinsic `intrinsic` (exact on every target:
     IEEE's roundToIntegral operations); its derivative is 0 almost everywhere."""
@@ -555,6 +680,23 @@ class Pow(MathFunction, Binary):
         return dx, dy
 
 
+@primitive
+class Atan2(MathFunction, Binary):
+    """The angle of the point (b, a) from the positive x axis, in [-pi, pi]: atan2(y, x) with
+    the signs of both (C99's, with its special cases)."""
+    name = surface = symbol = "atan2"
+    reference = staticmethod(np.arctan2)
+    accepts = FLOAT_DTYPES
+    needs = "float"
+    hint = _FLOAT_HINT
+    guarded = True
+
+    def backward(self, b: Any, ct: Any, lhs: Any, rhs: Any, y: Any) -> tuple[Any, Any]:
+        r2 = b.emit("add", b.emit("mul", lhs, lhs), b.emit("mul", rhs, rhs))
+        return (b.emit("div", b.emit("mul", ct, rhs), r2),
+                b.emit("div", b.emit("neg", b.emit("mul", ct, lhs)), r2))
+
+
 def _extreme_cts(b: Any, ct: Any, mine: Any, other: Any, loses: str) -> Any:
     """An operand's cotangent in maximum or minimum: ct where it wins, half of ct where it
     ties (as PyTorch), 0 where it loses by the comparison `loses`; a NaN operand gets all."""
@@ -732,6 +874,36 @@ class Where(Elementwise):
         zero = _scalar(b, 0.0, ct)                  # zeros, never NaN, in the untaken branch
         return (None, unbroadcast(b, b.emit("where", cond, ct, zero), lhs.shape),
                 unbroadcast(b, b.emit("where", cond, zero, ct), rhs.shape))
+
+
+@primitive
+class Clip(Elementwise):
+    """x limited to [lo, hi]: minimum(maximum(x, lo), hi), as NumPy's clip (NaN in any gives
+    NaN); its gradient, as PyTorch's clamp: x's where lo <= x <= hi (not at a NaN), lo's where
+    it wins, hi's where it does."""
+    name = surface = "clip"
+    params = (Param("x", Kind.TENSOR), Param("lo", Kind.TENSOR), Param("hi", Kind.TENSOR))
+    reference = staticmethod(lambda x, lo, hi: numerics.minimum(numerics.maximum(x, lo), hi))
+
+    def infer(self, x: TensorType, lo: TensorType, hi: TensorType) -> TensorType:
+        dtype, weak = common_dtype("clip", [("x", x), ("lo", lo), ("hi", hi)])
+        if dtype == "bool":
+            raise OpError(f"'clip' needs numeric tensors, got {x}; use cast()", "x")
+        return TensorType(dtype, broadcast_shapes(x, lo, hi), weak)
+
+    def scalar(self, e: Any, args: list, dtypes: list[str], dtype: str, attrs: dict) -> Any:
+        x, lo, hi = args
+        pair = [dtype, dtype]
+        return Minimum().scalar(e, [Maximum().scalar(e, [x, lo], pair, dtype, {}), hi], pair, dtype, {})
+
+    def vjp(self, b: Any, op: Any, cts: tuple) -> tuple:
+        (x, lo, hi), (ct,) = op.inputs, cts
+        zero = _scalar(b, 0.0, ct)
+        takes = lambda cond: b.emit("where", cond, ct, zero)                  # noqa: E731
+        inside = b.emit("and", b.emit("ge", x, lo), b.emit("le", x, hi))
+        below = b.emit("and", b.emit("lt", x, lo), b.emit("le", lo, hi))
+        above = b.emit("or", b.emit("gt", x, hi), b.emit("gt", lo, hi))   # (lo > hi: always hi)
+        return tuple(unbroadcast(b, takes(c), v.shape) for c, v in zip((inside, below, above), op.inputs))
 
 
 def _cast(x: Any, dtype: str) -> np.ndarray:

@@ -164,7 +164,11 @@ UNARY = {"neg": (torch.neg, normal), "abs": (torch.abs, nonzero), "exp": (torch.
          "log2": (torch.log2, positive), "sqrt": (torch.sqrt, positive),
          "rsqrt": (torch.rsqrt, positive), "tanh": (torch.tanh, normal),
          "sigmoid": (torch.sigmoid, normal), "sin": (torch.sin, normal),
-         "cos": (torch.cos, normal)}
+         "cos": (torch.cos, normal), "tan": (torch.tan, lambda *s: np.asarray(0.7 * normal(*s))),
+         "atan": (torch.atan, normal), "asin": (torch.asin, lambda *s: np.asarray(rng.uniform(-0.9, 0.9, s))),
+         "acos": (torch.acos, lambda *s: np.asarray(rng.uniform(-0.9, 0.9, s))), "sinh": (torch.sinh, normal),
+         "cosh": (torch.cosh, normal), "log1p": (torch.log1p, positive),
+         "expm1": (torch.expm1, normal), "erf": (torch.erf, normal), "erfc": (torch.erfc, normal)}
 for name, (fn, draw) in UNARY.items():
     for shape in [(), (5,), (2, 3, 4)]:
         case(f"{name}-{shape}", name, [draw(*shape)], fn)
@@ -181,7 +185,8 @@ BINARY = {"add": (torch.add, normal, normal), "sub": (torch.sub, normal, normal)
           "mul": (torch.mul, normal, normal), "div": (torch.div, normal, nonzero),
           "mod": (torch.remainder, lambda *s: np.asarray(3 * normal(*s)), nonzero),
           "pow": (torch.pow, positive, normal),
-          "maximum": (torch.maximum, normal, normal), "minimum": (torch.minimum, normal, normal)}
+          "maximum": (torch.maximum, normal, normal), "minimum": (torch.minimum, normal, normal),
+          "atan2": (torch.atan2, normal, nonzero)}
 for name, (fn, draw_a, draw_b) in BINARY.items():
     for sa, sb in BROADCASTS:
         case(f"{name}-{sa}-{sb}", name, [draw_a(*sa), draw_b(*sb)], fn)
@@ -194,6 +199,12 @@ case("pow-negative-base-integer-exponent", "pow",
 case("pow-zero-base", "pow", [np.array([0.0, 0.0, 0.0, 1.5, -2.0]),
                               np.array([2.0, 0.0, 1.0, 2.5, 3.0])], torch.pow, smooth=False)
 
+for sx, slo, shi in [((3, 4), (3, 4), (3, 4)), ((3, 4), (4,), ())]:
+    case(f"clip-{sx}-{slo}-{shi}", "clip", [2 * normal(*sx), np.asarray(normal(*slo) - 1),
+                                            np.asarray(normal(*shi) + 1)],
+         torch.clamp)
+case("clip-at-the-bounds", "clip", [np.array([-1.0, 0.0, 1.0, 2.0, np.nan]), np.array(0.0),
+                                   np.array(1.0)], torch.clamp, smooth=False)
 for sc, sa, sb in [((3, 4), (3, 4), (3, 4)), ((3, 4), (4,), (3, 1)), ((4,), (3, 4), ())]:
     case(f"where-{sc}-{sa}-{sb}", "where", [rng.random(sc) > 0.5, normal(*sa), normal(*sb)],
          torch.where)
