@@ -527,20 +527,22 @@ def _sincos_reduce(f: Format, x: _V):
     return (q, *_fast_two_sum(s, rl))
 
 
-def _sin_poly(f: Format, r: _V, rl: _V) -> _V:
-    """sin(r + rl) ~ r + r^3 S(r^2) + rl*(1 - r^2/2)."""
+def _sin_poly(f: Format, r: _V, rl: _V):
+    """sin(r + rl) ~ r + r^3 S(r^2) + rl*(1 - r^2/2), as a double-word (sin takes its high part,
+    tan both)."""
     u = r * r
-    return r + fma(r * u, _horner(u, f.sin_s), fma(-0.5 * u, rl, rl))
+    return _fast_two_sum(r, fma(r * u, _horner(u, f.sin_s), fma(-0.5 * u, rl, rl)))
 
 
-def _cos_poly(f: Format, r: _V, rl: _V) -> _V:
-    """cos(r + rl) ~ 1 - r^2/2 + r^4 C(r^2) - r*rl, with 1 - r^2/2 kept as a double-word."""
+def _cos_poly(f: Format, r: _V, rl: _V):
+    """cos(r + rl) ~ 1 - r^2/2 + r^4 C(r^2) - r*rl, with 1 - r^2/2 kept as a double-word; the
+    result as a double-word, like _sin_poly's."""
     u, ul = _two_prod(r, r)                     # r^2 = u + ul
     hu = 0.5 * u
     hi = 1.0 - hu
     lo = (1.0 - hi) - hu                        # hi + lo = 1 - u/2 exactly
     tail = fma(u * u, _horner(u, f.cos_c), -fma(r, rl, 0.5 * ul))
-    return hi + (lo + tail)
+    return _fast_two_sum(hi, lo + tail)
 
 
 # Payne-Hanek: beyond cody_waite_max, x = m * 2^e (m the integer mantissa) is reduced exactly.
@@ -714,7 +716,7 @@ def _sincos(b: ir.IRBuilder, x: ir.Value, quadrant_shift: int) -> ir.Value:
     x, f = _wrap(b, x)
     q, r, rl = _reduce(f, x)
     q = q + quadrant_shift                      # cos x = sin(x + pi/2)
-    s, c = _sin_poly(f, r, rl), _cos_poly(f, r, rl)
+    s, c = _sin_poly(f, r, rl)[0], _cos_poly(f, r, rl)[0]
     y = _select((q & 1).eq(0), s, c)            # quadrants 1, 3: the cosine of r
     y = _xor_sign(y, (q & 2) << (f.bits - 2))  # quadrants 2, 3: negated
     if quadrant_shift == 0:
