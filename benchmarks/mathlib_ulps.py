@@ -287,7 +287,8 @@ def measure(name, dtype, n, seed=0, chunk=1 << 22, width=1):
 # ---------------------------------------------------------------------------------------------
 # The coefficient fits (mpmath): minimax relative error by Remez exchange on a dense grid.
 
-def fit_all():
+def fit_all(keys=()):
+    """Print the coefficients of every polynomial (of those named in keys, if any)."""
     import mpmath as mp
     mp.mp.dps = 80
 
@@ -351,6 +352,8 @@ def fit_all():
     for fmt, rnd in ((mathlib.F32, lambda v: mp.mpf(float(np.float32(float(v))))),
                      (mathlib.F64, lambda v: mp.mpf(float(v)))):
         for key, (F, fixed, m, step, a, b) in fits.items():
+            if keys and key not in keys:
+                continue
             deg = len(getattr(fmt, key)) - 1
             cs, emax = fit(F, fixed, m, [step * i for i in range(deg + 1)], a, b, rnd)
             print(f"{fmt.name} {key}: relative error 2^{float(mp.log(emax, 2)):.1f}")
@@ -365,10 +368,11 @@ def main() -> None:
     ap.add_argument("--f64", action="store_true",
                     help="also measure double, on n/10 inputs (long double reference)")
     ap.add_argument("--only", nargs="*", default=FUNCTIONS)
-    ap.add_argument("--fit", action="store_true", help="re-derive the polynomial coefficients")
+    ap.add_argument("--fit", nargs="*", metavar="POLY",
+                    help="re-derive the polynomial coefficients (all, or those named: sin_s …)")
     args = ap.parse_args()
-    if args.fit:
-        fit_all()
+    if args.fit is not None:
+        fit_all(args.fit)
         return
     t0 = time.perf_counter()
     host_kernels()
