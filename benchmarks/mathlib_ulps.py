@@ -348,6 +348,8 @@ def fit_all(keys=()):
         "tanh_t": (mp.tanh, lambda x: x, lambda x: x ** 3, 2, 1e-9, 0.55),
         "sin_s": (mp.sin, lambda r: r, lambda r: r ** 3, 2, 1e-9, mp.pi / 4 * 1.002),
         "cos_c": (mp.cos, lambda r: 1 - r * r / 2, lambda r: r ** 4, 2, 1e-9, mp.pi / 4 * 1.002),
+        "atan_t": (mp.atan, lambda z: z, lambda z: z ** 3, 2, 1e-9, mp.mpf(1) / 2 * 1.002),
+        "asin_t": (mp.asin, lambda t: t, lambda t: t ** 3, 2, 1e-9, mp.mpf(1) / 2 * 1.002),
     }
     for fmt, rnd in ((mathlib.F32, lambda v: mp.mpf(float(np.float32(float(v))))),
                      (mathlib.F64, lambda v: mp.mpf(float(v)))):
