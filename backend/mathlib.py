@@ -791,10 +791,12 @@ def _atan2(f: Format, y: _V, x: _V) -> _V:
     """atan2(y, x) with C99's special cases, never forming y/x itself: the angle of (|x|, |y|)
     is k*pi/4 + atan(z) with z = n/d, |z| <= 1/2, n and d exact or double-word."""
     ay, ax = _abs(y), _abs(x)
-    # Both below 1: scale them by 2^(bias-1) (exact; the angle is unchanged) so that the larger
-    # is at least 2^-(p-1), which makes the halves below exact and keeps the remainder of n/d
-    # from underflowing wherever it matters.
-    up = _select((ay < 1.0) & (ax < 1.0), ay.like(2.0 ** (f.bias - 1)), 1.0)
+    # Both below 2^64 / 2^512 (about the square root of the range): scale both by that (exact;
+    # the angle is unchanged). Then the halves below are exact, and the remainder of n/d below
+    # loses (by underflow) no more than 2^-40 of an ulp of the result: n is above 2^-85 /
+    # 2^-562 when scaled, d above 2^64 / 2^512 when not.
+    root = 2.0 ** ((f.bias + 1) // 2)
+    up = _select((ay < root) & (ax < root), ay.like(root), 1.0)
     ay, ax = ay * up, ax * up
     # Points at infinity, and the origin, move to one with the same angle: an infinite
     # coordinate becomes 1 and a finite one 0; (0, 0) becomes (1, 0) (the sign of x decides).
