@@ -3,16 +3,18 @@
 Each public function takes an `llvmlite.ir.IRBuilder` and a value of type float, double,
 <N x float> or <N x double>, appends a straight-line sequence of instructions (no calls except
 `llvm.fma` and `llvm.sqrt`) and returns the result, of the same type. The one exception to
-"straight-line": sin and cos branch, when some lane's |x| is beyond 2^22 (float) or 2^50 (double),
-to the Payne-Hanek reduction, and leave the builder at the end of a new block (a caller that
-builds a phi after them takes the incoming block from `b.block`). That sequence
+"straight-line": sin, cos and tan branch, when some lane's |x| is beyond 2^22 (float) or 2^50
+(double), to the Payne-Hanek reduction, and leave the builder at the end of a new block (a caller
+that builds a phi after them takes the incoming block from `b.block`). That sequence
 *is* the definition of the result: it uses only IEEE operations that every target rounds the same
 way (fadd fsub fmul fdiv, fma, sqrt, integer and bit operations, compares and selects), never
 fast-math flags, so the CPU and the GPU produce the same bits. The vector variants run the same
 sequence lane by lane and give the same bits as the scalar ones.
 
     exp exp2 log log2 tanh sigmoid sin cos rsqrt      f(b, x) -> value like x
+    tan atan asin acos                                f(b, x) -> value like x
     pow                                               pow(b, x, y) -> value like x
+    atan2                                             atan2(b, y, x) -> value like y
 
 Every NaN result is the quiet NaN with a clear sign bit (0x7fc00000, 0x7ff8000000000000), so
 NaNs too are the same bits everywhere. docs/numerics.md gives each function's algorithm, its
@@ -31,6 +33,7 @@ from dataclasses import dataclass
 from llvmlite import ir
 
 __all__ = ["exp", "exp2", "log", "log2", "tanh", "sigmoid", "sin", "cos", "pow", "rsqrt",
+           "tan", "atan", "asin", "acos", "atan2",
            "UNARY", "BINARY"]
 
 H = float.fromhex
@@ -62,7 +65,7 @@ class Format:
     two_thirds_lo: float
     two_over_pi: tuple     # RN(2/pi) and RN(2/pi - that)
     pio2: tuple            # pi/2 = sum of four parts, each the rounding of what the others leave
-    sin_tiny: float        # below this |x|, sin x rounds to x
+    sin_tiny: float        # below this |x|, sin x rounds to x (and tan x, atan x, asin x)
     cody_waite_max: float  # sin/cos reduce |x| up to this by Cody-Waite, beyond by Payne-Hanek
     ph_digits: int         # Payne-Hanek: digits of 2/pi multiplied by the mantissa
     tanh_small: float      # below this |x| tanh uses its odd polynomial
@@ -73,6 +76,8 @@ class Format:
     tanh_t: tuple          # tanh x = x + x^3 T(x^2),                        |x| <= tanh_small
     sin_s: tuple           # sin r = r + r^3 S(r^2),                         |r| <= pi/4
     cos_c: tuple           # cos r = 1 - r^2/2 + r^4 C(r^2),                 |r| <= pi/4
+    atan_t: tuple          # atan z = z + z^3 T(z^2),                        |z| <= 1/2
+    asin_t: tuple          # asin t = t + t^3 A(t^2),                        |t| <= 1/2
 
 
 F32 = Format(
@@ -94,6 +99,10 @@ F32 = Format(
             H("-0x1.0c800ap-7"), H("0x1.1911cep-9")),
     sin_s=(H("-0x1.555556p-3"), H("0x1.111174p-7"), H("-0x1.a05954p-13"), H("0x1.7c2c4ep-19")),
     cos_c=(H("0x1.555556p-5"), H("-0x1.6c175cp-10"), H("0x1.a06f9p-16"), H("-0x1.35851cp-22")),
+    atan_t=(H("-0x1.55555p-2"), H("0x1.99966ap-3"), H("-0x1.244076p-3"), H("0x1.bf70b8p-4"),
+            H("-0x1.444922p-4"), H("0x1.3555f2p-5")),
+    asin_t=(H("0x1.55554cp-3"), H("0x1.3338acp-4"), H("0x1.6ca756p-5"), H("0x1.04d298p-5"),
+            H("0x1.d52a64p-7"), H("0x1.34c2c4p-5")),
 )
 
 F64 = Format(
@@ -129,6 +138,16 @@ F64 = Format(
     cos_c=(H("0x1.5555555555555p-5"), H("-0x1.6c16c16c16b31p-10"), H("0x1.a01a019ffcf76p-16"),
            H("-0x1.27e4fb5a7da7bp-22"), H("0x1.1eed7001b0ba3p-29"), H("-0x1.9374fd5f3cb7cp-37"),
            H("0x1.9e048e7d0f07cp-45")),
+    atan_t=(H("-0x1.5555555555551p-2"), H("0x1.9999999998ee7p-3"), H("-0x1.24924924485p-3"),
+            H("0x1.c71c71a6d76b2p-4"), H("-0x1.745d131c27291p-4"), H("0x1.3b135892c48e5p-4"),
+            H("-0x1.110c0f12fc021p-4"), H("0x1.e17c8349ee88cp-5"), H("-0x1.ac4ed55128173p-5"),
+            H("0x1.77732c07c36e1p-5"), H("-0x1.2ecbf23aa9bbfp-5"), H("0x1.7fe292450a461p-6"),
+            H("-0x1.0d74f5e8654aep-7")),
+    asin_t=(H("0x1.5555555555579p-3"), H("0x1.333333332dc98p-4"), H("0x1.6db6db724cb8p-5"),
+            H("0x1.f1c71a7deb5f7p-6"), H("0x1.6e8be1873c6e8p-6"), H("0x1.1c49bec444b78p-6"),
+            H("0x1.ca245e409c141p-7"), H("0x1.755cd1a4b719ap-7"), H("0x1.6227cadc5ec52p-7"),
+            H("0x1.d7adada8cde43p-9"), H("0x1.6812171a3bf8dp-6"), H("-0x1.5e75dce98913bp-6"),
+            H("0x1.0d590c370ae53p-5")),
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -527,20 +546,22 @@ def _sincos_reduce(f: Format, x: _V):
     return (q, *_fast_two_sum(s, rl))
 
 
-def _sin_poly(f: Format, r: _V, rl: _V) -> _V:
-    """sin(r + rl) ~ r + r^3 S(r^2) + rl*(1 - r^2/2)."""
+def _sin_poly(f: Format, r: _V, rl: _V):
+    """sin(r + rl) ~ r + r^3 S(r^2) + rl*(1 - r^2/2), as a double-word (sin takes its high part,
+    tan both)."""
     u = r * r
-    return r + fma(r * u, _horner(u, f.sin_s), fma(-0.5 * u, rl, rl))
+    return _fast_two_sum(r, fma(r * u, _horner(u, f.sin_s), fma(-0.5 * u, rl, rl)))
 
 
-def _cos_poly(f: Format, r: _V, rl: _V) -> _V:
-    """cos(r + rl) ~ 1 - r^2/2 + r^4 C(r^2) - r*rl, with 1 - r^2/2 kept as a double-word."""
+def _cos_poly(f: Format, r: _V, rl: _V):
+    """cos(r + rl) ~ 1 - r^2/2 + r^4 C(r^2) - r*rl, with 1 - r^2/2 kept as a double-word; the
+    result as a double-word, like _sin_poly's."""
     u, ul = _two_prod(r, r)                     # r^2 = u + ul
     hu = 0.5 * u
     hi = 1.0 - hu
     lo = (1.0 - hi) - hu                        # hi + lo = 1 - u/2 exactly
     tail = fma(u * u, _horner(u, f.cos_c), -fma(r, rl, 0.5 * ul))
-    return hi + (lo + tail)
+    return _fast_two_sum(hi, lo + tail)
 
 
 # Payne-Hanek: beyond cody_waite_max, x = m * 2^e (m the integer mantissa) is reduced exactly.
@@ -714,7 +735,7 @@ def _sincos(b: ir.IRBuilder, x: ir.Value, quadrant_shift: int) -> ir.Value:
     x, f = _wrap(b, x)
     q, r, rl = _reduce(f, x)
     q = q + quadrant_shift                      # cos x = sin(x + pi/2)
-    s, c = _sin_poly(f, r, rl), _cos_poly(f, r, rl)
+    s, c = _sin_poly(f, r, rl)[0], _cos_poly(f, r, rl)[0]
     y = _select((q & 1).eq(0), s, c)            # quadrants 1, 3: the cosine of r
     y = _xor_sign(y, (q & 2) << (f.bits - 2))  # quadrants 2, 3: negated
     if quadrant_shift == 0:
@@ -731,6 +752,122 @@ def sin(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
 def cos(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
     """cos x for every float; NaN for inf and NaN. Branches (rarely) for |x| > 2^22 / 2^50."""
     return _sincos(b, x, 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# tan: the reduction of sin and cos, and both their polynomials.
+
+def tan(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """tan x = sin r / cos r, or -cos r / sin r in odd quadrants: both polynomials as
+    double-words, the quotient corrected once. Branches (rarely) for |x| > 2^22 / 2^50."""
+    x, f = _wrap(b, x)
+    q, r, rl = _reduce(f, x)
+    s, c = _sin_poly(f, r, rl), _cos_poly(f, r, rl)
+    odd = (q & 1).eq(1)                         # tan(r + pi/2) = -cos r / sin r
+    nh, nl = (_select(odd, cv, sv) for sv, cv in zip(s, c))
+    dh, dl = (_select(odd, sv, cv) for sv, cv in zip(s, c))
+    y = nh / dh
+    y = y + (fma(-y, dh, nh) + (nl - y * dl)) / dh      # (nh + nl)/(dh + dl) to ~2p bits
+    y = _xor_sign(y, q << (f.bits - 1))        # odd quadrants: negated
+    y = _select(_abs(x) < f.sin_tiny, x, y)     # tan x = x exactly here; keeps tan(-0) = -0
+    return _select(_abs(x) < float("inf"), y, _nan(x)).v
+
+
+# ---------------------------------------------------------------------------------------------
+# atan2, atan, asin, acos: an odd polynomial on [-1/2, 1/2] after a reduction that is exact or
+# carried in double-word, plus a multiple of pi/4 added in double-word.
+
+def _add_quarter_pis(f: Format, k: _V, zh: _V, zl: _V) -> _V:
+    """k*pi/4 + zh + zl with one significant rounding, for k in {0, 1, 2, 3, 4} (a float) and
+    |zh| <= |k*pi/4| where k != 0."""
+    p1, p2 = f.pio2[:2]
+    oh, ol = _two_prod(k, 0.5 * p1)             # k*pi/4 = oh + ol to 2p bits
+    ol = fma(k, 0.5 * p2, ol)
+    s, e = _fast_two_sum(oh, zh)
+    return s + (e + (ol + zl))
+
+
+def _atan2(f: Format, y: _V, x: _V) -> _V:
+    """atan2(y, x) with C99's special cases, never forming y/x itself: the angle of (|x|, |y|)
+    is k*pi/4 + atan(z) with z = n/d, |z| <= 1/2, n and d exact or double-word."""
+    ay, ax = _abs(y), _abs(x)
+    # Both below 2^64 / 2^512 (about the square root of the range): scale both by that (exact;
+    # the angle is unchanged). Then the halves below are exact, and the remainder of n/d below
+    # loses (by underflow) no more than 2^-40 of an ulp of the result: n is above 2^-85 /
+    # 2^-562 when scaled, d above 2^64 / 2^512 when not.
+    root = 2.0 ** ((f.bias + 1) // 2)
+    up = _select((ay < root) & (ax < root), ay.like(root), 1.0)
+    ay, ax = ay * up, ax * up
+    # Points at infinity, and the origin, move to one with the same angle: an infinite
+    # coordinate becomes 1 and a finite one 0; (0, 0) becomes (1, 0) (the sign of x decides).
+    inf = float("inf")
+    y_inf, x_inf = ay.eq(inf), ax.eq(inf)
+    ay, ax = (_select(y_inf, 1.0, _select(x_inf, ay.like(0.0), ay)),
+              _select(x_inf | ay.eq(0.0), 1.0, _select(y_inf, ax.like(0.0), ax)))
+    # |y|/|x| < 1/2: z = |y|/|x|; > 2: pi/2 + atan(-|x|/|y|); between: pi/4 + atan of
+    # (|y| - |x|)/(|y| + |x|), from halves (exact there: both are normal) so that nothing
+    # overflows; the difference is exact (Sterbenz), the sum kept as a double-word.
+    small, large = 2.0 * ay < ax, ay > 2.0 * ax
+    hy, hx = 0.5 * ay, 0.5 * ax
+    sh, sl = _two_sum(hy, hx)
+    n = _select(small, ay, _select(large, -ax, hy - hx))
+    d = _select(small, ax, _select(large, ay, sh))
+    dl = _select(small | large, 0.0, sl)
+    k = _select(small, 0.0, _select(large, x.like(2.0), 1.0))
+    # x < 0 (-0 too): the angle is pi - that, (4 - k)*pi/4 + atan(-z).
+    x_neg = _bits(x) < 0
+    n, k = _select(x_neg, -n, n), _select(x_neg, 4.0 - k, k)
+    zh = n / d
+    zl = (fma(-zh, d, n) - zh * dl) / d         # n/(d + dl) - zh, to ~2p bits
+    u = zh * zh
+    tail = fma(zh * u, _horner(u, f.atan_t), fma(-u, zl, zl))  # atan(zh + zl) - zh
+    r = _xor_sign(_add_quarter_pis(f, k, zh, tail), _bits(y))     # odd in y
+    return _select(_isnan(x) | _isnan(y), _nan(x), r)
+
+
+def atan2(b: ir.IRBuilder, y: ir.Value, x: ir.Value) -> ir.Value:
+    """The angle of the point (x, y), in [-pi, pi]; C99's special cases (signed zeros,
+    infinities)."""
+    y, f = _wrap(b, y)
+    return _atan2(f, y, _V(b, x)).v
+
+
+def atan(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """atan x = atan2(x, 1)."""
+    x, f = _wrap(b, x)
+    return _atan2(f, x, x.like(1.0)).v
+
+
+def _asin_acos(b: ir.IRBuilder, x: ir.Value, is_acos: bool) -> ir.Value:
+    """k*pi/4 + m*asin t, where t = |x| <= 1/2, or t = sqrt((1 - |x|)/2) <= 1/2 (a double-word)
+    by asin|x| = pi/2 - 2 asin t; acos x = pi/2 - asin x."""
+    x, f = _wrap(b, x)
+    a = _abs(x)
+    big = a > 0.5
+    w = 0.5 * (1.0 - a)                         # exact for a in [1/2, 1] (Sterbenz)
+    th = _select(big, _sqrt(w), a)
+    tl = _select(big & (a < 1.0), fma(-th, th, w) / (th + th), 0.0)  # sqrt(w) - th (0 at a = 1)
+    u = th * th
+    tail = fma(th * u, _horner(u, f.asin_t), fma(0.5 * u, tl, tl))   # asin(th + tl) - th
+    if is_acos:     # pi/2 -+ asin t; 2 asin t for x > 1/2, pi - 2 asin t for x < -1/2
+        k = _select(big, _select(x < 0.0, 4.0, x.like(0.0)), 2.0)
+        m = _xor_sign(_select(big, 2.0, x.like(-1.0)), _bits(x))
+    else:           # asin t; pi/2 - 2 asin t for |x| > 1/2, then odd in x
+        k, m = _select(big, 2.0, x.like(0.0)), _select(big, -2.0, x.like(1.0))
+    y = _add_quarter_pis(f, k, m * th, m * tail)
+    if not is_acos:
+        y = _xor_sign(y, _bits(x))
+    return _select(a <= 1.0, y, _nan(x)).v      # |x| > 1 and NaN: NaN
+
+
+def asin(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """asin x in [-pi/2, pi/2]; NaN outside [-1, 1]."""
+    return _asin_acos(b, x, False)
+
+
+def acos(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """acos x in [0, pi]; NaN outside [-1, 1]."""
+    return _asin_acos(b, x, True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -792,5 +929,7 @@ def pow(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
 
 
 UNARY = {"exp": exp, "exp2": exp2, "log": log, "log2": log2, "tanh": tanh, "sigmoid": sigmoid,
-         "sin": sin, "cos": cos, "rsqrt": rsqrt}
-BINARY = {"pow": pow}
+         "sin": sin, "cos": cos, "rsqrt": rsqrt,
+         "tan": tan, "atan": atan, "asin": asin, "acos": acos}
+BINARY = {"pow": pow,
+          "atan2": atan2}

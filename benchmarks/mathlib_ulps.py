@@ -30,7 +30,8 @@ from llvmlite import ir
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from backend import mathlib  # noqa: E402
 
-FUNCTIONS = ["exp", "exp2", "log", "log2", "tanh", "sigmoid", "sin", "cos", "rsqrt", "pow"]
+FUNCTIONS = ["exp", "exp2", "log", "log2", "tanh", "sigmoid", "sin", "cos", "rsqrt", "pow",
+             "tan", "atan", "asin", "acos", "atan2"]
 TYPES = {np.float32: ir.FloatType(), np.float64: ir.DoubleType()}
 WIDTH = {np.float32: 8, np.float64: 4}          # the vector variants: one AVX-512 register / 2
 I64 = ir.IntType(64)
@@ -191,7 +192,9 @@ def reference(name, *args):
         if name == "rsqrt":
             return 1 / np.sqrt(a[0])
         return {"exp": np.exp, "exp2": np.exp2, "log": np.log, "log2": np.log2, "tanh": np.tanh,
-                "sin": np.sin, "cos": np.cos, "pow": np.power}[name](*a)
+                "sin": np.sin, "cos": np.cos, "pow": np.power,
+                "tan": np.tan, "atan": np.arctan, "asin": np.arcsin, "acos": np.arccos,
+                "atan2": np.arctan2}[name](*a)
 
 
 def ulp_error(got, ref):
@@ -241,7 +244,7 @@ def inputs(name, n, rng, dtype):
         x = np.concatenate([log_uniform(rng, 3 * q, tiny, big, dtype, signs=False),
                             rng.uniform(0.5, 2.0, n - 3 * q).astype(dtype)])
         return (x,)
-    if name in ("sin", "cos"):
+    if name in ("sin", "cos", "tan"):
         # near multiples of pi/2 (as far as float64 can place them: the Cody-Waite range), and
         # every exponent up to the largest float (the Payne-Hanek range above 2^22 / 2^50)
         top = float(mathlib._format(TYPES[dtype]).cody_waite_max)
@@ -258,6 +261,31 @@ def inputs(name, n, rng, dtype):
         y = rng.uniform(-lim, lim, n) / np.maximum(np.abs(np.log2(x.astype(np.float64))), 1e-3)
         y = np.where(rng.random(n) < 0.25, rng.uniform(-10, 10, n), y).astype(dtype)
         return (x, y)
+    if name == "atan":
+        # both sides of the reduction's breaks (1/2, 1, 2), and every magnitude up to the largest
+        x = np.concatenate([rng.uniform(-4, 4, q), rng.uniform(0.4, 0.6, q // 2),
+                            rng.uniform(1.8, 2.2, n - 3 * q - q // 2)]).astype(dtype)
+        x = np.where(rng.random(len(x)) < 0.5, -x, x)
+        return (np.concatenate([x, log_uniform(rng, 2 * q, tiny, big, dtype)]),)
+    if name in ("asin", "acos"):
+        # near +-1 (asin's vertical tangent), around the break at +-1/2, and down to 0
+        eps = float(np.finfo(dtype).eps) / 4
+        a = np.concatenate([rng.uniform(0, 1, q), rng.uniform(0.45, 0.55, q),
+                            1 - log_uniform(rng, q, eps, 0.5, np.float64, signs=False),
+                            log_uniform(rng, n - 3 * q, tiny, 1.0, np.float64, signs=False)])
+        return (np.where(rng.random(n) < 0.5, -a, a).astype(dtype),)
+    if name == "atan2":
+        # every quadrant, ratios |y/x| from underflow to overflow (independent magnitudes over
+        # the whole range), ratios near the breaks 1/2, 1, 2; some zeros and infinities
+        y = log_uniform(rng, n, tiny, big, dtype)
+        x = log_uniform(rng, n, tiny, big, dtype)
+        with np.errstate(over="ignore"):
+            y = np.where(rng.random(n) < 0.5, x * rng.uniform(0.3, 3.3, n).astype(dtype), y)
+        y = np.where(rng.random(n) < 0.5, -y, y)
+        for v in (x, y):
+            odd = rng.random(n) < 0.01
+            v[odd] = rng.choice(np.array([0.0, -0.0, np.inf, -np.inf], dtype), odd.sum())
+        return (y, x)
     raise KeyError(name)
 
 
@@ -287,7 +315,8 @@ def measure(name, dtype, n, seed=0, chunk=1 << 22, width=1):
 # ---------------------------------------------------------------------------------------------
 # The coefficient fits (mpmath): minimax relative error by Remez exchange on a dense grid.
 
-def fit_all():
+def fit_all(keys=()):
+    """Print the coefficients of every polynomial (of those named in keys, if any)."""
     import mpmath as mp
     mp.mp.dps = 80
 
@@ -347,10 +376,14 @@ def fit_all():
         "tanh_t": (mp.tanh, lambda x: x, lambda x: x ** 3, 2, 1e-9, 0.55),
         "sin_s": (mp.sin, lambda r: r, lambda r: r ** 3, 2, 1e-9, mp.pi / 4 * 1.002),
         "cos_c": (mp.cos, lambda r: 1 - r * r / 2, lambda r: r ** 4, 2, 1e-9, mp.pi / 4 * 1.002),
+        "atan_t": (mp.atan, lambda z: z, lambda z: z ** 3, 2, 1e-9, mp.mpf(1) / 2 * 1.002),
+        "asin_t": (mp.asin, lambda t: t, lambda t: t ** 3, 2, 1e-9, mp.mpf(1) / 2 * 1.002),
     }
     for fmt, rnd in ((mathlib.F32, lambda v: mp.mpf(float(np.float32(float(v))))),
                      (mathlib.F64, lambda v: mp.mpf(float(v)))):
         for key, (F, fixed, m, step, a, b) in fits.items():
+            if keys and key not in keys:
+                continue
             deg = len(getattr(fmt, key)) - 1
             cs, emax = fit(F, fixed, m, [step * i for i in range(deg + 1)], a, b, rnd)
             print(f"{fmt.name} {key}: relative error 2^{float(mp.log(emax, 2)):.1f}")
@@ -365,10 +398,11 @@ def main() -> None:
     ap.add_argument("--f64", action="store_true",
                     help="also measure double, on n/10 inputs (long double reference)")
     ap.add_argument("--only", nargs="*", default=FUNCTIONS)
-    ap.add_argument("--fit", action="store_true", help="re-derive the polynomial coefficients")
+    ap.add_argument("--fit", nargs="*", metavar="POLY",
+                    help="re-derive the polynomial coefficients (all, or those named: sin_s …)")
     args = ap.parse_args()
-    if args.fit:
-        fit_all()
+    if args.fit is not None:
+        fit_all(args.fit)
         return
     t0 = time.perf_counter()
     host_kernels()

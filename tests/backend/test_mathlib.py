@@ -32,12 +32,14 @@ from backend import mathlib  # noqa: E402
 F32, F64 = np.float32, np.float64
 DTYPES = [F32, F64]
 NAMES = bench.FUNCTIONS
-UNARY = [n for n in NAMES if n != "pow"]
+UNARY = [n for n in NAMES if n not in mathlib.BINARY]
 
 # The documented bounds (docs/numerics.md), in ulps.
 BOUND = {
-    F32: dict(exp=1, exp2=1, log=1, log2=1, sin=1, cos=1, rsqrt=1, tanh=2, sigmoid=2, pow=2),
-    F64: dict(exp=1, exp2=1, log=1, log2=1, sin=1, cos=1, rsqrt=1, tanh=2, sigmoid=2, pow=3),
+    F32: dict(exp=1, exp2=1, log=1, log2=1, sin=1, cos=1, rsqrt=1, tanh=2, sigmoid=2, pow=2,
+              tan=1, atan=1, asin=1, acos=1, atan2=1),
+    F64: dict(exp=1, exp2=1, log=1, log2=1, sin=1, cos=1, rsqrt=1, tanh=2, sigmoid=2, pow=3,
+              tan=1, atan=1, asin=1, acos=1, atan2=1),
 }
 SAMPLES = {F32: 2_000_000, F64: 500_000}
 INF, NAN = np.inf, np.nan
@@ -75,7 +77,7 @@ def test_max_ulp_error_within_documented_bound(k, name, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
-@pytest.mark.parametrize("name", ["sin", "cos"])
+@pytest.mark.parametrize("name", ["sin", "cos", "tan"])
 def test_sincos_at_the_floats_closest_to_multiples_of_pi_over_2(k, name, dtype):
     """Where the reduced argument cancels the most: the nearest floats (and their neighbours)
     to k*pi/2, for k over the whole Cody-Waite range."""
@@ -145,7 +147,7 @@ def _with_neighbours(x, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
-@pytest.mark.parametrize("name", ["sin", "cos"])
+@pytest.mark.parametrize("name", ["sin", "cos", "tan"])
 def test_sincos_at_huge_arguments(k, name, dtype):
     """Beyond the Cody-Waite range: within the bound of NumPy (float64 / long double)."""
     x = _with_neighbours(HUGE[dtype] + HARDEST[dtype], dtype)
@@ -155,7 +157,7 @@ def test_sincos_at_huge_arguments(k, name, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
-@pytest.mark.parametrize("name", ["sin", "cos"])
+@pytest.mark.parametrize("name", ["sin", "cos", "tan"])
 def test_sincos_of_huge_arguments_against_mpmath(k, name, dtype):
     """Independent of NumPy's reduction: mpmath at 600 digits. Where x is nearest a multiple of
     pi/2 the result is x mod pi/2 itself (about 2^-30 or 2^-61), which needs every digit of
@@ -164,7 +166,7 @@ def test_sincos_of_huge_arguments_against_mpmath(k, name, dtype):
     x = _with_neighbours(HUGE[dtype] + HARDEST[dtype], dtype)
     got = k(name, x)
     with mp.workdps(600):
-        fn = mp.sin if name == "sin" else mp.cos
+        fn = getattr(mp, name)
         want = np.array([float(fn(mp.mpf(float(v)))) for v in x], np.float64)
     if dtype == F32:
         err = bench.ulp_error(got, want)
@@ -175,7 +177,7 @@ def test_sincos_of_huge_arguments_against_mpmath(k, name, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
-@pytest.mark.parametrize("name", ["sin", "cos"])
+@pytest.mark.parametrize("name", ["sin", "cos", "tan"])
 def test_a_huge_lane_among_small_ones_gives_the_scalar_bits(k, name, dtype):
     """The vector variant branches to Payne-Hanek when any lane needs it: every lane, slow or
     fast, must still give its scalar bits, wherever the huge one sits."""
@@ -242,6 +244,14 @@ EXACT = {  # name: [(x, f(x))] that must come out bit for bit
     "cos": [(0.0, 1.0), (-0.0, 1.0), (INF, NAN), (-INF, NAN), (NAN, NAN), (1e-30, 1.0)],
     "rsqrt": [(0.0, INF), (-0.0, -INF), (INF, 0.0), (-INF, NAN), (-1.0, NAN), (NAN, NAN),
               (4.0, 0.5), (0.25, 2.0), (1.0, 1.0)],
+    "tan": [(0.0, 0.0), (-0.0, -0.0), (INF, NAN), (-INF, NAN), (NAN, NAN), (1e-30, 1e-30),
+            (-1e-30, -1e-30)],
+    "atan": [(0.0, 0.0), (-0.0, -0.0), (INF, np.pi / 2), (-INF, -np.pi / 2), (NAN, NAN),
+             (1e30, np.pi / 2), (-1e30, -np.pi / 2), (1e-30, 1e-30), (-1e-30, -1e-30)],
+    "asin": [(0.0, 0.0), (-0.0, -0.0), (1.0, np.pi / 2), (-1.0, -np.pi / 2), (1.5, NAN),
+             (-1.5, NAN), (INF, NAN), (-INF, NAN), (NAN, NAN), (1e-30, 1e-30), (-1e-30, -1e-30)],
+    "acos": [(1.0, 0.0), (-1.0, np.pi), (0.0, np.pi / 2), (-0.0, np.pi / 2), (1.5, NAN),
+             (-1.5, NAN), (INF, NAN), (-INF, NAN), (NAN, NAN), (1e-30, np.pi / 2)],
 }
 
 
@@ -302,13 +312,73 @@ def test_pow_negative_base(k, dtype):
     assert np.isnan(k("pow", x, frac)).all()
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
+def test_atan2_special_cases(k, dtype):
+    """C99 Annex F: every pairing of signed zeros, infinities, NaN and finite operands, bit for
+    bit (the sign included) where an operand is 0 or infinite, within the bound elsewhere."""
+    fi = np.finfo(dtype)
+    vals = np.array([0.0, -0.0, INF, -INF, NAN, 1.0, -1.0, 0.5, -3.0, fi.max, -fi.max,
+                     fi.smallest_subnormal, -fi.smallest_subnormal, 1e-30, -1e30], dtype)
+    y, x = (a.ravel() for a in np.meshgrid(vals, vals, indexing="ij"))
+    got, want = k("atan2", y, x), bench.reference("atan2", y, x)
+    exact = np.isin(y, [0.0, INF, -INF]) | np.isin(x, [0.0, INF, -INF]) | np.isnan(want)
+    assert_same_bits(got[exact], want[exact], "atan2 specials")
+    err = bench.ulp_error(got[~exact], want[~exact])
+    assert err.max() <= BOUND[dtype]["atan2"], list(zip(y[~exact][err > 1], x[~exact][err > 1]))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
+def test_atan2_where_y_over_x_underflows_or_overflows(k, dtype):
+    """Every pair of exponents (float64: a sample), subnormals included, in all four quadrants:
+    y/x is never formed, so a quotient beyond the exponent range costs no accuracy."""
+    fi = np.finfo(dtype)
+    e = np.arange(fi.minexp - fi.nmant, fi.maxexp, 1 if dtype == F32 else 7)
+    ey, ex = (a.ravel() for a in np.meshgrid(e, e))
+    rng = np.random.default_rng(6)
+    y, x = (np.ldexp(rng.uniform(1, 2, len(ey)), v).astype(dtype) for v in (ey, ex))
+    y, x = np.concatenate([y, -y, y, -y]), np.concatenate([x, x, -x, -x])
+    err = bench.ulp_error(k("atan2", y, x), bench.reference("atan2", y, x))
+    i = int(np.argmax(err))
+    assert err[i] <= BOUND[dtype]["atan2"], f"atan2({y[i]!r}, {x[i]!r}) is {err[i]:.3f} ulp off"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
+@pytest.mark.parametrize("name", ["asin", "acos"])
+def test_asin_acos_at_consecutive_floats_near_one_and_one_half(k, name, dtype):
+    """Where asin's reduction changes (|x| = 1/2) and where sqrt((1 - |x|)/2) is tiny (|x| near
+    1): the 2^16 floats on either side, of both signs."""
+    ints = np.uint32 if dtype == F32 else np.uint64
+    at = np.array([0.5, 1.0], dtype).view(ints)
+    x = np.concatenate([np.arange(a - 2 ** 16, a + 2 ** 16, dtype=ints) for a in at]).view(dtype)
+    x = np.concatenate([x, -x])
+    err = bench.ulp_error(k(name, x), bench.reference(name, x))
+    i = int(np.argmax(err))
+    assert err[i] <= BOUND[dtype][name], f"{name}({x[i]!r}) is {err[i]:.3f} ulp off"
+
+
+def test_long_double_references_of_tan_and_the_inverse_functions_agree_with_mpmath():
+    """As the test above, for tan, atan, asin, acos and atan2."""
+    mp = pytest.importorskip("mpmath")
+    mp.mp.dps = 40
+    rng = np.random.default_rng(7)
+    x, t = rng.uniform(-20, 20, 200), rng.uniform(-1, 1, 200)
+    cases = [("tan", mp.tan, (x,)), ("atan", mp.atan, (x,)), ("asin", mp.asin, (t,)),
+             ("acos", mp.acos, (t,)), ("atan2", mp.atan2, (t, x))]
+    for name, fn, args in cases:
+        ref = bench.reference(name, *args)
+        for *a, r in zip(*args, ref):
+            want = fn(*(mp.mpf(float(v)) for v in a))
+            got = mp.mpf(float(r)) + mp.mpf(float(r - np.longdouble(float(r))))
+            assert abs(got - want) <= abs(want) * 2.0 ** -52 / 256, (name, a)
+
+
 # ---------------------------------------------------------------------------------------------
 # Same bits: vector vs scalar, O0 vs O3.
 
 def _mixed_inputs(name, dtype, n=1 << 16):
     args = bench.inputs(name, n, np.random.default_rng(5), dtype)
     specials = _specials(dtype)
-    if name == "pow":
+    if name in mathlib.BINARY:
         sx, sy = np.meshgrid(specials, specials)
         return tuple(np.concatenate([a, s.ravel()]) for a, s in zip(args, (sx, sy)))
     return (np.concatenate([args[0], specials]),)
