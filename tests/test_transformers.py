@@ -105,9 +105,9 @@ def test_gpt_samples_with_top_k():
     p, _ = model.init(0)
     prog = model.prog
 
-    def sample(top_k, seed, temperature=1.0, **top_p):
-        return prog.sample(p, dsl.key(seed), n=2, N=12, T=8, temperature=temperature, top_k=top_k, rope=True,
-                           **top_p)
+    def sample(top_k, seed, temperature=1.0, top_p=1.0):
+        return prog.sample(p, dsl.key(seed), n=2, N=12, T=8, temperature=temperature, top_k=top_k,
+                           rope=True, top_p=top_p)
 
     greedy = sample(1, 0)
     np.testing.assert_array_equal(greedy, sample(1, 1))

@@ -159,7 +159,8 @@ def test_symbolic_shape_rules():
     assert infer("topk", x, K, axis=0) == TupleType((tensor("f32", K, N), tensor("i32", K, N)))
     assert infer("topk", x, Dim.const(3)) == TupleType((tensor("f32", B, 3), tensor("i32", B, 3)))
     assert infer("take_along_axis", x, tensor("i32", B, K), 1) == tensor("f32", B, K)
-    assert infer("take_along_axis", tensor("f32", 1, N), tensor("i64", B, K), 1) == tensor("f32", B, K)
+    assert infer("take_along_axis", tensor("f32", 1, N), tensor("i64", B, K), 1) \
+        == tensor("f32", B, K)
     assert infer("take_along_axis", x, tensor("u32", 1, 2), -1) == tensor("f32", B, 2)
     assert infer("sort", type_of([3.0, 1.0])).weak                  # a literal stays weak
 
@@ -273,6 +274,7 @@ def test_a_program_sorts_selects_and_differentiates_as_torch(device):
             small.indices, torch.take_along_dim(t, torch.from_numpy(i % 9).long(), 1))
     for got, e in zip(prog.order(x, i), want):
         np.testing.assert_array_equal(got, e.detach().numpy())
-    loss = (torch.topk(t, 3).values * torch.from_numpy(w)).sum() + (torch.sort(t, 0).values ** 3).sum()
+    loss = ((torch.topk(t, 3).values * torch.from_numpy(w)).sum()
+            + (torch.sort(t, 0).values ** 3).sum())
     (grad,) = torch.autograd.grad(loss, [t])
     np.testing.assert_allclose(prog.grad("loss", wrt="x")(x, w), grad.numpy(), rtol=1e-6)
