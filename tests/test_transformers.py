@@ -98,18 +98,20 @@ def test_gpt_first_20_steps_match_a_pytorch_twin(rope, G):
 
 
 def test_gpt_samples_with_top_k():
-    """top_k = 1 is greedy decoding: the argmax of every step's scores, whatever the key;
-    top_k = 3 draws among the three best only, and a key fixes the draw."""
+    """top_k = 1 is greedy decoding: the argmax of every step's scores, whatever the key, and so
+    is top_p = 0; top_k = 3 draws among the three best only, and a key fixes the draw."""
     dims = {**TINY_GPT, "T": 8, "N": 12, "n": 2, "rope": True}
     model = Model(str(GPT), dims=dims)
     p, _ = model.init(0)
     prog = model.prog
 
-    def sample(top_k, seed, temperature=1.0):
-        return prog.sample(p, dsl.key(seed), n=2, N=12, T=8, temperature=temperature, top_k=top_k, rope=True)
+    def sample(top_k, seed, temperature=1.0, top_p=1.0):
+        return prog.sample(p, dsl.key(seed), n=2, N=12, T=8, temperature=temperature, top_k=top_k,
+                           rope=True, top_p=top_p)
 
     greedy = sample(1, 0)
     np.testing.assert_array_equal(greedy, sample(1, 1))
+    np.testing.assert_array_equal(greedy, sample(0, 2, top_p=0.0))
     w = weights(p)
     ctx = torch.zeros(2, 1, dtype=torch.long)
     with torch.no_grad():
@@ -120,14 +122,6 @@ def test_gpt_samples_with_top_k():
     a = sample(3, 5)
     np.testing.assert_array_equal(a, sample(3, 5))
     assert not np.array_equal(a, sample(3, 6))
-
-
-def test_kth_largest_counts_ties():
-    z = np.array([[1.0, 3.0, 3.0, 2.0, -np.inf], [0.5, 0.5, 0.5, 0.5, 0.5]], np.float32)
-    prog = Model(str(GPT), dims=TINY_GPT).prog
-    for k in range(1, 6):
-        want = torch.topk(torch.from_numpy(z), k).values[:, -1:].numpy()
-        np.testing.assert_array_equal(prog.kth_largest(z, k), want)
 
 
 # ---------------------------------------------------------------- BERT

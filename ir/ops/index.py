@@ -16,7 +16,7 @@ from ir.ops.base import (NUMERIC, Kind, OpError, Param, Primitive, check_shape, 
 from ir.types import TensorType
 
 
-def _indices(op: str, indices: TensorType) -> None:
+def need_indices(op: str, indices: TensorType) -> None:
     if not indices.is_int:
         raise OpError(f"{op} needs integer indices, got {indices}; use cast(i, i32)", "indices")
 
@@ -38,7 +38,7 @@ class Take(Primitive):
 
     def infer(self, x: TensorType, indices: TensorType, axis: int = 0,
               from_end: bool = True) -> TensorType:
-        _indices("take", indices)
+        need_indices("take", indices)
         return x.with_shape(_gathered(x, indices, axis))
 
     def evaluate(self, x: np.ndarray, indices: Any, axis: int = 0,
@@ -65,7 +65,7 @@ class OneHot(Primitive):
     differentiable = False
 
     def infer(self, indices: TensorType, n: Dim, dtype: str = "f32") -> TensorType:
-        _indices("one_hot", indices)
+        need_indices("one_hot", indices)
         check_shape((n,), "n")
         return TensorType(dtype, indices.shape + (n,))
 
@@ -84,7 +84,7 @@ class ScatterAdd(Primitive):
 
     def infer(self, x: TensorType, indices: TensorType, updates: TensorType,
               axis: int = 0) -> TensorType:
-        _indices("scatter_add", indices)
+        need_indices("scatter_add", indices)
         dtype, weak = common_dtype("scatter_add", [("x", x), ("updates", updates)])
         if dtype not in NUMERIC:
             raise OpError(f"scatter_add needs numeric tensors, got {x}; use cast()", "x")

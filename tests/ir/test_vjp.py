@@ -328,6 +328,47 @@ for shape, idx, axis in [((5, 3), ints(0, 2, 2, 4), 0), ((3, 5), ints([1, 1], [4
     case(f"scatter_add-{shape}-{idx.tolist()}-{axis}", "scatter_add",
          [normal(*shape), idx, normal(*ushape)], torch_scatter_add(axis), static={"axis": axis})
 
+def torch_sorted(axis: int, descending: bool, k: int | None = None) -> Callable[..., Any]:
+    """torch.sort(stable=True)'s values, the first k of them (k None: all)."""
+    def fn(x: Any) -> Any:
+        values = torch.sort(x, dim=axis, descending=descending, stable=True).values
+        return values if k is None else values.narrow(axis, 0, k)
+    return fn
+
+
+for shape, axis, descending in [((7,), 0, False), ((3, 5), 0, True), ((2, 3, 4), -1, False),
+                                ((2, 3, 4), 1, True), ((0, 3), 0, False), ((1,), -1, True)]:
+    static = {"axis": axis, "descending": descending}
+    case(f"sort-{shape}-{axis}-{descending}", "sort", [normal(*shape)],
+         torch_sorted(axis, descending), static=static)
+    # ties: each copy of a value gets the cotangent of the place the stable order gives it
+    case(f"sort-ties-{shape}-{axis}-{descending}", "sort", [tied(*shape)],
+         torch_sorted(axis, descending), static=static, smooth=False)
+
+for shape, k, axis, largest in [((7,), 3, 0, True), ((3, 5), 2, 0, False),
+                                ((2, 3, 4), 4, -1, True), ((3, 5), 0, 1, True),
+                                ((2, 6), 6, 1, False)]:
+    static = {"k": k, "axis": axis, "largest": largest}
+    case(f"topk-{shape}-{k}-{axis}-{largest}", "topk", [normal(*shape)],
+         lambda x, k=k, a=axis, big=largest: torch.topk(x, k, a, big), static=static,
+         outputs=(0,))
+    # torch.topk breaks ties in no documented order; dslc's lower index first is the stable sort's
+    case(f"topk-ties-{shape}-{k}-{axis}-{largest}", "topk", [tied(*shape)],
+         torch_sorted(axis, largest, k), static=static, outputs=(0,), smooth=False)
+
+
+def torch_take_along_axis(axis: int) -> Callable[..., Any]:
+    return lambda x, i: torch.take_along_dim(x, i % x.shape[axis], axis)   # torch: no i < 0
+
+
+for shape, idx, axis in [((4, 5), ints([0, 4, 4], [-1, 2, 0], [3, 3, 3], [1, -5, 0]), 1),
+                         ((1, 5), ints([0, 1], [4, 4], [2, 0]), 1),    # x broadcast: sums
+                         ((3, 5), ints([2, 2]), -1),                   # indices broadcast
+                         ((4, 2, 3), ints([[1], [0]], [[3], [3]]).reshape(2, 2, 1), 0),
+                         ((3, 0), np.zeros((3, 0), np.int32), 1)]:
+    case(f"take_along_axis-{shape}-{idx.tolist()}-{axis}", "take_along_axis",
+         [normal(*shape), idx], torch_take_along_axis(axis), static={"axis": axis})
+
 for sa, sb in [((3, 4), (4, 5)), ((4,), (4, 5)), ((3, 4), (4,)), ((4,), (4,)),
                ((2, 3, 4), (4, 5)), ((3, 4), (2, 4, 5)), ((2, 1, 3, 4), (5, 4, 2)),
                ((4,), (2, 4, 5)), ((2, 3, 4), (4,)), ((1, 3, 4), (2, 4, 5))]:
@@ -456,6 +497,13 @@ SECOND = {
     "max": (lambda b, x: b.emit("max", b.emit("exp", x), axis=0), lambda x: x.exp().amax(0),
             [(3, 4)]),
     "div": (lambda b, x, y: b.emit("div", x, y), torch.div, [(3, 4), (4,)]),
+    "sort": (lambda b, x: b.emit("tanh", b.emit("sort", x, axis=0, descending=True)),
+             lambda x: torch.tanh(torch_sorted(0, True)(x)), [(5, 3)]),
+    "topk": (lambda b, x: b.emit("tanh", b.emit("topk", x, k=2)[0]),
+             lambda x: torch.tanh(torch.topk(x, 2).values), [(3, 5)]),
+    "take_along_axis": (lambda b, x: b.emit("tanh", b.emit(
+                            "take_along_axis", x, b.constant(((1, 1, 0),), "i32"), axis=1)),
+                        lambda x: torch.tanh(x[:, [1, 1, 0]]), [(2, 4)]),
 }
 
 

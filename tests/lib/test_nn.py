@@ -701,3 +701,64 @@ def test_transformer_block_rejects_an_unknown_kind():
         """)
     with pytest.raises(dsl.DslError, match='the norm is "layer" or "rms"'):
         prog.out(p, x)
+
+
+# ---------------------------------------------------------------- sampling
+
+SAMPLE = """
+    import nn
+    def draws(z: f32[B, V], k: Key, temperature: float, top_k: int, top_p: float) -> i32[B]:
+      return nn.sample(z, k, temperature, top_k, top_p)
+    def uniforms(k: Key, B: int, V: int) -> f32[B, V]:
+      return uniform(k, [B, V])
+    """
+
+
+def hf_filter(z, top_k: int, top_p: float):
+    """Hugging Face's top_k_top_p_filtering (transformers 4.x), filtering to -inf."""
+    z = z.clone()
+    if top_k > 0:
+        z[z < torch.topk(z, min(top_k, z.size(-1)))[0][..., -1, None]] = -float("inf")
+    if top_p < 1.0:
+        sorted_logits, sorted_indices = torch.sort(z, descending=True)
+        remove = torch.cumsum(F.softmax(sorted_logits, dim=-1), dim=-1) > top_p
+        remove[..., 1:] = remove[..., :-1].clone()        # keep the first token above top_p too
+        remove[..., 0] = False
+        z[remove.scatter(1, sorted_indices, remove)] = -float("inf")
+    return z
+
+
+@pytest.mark.parametrize("temperature, top_k, top_p", [
+    (1.0, 0, 1.0), (0.7, 5, 1.0), (1.0, 0, 0.9), (1.3, 20, 0.5), (1.0, 0, 0.0), (1.0, 1, 1.0),
+    (1.0, 64, 0.3), (0.5, 3, 0.8)])
+def test_sample_is_hugging_faces_filter_and_the_gumbel_max_draw(temperature, top_k, top_p):
+    """With the uniforms of the same key, the tokens are those of HF's filter followed by the
+    Gumbel-max draw, row by row (distinct scores: no order of ties to agree on)."""
+    rng = np.random.default_rng(top_k)
+    z = randn(rng, 256, 64, scale=2.0)
+    prog = driver(SAMPLE)
+    u = torch.from_numpy(prog.uniforms(dsl.key(4), 256, 64))
+    kept = hf_filter(torch.from_numpy(z) / temperature, top_k, top_p)
+    want = (kept - torch.log(-torch.log(u))).argmax(-1).numpy()
+    np.testing.assert_array_equal(prog.draws(z, dsl.key(4), temperature, top_k, top_p), want)
+
+
+@pytest.mark.parametrize("row, top_k, top_p, drawn", [
+    ([1.0, 3.0, 3.0, 2.0, -np.inf], 1, 1.0, {1, 2}),    # ties with the k-th best stay in
+    ([1.0, 3.0, 3.0, 2.0, -np.inf], 3, 1.0, {1, 2, 3}),
+    ([2.0, 2.0, 2.0, 2.0, 2.0], 4, 1.0, {0, 1, 2, 3, 4}),
+    ([0.0, 0.0, 0.0, 0.0], 0, 0.5, {0, 1, 2}),          # 0, 1/4, 1/2 before: at most top_p
+    ([0.0, 0.0, 0.0, 0.0], 0, 0.49, {0, 1}),            # equal scores: the lower token first
+    ([0.0, 0.0, 0.0, 0.0], 0, 0.0, {0}),
+])
+def test_sample_keeps_ties_and_orders_them_by_token(row, top_k, top_p, drawn):
+    z = np.tile(np.array(row, np.float32), (400, 1))   # 400 draws from one row of scores
+    got = driver(SAMPLE).draws(z, dsl.key(0), 1.0, top_k, top_p)
+    assert set(got.tolist()) == drawn
+
+
+@pytest.mark.parametrize("temperature, top_p, message", [
+    (0.0, 1.0, "temperature must be positive"), (1.0, 1.5, "top_p is a probability")])
+def test_sample_rejects_a_bad_temperature_or_top_p(temperature, top_p, message):
+    with pytest.raises(dsl.DslError, match=message):
+        driver(SAMPLE).draws(np.zeros((2, 3), np.float32), dsl.key(0), temperature, 0, top_p)
