@@ -174,16 +174,21 @@ def test_linear(seed):
     compare("nn.linear(x, W)", dict(x=x, W=W), lambda x, W: F.linear(x, W.T), ("x", "W"))
 
 
-@pytest.mark.parametrize("name, reference", [
-    ("relu", F.relu),
-    ("gelu", lambda x: F.gelu(x, approximate="tanh")),
-    ("silu", F.silu),
+@pytest.mark.parametrize("call, reference", [
+    ("relu(x)", F.relu),
+    ("gelu(x)", F.gelu),
+    ('gelu(x, "tanh")', lambda x: F.gelu(x, approximate="tanh")),
+    ("silu(x)", F.silu),
+    ("softplus(x)", F.softplus),
+    ("softplus(x, 2.0, 5.0)", lambda x: F.softplus(x, 2.0, 5.0)),
+    ("mish(x)", F.mish),
 ])
-def test_activations(name, reference):
+def test_activations(call, reference):
     rng = np.random.default_rng(0)
     x = randn(rng, 4, 3, 7, scale=3.0)
     x[0, 0, :3] = 0.0                          # the kink of relu: relu'(0) must be 0
-    compare(f"nn.{name}(x)", dict(x=x), reference, ("x",))
+    x[1, 0, :4] = [30.0, -30.0, 90.0, -120.0]  # softplus beyond its threshold; exp overflows
+    compare(f"nn.{call}", dict(x=x), reference, ("x",))
 
 
 def test_relu_gradient_at_zero_is_zero():
@@ -203,7 +208,7 @@ def test_gelu_is_close_to_the_exact_gelu():
     got = driver("""
         import nn
         def out(x: f32[2001]) -> f32[2001]:
-          return nn.gelu(x)
+          return nn.gelu(x, "tanh")
         """).out(x)
     assert np.max(np.abs(got - F.gelu(torch.from_numpy(x)).numpy())) < 5e-4
 
@@ -639,7 +644,7 @@ class TorchBlock(torch.nn.Module):
         if self.mlp == "swiglu":
             m = (F.silu(h @ p["W1"]) * (h @ p["W3"])) @ p["W2"]
         else:
-            m = F.gelu(h @ p["W1"], approximate="tanh") @ p["W2"]
+            m = F.gelu(h @ p["W1"]) @ p["W2"]
         return x + m
 
 
@@ -689,6 +694,50 @@ def test_transformer_block_dropout():
     a, b = prog.out(p, x, dsl.key(1), True), prog.out(p, x, dsl.key(1), True)
     np.testing.assert_array_equal(a, b)
     assert not np.allclose(a, plain) and not np.allclose(a, prog.out(p, x, dsl.key(2), True))
+
+
+BERT_LAYER = """
+    def heads(x: f32[B, T, D], H: int, K: int) -> f32[B, H, T, K]:
+      return transpose(reshape(x, [B, T, H, K]), [0, 2, 1, 3])
+
+    def bert_layer(x: f32[B, T, D], mask: f32[B, 1, 1, T], Wq: f32[D, D], bq: f32[D], Wk: f32[D, D], bk: f32[D], Wv: f32[D, D], bv: f32[D], Wo: f32[D, D], bo: f32[D], g1: f32[D], b1: f32[D], W1: f32[D, F], c1: f32[F], W2: f32[F, D], c2: f32[D], g2: f32[D], b2: f32[D], H: int, K: int) -> f32[B, T, D]:
+      a = nn.attention(heads(x @ Wq + bq, H, K), heads(x @ Wk + bk, H, K), heads(x @ Wv + bv, H, K), mask=mask)
+      h = nn.layer_norm(x + reshape(transpose(a, [0, 2, 1, 3]), [B, T, D]) @ Wo + bo, g1, b1)
+      return nn.layer_norm(h + nn.gelu(h @ W1 + c1) @ W2 + c2, g2, b2)
+    """
+
+
+def test_a_bert_layer_matches_torchs_transformer_encoder_layer():
+    """A post-norm BERT encoder layer written with the library (nn.attention with an additive
+    padding mask, nn.layer_norm, nn.gelu exact, by erf) against torch.nn.TransformerEncoderLayer
+    with the same weights (activation="gelu": F.gelu, exact) and the same padding, in value and
+    in the gradients of every weight."""
+    rng = np.random.default_rng(7)
+    B, T, D, H, F_ = 2, 6, 8, 2, 16
+    w = {"Wq": randn(rng, D, D), "bq": randn(rng, D), "Wk": randn(rng, D, D), "bk": randn(rng, D),
+         "Wv": randn(rng, D, D), "bv": randn(rng, D), "Wo": randn(rng, D, D), "bo": randn(rng, D),
+         "g1": randn(rng, D) + 1, "b1": randn(rng, D), "W1": randn(rng, D, F_), "c1": randn(rng, F_),
+         "W2": randn(rng, F_, D), "c2": randn(rng, D), "g2": randn(rng, D) + 1, "b2": randn(rng, D)}
+    x = randn(rng, B, T, D)
+    padded = np.zeros((B, T), bool)
+    padded[1, 4:] = True                        # the second sequence has 4 tokens
+    mask = np.where(padded, -np.inf, 0.0).astype(np.float32).reshape(B, 1, 1, T)
+
+    def torch_layer(x, mask, Wq, bq, Wk, bk, Wv, bv, Wo, bo, g1, b1, W1, c1, W2, c2, g2, b2):
+        layer = torch.nn.TransformerEncoderLayer(D, H, F_, dropout=0.0, activation="gelu",
+                                                 batch_first=True)
+        params = {"self_attn.in_proj_weight": torch.cat([Wq.T, Wk.T, Wv.T]),
+                  "self_attn.in_proj_bias": torch.cat([bq, bk, bv]),
+                  "self_attn.out_proj.weight": Wo.T, "self_attn.out_proj.bias": bo,
+                  "linear1.weight": W1.T, "linear1.bias": c1, "linear2.weight": W2.T,
+                  "linear2.bias": c2, "norm1.weight": g1, "norm1.bias": b1, "norm2.weight": g2,
+                  "norm2.bias": b2}
+        out = torch.func.functional_call(layer, params, (x,), {"src_key_padding_mask": torch.from_numpy(padded)})
+        return torch.where(torch.from_numpy(padded)[..., None], 0.0, out)     # (pads: any value)
+
+    compare(f"where(reshape(mask, [{B}, {T}, 1]) < 0.0, 0.0, bert_layer(x, mask, {', '.join(w)}, {H}, {D // H}))",
+            dict(x=x, mask=mask, **w), torch_layer, ("x", *(n for n in w if n != "bk")),
+            helpers=BERT_LAYER)           # (bk adds q . bk to a whole row of scores: its gradient is 0)
 
 
 def test_transformer_block_rejects_an_unknown_kind():
