@@ -107,13 +107,16 @@ def _float(g: Gen, x: Value) -> Value:
 # elementwise
 
 def cast(g: Gen, x: Value) -> Value:
-    y = g.b.emit("cast", x, dtype=g.r.choice(["f32", "f64", "i32", "bool"]))
+    y = g.b.emit("cast", x, dtype=g.r.choice(["f32", "f64", "f16", "i32", "bool"]))
     return y if y.dtype in FLOATS or g.r.random() < 0.3 else g.b.emit("cast", y, dtype=g.r.choice(FLOATS))
 
 
 def unary(g: Gen, x: Value) -> Value:
     x = _float(g, x)
-    prim = g.r.choice(["neg", "abs", "floor", "sign", "sqrt", "rsqrt"])
+    prim = g.r.choice(["neg", "abs", "floor", "ceil", "trunc", "round", "sign", "sqrt", "rsqrt",
+                       "isnan", "isinf", "isfinite", "clip"])
+    if prim == "clip":
+        return g.b.emit(prim, x, g.const(g.r.choice([-1.0, 0.0]), x), g.const(g.r.choice([0.0, 2.5]), x))
     return g.b.emit(prim, g.b.emit("abs", x) if prim in ("sqrt", "rsqrt") and g.r.random() < 0.7 else x)
 
 
