@@ -393,12 +393,17 @@ def exp(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
 
 def _exp(f: Format, x: _V) -> _V:
     """e^x before NaN canonicalisation (tanh and sigmoid build on it)."""
-    xc = _clamp(x, f.exp_lo, f.exp_hi)          # beyond these the result is 0 or inf anyway
-    n, ni = _rint(xc * f.log2e)
-    rh = fma(-n, f.ln2, xc)                     # exact: both terms are on a common grid
-    r = fma(-n, f.ln2_lo, rh)
-    rl = fma(-n, f.ln2_lo, rh - r)              # what that rounding lost
+    ni, r, rl = _exp_reduce(f, _clamp(x, f.exp_lo, f.exp_hi))  # beyond, the result is 0 or inf
     return _scale(_exp_kernel(f, r, rl), ni)
+
+
+def _exp_reduce(f: Format, x: _V):
+    """(n, r, rl): x = n*ln2 + r + rl, n an integer, |r| <= ln2/2 (plus a hair), |rl| <= ulp(r),
+    for x in [exp_lo, exp_hi] and a little beyond, where the first step is exact."""
+    n, ni = _rint(x * f.log2e)
+    rh = fma(-n, f.ln2, x)                      # exact: both terms are on a common grid
+    r = fma(-n, f.ln2_lo, rh)
+    return ni, r, fma(-n, f.ln2_lo, rh - r)     # rl: what that rounding lost
 
 
 def exp2(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
