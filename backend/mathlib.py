@@ -12,6 +12,7 @@ fast-math flags, so the CPU and the GPU produce the same bits. The vector varian
 sequence lane by lane and give the same bits as the scalar ones.
 
     exp exp2 log log2 tanh sigmoid sin cos rsqrt      f(b, x) -> value like x
+    log1p expm1 sinh cosh                             f(b, x) -> value like x
     pow                                               pow(b, x, y) -> value like x
 
 Every NaN result is the quiet NaN with a clear sign bit (0x7fc00000, 0x7ff8000000000000), so
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 from llvmlite import ir
 
 __all__ = ["exp", "exp2", "log", "log2", "tanh", "sigmoid", "sin", "cos", "pow", "rsqrt",
+           "log1p", "expm1", "sinh", "cosh",
            "UNARY", "BINARY"]
 
 H = float.fromhex
@@ -73,6 +75,8 @@ class Format:
     tanh_t: tuple          # tanh x = x + x^3 T(x^2),                        |x| <= tanh_small
     sin_s: tuple           # sin r = r + r^3 S(r^2),                         |r| <= pi/4
     cos_c: tuple           # cos r = 1 - r^2/2 + r^4 C(r^2),                 |r| <= pi/4
+    # expm1, sinh, cosh:
+    expm1_lo: float        # below this x, e^x < 2^-(p+1) and expm1 rounds to -1
 
 
 F32 = Format(
@@ -94,6 +98,7 @@ F32 = Format(
             H("-0x1.0c800ap-7"), H("0x1.1911cep-9")),
     sin_s=(H("-0x1.555556p-3"), H("0x1.111174p-7"), H("-0x1.a05954p-13"), H("0x1.7c2c4ep-19")),
     cos_c=(H("0x1.555556p-5"), H("-0x1.6c175cp-10"), H("0x1.a06f9p-16"), H("-0x1.35851cp-22")),
+    expm1_lo=-18.0,
 )
 
 F64 = Format(
@@ -129,6 +134,7 @@ F64 = Format(
     cos_c=(H("0x1.5555555555555p-5"), H("-0x1.6c16c16c16b31p-10"), H("0x1.a01a019ffcf76p-16"),
            H("-0x1.27e4fb5a7da7bp-22"), H("0x1.1eed7001b0ba3p-29"), H("-0x1.9374fd5f3cb7cp-37"),
            H("0x1.9e048e7d0f07cp-45")),
+    expm1_lo=-40.0,
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -796,6 +802,92 @@ def pow(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
     return r.v
 
 
+# ---------------------------------------------------------------------------------------------
+# log1p, expm1, sinh, cosh: the log and exp reductions, with the sums that cancel in
+# the naive formulas carried in double-word.
+
+def _keep_tiny(x: _V, y: _V) -> _V:
+    """x where |x| < 2^-(p+1), where f(x) = x + O(x^2) rounds to x (log1p, expm1): keeps -0
+    and the subnormals exact."""
+    return _select(_abs(x) < float(2.0 ** -(_format(x.type).mant + 2)), x, y)
+
+
+def _add_dw(a: tuple, b: tuple) -> tuple:
+    """(ah + al) + (bh + bl) as a double-word, for sums that do not cancel much."""
+    s, e = _two_sum(a[0], b[0])
+    return _fast_two_sum(s, e + (a[1] + b[1]))
+
+
+def log1p(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """log(1 + x) = log(u) + c/u where u + c = 1 + x exactly; when u's reduction leaves k = 0,
+    g + c is x itself and log1p is log's log(1 + g) of x, with no rounding of 1 + x at all."""
+    x, f = _wrap(b, x)
+    u, c = _two_sum(x.like(1.0), x)
+    k, g = _log_reduce(f, u)
+    near = k.eq(0.0)                                        # 1 + x in [2/3, 4/3)
+    h, l = _log1p_dw(f, _select(near, x, g))
+    l = l + _select(near, 0.0, c / u)                       # log(u + c) = log(u) + c/u
+    s, e = _fast_two_sum(k * f.ln2_hi_short, h)
+    y = s + (e + fma(k, f.ln2_lo_short, l))
+    return _keep_tiny(x, _log_special(u, y)).v              # x = -1: u = 0; x < -1: u < 0
+
+
+def _expm1_kernel(f: Format, r: _V, rl: _V) -> tuple:
+    """e^(r + rl) - 1 as a double-word, for |r| <= ln2/2 and |rl| <= ulp(r): r + r^2/2 exactly
+    (exp_q[0] is 1/2), the rest, r^3 Q1(r) + rl e^r, at most 2^-5 of the sum, rounded."""
+    u, ul = _two_prod(r, 0.5 * r)                           # r^2/2 = u + ul
+    tail = ((2.0 * u) * r) * _horner(r, f.exp_q[1:])
+    s, e = _fast_two_sum(r, u)                              # |r| >= r^2/2
+    return _fast_two_sum(s, e + (ul + (tail + fma(rl, r, rl))))
+
+
+def _pow2_neg(n: _V, like: _V) -> _V:
+    """2^-n for an integer n below the bias; beyond, 2^(1-bias), as negligible in the sums it
+    goes into as 2^-n would be."""
+    top = _format(like.type).bias - 1
+    return _pow2(_iconst(like, 0) - _select(n > top, _iconst(like, top), n), like)
+
+
+def expm1(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """e^x - 1 = 2^n ((1 - 2^-n) + (e^r - 1)), with x = n*ln2 + r as for exp and the sum in
+    double-word: no cancellation is left, near 0 (n = 0) nor where n < 0."""
+    x, f = _wrap(b, x)
+    ni, r, rl = _exp_reduce(f, _clamp(x, f.expm1_lo, f.exp_hi))   # beyond, -1 or inf anyway
+    v, _ = _add_dw(_two_sum(x.like(1.0), -_pow2_neg(ni, x)), _expm1_kernel(f, r, rl))
+    return _canonical(_keep_tiny(x, _scale(v, ni))).v
+
+
+def _sinh_cosh(f: Format, x: _V, sign: float) -> _V:
+    """(e^a + sign*e^-a)/2 for a = |x| (sinh for sign = -1, cosh for +1). With a = n*ln2 + r,
+    E = e^r - 1 and F = E/(1 + E) = 1 - e^-r, that is 2^(n-1) ((1 + sign*t) + E - sign*t*F) for
+    t = 2^-2n: a sum without cancellation for n >= 1, and E + F for sinh when n = 0."""
+    a = _abs(x)
+    a = _select(a > f.exp_hi + 1.0, f.exp_hi + 1.0, a)     # beyond, e^a/2 overflows anyway
+    ni, r, rl = _exp_reduce(f, a)
+    eh, el = _expm1_kernel(f, r, rl)
+    dh, dl = _fast_two_sum(x.like(1.0), eh)                 # 1 + E
+    dl = dl + el
+    fh = eh / dh
+    fl = (fma(-fh, dh, eh) + (el - fh * dl)) / dh          # F = fh + fl to about 2p bits
+    h = _pow2_neg(ni, x)
+    t = h * h if sign > 0 else -(h * h)                     # 0 once 2^-2n underflows
+    v, _ = _add_dw(_add_dw(_fast_two_sum(x.like(1.0), t), (eh, el)), (-t * fh, -t * fl))
+    return _scale(v, ni - 1)                                # the /2 is in the scaling
+
+
+def sinh(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """sinh x = sign(x) (e^|x| - e^-|x|)/2, from expm1's kernel; odd, and x itself for tiny x."""
+    x, f = _wrap(b, x)
+    return _canonical(_xor_sign(_sinh_cosh(f, x, -1.0), _bits(x))).v
+
+
+def cosh(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """cosh x = (e^|x| + e^-|x|)/2, from expm1's kernel."""
+    x, f = _wrap(b, x)
+    return _canonical(_sinh_cosh(f, x, 1.0)).v
+
+
 UNARY = {"exp": exp, "exp2": exp2, "log": log, "log2": log2, "tanh": tanh, "sigmoid": sigmoid,
-         "sin": sin, "cos": cos, "rsqrt": rsqrt}
+         "sin": sin, "cos": cos, "rsqrt": rsqrt,
+         "log1p": log1p, "expm1": expm1, "sinh": sinh, "cosh": cosh}
 BINARY = {"pow": pow}

@@ -30,7 +30,8 @@ from llvmlite import ir
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from backend import mathlib  # noqa: E402
 
-FUNCTIONS = ["exp", "exp2", "log", "log2", "tanh", "sigmoid", "sin", "cos", "rsqrt", "pow"]
+FUNCTIONS = ["exp", "exp2", "log", "log2", "tanh", "sigmoid", "sin", "cos", "rsqrt", "pow",
+             "log1p", "expm1", "sinh", "cosh"]
 TYPES = {np.float32: ir.FloatType(), np.float64: ir.DoubleType()}
 WIDTH = {np.float32: 8, np.float64: 4}          # the vector variants: one AVX-512 register / 2
 I64 = ir.IntType(64)
@@ -190,6 +191,8 @@ def reference(name, *args):
             return np.where(x >= 0, 1 / (1 + e), e / (1 + e))
         if name == "rsqrt":
             return 1 / np.sqrt(a[0])
+        if name in ("log1p", "expm1", "sinh", "cosh"):
+            return getattr(np, name)(a[0])
         return {"exp": np.exp, "exp2": np.exp2, "log": np.log, "log2": np.log2, "tanh": np.tanh,
                 "sin": np.sin, "cos": np.cos, "pow": np.power}[name](*a)
 
@@ -250,6 +253,22 @@ def inputs(name, n, rng, dtype):
         near = np.nextafter(near, near + rng.choice([-1, 1], q).astype(dtype))
         return (np.concatenate([rng.uniform(-4, 4, q).astype(dtype), near,
                                 log_uniform(rng, n - 2 * q, tiny, big, dtype)]),)
+    if name == "log1p":
+        # all of x > -1, near 0, and near -1 (1 + x exact, the result large and negative)
+        return (np.concatenate([log_uniform(rng, q, tiny, big, dtype, signs=False),
+                                -log_uniform(rng, q, tiny, 1.0, dtype, signs=False),
+                                log_uniform(rng, q, tiny, 0.5, dtype),
+                                (log_uniform(rng, n - 3 * q, 1e-7 if f32 else 1e-16, 0.5,
+                                             np.float64, signs=False) - 1).astype(dtype)]),)
+    if name in ("expm1", "sinh", "cosh"):
+        # near 0, the negative side (expm1 -> -1), and up to overflow (for sinh and cosh, the
+        # part where e^|x| overflows but e^|x|/2 does not)
+        top = {"expm1": 89.0 if f32 else 710.0}.get(name, 89.5 if f32 else 710.6)
+        lo = top if name != "expm1" else 40.0
+        return (np.concatenate([rng.uniform(-lo, top, q).astype(dtype),
+                                log_uniform(rng, q, tiny, top, dtype),
+                                rng.uniform(-2.0, 2.0, q).astype(dtype),
+                                rng.uniform(top - 1.5, top, n - 3 * q).astype(dtype)]),)
     if name == "pow":
         span = 1e30 if f32 else 1e300
         x = log_uniform(rng, n, 1 / span, span, dtype, signs=False)
