@@ -12,7 +12,7 @@ fast-math flags, so the CPU and the GPU produce the same bits. The vector varian
 sequence lane by lane and give the same bits as the scalar ones.
 
     exp exp2 log log2 tanh sigmoid sin cos rsqrt      f(b, x) -> value like x
-    log1p expm1 sinh cosh                             f(b, x) -> value like x
+    log1p expm1 sinh cosh erf erfc                    f(b, x) -> value like x
     pow                                               pow(b, x, y) -> value like x
 
 Every NaN result is the quiet NaN with a clear sign bit (0x7fc00000, 0x7ff8000000000000), so
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from llvmlite import ir
 
 __all__ = ["exp", "exp2", "log", "log2", "tanh", "sigmoid", "sin", "cos", "pow", "rsqrt",
-           "log1p", "expm1", "sinh", "cosh",
+           "log1p", "expm1", "sinh", "cosh", "erf", "erfc",
            "UNARY", "BINARY"]
 
 H = float.fromhex
@@ -75,8 +75,14 @@ class Format:
     tanh_t: tuple          # tanh x = x + x^3 T(x^2),                        |x| <= tanh_small
     sin_s: tuple           # sin r = r + r^3 S(r^2),                         |r| <= pi/4
     cos_c: tuple           # cos r = 1 - r^2/2 + r^4 C(r^2),                 |r| <= pi/4
-    # expm1, sinh, cosh:
+    # expm1, sinh, cosh, erf, erfc:
     expm1_lo: float        # below this x, e^x < 2^-(p+1) and expm1 rounds to -1
+    erf_split: float       # erf uses its polynomial below this |x|, 1 - erfc above
+    erfc_max: float        # above this x, erfc x underflows to 0
+    two_over_sqrt_pi: tuple  # RN(2/sqrt(pi)) and RN(2/sqrt(pi) - that)
+    erf_q: tuple           # erf x = 2x/sqrt(pi) + x^3 Q(x^2),               |x| <= erf_split
+    erfc_p: tuple          # e^(x^2) erfc x = (1 - s) P(s), s = (x-2)/(x+2),  0 <= x <= erfc_max
+    erfc_p_lo: tuple       # the first coefficients of P are double-words: these are their lows
 
 
 F32 = Format(
@@ -98,7 +104,14 @@ F32 = Format(
             H("-0x1.0c800ap-7"), H("0x1.1911cep-9")),
     sin_s=(H("-0x1.555556p-3"), H("0x1.111174p-7"), H("-0x1.a05954p-13"), H("0x1.7c2c4ep-19")),
     cos_c=(H("0x1.555556p-5"), H("-0x1.6c175cp-10"), H("0x1.a06f9p-16"), H("-0x1.35851cp-22")),
-    expm1_lo=-18.0,
+    expm1_lo=-18.0, erf_split=0.5, erfc_max=10.1,
+    two_over_sqrt_pi=(H("0x1.20dd76p+0"), H("-0x1.f7ac92p-25")),
+    erf_q=(H("-0x1.812746p-2"), H("0x1.ce2ea6p-4"), H("-0x1.b810fap-6"), H("0x1.53a44ap-8"),
+           H("-0x1.839f24p-11")),
+    erfc_p=(H("0x1.058672p-2"), H("-0x1.5fd386p-3"), H("0x1.1e2deep-4"), H("-0x1.2a8898p-7"),
+            H("-0x1.606c7p-8"), H("0x1.a88504p-10"), H("0x1.949f02p-11"), H("-0x1.b3d008p-13"),
+            H("-0x1.53f054p-13"), H("0x1.bec4ccp-18"), H("0x1.e47dd2p-16"), H("0x1.dcf18cp-18")),
+    erfc_p_lo=(H("-0x1.27f78cp-28"), H("-0x1.2914bap-28"), H("-0x1.94a5bep-29")),
 )
 
 F64 = Format(
@@ -134,7 +147,22 @@ F64 = Format(
     cos_c=(H("0x1.5555555555555p-5"), H("-0x1.6c16c16c16b31p-10"), H("0x1.a01a019ffcf76p-16"),
            H("-0x1.27e4fb5a7da7bp-22"), H("0x1.1eed7001b0ba3p-29"), H("-0x1.9374fd5f3cb7cp-37"),
            H("0x1.9e048e7d0f07cp-45")),
-    expm1_lo=-40.0,
+    expm1_lo=-40.0, erf_split=0.5, erfc_max=27.3,
+    two_over_sqrt_pi=(H("0x1.20dd750429b6dp+0"), H("0x1.1ae3a914fed8p-56")),
+    erf_q=(H("-0x1.812746b0379e7p-2"), H("0x1.ce2f21a042c23p-4"), H("-0x1.b82ce312890a8p-6"),
+           H("0x1.565bcd0d97a08p-8"), H("-0x1.c02db3423d048p-11"), H("0x1.f9a2dbc44a466p-14"),
+           H("-0x1.f4c203da09db6p-17"), H("0x1.b7e05b5a1ced9p-20"), H("-0x1.3cdb667e14652p-23")),
+    erfc_p=(H("0x1.058671b52c776p-2"), H("-0x1.5fd386754eff9p-3"), H("0x1.1e2deea6b1165p-4"),
+            H("-0x1.2a88e6107d7b3p-7"), H("-0x1.606e415525e78p-8"), H("0x1.a89eaff8979a4p-10"),
+            H("0x1.9517bb6d5c938p-11"), H("-0x1.b6fbf9b0ceab1p-13"), H("-0x1.5ba437a506aabp-13"),
+            H("0x1.20541ea925a80p-17"), H("0x1.2efa151ba7663p-15"), H("0x1.1e761891ebc9bp-17"),
+            H("-0x1.6bfe19f07963ap-18"), H("-0x1.0e7622aee1485p-18"), H("-0x1.2eb8c6ccb5e1fp-22"),
+            H("0x1.e8fc36aa71e97p-21"), H("0x1.0d8262ae49bf0p-21"), H("0x1.1315aa0055baep-30"),
+            H("-0x1.391c21fdfc4f4p-23"), H("-0x1.61695f9827b70p-24"), H("0x1.a9439919028c4p-29"),
+            H("0x1.f8e4dcf48f950p-26"), H("0x1.82b1314a44e38p-27"), H("-0x1.1e5e4ba12ffbcp-28"),
+            H("-0x1.c7307af80c743p-29"), H("0x1.8d72615b66f8fp-35"), H("0x1.2ea64c00d6094p-32")),
+    erfc_p_lo=(H("-0x1.164fc1f7a02a4p-58"), H("0x1.ce564ed422a0fp-57"),
+               H("0x1.2840240536cf6p-58")),
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -803,7 +831,7 @@ def pow(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
 
 
 # ---------------------------------------------------------------------------------------------
-# log1p, expm1, sinh, cosh: the log and exp reductions, with the sums that cancel in
+# log1p, expm1, sinh, cosh, erf, erfc: the log and exp reductions, with the sums that cancel in
 # the naive formulas carried in double-word.
 
 def _keep_tiny(x: _V, y: _V) -> _V:
@@ -887,7 +915,73 @@ def cosh(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
     return _canonical(_sinh_cosh(f, x, 1.0)).v
 
 
+def _horner_dw(u: _V, coeffs, lows) -> tuple:
+    """c0 + u*(c1 + …) as a double-word: Horner's rule in working precision down to c_k
+    (k = len(lows)), then k steps in double-word, c_i being coeffs[i] + lows[i] there."""
+    k = len(lows)
+    h, l = _horner(u, coeffs[k:]), u.like(0.0)
+    for c, cl in zip(reversed(coeffs[:k]), reversed(lows)):
+        p, pe = _two_prod(h, u)
+        h, se = _two_sum(u.like(c), p)
+        l = fma(l, u, pe + (se + cl))
+    return h, l
+
+
+def _erfc_core(f: Format, a: _V) -> tuple:
+    """(n, vh, vl): erfc a = 2^n (vh + vl) for 0 <= a <= erfc_max, as e^(-a^2) erfcx(a) with
+    erfcx(a) = (1 - s) P(s), s = (a - 2)/(a + 2) in [-1, 1), and both factors in double-word."""
+    dh, dl = _two_sum(a, a.like(2.0))                       # a + 2
+    nh, nl = _two_sum(a, a.like(-2.0))                      # a - 2
+    s = nh / dh
+    mh, ml = _fast_two_sum(a.like(1.0), -s)                 # 1 - s
+    ph, pl = _horner_dw(s, f.erfc_p, f.erfc_p_lo)
+    gh, gl = _two_prod(mh, ph)
+    gl = gl + fma(mh, pl, ml * ph)                          # (1 - s) P(s)
+    # That is erfcx at x(s) = 2(1 + s)/(1 - s), s being rounded, not at a: step from there to a
+    # along erfcx' = 2x erfcx - 2/sqrt(pi). a - x(s) = ((a - 2) - s(a + 2))/(1 - s).
+    dx = (fma(-s, dh, nh) + (nl - s * dl)) / mh
+    gl = gl + dx * fma(2.0 * a, gh, -f.two_over_sqrt_pi[0])
+    zh, zl = _two_prod(a, a)                                # e^-(zh + zl) = e^-(a^2)
+    ni, r, rl = _exp_reduce(f, -zh)
+    r, rl = _two_sum(r, rl - zl)
+    kh, kl = _expm1_kernel(f, r, rl)
+    eh, el = _fast_two_sum(a.like(1.0), kh)                 # e^r = 1 + (e^r - 1)
+    vh, vl = _two_prod(eh, gh)
+    return ni, vh, vl + fma(eh, gl, (el + kl) * gh)
+
+
+def _minus_erfc(c: float, n: _V, vh: _V, vl: _V) -> _V:
+    """c - 2^n (vh + vl), rounded once, for c >= 2^n vh (1 - erfc, 2 - erfc)."""
+    s, e = _fast_two_sum(vh.like(c), -_scale(vh, n))
+    return s + (e - _scale(vl, n))
+
+
+def erf(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """erf x = sign(x) erf |x|: 2a/sqrt(pi) + a^3 Q(a^2) for a = |x| < erf_split, 1 - erfc a
+    above."""
+    x, f = _wrap(b, x)
+    a = _abs(x)
+    c, c_lo = f.two_over_sqrt_pi
+    z = a * a
+    # 2^2p * a keeps a * (c_lo + z Q(z)) off the subnormals' coarse grid: the only rounding of
+    # any size is the fma's.
+    up = float(2.0 ** (2 * f.mant + 2))
+    small = fma(a * up, c, (a * up) * fma(z, _horner(z, f.erf_q), c_lo)) * (1.0 / up)
+    large = _minus_erfc(1.0, *_erfc_core(f, _select(a > f.erfc_max, f.erfc_max, a)))
+    y = _select(a < f.erf_split, small, large)
+    return _canonical(_xor_sign(y, _bits(x))).v
+
+
+def erfc(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """erfc x = e^(-x^2) erfcx(x) for x >= 0, 2 - erfc(-x) for x < 0."""
+    x, f = _wrap(b, x)
+    a = _abs(x)
+    n, vh, vl = _erfc_core(f, _select(a > f.erfc_max, f.erfc_max, a))
+    y = _select(x < 0.0, _minus_erfc(2.0, n, vh, vl), _scale(vh + vl, n))
+    return _canonical(y).v
+
+
 UNARY = {"exp": exp, "exp2": exp2, "log": log, "log2": log2, "tanh": tanh, "sigmoid": sigmoid,
          "sin": sin, "cos": cos, "rsqrt": rsqrt,
-         "log1p": log1p, "expm1": expm1, "sinh": sinh, "cosh": cosh}
+         "log1p": log1p, "expm1": expm1, "sinh": sinh, "cosh": cosh, "erf": erf, "erfc": erfc}
 BINARY = {"pow": pow}

@@ -37,9 +37,9 @@ UNARY = [n for n in NAMES if n != "pow"]
 # The documented bounds (docs/numerics.md), in ulps.
 BOUND = {
     F32: dict(exp=1, exp2=1, log=1, log2=1, sin=1, cos=1, rsqrt=1, tanh=2, sigmoid=2, pow=2,
-              log1p=1, expm1=1, sinh=2, cosh=2),
+              log1p=1, expm1=1, erf=1, erfc=1, sinh=2, cosh=2),
     F64: dict(exp=1, exp2=1, log=1, log2=1, sin=1, cos=1, rsqrt=1, tanh=2, sigmoid=2, pow=3,
-              log1p=1, expm1=1, sinh=2, cosh=2),
+              log1p=1, expm1=1, erf=1, erfc=1, sinh=2, cosh=2),
 }
 SAMPLES = {F32: 2_000_000, F64: 500_000}
 INF, NAN = np.inf, np.nan
@@ -123,12 +123,14 @@ def test_near_overflow_and_underflow_thresholds(k, name, lo, hi, dtype):
 @pytest.mark.parametrize("name, f32_range, f64_range", [
     ("expm1", (88.0, 89.0), (709.0, 710.0)), ("expm1", (-19.0, -15.0), (-41.0, -35.0)),
     ("sinh", (88.0, 90.0), (709.0, 711.0)), ("cosh", (-90.0, -88.0), (-711.0, -709.0)),
-    ("log1p", (-1.0, -0.999), (-1.0, -0.999)),
+    ("erfc", (9.0, 10.5), (26.0, 27.5)), ("erfc", (-1.0, 1.0), (-1.0, 1.0)),
+    ("erf", (0.45, 0.55), (0.45, 0.55)), ("log1p", (-1.0, -0.999), (-1.0, -0.999)),
     ("log1p", (-0.34, -0.32), (-0.34, -0.32)), ("log1p", (0.32, 0.34), (0.32, 0.34))])
 def test_dense_grids_where_results_overflow_underflow_or_switch_formula(k, name, f32_range,
                                                                          f64_range, dtype):
     """Overflow of expm1, sinh, cosh (for sinh and cosh also where e^|x| overflows and e^|x|/2
-    does not), expm1 reaching -1, log1p near -1 and where 1 + x leaves [2/3, 4/3)."""
+    does not), expm1 reaching -1, erfc's underflow and its formula at 0, erf's switch to
+    1 - erfc at 1/2, log1p near -1 and where 1 + x leaves [2/3, 4/3)."""
     lo, hi = f32_range if dtype == F32 else f64_range
     x = np.linspace(lo, hi, 400_001).astype(dtype)
     err = bench.ulp_error(k(name, x), bench.reference(name, x))
@@ -235,6 +237,21 @@ def test_long_double_reference_agrees_with_mpmath():
             assert abs(got - want) <= abs(want) * 2.0 ** -52 / 256, (name, a)
 
 
+def test_erf_reference_agrees_with_mpmath():
+    """NumPy has no long double erf: the float64 reference is the benchmark's own (erfcx's Taylor
+    expansions); check it over the whole range against mpmath."""
+    mp = pytest.importorskip("mpmath")
+    rng = np.random.default_rng(6)
+    x = np.concatenate([bench.log_uniform(rng, 300, 1e-300, 27.3, F64),
+                        rng.uniform(-6, 27.3, 300), np.arange(-2, 27.3, 1 / 32)])
+    with mp.workdps(40):
+        for name, fn in (("erf", mp.erf), ("erfc", mp.erfc)):
+            ref = bench.reference(name, x)
+            for a, r in zip(x, ref):
+                want = fn(mp.mpf(float(a)))
+                assert abs(mp.mpf(str(r)) - want) <= abs(want) * 2.0 ** -60, (name, a)
+
+
 # ---------------------------------------------------------------------------------------------
 # Special values: exactly IEEE / NumPy.
 
@@ -270,6 +287,10 @@ EXACT = {  # name: [(x, f(x))] that must come out bit for bit
              (-1e4, -INF), (1e-30, 1e-30), (-1e-30, -1e-30)],
     "cosh": [(0.0, 1.0), (-0.0, 1.0), (INF, INF), (-INF, INF), (NAN, NAN), (1e4, INF),
              (-1e4, INF), (1e-30, 1.0), (-1e-30, 1.0)],
+    "erf": [(0.0, 0.0), (-0.0, -0.0), (INF, 1.0), (-INF, -1.0), (NAN, NAN), (10.0, 1.0),
+            (-10.0, -1.0), (1e4, 1.0)],
+    "erfc": [(0.0, 1.0), (-0.0, 1.0), (INF, 0.0), (-INF, 2.0), (NAN, NAN), (30.0, 0.0),
+             (-30.0, 2.0), (1e4, 0.0), (-1e4, 2.0)],
 }
 
 
