@@ -3,10 +3,12 @@
     python benchmarks/mathlib_ulps.py                  # 10^8 float32 inputs per function
     python benchmarks/mathlib_ulps.py -n 1e7 --f64     # also double, against long double
     python benchmarks/mathlib_ulps.py --fit            # re-derive the polynomial coefficients
+    python benchmarks/mathlib_ulps.py --fit erfc_p     # only those named
 
 Each function is compiled for the host with MCJIT at O3 (no fast-math) as a loop over an array,
 run on inputs spread over its whole range (log-uniform magnitudes, both signs, the regions where
-it is hardest), and compared with a float64 reference (a long double one for double). The table
+it is hardest), and compared with a float64 reference (a long double one for double; for erf
+and erfc SciPy's, and for double erf_long_double below). The table
 gives the largest error seen (overall, and where the exact result is a normal number), the time
 per value of the compiled scalar loop, and the time the whole measurement took; docs/numerics.md
 quotes it.
