@@ -13,6 +13,7 @@ sequence lane by lane and give the same bits as the scalar ones.
 
     exp exp2 log log2 tanh sigmoid sin cos rsqrt      f(b, x) -> value like x
     tan atan asin acos                                f(b, x) -> value like x
+    log1p expm1 sinh cosh erf erfc                    f(b, x) -> value like x
     pow                                               pow(b, x, y) -> value like x
     atan2                                             atan2(b, y, x) -> value like y
 
@@ -34,6 +35,7 @@ from llvmlite import ir
 
 __all__ = ["exp", "exp2", "log", "log2", "tanh", "sigmoid", "sin", "cos", "pow", "rsqrt",
            "tan", "atan", "asin", "acos", "atan2",
+           "log1p", "expm1", "sinh", "cosh", "erf", "erfc",
            "UNARY", "BINARY"]
 
 H = float.fromhex
@@ -78,6 +80,14 @@ class Format:
     cos_c: tuple           # cos r = 1 - r^2/2 + r^4 C(r^2),                 |r| <= pi/4
     atan_t: tuple          # atan z = z + z^3 T(z^2),                        |z| <= 1/2
     asin_t: tuple          # asin t = t + t^3 A(t^2),                        |t| <= 1/2
+    # expm1, sinh, cosh, erf, erfc:
+    expm1_lo: float        # below this x, e^x < 2^-(p+1) and expm1 rounds to -1
+    erf_split: float       # erf uses its polynomial below this |x|, 1 - erfc above
+    erfc_max: float        # above this x, erfc x underflows to 0
+    two_over_sqrt_pi: tuple  # RN(2/sqrt(pi)) and RN(2/sqrt(pi) - that)
+    erf_q: tuple           # erf x = 2x/sqrt(pi) + x^3 Q(x^2),               |x| <= erf_split
+    erfc_p: tuple          # e^(x^2) erfc x = (1 - s) P(s), s = (x-2)/(x+2),  0 <= x <= erfc_max
+    erfc_p_lo: tuple       # the first coefficients of P are double-words: these are their lows
 
 
 F32 = Format(
@@ -103,6 +113,14 @@ F32 = Format(
             H("-0x1.444922p-4"), H("0x1.3555f2p-5")),
     asin_t=(H("0x1.55554cp-3"), H("0x1.3338acp-4"), H("0x1.6ca756p-5"), H("0x1.04d298p-5"),
             H("0x1.d52a64p-7"), H("0x1.34c2c4p-5")),
+    expm1_lo=-18.0, erf_split=0.5, erfc_max=10.1,
+    two_over_sqrt_pi=(H("0x1.20dd76p+0"), H("-0x1.f7ac92p-25")),
+    erf_q=(H("-0x1.812746p-2"), H("0x1.ce2ea6p-4"), H("-0x1.b810fap-6"), H("0x1.53a44ap-8"),
+           H("-0x1.839f24p-11")),
+    erfc_p=(H("0x1.058672p-2"), H("-0x1.5fd386p-3"), H("0x1.1e2deep-4"), H("-0x1.2a8898p-7"),
+            H("-0x1.606c7p-8"), H("0x1.a88504p-10"), H("0x1.949f02p-11"), H("-0x1.b3d008p-13"),
+            H("-0x1.53f054p-13"), H("0x1.bec4ccp-18"), H("0x1.e47dd2p-16"), H("0x1.dcf18cp-18")),
+    erfc_p_lo=(H("-0x1.27f78cp-28"), H("-0x1.2914bap-28"), H("-0x1.94a5bep-29")),
 )
 
 F64 = Format(
@@ -148,6 +166,22 @@ F64 = Format(
             H("0x1.ca245e409c141p-7"), H("0x1.755cd1a4b719ap-7"), H("0x1.6227cadc5ec52p-7"),
             H("0x1.d7adada8cde43p-9"), H("0x1.6812171a3bf8dp-6"), H("-0x1.5e75dce98913bp-6"),
             H("0x1.0d590c370ae53p-5")),
+    expm1_lo=-40.0, erf_split=0.5, erfc_max=27.3,
+    two_over_sqrt_pi=(H("0x1.20dd750429b6dp+0"), H("0x1.1ae3a914fed8p-56")),
+    erf_q=(H("-0x1.812746b0379e7p-2"), H("0x1.ce2f21a042c23p-4"), H("-0x1.b82ce312890a8p-6"),
+           H("0x1.565bcd0d97a08p-8"), H("-0x1.c02db3423d048p-11"), H("0x1.f9a2dbc44a466p-14"),
+           H("-0x1.f4c203da09db6p-17"), H("0x1.b7e05b5a1ced9p-20"), H("-0x1.3cdb667e14652p-23")),
+    erfc_p=(H("0x1.058671b52c776p-2"), H("-0x1.5fd386754eff9p-3"), H("0x1.1e2deea6b1165p-4"),
+            H("-0x1.2a88e6107d7b3p-7"), H("-0x1.606e415525e78p-8"), H("0x1.a89eaff8979a4p-10"),
+            H("0x1.9517bb6d5c938p-11"), H("-0x1.b6fbf9b0ceab1p-13"), H("-0x1.5ba437a506aabp-13"),
+            H("0x1.20541ea925a80p-17"), H("0x1.2efa151ba7663p-15"), H("0x1.1e761891ebc9bp-17"),
+            H("-0x1.6bfe19f07963ap-18"), H("-0x1.0e7622aee1485p-18"), H("-0x1.2eb8c6ccb5e1fp-22"),
+            H("0x1.e8fc36aa71e97p-21"), H("0x1.0d8262ae49bf0p-21"), H("0x1.1315aa0055baep-30"),
+            H("-0x1.391c21fdfc4f4p-23"), H("-0x1.61695f9827b70p-24"), H("0x1.a9439919028c4p-29"),
+            H("0x1.f8e4dcf48f950p-26"), H("0x1.82b1314a44e38p-27"), H("-0x1.1e5e4ba12ffbcp-28"),
+            H("-0x1.c7307af80c743p-29"), H("0x1.8d72615b66f8fp-35"), H("0x1.2ea64c00d6094p-32")),
+    erfc_p_lo=(H("-0x1.164fc1f7a02a4p-58"), H("0x1.ce564ed422a0fp-57"),
+               H("0x1.2840240536cf6p-58")),
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -412,12 +446,17 @@ def exp(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
 
 def _exp(f: Format, x: _V) -> _V:
     """e^x before NaN canonicalisation (tanh and sigmoid build on it)."""
-    xc = _clamp(x, f.exp_lo, f.exp_hi)          # beyond these the result is 0 or inf anyway
-    n, ni = _rint(xc * f.log2e)
-    rh = fma(-n, f.ln2, xc)                     # exact: both terms are on a common grid
-    r = fma(-n, f.ln2_lo, rh)
-    rl = fma(-n, f.ln2_lo, rh - r)              # what that rounding lost
+    ni, r, rl = _exp_reduce(f, _clamp(x, f.exp_lo, f.exp_hi))  # beyond, the result is 0 or inf
     return _scale(_exp_kernel(f, r, rl), ni)
+
+
+def _exp_reduce(f: Format, x: _V):
+    """(n, r, rl): x = n*ln2 + r + rl, n an integer, |r| <= ln2/2 (plus a hair), |rl| <= ulp(r),
+    for x in [exp_lo, exp_hi] and a little beyond, where the first step is exact."""
+    n, ni = _rint(x * f.log2e)
+    rh = fma(-n, f.ln2, x)                      # exact: both terms are on a common grid
+    r = fma(-n, f.ln2_lo, rh)
+    return ni, r, fma(-n, f.ln2_lo, rh - r)     # rl: what that rounding lost
 
 
 def exp2(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
@@ -928,8 +967,159 @@ def pow(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
     return r.v
 
 
+# ---------------------------------------------------------------------------------------------
+# log1p, expm1, sinh, cosh, erf, erfc: the log and exp reductions, with the sums that cancel in
+# the naive formulas carried in double-word.
+
+def _keep_tiny(x: _V, y: _V) -> _V:
+    """x where |x| < 2^-(p+1), where f(x) = x + O(x^2) rounds to x (log1p, expm1): keeps -0
+    and the subnormals exact."""
+    return _select(_abs(x) < float(2.0 ** -(_format(x.type).mant + 2)), x, y)
+
+
+def _add_dw(a: tuple, b: tuple) -> tuple:
+    """(ah + al) + (bh + bl) as a double-word, for sums that do not cancel much."""
+    s, e = _two_sum(a[0], b[0])
+    return _fast_two_sum(s, e + (a[1] + b[1]))
+
+
+def log1p(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """log(1 + x) = log(u) + c/u where u + c = 1 + x exactly; when u's reduction leaves k = 0,
+    g + c is x itself and log1p is log's log(1 + g) of x, with no rounding of 1 + x at all."""
+    x, f = _wrap(b, x)
+    u, c = _two_sum(x.like(1.0), x)
+    k, g = _log_reduce(f, u)
+    near = k.eq(0.0)                                        # 1 + x in [2/3, 4/3)
+    h, l = _log1p_dw(f, _select(near, x, g))
+    l = l + _select(near, 0.0, c / u)                       # log(u + c) = log(u) + c/u
+    s, e = _fast_two_sum(k * f.ln2_hi_short, h)
+    y = s + (e + fma(k, f.ln2_lo_short, l))
+    return _keep_tiny(x, _log_special(u, y)).v              # x = -1: u = 0; x < -1: u < 0
+
+
+def _expm1_kernel(f: Format, r: _V, rl: _V) -> tuple:
+    """e^(r + rl) - 1 as a double-word, for |r| <= ln2/2 and |rl| <= ulp(r): r + r^2/2 exactly
+    (exp_q[0] is 1/2), the rest, r^3 Q1(r) + rl e^r, at most 2^-5 of the sum, rounded."""
+    u, ul = _two_prod(r, 0.5 * r)                           # r^2/2 = u + ul
+    tail = ((2.0 * u) * r) * _horner(r, f.exp_q[1:])
+    s, e = _fast_two_sum(r, u)                              # |r| >= r^2/2
+    return _fast_two_sum(s, e + (ul + (tail + fma(rl, r, rl))))
+
+
+def _pow2_neg(n: _V, like: _V) -> _V:
+    """2^-n for an integer n below the bias; beyond, 2^(1-bias), as negligible in the sums it
+    goes into as 2^-n would be."""
+    top = _format(like.type).bias - 1
+    return _pow2(_iconst(like, 0) - _select(n > top, _iconst(like, top), n), like)
+
+
+def expm1(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """e^x - 1 = 2^n ((1 - 2^-n) + (e^r - 1)), with x = n*ln2 + r as for exp and the sum in
+    double-word: no cancellation is left, near 0 (n = 0) nor where n < 0."""
+    x, f = _wrap(b, x)
+    ni, r, rl = _exp_reduce(f, _clamp(x, f.expm1_lo, f.exp_hi))   # beyond, -1 or inf anyway
+    v, _ = _add_dw(_two_sum(x.like(1.0), -_pow2_neg(ni, x)), _expm1_kernel(f, r, rl))
+    return _canonical(_keep_tiny(x, _scale(v, ni))).v
+
+
+def _sinh_cosh(f: Format, x: _V, sign: float) -> _V:
+    """(e^a + sign*e^-a)/2 for a = |x| (sinh for sign = -1, cosh for +1). With a = n*ln2 + r,
+    E = e^r - 1 and F = E/(1 + E) = 1 - e^-r, that is 2^(n-1) ((1 + sign*t) + E - sign*t*F) for
+    t = 2^-2n: a sum without cancellation for n >= 1, and E + F for sinh when n = 0."""
+    a = _abs(x)
+    a = _select(a > f.exp_hi + 1.0, f.exp_hi + 1.0, a)     # beyond, e^a/2 overflows anyway
+    ni, r, rl = _exp_reduce(f, a)
+    eh, el = _expm1_kernel(f, r, rl)
+    dh, dl = _fast_two_sum(x.like(1.0), eh)                 # 1 + E
+    dl = dl + el
+    fh = eh / dh
+    fl = (fma(-fh, dh, eh) + (el - fh * dl)) / dh          # F = fh + fl to about 2p bits
+    h = _pow2_neg(ni, x)
+    t = h * h if sign > 0 else -(h * h)                     # 0 once 2^-2n underflows
+    v, _ = _add_dw(_add_dw(_fast_two_sum(x.like(1.0), t), (eh, el)), (-t * fh, -t * fl))
+    return _scale(v, ni - 1)                                # the /2 is in the scaling
+
+
+def sinh(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """sinh x = sign(x) (e^|x| - e^-|x|)/2, from expm1's kernel; odd, and x itself for tiny x."""
+    x, f = _wrap(b, x)
+    return _canonical(_xor_sign(_sinh_cosh(f, x, -1.0), _bits(x))).v
+
+
+def cosh(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """cosh x = (e^|x| + e^-|x|)/2, from expm1's kernel."""
+    x, f = _wrap(b, x)
+    return _canonical(_sinh_cosh(f, x, 1.0)).v
+
+
+def _horner_dw(u: _V, coeffs, lows) -> tuple:
+    """c0 + u*(c1 + …) as a double-word: Horner's rule in working precision down to c_k
+    (k = len(lows)), then k steps in double-word, c_i being coeffs[i] + lows[i] there."""
+    k = len(lows)
+    h, l = _horner(u, coeffs[k:]), u.like(0.0)
+    for c, cl in zip(reversed(coeffs[:k]), reversed(lows)):
+        p, pe = _two_prod(h, u)
+        h, se = _two_sum(u.like(c), p)
+        l = fma(l, u, pe + (se + cl))
+    return h, l
+
+
+def _erfc_core(f: Format, a: _V) -> tuple:
+    """(n, vh, vl): erfc a = 2^n (vh + vl) for 0 <= a <= erfc_max, as e^(-a^2) erfcx(a) with
+    erfcx(a) = (1 - s) P(s), s = (a - 2)/(a + 2) in [-1, 1), and both factors in double-word."""
+    dh, dl = _two_sum(a, a.like(2.0))                       # a + 2
+    nh, nl = _two_sum(a, a.like(-2.0))                      # a - 2
+    s = nh / dh
+    mh, ml = _fast_two_sum(a.like(1.0), -s)                 # 1 - s
+    ph, pl = _horner_dw(s, f.erfc_p, f.erfc_p_lo)
+    gh, gl = _two_prod(mh, ph)
+    gl = gl + fma(mh, pl, ml * ph)                          # (1 - s) P(s)
+    # That is erfcx at x(s) = 2(1 + s)/(1 - s), s being rounded, not at a: step from there to a
+    # along erfcx' = 2x erfcx - 2/sqrt(pi). a - x(s) = ((a - 2) - s(a + 2))/(1 - s).
+    dx = (fma(-s, dh, nh) + (nl - s * dl)) / mh
+    gl = gl + dx * fma(2.0 * a, gh, -f.two_over_sqrt_pi[0])
+    zh, zl = _two_prod(a, a)                                # e^-(zh + zl) = e^-(a^2)
+    ni, r, rl = _exp_reduce(f, -zh)
+    r, rl = _two_sum(r, rl - zl)
+    kh, kl = _expm1_kernel(f, r, rl)
+    eh, el = _fast_two_sum(a.like(1.0), kh)                 # e^r = 1 + (e^r - 1)
+    vh, vl = _two_prod(eh, gh)
+    return ni, vh, vl + fma(eh, gl, (el + kl) * gh)
+
+
+def _minus_erfc(c: float, n: _V, vh: _V, vl: _V) -> _V:
+    """c - 2^n (vh + vl), rounded once, for c >= 2^n vh (1 - erfc, 2 - erfc)."""
+    s, e = _fast_two_sum(vh.like(c), -_scale(vh, n))
+    return s + (e - _scale(vl, n))
+
+
+def erf(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """erf x = sign(x) erf |x|: 2a/sqrt(pi) + a^3 Q(a^2) for a = |x| < erf_split, 1 - erfc a
+    above."""
+    x, f = _wrap(b, x)
+    a = _abs(x)
+    c, c_lo = f.two_over_sqrt_pi
+    z = a * a
+    # 2^2p * a keeps a * (c_lo + z Q(z)) off the subnormals' coarse grid: the only rounding of
+    # any size is the fma's.
+    up = float(2.0 ** (2 * f.mant + 2))
+    small = fma(a * up, c, (a * up) * fma(z, _horner(z, f.erf_q), c_lo)) * (1.0 / up)
+    large = _minus_erfc(1.0, *_erfc_core(f, _select(a > f.erfc_max, f.erfc_max, a)))
+    y = _select(a < f.erf_split, small, large)
+    return _canonical(_xor_sign(y, _bits(x))).v
+
+
+def erfc(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """erfc x = e^(-x^2) erfcx(x) for x >= 0, 2 - erfc(-x) for x < 0."""
+    x, f = _wrap(b, x)
+    a = _abs(x)
+    n, vh, vl = _erfc_core(f, _select(a > f.erfc_max, f.erfc_max, a))
+    y = _select(x < 0.0, _minus_erfc(2.0, n, vh, vl), _scale(vh + vl, n))
+    return _canonical(y).v
+
+
 UNARY = {"exp": exp, "exp2": exp2, "log": log, "log2": log2, "tanh": tanh, "sigmoid": sigmoid,
          "sin": sin, "cos": cos, "rsqrt": rsqrt,
-         "tan": tan, "atan": atan, "asin": asin, "acos": acos}
-BINARY = {"pow": pow,
-          "atan2": atan2}
+         "tan": tan, "atan": atan, "asin": asin, "acos": acos,
+         "log1p": log1p, "expm1": expm1, "sinh": sinh, "cosh": cosh, "erf": erf, "erfc": erfc}
+BINARY = {"pow": pow, "atan2": atan2}

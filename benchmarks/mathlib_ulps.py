@@ -3,10 +3,12 @@
     python benchmarks/mathlib_ulps.py                  # 10^8 float32 inputs per function
     python benchmarks/mathlib_ulps.py -n 1e7 --f64     # also double, against long double
     python benchmarks/mathlib_ulps.py --fit            # re-derive the polynomial coefficients
+    python benchmarks/mathlib_ulps.py --fit erfc_p     # only those named
 
 Each function is compiled for the host with MCJIT at O3 (no fast-math) as a loop over an array,
 run on inputs spread over its whole range (log-uniform magnitudes, both signs, the regions where
-it is hardest), and compared with a float64 reference (a long double one for double). The table
+it is hardest), and compared with a float64 reference (a long double one for double; for erf
+and erfc SciPy's, and for double erf_long_double below). The table
 gives the largest error seen (overall, and where the exact result is a normal number), the time
 per value of the compiled scalar loop, and the time the whole measurement took; docs/numerics.md
 quotes it.
@@ -31,7 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from backend import mathlib  # noqa: E402
 
 FUNCTIONS = ["exp", "exp2", "log", "log2", "tanh", "sigmoid", "sin", "cos", "rsqrt", "pow",
-             "tan", "atan", "asin", "acos", "atan2"]
+             "tan", "atan", "asin", "acos", "atan2",
+             "log1p", "expm1", "sinh", "cosh", "erf", "erfc"]
 TYPES = {np.float32: ir.FloatType(), np.float64: ir.DoubleType()}
 WIDTH = {np.float32: 8, np.float64: 4}          # the vector variants: one AVX-512 register / 2
 I64 = ir.IntType(64)
@@ -191,10 +194,68 @@ def reference(name, *args):
             return np.where(x >= 0, 1 / (1 + e), e / (1 + e))
         if name == "rsqrt":
             return 1 / np.sqrt(a[0])
+        if name in ("erf", "erfc"):
+            if wide == np.float64:
+                import scipy.special
+                return getattr(scipy.special, name)(a[0])
+            return erf_long_double(name, a[0])
+        if name in ("log1p", "expm1", "sinh", "cosh"):
+            return getattr(np, name)(a[0])
         return {"exp": np.exp, "exp2": np.exp2, "log": np.log, "log2": np.log2, "tanh": np.tanh,
                 "sin": np.sin, "cos": np.cos, "pow": np.power,
                 "tan": np.tan, "atan": np.arctan, "asin": np.arcsin, "acos": np.arccos,
                 "atan2": np.arctan2}[name](*a)
+
+
+# NumPy has no long double erf: erfc(x) = erfcx(x) e^(-x^2), erfcx = e^(x^2) erfc x from its
+# Taylor expansion at the nearest multiple of 1/16 (coefficients by mpmath at 60 digits), e^(-x^2)
+# from x^2 split exactly into three long doubles; erf = 1 - erfc, or for |x| < 1/2 its series.
+# About 2^-61 relative (checked against mpmath by tests/backend/test_mathlib.py).
+
+ERFCX_STEP, ERFCX_TERMS, ERFCX_TOP = 16, 18, 28.0
+
+
+@lru_cache(maxsize=None)
+def erfcx_taylor():
+    """a[k, j]: the j-th Taylor coefficient of erfcx at k/ERFCX_STEP, as long doubles. From
+    erfcx' = 2x erfcx - 2/sqrt(pi): (j+1) a_(j+1) = 2c a_j + 2 a_(j-1) (minus 2/sqrt(pi) for j = 0),
+    which cancels a digit or two a step: hence the 60 digits."""
+    import mpmath as mp
+    rows = []
+    with mp.workdps(60):
+        for k in range(int(ERFCX_TOP * ERFCX_STEP) + 1):
+            c = mp.mpf(k) / ERFCX_STEP
+            a = [mp.erfc(c) * mp.exp(c * c)]
+            a.append(2 * c * a[0] - 2 / mp.sqrt(mp.pi))
+            for j in range(1, ERFCX_TERMS - 1):
+                a.append((2 * c * a[j] + 2 * a[j - 1]) / (j + 1))
+            rows.append([np.longdouble(mp.nstr(v, 30, strip_zeros=False)) for v in a])
+    return np.array(rows, np.longdouble)
+
+
+def erf_long_double(name, x):
+    """erf or erfc of long double x (float64 values, |x| <= ERFCX_TOP or where the result is 0,
+    1 or 2 anyway), to about 2^-61 relative."""
+    a = np.minimum(np.abs(x), ERFCX_TOP)
+    k = np.rint(np.where(np.isnan(a), 0, a) * ERFCX_STEP)
+    h = a - k / ERFCX_STEP                                 # exact
+    coef = erfcx_taylor()[k.astype(np.int64)]
+    erfcx = coef[:, -1]
+    for j in range(ERFCX_TERMS - 2, -1, -1):
+        erfcx = erfcx * h + coef[:, j]
+    m, e = np.frexp(a.astype(np.float64))                  # a = ah + al, ah of 26 bits:
+    ah = np.ldexp(np.trunc(np.ldexp(m, 26)), e - 26).astype(np.longdouble)
+    al = a - ah                                            # a^2 = ah^2 + 2 ah al + al^2 exactly
+    erfc = erfcx * np.exp(-ah * ah) * np.exp(-2 * ah * al) * np.exp(-al * al)
+    if name == "erfc":
+        return np.where(x < 0, 2 - erfc, erfc)
+    z = a * a                                              # the series, for |x| < 1/2
+    term, series = a, a
+    for j in range(1, 30):
+        term = -term * z / j
+        series = series + term / (2 * j + 1)
+    two_over_sqrt_pi = np.longdouble("1.12837916709551257389615890312154517")
+    return np.copysign(np.where(a < 0.5, two_over_sqrt_pi * series, 1 - erfc), x)
 
 
 def ulp_error(got, ref):
@@ -253,6 +314,29 @@ def inputs(name, n, rng, dtype):
         near = np.nextafter(near, near + rng.choice([-1, 1], q).astype(dtype))
         return (np.concatenate([rng.uniform(-4, 4, q).astype(dtype), near,
                                 log_uniform(rng, n - 2 * q, tiny, big, dtype)]),)
+    if name in ("erf", "erfc"):
+        # the small |x| and the switch to 1 - erfc (0.875), 2-4, and erfc's tail to underflow
+        top = 10.1 if f32 else 27.3
+        return (np.concatenate([rng.uniform(-top, top, q).astype(dtype),
+                                log_uniform(rng, q, tiny, top, dtype),
+                                log_uniform(rng, q, 0.5, 4.0, dtype),
+                                rng.uniform(0.8 * top, top, n - 3 * q).astype(dtype)]),)
+    if name == "log1p":
+        # all of x > -1, near 0, and near -1 (1 + x exact, the result large and negative)
+        return (np.concatenate([log_uniform(rng, q, tiny, big, dtype, signs=False),
+                                -log_uniform(rng, q, tiny, 1.0, dtype, signs=False),
+                                log_uniform(rng, q, tiny, 0.5, dtype),
+                                (log_uniform(rng, n - 3 * q, 1e-7 if f32 else 1e-16, 0.5,
+                                             np.float64, signs=False) - 1).astype(dtype)]),)
+    if name in ("expm1", "sinh", "cosh"):
+        # near 0, the negative side (expm1 -> -1), and up to overflow (for sinh and cosh, the
+        # part where e^|x| overflows but e^|x|/2 does not)
+        top = {"expm1": 89.0 if f32 else 710.0}.get(name, 89.5 if f32 else 710.6)
+        lo = top if name != "expm1" else 40.0
+        return (np.concatenate([rng.uniform(-lo, top, q).astype(dtype),
+                                log_uniform(rng, q, tiny, top, dtype),
+                                rng.uniform(-2.0, 2.0, q).astype(dtype),
+                                rng.uniform(top - 1.5, top, n - 3 * q).astype(dtype)]),)
     if name == "pow":
         span = 1e30 if f32 else 1e300
         x = log_uniform(rng, n, 1 / span, span, dtype, signs=False)
@@ -315,8 +399,8 @@ def measure(name, dtype, n, seed=0, chunk=1 << 22, width=1):
 # ---------------------------------------------------------------------------------------------
 # The coefficient fits (mpmath): minimax relative error by Remez exchange on a dense grid.
 
-def fit_all(keys=()):
-    """Print the coefficients of every polynomial (of those named in keys, if any)."""
+def fit_all(keys=None):
+    """Fit and print the polynomials of backend/mathlib.py (those named in keys, or all)."""
     import mpmath as mp
     mp.mp.dps = 80
 
@@ -358,14 +442,24 @@ def fit_all(keys=()):
             idx = ext
         return c, emax
 
-    def fit(F, fixed, m, powers, a, b, rnd):
-        """Round the coefficients one at a time, lowest first, refitting the rest each time."""
+    def fit(F, fixed, m, powers, a, b, rnd, dw=0, plain=False):
+        """Round the coefficients one at a time, lowest first, refitting the rest each time (or,
+        plain, round those of one fit); the first dw to double-words (hi + lo, each rounded)."""
+        def rounded(i, c):
+            return rnd(c) + (rnd(c - rnd(c)) if i < dw else 0)
+        if plain:
+            c, _ = remez(F, fixed, m, powers, a, b)
+            cs = [rounded(i, v) for i, v in enumerate(c)]
+            grid = [a + (b - a) * (1 - mp.cos(mp.pi * i / 3000)) / 2 for i in range(3001)]
+            return cs, max(abs(1 - (fixed(t) + m(t) * mp.fsum(c * t ** p for c, p in
+                                                               zip(cs, powers))) / F(t))
+                           for t in grid)
         done = []
         for i in range(len(powers)):
             def fx(t, cs=list(done)):
                 return fixed(t) + m(t) * mp.fsum(c * t ** p for c, p in cs)
             c, emax = remez(F, fx, m, powers[i:], a, b)
-            done.append((rnd(c[0]), powers[i]))
+            done.append((rounded(i, c[0]), powers[i]))
         return [c for c, _ in done], emax
 
     ln2 = mp.log(2)
@@ -378,16 +472,29 @@ def fit_all(keys=()):
         "cos_c": (mp.cos, lambda r: 1 - r * r / 2, lambda r: r ** 4, 2, 1e-9, mp.pi / 4 * 1.002),
         "atan_t": (mp.atan, lambda z: z, lambda z: z ** 3, 2, 1e-9, mp.mpf(1) / 2 * 1.002),
         "asin_t": (mp.asin, lambda t: t, lambda t: t ** 3, 2, 1e-9, mp.mpf(1) / 2 * 1.002),
+        "erf_q": (mp.erf, lambda x: 2 * x / mp.sqrt(mp.pi), lambda x: x ** 3, 2, 1e-9, 0.5),
+        # erfc x = e^(-x^2) (1 - s) P(s), s = (x - 2)/(x + 2), for x in [0, erfc_max]
+        "erfc_p": (lambda s: mp.erfc(2 * (1 + s) / (1 - s)) * mp.exp((2 * (1 + s) / (1 - s)) ** 2),
+                   lambda s: 0, lambda s: 1 - s, 1, -1,
+                   lambda fmt: (mp.mpf(fmt.erfc_max) - 2) / (mp.mpf(fmt.erfc_max) + 2)),
     }
+    # erfc_p is a polynomial in s over all of [-1, 0.86]: there refitting after each rounding
+    # settles on a worse polynomial than the one fit rounded (2^-27 against 2^-31 in float32).
+    plain = {"erfc_p"}
     for fmt, rnd in ((mathlib.F32, lambda v: mp.mpf(float(np.float32(float(v))))),
                      (mathlib.F64, lambda v: mp.mpf(float(v)))):
         for key, (F, fixed, m, step, a, b) in fits.items():
             if keys and key not in keys:
                 continue
             deg = len(getattr(fmt, key)) - 1
-            cs, emax = fit(F, fixed, m, [step * i for i in range(deg + 1)], a, b, rnd)
+            dw = len(getattr(fmt, key + "_lo", ()))      # the first dw are double-words
+            b = b(fmt) if callable(b) else b
+            cs, emax = fit(F, fixed, m, [step * i for i in range(deg + 1)], a, b, rnd, dw,
+                           key in plain)
             print(f"{fmt.name} {key}: relative error 2^{float(mp.log(emax, 2)):.1f}")
-            print("   ", ", ".join(float(c).hex() for c in cs))
+            print("   ", ", ".join(float(rnd(c)).hex() for c in cs))
+            if dw:
+                print("    lo:", ", ".join(float(c - rnd(c)).hex() for c in cs[:dw]))
 
 
 # ---------------------------------------------------------------------------------------------

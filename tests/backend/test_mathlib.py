@@ -37,9 +37,11 @@ UNARY = [n for n in NAMES if n not in mathlib.BINARY]
 # The documented bounds (docs/numerics.md), in ulps.
 BOUND = {
     F32: dict(exp=1, exp2=1, log=1, log2=1, sin=1, cos=1, rsqrt=1, tanh=2, sigmoid=2, pow=2,
-              tan=1, atan=1, asin=1, acos=1, atan2=1),
+              tan=1, atan=1, asin=1, acos=1, atan2=1,
+              log1p=1, expm1=1, erf=1, erfc=1, sinh=2, cosh=2),
     F64: dict(exp=1, exp2=1, log=1, log2=1, sin=1, cos=1, rsqrt=1, tanh=2, sigmoid=2, pow=3,
-              tan=1, atan=1, asin=1, acos=1, atan2=1),
+              tan=1, atan=1, asin=1, acos=1, atan2=1,
+              log1p=1, expm1=1, erf=1, erfc=1, sinh=2, cosh=2),
 }
 SAMPLES = {F32: 2_000_000, F64: 500_000}
 INF, NAN = np.inf, np.nan
@@ -117,6 +119,25 @@ def test_near_overflow_and_underflow_thresholds(k, name, lo, hi, dtype):
         err = bench.ulp_error(k(name, *a), bench.reference(name, *a))
         i = int(np.argmax(err))
         assert err[i] <= BOUND[dtype][name], f"{name}{tuple(v[i] for v in a)}: {err[i]:.3f} ulp"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
+@pytest.mark.parametrize("name, f32_range, f64_range", [
+    ("expm1", (88.0, 89.0), (709.0, 710.0)), ("expm1", (-19.0, -15.0), (-41.0, -35.0)),
+    ("sinh", (88.0, 90.0), (709.0, 711.0)), ("cosh", (-90.0, -88.0), (-711.0, -709.0)),
+    ("erfc", (9.0, 10.5), (26.0, 27.5)), ("erfc", (-1.0, 1.0), (-1.0, 1.0)),
+    ("erf", (0.45, 0.55), (0.45, 0.55)), ("log1p", (-1.0, -0.999), (-1.0, -0.999)),
+    ("log1p", (-0.34, -0.32), (-0.34, -0.32)), ("log1p", (0.32, 0.34), (0.32, 0.34))])
+def test_dense_grids_where_results_overflow_underflow_or_switch_formula(k, name, f32_range,
+                                                                         f64_range, dtype):
+    """Overflow of expm1, sinh, cosh (for sinh and cosh also where e^|x| overflows and e^|x|/2
+    does not), expm1 reaching -1, erfc's underflow and its formula at 0, erf's switch to
+    1 - erfc at 1/2, log1p near -1 and where 1 + x leaves [2/3, 4/3)."""
+    lo, hi = f32_range if dtype == F32 else f64_range
+    x = np.linspace(lo, hi, 400_001).astype(dtype)
+    err = bench.ulp_error(k(name, x), bench.reference(name, x))
+    i = int(np.argmax(err))
+    assert err[i] <= BOUND[dtype][name], f"{name}({x[i]!r}) is {err[i]:.3f} ulp off"
 
 
 # Payne-Hanek: beyond 2^22 (float) / 2^50 (double) sin and cos reduce by 2/pi's bits.
@@ -207,14 +228,30 @@ def test_long_double_reference_agrees_with_mpmath():
     rng = np.random.default_rng(3)
     x = rng.uniform(-20, 20, 200)
     exact = {"exp": mp.exp, "log": lambda v: mp.log(abs(v)), "tanh": mp.tanh, "sin": mp.sin,
-             "cos": mp.cos}
+             "cos": mp.cos, "log1p": mp.log1p, "expm1": mp.expm1, "sinh": mp.sinh,
+             "cosh": mp.cosh}
     for name, fn in exact.items():
-        arg = np.abs(x) if name == "log" else x
+        arg = np.abs(x) if name in ("log", "log1p") else x
         ref = bench.reference(name, arg)
         for a, r in zip(arg, ref):
             want = fn(mp.mpf(float(a)))
             got = mp.mpf(float(r)) + mp.mpf(float(r - np.longdouble(float(r))))   # all 64 bits
             assert abs(got - want) <= abs(want) * 2.0 ** -52 / 256, (name, a)
+
+
+def test_erf_reference_agrees_with_mpmath():
+    """NumPy has no long double erf: the float64 reference is the benchmark's own (erfcx's Taylor
+    expansions); check it over the whole range against mpmath."""
+    mp = pytest.importorskip("mpmath")
+    rng = np.random.default_rng(6)
+    x = np.concatenate([bench.log_uniform(rng, 300, 1e-300, 27.3, F64),
+                        rng.uniform(-6, 27.3, 300), np.arange(-2, 27.3, 1 / 32)])
+    with mp.workdps(40):
+        for name, fn in (("erf", mp.erf), ("erfc", mp.erfc)):
+            ref = bench.reference(name, x)
+            for a, r in zip(x, ref):
+                want = fn(mp.mpf(float(a)))
+                assert abs(mp.mpf(str(r)) - want) <= abs(want) * 2.0 ** -60, (name, a)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -252,6 +289,18 @@ EXACT = {  # name: [(x, f(x))] that must come out bit for bit
              (-1.5, NAN), (INF, NAN), (-INF, NAN), (NAN, NAN), (1e-30, 1e-30), (-1e-30, -1e-30)],
     "acos": [(1.0, 0.0), (-1.0, np.pi), (0.0, np.pi / 2), (-0.0, np.pi / 2), (1.5, NAN),
              (-1.5, NAN), (INF, NAN), (-INF, NAN), (NAN, NAN), (1e-30, np.pi / 2)],
+    "log1p": [(0.0, 0.0), (-0.0, -0.0), (-1.0, -INF), (-2.0, NAN), (-INF, NAN), (INF, INF),
+              (NAN, NAN), (1e-30, 1e-30), (-1e-30, -1e-30)],
+    "expm1": [(0.0, 0.0), (-0.0, -0.0), (INF, INF), (-INF, -1.0), (NAN, NAN), (1e4, INF),
+              (-50.0, -1.0), (-1e4, -1.0), (1e-30, 1e-30), (-1e-30, -1e-30)],
+    "sinh": [(0.0, 0.0), (-0.0, -0.0), (INF, INF), (-INF, -INF), (NAN, NAN), (1e4, INF),
+             (-1e4, -INF), (1e-30, 1e-30), (-1e-30, -1e-30)],
+    "cosh": [(0.0, 1.0), (-0.0, 1.0), (INF, INF), (-INF, INF), (NAN, NAN), (1e4, INF),
+             (-1e4, INF), (1e-30, 1.0), (-1e-30, 1.0)],
+    "erf": [(0.0, 0.0), (-0.0, -0.0), (INF, 1.0), (-INF, -1.0), (NAN, NAN), (10.0, 1.0),
+            (-10.0, -1.0), (1e4, 1.0)],
+    "erfc": [(0.0, 1.0), (-0.0, 1.0), (INF, 0.0), (-INF, 2.0), (NAN, NAN), (30.0, 0.0),
+             (-30.0, 2.0), (1e4, 0.0), (-1e4, 2.0)],
 }
 
 
