@@ -14,16 +14,17 @@ from typing import Any, Callable
 
 from llvmlite import ir
 
-from backend.loops import Instr, LoopKernel
+from backend.loops import IDENTITY, Instr, LoopKernel
 from ir.numerics import CHUNK, LANES
-from ir.ops.elementwise import Maximum, Minimum
+from ir.ops.elementwise import Add, Maximum, Minimum, Mul
 
 I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
 SCALAR = {"f32": ir.FloatType(), "f64": ir.DoubleType(), "f16": ir.HalfType(),
           "i32": I32, "i64": I64, "u32": I32, "bool": I1}
 FLOATS = ("f32", "f64", "f16")
 ROW_BLOCK = 8                      # rows a row kernel's stage runs for at a time (see rows)
-COMBINERS = {"max": Maximum(), "min": Minimum()}   # the primitives whose bodies combine so
+# the primitives whose bodies combine partial results so (backend/loops.py's Reduce)
+COMBINERS = {"add": Add(), "mul": Mul(), "max": Maximum(), "min": Minimum()}
 
 
 def memory_type(dtype: str) -> ir.Type:
@@ -123,8 +124,6 @@ class Emitter:
 
     def combine(self, how: str, x: ir.Value, y: ir.Value, dtype: str) -> ir.Value:
         """Two partial results of a reduction combined by the loop IR's `how` (backend/loops.py)."""
-        if how == "add":
-            return self.b.fadd(x, y)
         return COMBINERS[how].scalar(self, [x, y], [dtype, dtype], dtype, {})
 
     def cast(self, x: ir.Value, src: str, dst: str) -> ir.Value:
@@ -470,8 +469,7 @@ class _KernelGen:
         return self.e.combine(how, a, c, dtype)
 
     def identity(self, how: str, dtype: str) -> ir.Value:
-        value = {"add": -0.0, "max": float("-inf"), "min": float("inf")}[how]
-        return self.e.const(value, dtype)
+        return self.e.const(IDENTITY[how], dtype)
 
     def reduce(self, n: int, value_at: Callable, dtype: str, how: str, points: int = 0,
                vector: bool = True) -> ir.Value:

@@ -41,7 +41,7 @@ import llvmlite.binding as llvm
 from llvmlite import ir
 
 from backend.llvm import I8, I32, I64, SCALAR, Emitter, evaluate_body, memory_type, row_major, windowed
-from backend.loops import Instr, LoopKernel
+from backend.loops import IDENTITY, Instr, LoopKernel
 from ir.ops.base import Primitive
 from ir.ops.index import Take
 from ir.numerics import CHUNK, LANES
@@ -335,9 +335,8 @@ class _LoopKernelGen(_Builder):
         """value_at(0 … count-1) combined in the canonical order by the 32 lanes of a warp:
         lane l takes l, l+32, … left to right, then the shuffle-down tree. Valid in lane 0."""
         b = self.b
-        identity = {"add": -0.0, "max": float("-inf"), "min": float("inf")}[self.k.reduce.combine]
         acc = self.slot(SCALAR[self.dtype])
-        b.store(self.e.const(identity, self.dtype), acc)
+        b.store(self.e.const(IDENTITY[self.k.reduce.combine], self.dtype), acc)
         self.loop(lane, count, self.c(WARP),
                   lambda j: b.store(self.combine(b.load(acc), value_at(j)), acc), "lane")
         value = b.load(acc)

@@ -62,6 +62,7 @@ class Role(Enum):
     CONTRACTION = "contraction"   # a matrix product: the blocked contraction kernel
     CONSTANT = "constant"         # a literal: written into the kernels that read it
     STRUCTURED = "structured"     # holds a body function (scan, checkpoint) the runtimes run
+    COMPOSITE = "composite"       # emitted as the ops of its `expand` (ir/core.py): never in the IR
     HOST = "host"                 # evaluated by the reference interpreter, for `host`'s reason
 
 
@@ -99,6 +100,11 @@ class Primitive:
         """Cotangents of op's inputs (None: zero) given those of its outputs (None: zero),
         emitted as ops into the ir.core.Builder b (see ir/ad.py)."""
         raise NotImplementedError(f"no VJP rule for '{self.name}'")
+
+    def expand(self, b: Any, **args: Any) -> Any:
+        """A composite primitive's result, emitted as the ops that define it into the
+        ir.core.Builder b (args: its inputs as Values and its static parameters)."""
+        raise NotImplementedError(f"'{self.name}' is not a composition")
 
     def compiles(self, dtypes: list[str], dtype: str) -> bool:
         """Whether `scalar` has a body for operands of these dtypes and a result of dtype."""
