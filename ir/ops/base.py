@@ -62,6 +62,7 @@ class Role(Enum):
     CONTRACTION = "contraction"   # a matrix product: the blocked contraction kernel
     CONSTANT = "constant"         # a literal: written into the kernels that read it
     STRUCTURED = "structured"     # holds a body function (scan, checkpoint) the runtimes run
+    SCAN = "scan"                 # `step` along one axis in order: a scan kernel
     COMPOSITE = "composite"       # emitted as the ops of its `expand` (ir/core.py): never in the IR
     HOST = "host"                 # evaluated by the reference interpreter, for `host`'s reason
 

@@ -252,6 +252,25 @@ for name, fn in [("var", torch.var), ("std", torch.std)]:
 case("std-of-equal-values", "std", [np.array([[1.5, 1.5, 1.5], [1.0, 2.0, 4.0]])],
      lambda x: torch.std(x, dim=1, correction=0), static={"axis": 1}, smooth=False)
 
+SCANS = {"cumsum": (torch.cumsum, normal), "cumprod": (torch.cumprod, nonzero),
+         "logcumsumexp": (torch.logcumsumexp, normal)}
+for name, (fn, draw) in SCANS.items():
+    for shape, axis in [((5,), 0), ((2, 3, 4), 0), ((2, 3, 4), 1), ((2, 3, 4), -1), ((1, 4), 0)]:
+        case(f"{name}-{shape}-{axis}", name, [draw(*shape)], lambda x, fn=fn, a=axis: fn(x, a),
+             static={"axis": axis})
+# cumprod's cotangent on lines with no zero, one, two, a zero first and a zero last
+lines = nonzero(5, 6)
+lines[1, 2] = lines[2, 1] = lines[2, 4] = lines[3, 0] = lines[4, 5] = 0.0
+case("cumprod-zeros", "cumprod", [lines], lambda x: torch.cumprod(x, 1), static={"axis": 1})
+case("cumprod-zeros-columns", "cumprod", [lines.T.copy()], lambda x: torch.cumprod(x, 0),
+     static={"axis": 0})
+# logcumsumexp where e^x overflows, and of -inf (its gradient there is 0)
+case("logcumsumexp-large", "logcumsumexp", [normal(3, 5) * 300 + 1000],
+     lambda x: torch.logcumsumexp(x, 1), static={"axis": 1})
+case("logcumsumexp-inf", "logcumsumexp",
+     [np.array([[-np.inf, 1.0, -np.inf, 2.0], [0.5, -np.inf, -1.0, 3.0]])],
+     lambda x: torch.logcumsumexp(x, 1), static={"axis": 1}, smooth=False)
+
 for shape in [(6, 4), (4, -1), (24,), (2, 2, 6)]:
     case(f"reshape-{shape}", "reshape", [normal(2, 3, 4)], lambda x, s=shape: x.reshape(s),
          static={"shape": shape})
@@ -477,6 +496,11 @@ SECOND = {
     "div": (lambda b, x, y: b.emit("div", x, y), torch.div, [(3, 4), (4,)]),
     "prod": (lambda b, x: b.emit("prod", x, axis=0), lambda x: x.prod(0), [(3, 4)]),
     "var": (lambda b, x: b.emit("var", x, axis=-1, correction=1), lambda x: x.var(-1), [(3, 4)]),
+    "cumsum": (lambda b, x: b.emit("cumsum", b.emit("mul", x, x), axis=0),
+               lambda x: torch.cumsum(x * x, 0), [(3, 4)]),
+    "cumprod": (lambda b, x: b.emit("cumprod", x, axis=1), lambda x: torch.cumprod(x, 1), [(3, 4)]),
+    "logcumsumexp": (lambda b, x: b.emit("logcumsumexp", x, axis=-1),
+                     lambda x: torch.logcumsumexp(x, -1), [(3, 4)]),
 }
 
 
