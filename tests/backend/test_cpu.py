@@ -187,6 +187,22 @@ def test_products_do_not_depend_on_the_thread_count(monkeypatch, threads):
     same_bits(got, want)
 
 
+@pytest.mark.parametrize("threads", ["1", "3"])
+@pytest.mark.parametrize("shape, axis, rows", [((2048, 300), -1, True), ((2048, 300), 0, False),
+                                               ((5, 7, 9), (1, 2), True), ((3, 1), 1, True),
+                                               ((4, 0), 1, False)])
+def test_variances_are_their_operations_compiled(monkeypatch, threads, shape, axis, rows):
+    """var and std are mean, sub, mul, sum and div: the same bits (NaN's sign aside, where
+    there is one term and a correction of 1), one row kernel over rows."""
+    monkeypatch.setenv("DSLC_THREADS", threads)
+    x = f32(*shape) * 5 + 2
+    got, want, exe = run_both(lambda b, v: [b.emit("var", v, axis=axis),
+                                            b.emit("std", v, axis=axis, correction=1)], x)
+    for g, w in zip(got, want):
+        assert np.array_equal(g, w, equal_nan=True)
+    assert rows == any(k.is_rows for k in exe.plan.kernels)
+
+
 # Reductions longer than a chunk combine each chunk's result as it comes (ir/numerics.py's
 # tree over chunks of chunks): 4096² + 5 has three levels. Each shape runs in a child process,
 # so that a crash (a stack overflowed by partial results, a misaligned vector load: both

@@ -341,6 +341,34 @@ def test_var_and_std_match_numpy(name: str, axis: Any, keepdims: bool, correctio
     assert not {op.primitive.name for op in fn.ops} & {"var", "std"}    # its parts, expanded
 
 
+@pytest.mark.filterwarnings("ignore:.*degrees of freedom")       # torch's, for var of one term
+@pytest.mark.parametrize("n", [0, 1, 7, 31, 97, 100_000])
+@pytest.mark.parametrize("keepdims", [False, True])
+def test_new_reductions_at_every_length_and_on_nan_and_inf(n: int, keepdims: bool) -> None:
+    """prod, var, std, any and all over a long axis and a short one, with NaN and inf in
+    some rows, against NumPy (and torch's var and std, NaN where any term is not finite)."""
+    torch = pytest.importorskip("torch")
+    x = rng.uniform(0.999, 1.001, (4, n)) * rng.choice([-1.0, 1.0], (4, n))
+    if n:
+        x[1, n // 2], x[2, n - 1] = np.nan, np.inf
+    for a in (0, 1):
+        t = torch.from_numpy(x)
+        args = {"axis": a, "keepdims": keepdims}
+        want = {"prod": np.prod(x, axis=a, keepdims=keepdims),
+                "var": torch.var(t, a, correction=0, keepdim=keepdims).numpy(),
+                "std": torch.std(t, a, correction=1, keepdim=keepdims).numpy(),
+                "any": np.any(x, axis=a, keepdims=keepdims),
+                "all": np.all(x > 0, axis=a, keepdims=keepdims)}
+        b = Builder()
+        p = b.param(tensor_type("f64", x.shape))
+        fn = b.finish([b.emit("prod", p, **args), b.emit("var", p, **args),
+                       b.emit("std", p, correction=1, **args), b.emit("any", p, **args),
+                       b.emit("all", b.emit("gt", p, b.constant(0.0, "f64")), **args)])
+        for got, (name, w) in zip(run(fn, [x]), want.items()):
+            assert got.shape == w.shape and got.dtype == w.dtype, name
+            np.testing.assert_allclose(got, w, rtol=1e-9 * max(n, 1), equal_nan=True, err_msg=name)
+
+
 def test_var_of_too_few_elements_is_nan_and_std_of_equal_ones_is_zero() -> None:
     b = Builder()
     p = b.param(tensor_type("f32", (2, 1)))
