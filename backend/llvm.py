@@ -198,8 +198,8 @@ def grain(k: LoopKernel) -> int:
         return 1
     loads = [ins.load for ins in k.body if ins.load is not None]
     across = all(l.strides[-2] in (0, 1) for l in loads)
-    if k.is_scan:
-        return LANES if across and k.scan.strides[-2] == 1 else 1
+    if k.is_scan:          # a costly step is worth gathering lines that are not neighbours
+        return LANES if across and k.scan.strides[-2] == 1 or k.scan.prim.costly else 1
     return LANES if across and any(l.strides[-1] != 1 for l in loads) else 1
 
 
@@ -302,16 +302,21 @@ class _KernelGen:
                              lambda ins: self.load(ins, offset_of(ins), lanes, lane_stride_of(ins)),
                              lambda c: self.e.splat(c, lanes) if lanes else c)
 
-    def store(self, buffer: int, offset: ir.Value, value: ir.Value, dtype: str) -> None:
-        """value at offset, or a vector of values at the consecutive offsets from it."""
+    def store(self, buffer: int, offset: ir.Value, value: ir.Value, dtype: str,
+              lane_stride: int = 1) -> None:
+        """value at offset, or a vector of values at offset, offset + lane_stride, …"""
         b = self.b
         if dtype == "bool":
             value = b.zext(value, I8)
         ptr = b.gep(self.ptrs[buffer], [offset])
-        if isinstance(value.type, ir.VectorType):
+        if not isinstance(value.type, ir.VectorType):
+            b.store(value, ptr)
+        elif lane_stride == 1:
             b.store(value, b.bitcast(ptr, value.type.as_pointer()), align=_bits(dtype) // 8)
         else:
-            b.store(value, ptr)
+            for j in range(value.type.count):
+                at = b.gep(ptr, [ir.Constant(I64, j * lane_stride)])
+                b.store(b.extract_element(value, ir.Constant(I32, j)), at)
 
     # -------------------------------------------------------- maps
 
@@ -479,7 +484,9 @@ class _KernelGen:
 
     def scan(self, lo: ir.Value, hi: ir.Value) -> None:
         """For each kept point in [lo, hi), its line of the scanned axis in order (LANES
-        consecutive points side by side where grain says so, each in its own order)."""
+        consecutive points side by side where grain says so, each in its own order: with
+        vector loads and stores where they are neighbours in memory, else element by
+        element, where the step is long enough that its latency outweighs them)."""
         self.each_point(lo, hi, self.scan_points)
 
     def scan_points(self, o: ir.Value, points: int) -> None:
@@ -494,7 +501,8 @@ class _KernelGen:
         acc = self.slot(ir.VectorType(SCALAR[dtype], points) if points else SCALAR[dtype])
 
         def put(j: ir.Value, y: ir.Value) -> None:
-            self.store(a.buffer, b.add(out, b.mul(j, ir.Constant(I64, a.strides[-1]))), y, dtype)
+            at = b.add(out, b.mul(j, ir.Constant(I64, a.strides[-1])))
+            self.store(a.buffer, at, y, dtype, a.strides[-2] if points else 1)
             b.store(y, acc)
 
         put(ir.Constant(I64, 0), value_at(ir.Constant(I64, 0)))

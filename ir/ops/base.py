@@ -81,7 +81,8 @@ class Primitive:
     # why the backends run it (or, for an elementwise primitive, its dtypes without a scalar
     # body) on the host; None: they must compile it, and a plan that cannot is an error
     host: ClassVar[str | None] = None
-    costly: ClassVar[bool] = False       # many instructions a value: a row kernel stores it once
+    # many instructions a value: a row kernel stores it once; a scan gathers lines into lanes
+    costly: ClassVar[bool] = False
     random: ClassVar[bool] = False       # each op is its own draw: never merged, never folded
 
     def __eq__(self, other: object) -> bool:

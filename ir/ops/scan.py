@@ -128,6 +128,7 @@ class LogCumSumExp(Cumulative):
     needs = "a float"
     compiled = ("f32", "f64")
     host = "the math library is for f32 and f64; f16 is evaluated by NumPy"
+    costly = True                                # an exp and a log a step
 
     def step(self, e: Any, acc: Any, x: Any, dtype: str) -> Any:
         """log_add_exp, operation by operation."""
