@@ -138,11 +138,11 @@ def address(a) -> int:
 def jit(key: tuple[str, ...], build: Callable[[], ir.Module | str]) -> llvm.ExecutionEngine:
     """An MCJIT engine for the module build() makes (or its text), optimised at O3 for the host CPU. Its
     object code comes from the on-disk cache when there is an entry under key (which must
-    name everything the module depends on) for this backend's code and this machine: then
-    build() is not even called."""
+    name everything the module depends on) for this backend's code, the IR's (where the
+    primitives' scalar bodies are) and this machine: then build() is not even called."""
     machine = target_machine()
-    k = cache.key(*key, cache.code_digest("backend"), machine.triple, llvm.get_host_cpu_name(),
-                  llvm.get_host_cpu_features().flatten(), "O3")
+    k = cache.key(*key, cache.code_digest("backend", "ir"), machine.triple,
+                  llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten(), "O3")
     cached = cache.load(k)
     if cached is not None:
         engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), machine)

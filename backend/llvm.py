@@ -1,8 +1,8 @@
 """Loop IR to LLVM IR through llvmlite: shared by every target.
 
 A kernel becomes `void name(i8** buffers, i64 lo, i64 hi)`: a map visits the points whose
-first index is in [lo, hi); a reduction, the result points whose flattened index is in
-[lo, hi); a row kernel, the rows whose flattened index is in [lo, hi), each row's stages in
+first index is in [lo, hi); a reduction or a scan, the kept points whose flattened index is
+in [lo, hi); a row kernel, the rows whose flattened index is in [lo, hi), each row's stages in
 order, the values one per row in registers. Threads split [lo, hi) between them; each point is computed the same way whoever
 computes it, so results do not depend on the thread count. Scalar operations are emitted by
 `Emitter`, on scalars or on vectors of LANES values alike; transcendental functions come
@@ -14,16 +14,17 @@ from typing import Any, Callable
 
 from llvmlite import ir
 
-from backend.loops import Instr, LoopKernel
+from backend.loops import IDENTITY, Instr, LoopKernel
 from ir.numerics import CHUNK, LANES
-from ir.ops.elementwise import Maximum, Minimum
+from ir.ops.elementwise import Add, Maximum, Minimum, Mul
 
 I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
 SCALAR = {"f32": ir.FloatType(), "f64": ir.DoubleType(), "f16": ir.HalfType(),
           "i32": I32, "i64": I64, "u32": I32, "bool": I1}
 FLOATS = ("f32", "f64", "f16")
 ROW_BLOCK = 8                      # rows a row kernel's stage runs for at a time (see rows)
-COMBINERS = {"max": Maximum(), "min": Minimum()}   # the primitives whose bodies combine so
+# the primitives whose bodies combine partial results so (backend/loops.py's Reduce)
+COMBINERS = {"add": Add(), "mul": Mul(), "max": Maximum(), "min": Minimum()}
 
 
 def memory_type(dtype: str) -> ir.Type:
@@ -120,8 +121,6 @@ class Emitter:
 
     def combine(self, how: str, x: ir.Value, y: ir.Value, dtype: str) -> ir.Value:
         """Two partial results of a reduction combined by the loop IR's `how` (backend/loops.py)."""
-        if how == "add":
-            return self.b.fadd(x, y)
         return COMBINERS[how].scalar(self, [x, y], [dtype, dtype], dtype, {})
 
     def cast(self, x: ir.Value, src: str, dst: str) -> ir.Value:
@@ -189,6 +188,8 @@ def kernel_function(module: ir.Module, k: LoopKernel) -> ir.Function:
         gen.rows(lo, hi)
     elif k.is_reduction:
         gen.reduction(lo, hi)
+    elif k.is_scan:
+        gen.scan(lo, hi)
     else:
         gen.map(lo, hi)
     gen.b.ret_void()
@@ -205,12 +206,25 @@ def kernel_function(module: ir.Module, k: LoopKernel) -> ir.Function:
 
 def grain(k: LoopKernel) -> int:
     """What the start of a thread's range should be a multiple of, for speed alone: LANES
-    for a reduction whose result points are reduced LANES at a time side by side."""
-    if not k.is_reduction or not k.shape or k.shape[-1] < LANES:
+    for a reduction whose result points are reduced LANES at a time side by side (where its
+    reduced axis is strided), or a scan whose kept points are scanned so (where consecutive
+    ones are consecutive in its result)."""
+    if not (k.is_reduction or k.is_scan) or not k.shape or k.shape[-1] < LANES:
         return 1
     loads = [ins.load for ins in k.body if ins.load is not None]
-    across = all(l.strides[-2] in (0, 1) for l in loads) and any(l.strides[-1] != 1 for l in loads)
-    return LANES if across else 1
+    across = all(l.strides[-2] in (0, 1) for l in loads)
+    if k.is_scan:          # a costly step is worth gathering lines that are not neighbours
+        return LANES if across and k.scan.strides[-2] == 1 or k.scan.prim.costly else 1
+    return LANES if across and any(l.strides[-1] != 1 for l in loads) else 1
+
+
+def unravel(b: ir.IRBuilder, flat: ir.Value, shape: tuple[int, ...]) -> list[ir.Value]:
+    """The index of position `flat` in a row-major space of `shape`."""
+    index, rest = [], flat
+    for d in reversed(shape):
+        index.append(b.urem(rest, ir.Constant(I64, d)))
+        rest = b.udiv(rest, ir.Constant(I64, d))
+    return index[::-1]
 
 
 def loop(b: ir.IRBuilder, start: ir.Value, stop: ir.Value, body: Callable[[ir.Value], None],
@@ -303,11 +317,21 @@ class _KernelGen:
                              lambda ins: self.load(ins, offset_of(ins), lanes, lane_stride_of(ins)),
                              lambda c: self.e.splat(c, lanes) if lanes else c)
 
-    def store(self, buffer: int, offset: ir.Value, value: ir.Value, dtype: str) -> None:
+    def store(self, buffer: int, offset: ir.Value, value: ir.Value, dtype: str,
+              lane_stride: int = 1) -> None:
+        """value at offset, or a vector of values at offset, offset + lane_stride, …"""
         b = self.b
         if dtype == "bool":
             value = b.zext(value, I8)
-        b.store(value, b.gep(self.ptrs[buffer], [offset]))
+        ptr = b.gep(self.ptrs[buffer], [offset])
+        if not isinstance(value.type, ir.VectorType):
+            b.store(value, ptr)
+        elif lane_stride == 1:
+            b.store(value, b.bitcast(ptr, value.type.as_pointer()), align=_bits(dtype) // 8)
+        else:
+            for j in range(value.type.count):
+                at = b.gep(ptr, [ir.Constant(I64, j * lane_stride)])
+                b.store(b.extract_element(value, ir.Constant(I32, j)), at)
 
     # -------------------------------------------------------- maps
 
@@ -382,11 +406,7 @@ class _KernelGen:
         """A map stage's points of row o: the row's axes in row-major order, or one point."""
         b, shape = self.b, self.k.shape
         along = shape[len(rows):]
-        index, rest = [], o
-        for d in reversed(rows):
-            index.append(b.urem(rest, ir.Constant(I64, d)))
-            rest = b.udiv(rest, ir.Constant(I64, d))
-        index.reverse()
+        index = unravel(b, o, rows)
         if prod(along) == 1:                               # one value per row
             values = self.point(index + [ir.Constant(I64, 0)] * len(along), o)
             self.known.update((buf, values[ins]) for buf, ins in self.k.stores)
@@ -409,9 +429,14 @@ class _KernelGen:
         Where the reduced axis is strided and consecutive result points are consecutive in
         memory (a sum over a leading axis), LANES result points at a time are reduced side by
         side, each in its own canonical order, with vector loads across them."""
+        self.each_point(lo, hi, self.reduce_points)
+
+    def each_point(self, lo: ir.Value, hi: ir.Value, each: Callable[[ir.Value, int], Any]) -> None:
+        """each(o, 0) for the kept points o in [lo, hi), or, where grain is LANES,
+        each(o, LANES) for the runs of LANES of them within a row of the last kept axis."""
         outer = self.k.shape
         if grain(self.k) == 1:
-            loop(self.b, lo, hi, lambda o: self.reduce_points(o, 0))
+            loop(self.b, lo, hi, lambda o: each(o, 0))
             return
         b = self.b
         at = self.slot(I64)
@@ -428,10 +453,10 @@ class _KernelGen:
         whole = b.and_(in_row, b.icmp_signed("<=", b.add(o, width), hi))
         with b.if_else(whole) as (vector, scalar):
             with vector:
-                self.reduce_points(o, LANES)
+                each(o, LANES)
                 b.store(b.add(o, width), at)
             with scalar:
-                self.reduce_points(o, 0)
+                each(o, 0)
                 b.store(b.add(o, ir.Constant(I64, 1)), at)
         b.branch(head)
         b.position_at_end(after)
@@ -440,23 +465,9 @@ class _KernelGen:
         """Reduce result point o (points = 0), or the `points` consecutive ones from o, each in
         the canonical order."""
         r = self.k.reduce
-        outer = self.k.shape
         dtype = self.k.body[r.value].dtype
         b = self.b
-        index, rest = [], o
-        for d in reversed(outer):
-            index.append(b.urem(rest, ir.Constant(I64, d)))
-            rest = b.udiv(rest, ir.Constant(I64, d))
-        index.reverse()
-        base = {id(ins): self.offset(index, ins.load.strides[:-1], ins.load.offset)
-                for ins in self.k.body if ins.load is not None}
-
-        def value_at(j: ir.Value, lanes: int = 0) -> ir.Value:
-            offsets = lambda ins: b.add(base[id(ins)], b.mul(j, ir.Constant(I64, ins.load.strides[-1])))
-            if points:          # one value for each of the points, at the same j
-                return self.body(offsets, points, lambda ins: ins.load.strides[-2])[r.value]
-            return self.body(offsets, lanes, lambda ins: ins.load.strides[-1])[r.value]
-
+        _, value_at = self.walk(o, r.value, points)
         if points:
             result = self.reduce(self.k.n, value_at, dtype, r.combine, points)
         else:
@@ -464,13 +475,54 @@ class _KernelGen:
         if r.count is not None:        # a mean, also of nothing: 0 / 0 is NaN
             count = self.e.const(float(r.count), dtype)
             result = b.fdiv(result, self.e.splat(count, points) if points else count)
-        if points:
-            ptr = b.gep(self.ptrs[r.buffer], [o])
-            b.store(result, b.bitcast(ptr, ir.VectorType(memory_type(dtype), points).as_pointer()),
-                    align=_bits(dtype) // 8)
-        else:
-            self.store(r.buffer, o, result, dtype)
+        self.store(r.buffer, o, result, dtype)
         return result
+
+    def walk(self, o: ir.Value, value: int, points: int) -> tuple[list[ir.Value], Callable]:
+        """The index of a reduction's (or scan's) kept point o, and value_at(j, lanes): the
+        body's instruction `value` there at index j of the walked axis (lanes: the LANES
+        consecutive j from it); with `points`, of the `points` consecutive kept points from o."""
+        b = self.b
+        index = unravel(b, o, self.k.shape)
+        base = {id(ins): self.offset(index, ins.load.strides[:-1], ins.load.offset)
+                for ins in self.k.body if ins.load is not None}
+
+        def value_at(j: ir.Value, lanes: int = 0) -> ir.Value:
+            offsets = lambda ins: b.add(base[id(ins)], b.mul(j, ir.Constant(I64, ins.load.strides[-1])))
+            if points:          # one value for each of the points, at the same j
+                return self.body(offsets, points, lambda ins: ins.load.strides[-2])[value]
+            return self.body(offsets, lanes, lambda ins: ins.load.strides[-1])[value]
+
+        return index, value_at
+
+    # -------------------------------------------------------- scans
+
+    def scan(self, lo: ir.Value, hi: ir.Value) -> None:
+        """For each kept point in [lo, hi), its line of the scanned axis in order (LANES
+        consecutive points side by side where grain says so, each in its own order: with
+        vector loads and stores where they are neighbours in memory, else element by
+        element, where the step is long enough that its latency outweighs them)."""
+        self.each_point(lo, hi, self.scan_points)
+
+    def scan_points(self, o: ir.Value, points: int) -> None:
+        """The scan of kept point o (points = 0), or of the `points` consecutive ones from o:
+        y[0] = v[0], then y[j] = step(y[j-1], v[j]), each stored as it is made."""
+        a, b, n = self.k.scan, self.b, self.k.n
+        if not n:
+            return
+        dtype = self.k.body[a.value].dtype
+        index, value_at = self.walk(o, a.value, points)
+        out = self.offset(index, a.strides[:-1])
+        acc = self.slot(ir.VectorType(SCALAR[dtype], points) if points else SCALAR[dtype])
+
+        def put(j: ir.Value, y: ir.Value) -> None:
+            at = b.add(out, b.mul(j, ir.Constant(I64, a.strides[-1])))
+            self.store(a.buffer, at, y, dtype, a.strides[-2] if points else 1)
+            b.store(y, acc)
+
+        put(ir.Constant(I64, 0), value_at(ir.Constant(I64, 0)))
+        loop(b, ir.Constant(I64, 1), ir.Constant(I64, n),
+             lambda j: put(j, a.prim.step(self.e, b.load(acc), value_at(j), dtype)))
 
     def slot(self, ty: ir.Type, count: int = 1) -> ir.Value:
         """Stack memory allocated once at the function's entry, not once per loop iteration."""
@@ -485,8 +537,7 @@ class _KernelGen:
         return self.e.combine(how, a, c, dtype)
 
     def identity(self, how: str, dtype: str) -> ir.Value:
-        value = {"add": -0.0, "max": float("-inf"), "min": float("inf")}[how]
-        return self.e.const(value, dtype)
+        return self.e.const(IDENTITY[how], dtype)
 
     def reduce(self, n: int, value_at: Callable, dtype: str, how: str, points: int = 0,
                vector: bool = True) -> ir.Value:

@@ -10,6 +10,10 @@ axis (stride 0 where the buffer is broadcast), so transposes, broadcasts and sli
 nothing. A map's load may have a window: outside it the load is 0 and reads no memory, so
 that zeros around a buffer (the gradient of a slice) are never made.
 
+A scan kernel's space is, like a reduction's, the kept axes followed by the scanned one (`n`
+long): at each kept point it walks the scanned axis in order, accumulating the body's value
+by its primitive's `step` (ir/ops/scan.py), and stores every partial result.
+
 A row kernel (softmax, layer norm) keeps a reduction over trailing axes, the elementwise ops
 around it and those that use its result broadcast back in one kernel. Its `shape` is the rows
 (the outer axes, which threads split) and `n` the row length; for each row it runs its
@@ -59,9 +63,13 @@ class Instr:
         return Instr(None, (), (), dtype, load)
 
 
+# each combining operation of a reduction, and the value an empty lane holds (docs/numerics.md)
+IDENTITY = {"add": -0.0, "mul": 1.0, "max": float("-inf"), "min": float("inf")}
+
+
 @dataclass(frozen=True)
 class Reduce:
-    """The body's instruction `value` combined over the reduced axis ('add', 'max' or 'min'),
+    """The body's instruction `value` combined over the reduced axis (one of IDENTITY's),
     divided by `count` afterwards when count is set (mean), stored into `buffer`."""
     combine: str
     value: int
@@ -70,19 +78,32 @@ class Reduce:
 
 
 @dataclass(frozen=True)
+class Accumulate:
+    """The body's instruction `value` scanned along the last axis of the space by `prim`'s
+    step: y[0] = v[0], y[j] = step(y[j-1], v[j]), each y[j] stored into `buffer` at
+    Σ index[d] * strides[d] over the kept axes and the scanned one."""
+    prim: Primitive
+    value: int
+    buffer: int
+    strides: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class LoopKernel:
     name: str
-    shape: tuple[int, ...]                         # a map's space, or a reduction's result axes
+    shape: tuple[int, ...]                         # a map's space, or the kept axes (reduce, scan)
     buffers: tuple[tuple[str, tuple[int, ...]], ...]   # (dtype, shape) of each argument
     body: tuple[Instr, ...]
     stores: tuple[tuple[int, int], ...] = ()       # a map's (buffer, instruction) pairs
     reduce: Reduce | None = None
-    n: int = 0                                     # a reduction's reduced length, a row's length
+    n: int = 0                                     # a reduced or scanned length, a row's length
     stages: tuple[LoopKernel, ...] = ()            # a row kernel's stages, in order
+    scan: Accumulate | None = None
 
     def __post_init__(self) -> None:
-        if self.reduce and any(ins.load and ins.load.window for ins in self.body):
-            raise ValueError(f"kernel {self.name}: a reduction's loads have no window")
+        if (self.reduce or self.scan) and any(ins.load and ins.load.window for ins in self.body):
+            raise ValueError(f"kernel {self.name}: the loads of a reduction or a scan have "
+                             "no window")
         per_row: set[int] = set()
         for stage in self.stages:
             if stage.shape[:len(self.shape)] != self.shape or stage.is_reduction and stage.n != self.n:
@@ -102,12 +123,17 @@ class LoopKernel:
         return bool(self.stages)
 
     @property
+    def is_scan(self) -> bool:
+        return self.scan is not None
+
+    @property
     def extent(self) -> int:
         """The range [0, extent) that the kernel function's (lo, hi) cut (backend/llvm.py): a
-        map's first axis, a reduction's result points, a row kernel's rows."""
+        map's first axis, a reduction's result points or a scan's, a row kernel's rows."""
         if not self.shape:
             return 1
-        return prod(self.shape) if self.is_reduction or self.is_rows else self.shape[0]
+        points = self.is_reduction or self.is_rows or self.is_scan
+        return prod(self.shape) if points else self.shape[0]
 
 
 def row_values(stage: LoopKernel, rows: tuple[int, ...]) -> tuple[int, ...]:
@@ -140,7 +166,8 @@ def to_text(k: LoopKernel) -> str:
 
 
 def _space(k: LoopKernel) -> str:
-    return f"for {list(k.shape)}" + (f" reduce {k.n}" if k.is_reduction else "")
+    return f"for {list(k.shape)}" + (f" reduce {k.n}" if k.is_reduction else
+                                     f" scan {k.n}" if k.is_scan else "")
 
 
 def _stage_text(k: LoopKernel) -> list[str]:
@@ -166,4 +193,7 @@ def _body_text(k: LoopKernel) -> list[str]:
         r = k.reduce
         mean = f" / {r.count}" if r.count is not None else ""
         lines.append(f"  b{r.buffer} <- {r.combine} over {k.n} of %{r.value}{mean}")
+    if k.scan:
+        a = k.scan
+        lines.append(f"  b{a.buffer}{list(a.strides)} <- {a.prim.name} along {k.n} of %{a.value}")
     return lines

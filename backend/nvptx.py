@@ -9,6 +9,8 @@ Every kernel computes exactly the bits the CPU backend computes (LANGUAGE.md §9
   1 is the halving tree (lane j ← lane j ⊕ lane j+s). Up to CHUNK elements, one warp reduces
   one result; beyond, one block does: its warps reduce the chunks, whose results wait in shared
   memory and are reduced again by the same rule (twice where there are more than CHUNK chunks).
+- A scan kernel gives each thread one line of the scanned axis (one kept point, as a map
+  gives it an element), which it walks in order: the CPU's sequence of steps, so its bits.
 - A row kernel gives each row a warp (rows up to CHUNK long) or a block (longer ones), which
   runs its stages in order: a reduction stage as above, its value then in every thread's
   registers (`shfl.sync.idx` from lane 0, or through shared memory); a map stage over the
@@ -41,7 +43,7 @@ import llvmlite.binding as llvm
 from llvmlite import ir
 
 from backend.llvm import I8, I32, I64, SCALAR, Emitter, evaluate_body, memory_type, row_major, windowed
-from backend.loops import Instr, LoopKernel
+from backend.loops import IDENTITY, Instr, LoopKernel
 from ir.ops.base import Primitive
 from ir.ops.index import Take
 from ir.numerics import CHUNK, LANES
@@ -63,7 +65,8 @@ assert LANES == WARP, "the canonical lanes are one warp"
 @dataclass(frozen=True)
 class Launch:
     """How a kernel is launched: its entry name, the work items its grid covers (elements of
-    a map, results of a reduction), threads per block, blocks, and static shared memory."""
+    a map, results of a reduction, lines of a scan), threads per block, blocks, and static
+    shared memory."""
     entry: str
     extent: int
     block: int
@@ -335,9 +338,8 @@ class _LoopKernelGen(_Builder):
         """value_at(0 … count-1) combined in the canonical order by the 32 lanes of a warp:
         lane l takes l, l+32, … left to right, then the shuffle-down tree. Valid in lane 0."""
         b = self.b
-        identity = {"add": -0.0, "max": float("-inf"), "min": float("inf")}[self.k.reduce.combine]
         acc = self.slot(SCALAR[self.dtype])
-        b.store(self.e.const(identity, self.dtype), acc)
+        b.store(self.e.const(IDENTITY[self.k.reduce.combine], self.dtype), acc)
         self.loop(lane, count, self.c(WARP),
                   lambda j: b.store(self.combine(b.load(acc), value_at(j)), acc), "lane")
         value = b.load(acc)
@@ -347,14 +349,16 @@ class _LoopKernelGen(_Builder):
             s //= 2
         return value
 
-    def values_of(self, o: ir.Value) -> Callable[[ir.Value], ir.Value]:
-        """Element j of the reduction of result point o: the body at the j-th reduced index."""
+    def values_of(self, o: ir.Value, value: int | None = None) -> Callable[[ir.Value], ir.Value]:
+        """Element j of the reduction (or scan) of kept point o: the body's instruction
+        `value` (the reduced one by default) at the j-th index of the walked axis."""
         b, k = self.b, self.k
         index = self.unravel(o, k.shape)
         loads = [ins for ins in k.body if ins.load is not None]
         base = {id(ins): self.offset(index, ins.load.strides[:-1]) for ins in loads}
+        value = k.reduce.value if value is None else value
         return lambda j: self.body(
-            lambda ins: b.add(base[id(ins)], b.mul(j, self.c(ins.load.strides[-1]))))[k.reduce.value]
+            lambda ins: b.add(base[id(ins)], b.mul(j, self.c(ins.load.strides[-1]))))[value]
 
     def divided(self, value: ir.Value) -> ir.Value:
         """A mean's sum divided by its count."""
@@ -444,6 +448,30 @@ class _LoopKernelGen(_Builder):
         else:                                            # a block per result
             self.each_result(lambda o: self.block_result(o, lane, warp, store(o, is_lane0)))
 
+    # -------------------------------------------------------- scans
+
+    def scan(self) -> None:
+        """A thread per kept point, grid-stride (so along a leading axis, coalesced), walking
+        its line of the scanned axis in order: y[0] = v[0], y[j] = step(y[j-1], v[j])."""
+        b, k, a = self.b, self.k, self.k.scan
+        dtype = k.body[a.value].dtype
+        acc = self.slot(SCALAR[dtype])
+
+        def line(o: ir.Value) -> None:
+            value_at = self.values_of(o, a.value)
+            out = self.offset(self.unravel(o, k.shape), a.strides[:-1])
+
+            def put(j: ir.Value, y: ir.Value) -> None:
+                self.store(a.buffer, b.add(out, b.mul(j, self.c(a.strides[-1]))), y, dtype)
+                b.store(y, acc)
+
+            put(self.c(0), value_at(self.c(0)))
+            step = lambda j: put(j, a.prim.step(self.e, b.load(acc), value_at(j), dtype))
+            self.loop(self.c(1), self.c(k.n), self.c(1), step, "along")
+
+        if k.n:
+            self.each_element(self.c(extent(k)), line)
+
     # -------------------------------------------------------- row kernels
 
     def rows(self) -> None:
@@ -518,7 +546,14 @@ def _kernel_entry(module: ir.Module, k: LoopKernel, annotations, target: Target)
     params = [memory_type(dt).as_pointer() for dt, _ in k.buffers]
     fn = _entry(module, launch(k).entry, params, annotations, BLOCK)
     gen = _LoopKernelGen(fn, k, target)
-    gen.rows() if k.is_rows else gen.reduction() if k.is_reduction else gen.map()
+    if k.is_rows:
+        gen.rows()
+    elif k.is_reduction:
+        gen.reduction()
+    elif k.is_scan:
+        gen.scan()
+    else:
+        gen.map()
     gen.b.ret_void()
 
 

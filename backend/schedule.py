@@ -4,7 +4,8 @@ Consecutive elementwise ops of one shape fuse into one map kernel: their interme
 never touch memory, and only values used later are stored. A float reduction over
 contiguous-compatible axes becomes a reduction kernel, which computes its input itself when
 the open map kernel makes it for the reduction alone (the softmax's exp, the variance's
-square). A float `@` is a contraction step for the blocked kernel of backend/contract.py
+square). A scan (cumsum…) is a scan kernel, which computes its input itself in the same way.
+A float `@` is a contraction step for the blocked kernel of backend/contract.py
 (ir/passes.py's for_backends rewrites einsums that are matrix products as `@`, and one_hot as
 a comparison that fuses, first); a map kernel that reads its result C where it writes (a bias,
 an activation, a residual), or a row kernel over C's rows (a layer norm, a softmax), becomes
@@ -30,7 +31,7 @@ from dataclasses import dataclass, replace
 from math import prod
 
 from backend.llvm import FLOATS, row_major
-from backend.loops import Instr, Load, LoopKernel, Reduce, row_scalar
+from backend.loops import Accumulate, Instr, Load, LoopKernel, Reduce, row_scalar
 from backend.views import View, identity, load_strides, load_window, view_of
 from ir.core import Function, Op, Value
 from ir.ops.base import Role, np_dtype
@@ -97,6 +98,13 @@ def fusible(op: Op) -> bool:
 
 def reduces(op: Op) -> bool:
     return op.primitive.role is Role.REDUCTION
+
+
+def scans(op: Op) -> bool:
+    """Whether op is a scan that the kernels compile for its dtype (else it has a reason to
+    run on the host)."""
+    prim = op.primitive
+    return prim.role is Role.SCAN and prim.compiles([op.inputs[0].dtype], op.outputs[0].dtype)
 
 
 def schedule(fn: Function, name: str = "k") -> Plan:
@@ -178,11 +186,11 @@ def schedule(fn: Function, name: str = "k") -> Plan:
                 space = _shape(op)
             group.append(op)
             in_group.update(op.outputs)
-        elif reduces(op) and _reducible(op):
+        elif reduces(op) and _reducible(op) or scans(op):
             x = op.inputs[0]
             # a reduction over a row that comes back into the row, or one more over the rows of
             # a row group: a stage of the group's row kernel
-            outer = _rows(op)
+            outer = _rows(op) if reduces(op) else None
             if outer is not None and (id(op) in back or rows == outer and space == x.shape):
                 if group and not (space == x.shape and rows in (None, outer)):
                     flush()
@@ -191,8 +199,8 @@ def schedule(fn: Function, name: str = "k") -> Plan:
                     in_group.update(op.outputs)
                     rows, space = outer, x.shape
                     continue
-            # read only by this reduction: the ops of the group that make x are computed in
-            # the reduction's loop instead, and x is never stored
+            # read only by this reduction (or scan): the ops of the group that make x are
+            # computed in its loop instead, and x is never stored
             fused = (rows is None and x in in_group and users[x] == 1 and x not in results and
                      _reduction_kernel(next(names), op, _cone(group, [x]), views, constants))
             if fused:
@@ -248,7 +256,7 @@ def _epilogue(contract: ContractStep, step: Step) -> KernelStep | None:
     neither, or a map's load's leading axes do not step through memory as one."""
     (c,), b = contract.op.outputs, contract.op.inputs[1]
     k = step.kernel if isinstance(step, KernelStep) else None
-    if k is None or k.is_reduction or c not in step.args or not c.shape:
+    if k is None or k.is_reduction or k.is_scan or c not in step.args or not c.shape:
         return None
     at = step.args.index(c)
     if k.is_rows:
@@ -396,9 +404,9 @@ def _reduced(op: Op, strides: tuple[int, ...]) -> tuple[int, ...] | None:
 
 def _reduction_kernel(name: str, op: Op, cone: list[Op], views: dict[Value, tuple[Op, View]],
                       constants: dict[Value, object]) -> KernelStep | None:
-    """A reduction of op's input, computed at each point by the ops of `cone` from loads
-    (only a load of the input when the cone is empty); None where a load's reduced axes do
-    not read as one axis, or it has a window."""
+    """A reduction (or scan) of op's input, computed at each point by the ops of `cone` from
+    loads (only a load of the input when the cone is empty); None where a load's reduced axes
+    do not read as one axis, or it has a window."""
     x, out = op.inputs[0], op.outputs[0]
     axes = _axes(op)
 
@@ -414,8 +422,12 @@ def _reduction_kernel(name: str, op: Op, cone: list[Op], views: dict[Value, tupl
     n = prod(x.shape[a] for a in axes)
     outer = tuple(x.shape[i] for i in range(len(x.shape)) if i not in axes)
     buffers = tuple((v.dtype, v.shape) for v in k.args) + ((out.dtype, out.shape),)
-    reduce = _reduce(op, k.where[x], len(k.args), n)
-    kernel = LoopKernel(name, outer, buffers, tuple(k.body), reduce=reduce, n=n)
+    if op.primitive.role is Role.SCAN:          # stored along the axis as x is laid out
+        scan = Accumulate(op.primitive, k.where[x], len(k.args), _reduced(op, row_major(x.shape)))
+        kernel = LoopKernel(name, outer, buffers, tuple(k.body), n=n, scan=scan)
+    else:
+        reduce = _reduce(op, k.where[x], len(k.args), n)
+        kernel = LoopKernel(name, outer, buffers, tuple(k.body), reduce=reduce, n=n)
     return KernelStep(kernel, tuple(k.args) + (out,), (out,))
 
 

@@ -211,7 +211,8 @@ class Program:
         gpu = gpu_kernels(plan, name) if target == "ptx" else None
         kernels = []
         for k in (gpu.kernels if gpu else plan.kernels):
-            kind = "rows" if k.is_rows else "reduction" if k.is_reduction else "map"
+            kind = ("rows" if k.is_rows else "reduction" if k.is_reduction else
+                    "scan" if k.is_scan else "map")
             entry = {"name": k.name, "buffers": [[dt, list(shape)] for dt, shape in k.buffers],
                      "kind": kind, "extent": k.extent}
             if gpu:

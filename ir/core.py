@@ -15,7 +15,7 @@ from typing import Any
 
 from ir import ops
 from ir.dims import Dim
-from ir.ops.base import Kind, Primitive
+from ir.ops.base import Kind, Primitive, Role
 from ir.types import KeyType, ListType, TensorType, TupleType, Type
 
 _ids = itertools.count()
@@ -129,11 +129,14 @@ class Builder:
 
     def emit(self, prim: str | Primitive, *inputs: Value, **static: Any) -> Value | tuple[Value, ...]:
         """Append prim(inputs; static) and return its result (a tuple when it has several);
-        prim is a primitive or its IR name."""
+        prim is a primitive or its IR name. A composite primitive appends the ops of its
+        definition instead."""
         p = prim if isinstance(prim, Primitive) else ops.REGISTRY[prim]
         args = bind_inputs(p, tuple(v.type for v in inputs), static)
         kinds = {q.name: q.kind for q in p.params}
         result = p.infer(**{k: _dims(kinds[k], v) for k, v in args.items()})
+        if p.role is Role.COMPOSITE:
+            return p.expand(self, **bind_inputs(p, tuple(inputs), static))
         outputs = tuple(Value(t) for t in _flat_types(result))
         self.ops.append(Op(p, tuple(inputs), tuple(sorted(static.items())), outputs))
         return outputs[0] if not isinstance(result, (TupleType, ListType)) else outputs

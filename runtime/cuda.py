@@ -359,7 +359,8 @@ def wait(drv, after: str, timeout: float | None = None) -> None:
 def compile_ptx(kernels: list, matmuls: tuple[str, ...], gathers: tuple[tuple[str, str], ...],
                 target: str) -> str:
     """The PTX of these kernels, from the on-disk cache where it holds exactly them."""
-    k = cache.key("ptx", repr(kernels), repr(matmuls), repr(gathers), target, cache.code_digest("backend"))
+    k = cache.key("ptx", repr(kernels), repr(matmuls), repr(gathers), target,
+                  cache.code_digest("backend", "ir"))        # (the scalar bodies are in ir/ops)
     cached = cache.load(k)
     if cached is not None:
         return cached.decode()

@@ -62,6 +62,8 @@ class Role(Enum):
     CONTRACTION = "contraction"   # a matrix product: the blocked contraction kernel
     CONSTANT = "constant"         # a literal: written into the kernels that read it
     STRUCTURED = "structured"     # holds a body function (scan, checkpoint) the runtimes run
+    SCAN = "scan"                 # `step` along one axis in order: a scan kernel
+    COMPOSITE = "composite"       # emitted as the ops of its `expand` (ir/core.py): never in the IR
     HOST = "host"                 # evaluated by the reference interpreter, for `host`'s reason
 
 
@@ -79,7 +81,8 @@ class Primitive:
     # why the backends run it (or, for an elementwise primitive, its dtypes without a scalar
     # body) on the host; None: they must compile it, and a plan that cannot is an error
     host: ClassVar[str | None] = None
-    costly: ClassVar[bool] = False       # many instructions a value: a row kernel stores it once
+    # many instructions a value: a row kernel stores it once; a scan gathers lines into lanes
+    costly: ClassVar[bool] = False
     random: ClassVar[bool] = False       # each op is its own draw: never merged, never folded
 
     def __eq__(self, other: object) -> bool:
@@ -99,6 +102,11 @@ class Primitive:
         """Cotangents of op's inputs (None: zero) given those of its outputs (None: zero),
         emitted as ops into the ir.core.Builder b (see ir/ad.py)."""
         raise NotImplementedError(f"no VJP rule for '{self.name}'")
+
+    def expand(self, b: Any, **args: Any) -> Any:
+        """A composite primitive's result, emitted as the ops that define it into the
+        ir.core.Builder b (args: its inputs as Values and its static parameters)."""
+        raise NotImplementedError(f"'{self.name}' is not a composition")
 
     def compiles(self, dtypes: list[str], dtype: str) -> bool:
         """Whether `scalar` has a body for operands of these dtypes and a result of dtype."""

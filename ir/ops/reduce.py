@@ -1,10 +1,21 @@
-"""Reductions over axes: `sum mean max min argmax argmin`.
+"""Reductions over axes: `sum prod mean max min any all var std argmax argmin`.
 
 `axis` is None (all axes), an int or a tuple of ints, negative counting from the end;
 `keepdims=True` keeps each reduced axis with length 1. The VJPs of `max` and `min` divide the
-cotangent equally among the elements that tie for the extreme, as `torch.amax` does."""
+cotangent equally among the elements that tie for the extreme, as `torch.amax` does; `prod`'s
+handles zeros as `torch.prod` does.
+
+`var` and `std` are compositions (Role.COMPOSITE): the Builder emits their definition,
+`sum((x - mean(x))**2) / (N - correction)`, as the ops mean, sub, mul, sum (mean where the
+correction is 0) and div. Their meaning, their VJP and their kernels are then those of the
+parts: the interpreter and every backend compute the same ops in the same canonical order, so
+the bits agree by construction, and the scheduler fuses the parts (a variance over a row is
+one row kernel) as it fuses any such ops. A primitive of their own would need a second
+definition of the same arithmetic in each backend, and a VJP that autodiff of the parts gives
+for free (correct to every order, which a hand-written rule through a stopped mean is not)."""
 from __future__ import annotations
 
+from math import prod
 from typing import Any, Callable, ClassVar
 
 import numpy as np
@@ -105,6 +116,30 @@ class Sum(Reduction):
 
 
 @primitive
+class Prod(Reduction):
+    """The product; integers keep their dtype (and wrap around)."""
+    name = surface = "prod"
+    numpy = staticmethod(np.prod)
+    canonical = (np.multiply, 1.0)
+    accepts = NUMERIC
+    needs = "a numeric"
+    integer_identity = True
+    combine = "mul"
+
+    def backward(self, b: Any, ct: Any, x: Any, y: Any, axes: tuple[int, ...]) -> Any:
+        """ct times the product of the other elements: y / x where the slice has no zero, the
+        product of the rest at a slice's only zero, and 0 elsewhere (y / x would be 0 / 0)."""
+        zero, one = b.constant(0.0, x.dtype), b.constant(1.0, x.dtype)
+        is_zero = b.emit("eq", x, zero)
+        zeros = b.emit("sum", b.emit("cast", is_zero, dtype=x.dtype), axis=axes, keepdims=True)
+        rest = b.emit("prod", b.emit("where", is_zero, one, x), axis=axes, keepdims=True)
+        only = b.emit("and", is_zero, b.emit("eq", zeros, one))
+        with_zero = b.emit("where", only, b.emit("mul", ct, rest), zero)
+        return b.emit("where", b.emit("eq", zeros, zero), b.emit("mul", ct, b.emit("div", y, x)),
+                      with_zero)
+
+
+@primitive
 class Mean(Reduction):
     """The arithmetic mean, of floats."""
     name = surface = "mean"
@@ -148,6 +183,84 @@ class Min(Reduction):
     canonical = (numerics.minimum, np.inf)
     combine = "min"
     backward = staticmethod(_ties_share)
+
+
+class Logical(Reduction):
+    """Whether elements are nonzero (NaN is), a bool tensor from one of any dtype."""
+    result_dtype = "bool"
+    differentiable = False
+    role = Role.HOST
+    host = "exact in any order, and the kernels reduce floats only: evaluated by NumPy"
+
+    def has_identity(self, dtype: str) -> bool:
+        return True
+
+
+@primitive
+class AnyTrue(Logical):
+    """Whether any element is nonzero; of none, False."""
+    name = surface = "any"
+    numpy = staticmethod(np.any)
+
+
+@primitive
+class AllTrue(Logical):
+    """Whether every element is nonzero; of none, True."""
+    name = surface = "all"
+    numpy = staticmethod(np.all)
+
+
+class Moment(Reduction):
+    """A reduction by the sum of squared deviations from the mean, of floats, emitted as its
+    parts (see the module docstring); `correction` is subtracted from the count N (1: the
+    sample estimate, as torch's `correction`), which stays at least 0."""
+    params = Reduction.params + (Param("correction", Kind.NUMBER, 0),)
+    accepts = FLOAT_DTYPES
+    needs = "a float"
+    role = Role.COMPOSITE
+    host = None
+
+    def infer(self, x: TensorType, axis: Axes = None, keepdims: bool = False,
+              correction: int | float = 0) -> TensorType:
+        return super().infer(x, axis, keepdims)
+
+    def has_identity(self, dtype: str) -> bool:
+        return True                                  # of nothing, NaN: a mean's 0 / 0
+
+    def expand(self, b: Any, x: Any, axis: Axes = None, keepdims: bool = False,
+               correction: int | float = 0) -> Any:
+        d = b.emit("sub", x, b.emit("mean", x, axis=axis, keepdims=True))
+        squares = b.emit("mul", d, d)
+        if correction == 0:                          # the sum over N: one op, mean
+            return self.of_variance(b, b.emit("mean", squares, axis=axis, keepdims=keepdims))
+        n = prod(x.shape[a] for a in normalize_axes(axis, len(x.shape), "x"))
+        count = b.constant(float(max(n - correction, 0)), x.dtype)
+        return self.of_variance(b, b.emit("div", b.emit("sum", squares, axis=axis,
+                                                        keepdims=keepdims), count))
+
+    def of_variance(self, b: Any, v: Any) -> Any:
+        """The result from the variance v."""
+        return v
+
+
+@primitive
+class Var(Moment):
+    """The variance: mean((x - mean(x))**2), or with a correction the sum over N - correction."""
+    name = surface = "var"
+
+
+@primitive
+class Std(Moment):
+    """The standard deviation, sqrt(var); its gradient is 0 where it is 0, as torch's."""
+    name = surface = "std"
+
+    def of_variance(self, b: Any, v: Any) -> Any:
+        # where v is 0, sqrt's derivative is inf and the deviations' are 0: the inner where
+        # keeps both finite there (the outer one's value is sqrt(0) = 0 anyway)
+        zero = b.constant(0.0, v.dtype)
+        at_zero = b.emit("eq", v, zero)
+        safe = b.emit("where", at_zero, b.constant(1.0, v.dtype), v)
+        return b.emit("where", at_zero, zero, b.emit("sqrt", safe))
 
 
 class ArgReduction(Reduction):

@@ -155,6 +155,54 @@ def test_reductions_follow_the_canonical_order(prim, shape, axis):
     same_bits(got, want)
 
 
+@pytest.mark.parametrize("shape, axis", [((5000,), None), ((3, 70), 1), ((70, 3), 0),
+                                         ((2, 3, 4, 5), (1, 2)), ((9000, 2), 0), ((7,), 0),
+                                         ((2, 40000), -1), ((5000, 40), 0), ((3, 33, 100), 1)])
+def test_products_follow_the_canonical_order(shape, axis):
+    # near ±1, so that a product of thousands of terms stays finite and rounds at every step
+    x = (rng.uniform(0.999, 1.001, shape) * rng.choice([-1, 1], shape)).astype(np.float32)
+    got, want, _ = run_both(lambda b, v: [b.emit("prod", v, axis=axis),
+                                          b.emit("prod", b.emit("mul", v, v), axis=axis)], x)
+    same_bits(got, want)
+
+
+def test_products_of_nan_infinities_and_signed_zeros():
+    """Signed zeros and infinities as the canonical order makes them; NaN where it makes one
+    (0 * inf: its sign and payload are the hardware's, docs/numerics.md)."""
+    x = np.tile(np.array([[-0.0], [0.0], [np.nan], [-np.inf], [1.0]], np.float32), (1, 70))
+    x[2, ::3] = -0.0
+    x[3, ::6] = 3.0
+    for axis in (0, 1):
+        (got,), (want,), _ = run_both(lambda b, v: [b.emit("prod", v, axis=axis)], x)
+        nan = np.isnan(want)
+        assert np.array_equal(got, want, equal_nan=True) and nan.any() and (~nan).any()
+        assert np.array_equal(np.signbit(got[~nan]), np.signbit(want[~nan]))
+
+
+@pytest.mark.parametrize("threads", ["1", "2", "3"])
+def test_products_do_not_depend_on_the_thread_count(monkeypatch, threads):
+    monkeypatch.setenv("DSLC_THREADS", threads)
+    x = rng.uniform(0.99, 1.01, (2048, 300)).astype(np.float32)
+    got, want, _ = run_both(lambda b, v: [b.emit("prod", v, axis=1), b.emit("prod", v, axis=0)], x)
+    same_bits(got, want)
+
+
+@pytest.mark.parametrize("threads", ["1", "3"])
+@pytest.mark.parametrize("shape, axis, rows", [((2048, 300), -1, True), ((2048, 300), 0, False),
+                                               ((5, 7, 9), (1, 2), True), ((3, 1), 1, True),
+                                               ((4, 0), 1, False)])
+def test_variances_are_their_operations_compiled(monkeypatch, threads, shape, axis, rows):
+    """var and std are mean, sub, mul, sum and div: the same bits (NaN's sign aside, where
+    there is one term and a correction of 1), one row kernel over rows."""
+    monkeypatch.setenv("DSLC_THREADS", threads)
+    x = f32(*shape) * 5 + 2
+    got, want, exe = run_both(lambda b, v: [b.emit("var", v, axis=axis),
+                                            b.emit("std", v, axis=axis, correction=1)], x)
+    for g, w in zip(got, want):
+        assert np.array_equal(g, w, equal_nan=True)
+    assert rows == any(k.is_rows for k in exe.plan.kernels)
+
+
 # Reductions longer than a chunk combine each chunk's result as it comes (ir/numerics.py's
 # tree over chunks of chunks): 4096² + 5 has three levels. Each shape runs in a child process,
 # so that a crash (a stack overflowed by partial results, a misaligned vector load: both
@@ -183,7 +231,7 @@ def test_long_reductions_follow_the_canonical_order_on_any_thread_count(shape, a
                                          ((0, 5), 1), ((0, 3, 0), 2)])
 def test_empty_reductions_are_their_identity_and_a_mean_of_nothing_is_nan(shape, axis):
     x = np.zeros(shape, np.float32)
-    for prim in ("sum", "mean", "max", "min"):
+    for prim in ("sum", "prod", "mean", "max", "min"):
         (got,), (want,), _ = run_both(lambda b, v: [b.emit(prim, v, axis=axis)], x)
         assert got.shape == want.shape and np.array_equal(got, want, equal_nan=True)
         assert np.array_equal(np.signbit(got), np.signbit(want)) or prim == "mean"  # a NaN's sign

@@ -163,13 +163,24 @@ def _axes(g: Gen, x: Value):
 
 
 def reduce(g: Gen, x: Value) -> Value:
-    prim = g.r.choice(["sum", "max", "min", "mean", "sum", "mean", "argmax", "argmin"])
+    prim = g.r.choice(["sum", "max", "min", "mean", "sum", "mean", "argmax", "argmin", "prod",
+                       "any", "all"])
     if prim.startswith("arg"):
         axis = None if g.r.random() < 0.3 else g.r.randrange(len(x.shape))
         return g.b.emit(prim, x, axis=axis, keepdims=g.r.random() < 0.3)
-    if x.dtype == "bool" or (prim == "mean" and x.dtype not in FLOATS):
+    if x.dtype == "bool" and prim not in ("any", "all") or (prim == "mean" and x.dtype not in FLOATS):
         x = _float(g, x)
     return g.b.emit(prim, x, axis=_axes(g, x), keepdims=g.r.random() < 0.5)
+
+
+def scan(g: Gen, x: Value) -> Value:
+    """A running sum or product along one axis (integers too)."""
+    if x.dtype == "bool":
+        x = _float(g, x)
+    if not x.shape:
+        x = g.b.emit("reshape", x, shape=(1,))
+    axis = g.r.randrange(-len(x.shape), len(x.shape))
+    return g.b.emit(g.r.choice(["cumsum", "cumprod"]), x, axis=axis)
 
 
 def _rows(g: Gen) -> int | tuple[int, int]:
@@ -337,10 +348,10 @@ def one_hot(g: Gen, x: Value) -> Value:
 SMALL_OPS = [cast, unary, unary, transcendental, transcendental, binary, binary, binary, select,
              reduce, reduce, reduce, softmax, layer_norm, normalize, transpose, reshape, index,
              index, window, expand, rearrange, rearrange, matmul, matmul, einsum, take, scatter_add,
-             one_hot]
+             one_hot, scan]
 LARGE_OPS = [unary, transcendental, binary, select, reduce, reduce, reduce, reduce, softmax,
              layer_norm, normalize, transpose, reshape, index, window, matmul, product, product,
-             take, scatter_add]
+             take, scatter_add, scan]
 
 
 def smooth(g: Gen, x: Value) -> Value:

@@ -57,8 +57,8 @@ def same_as_cpu(kernels: list[LoopKernel], blocks: int = 3) -> None:
         ours, theirs = [a.copy() for a in inputs], [a.copy() for a in inputs]
         shape = nvptx.launch(k)
         gpu.launch(shape.entry, (min(shape.grid, blocks), 1, 1), shape.block, [a.ctypes.data for a in ours])
-        extent = (math.prod(k.shape) if k.is_reduction or k.is_rows else k.shape[0]) if k.shape else 1
-        cpu.functions[k.name]((ctypes.c_void_p * len(theirs))(*[a.ctypes.data for a in theirs]), 0, extent)
+        table = (ctypes.c_void_p * len(theirs))(*[a.ctypes.data for a in theirs])
+        cpu.functions[k.name](table, 0, k.extent)
         for i, (g, c) in enumerate(zip(ours, theirs)):
             assert same_bits(g, c), f"kernel {k.name}: buffer {i} differs from the CPU's"
 

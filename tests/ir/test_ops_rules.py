@@ -9,7 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from ir.core import Builder, tensor_type
 from ir.dims import Dim
+from ir.interp import run
 from ir.ops import BINARY_OPERATORS, REGISTRY, UNARY_OPERATORS, lookup
 from ir.ops.base import Kind, OpError, type_of
 from ir.ops.shape import SliceSpec
@@ -282,6 +284,101 @@ def test_reductions_match_numpy(case: Any, name: str) -> None:
     assert np.all(np.abs(got - want) <= bound + 1e-30)
     assert REGISTRY[name].infer(**types_for(name, {"x": x, "axis": axis, "keepdims": keepdims})) \
         == type_of(got)
+
+
+@settings(max_examples=60, deadline=None)
+@given(reductions())
+def test_prod_matches_numpy(case: Any) -> None:
+    """A float32 product of n terms, in any order, within about n ulps of the float64 one."""
+    shape, axis, keepdims = case
+    x = positive(*shape)
+    want = np.prod(x.astype(np.float64), axis=axis, keepdims=keepdims)
+    n = x.size // max(np.size(want), 1)
+    got = REGISTRY["prod"].evaluate(x, axis=axis, keepdims=keepdims)
+    assert got.dtype == np.float32 and got.shape == np.shape(want)
+    np.testing.assert_allclose(got, want, rtol=(n + 1) * 2.0 ** -24)
+
+
+@settings(max_examples=60, deadline=None)
+@given(reductions(), st.sampled_from(["any", "all"]), st.sampled_from(["f32", "i32", "bool"]))
+def test_any_and_all_match_numpy(case: Any, name: str, dtype: str) -> None:
+    shape, axis, keepdims = case
+    x = {"f32": lambda: np.where(bools(*shape), normal(*shape), 0).astype(np.float32),
+         "i32": lambda: ints(*shape, lo=-1, hi=2), "bool": lambda: bools(*shape)}[dtype]()
+    want = getattr(np, name)(x, axis=axis, keepdims=keepdims)
+    check_against_numpy(name, {"x": x, "axis": axis, "keepdims": keepdims}, np.asarray(want))
+
+
+def test_any_and_all_count_nan_as_true_and_of_nothing_are_false_and_true() -> None:
+    x = np.array([[np.nan, 0.0], [0.0, -0.0]], np.float32)
+    np.testing.assert_array_equal(REGISTRY["any"].evaluate(x, axis=1), [True, False])
+    np.testing.assert_array_equal(REGISTRY["all"].evaluate(x, axis=0), [False, False])
+    empty = np.zeros((3, 0), np.float32)
+    np.testing.assert_array_equal(REGISTRY["any"].evaluate(empty, axis=1), [False] * 3)
+    np.testing.assert_array_equal(REGISTRY["all"].evaluate(empty, axis=1), [True] * 3)
+    assert infer("any", x=f32(3, 0), axis=1) == tensor("bool", 3)
+
+
+def test_integer_prod_wraps_around_as_sum_does() -> None:
+    x = np.full((2, 40), 3, np.int32)
+    check_against_numpy("prod", {"x": x, "axis": 1}, np.prod(x, axis=1).astype(np.int32))
+    assert REGISTRY["prod"].evaluate(np.zeros((0,), np.int32)).item() == 1
+
+
+@pytest.mark.parametrize("name", ["var", "std"])
+@pytest.mark.parametrize("axis, keepdims, correction", [(None, False, 0), (0, True, 1),
+                                                         ((0, 2), False, 1), (-1, False, 0)])
+def test_var_and_std_match_numpy(name: str, axis: Any, keepdims: bool, correction: int) -> None:
+    """As NumPy's (its ddof is torch's correction), computed by the ops that define them."""
+    x = normal(3, 4, 5) * 10 + 3
+    b = Builder()
+    p = b.param(tensor_type("f32", x.shape))
+    fn = b.finish([b.emit(name, p, axis=axis, keepdims=keepdims, correction=correction)])
+    (got,) = run(fn, [x])
+    want = getattr(np, name)(x.astype(np.float64), axis=axis, keepdims=keepdims, ddof=correction)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    assert got.dtype == np.float32 and got.shape == want.shape
+    assert not {op.primitive.name for op in fn.ops} & {"var", "std"}    # its parts, expanded
+
+
+@pytest.mark.filterwarnings("ignore:.*degrees of freedom")       # torch's, for var of one term
+@pytest.mark.parametrize("n", [0, 1, 7, 31, 97, 100_000])
+@pytest.mark.parametrize("keepdims", [False, True])
+def test_new_reductions_at_every_length_and_on_nan_and_inf(n: int, keepdims: bool) -> None:
+    """prod, var, std, any and all over a long axis and a short one, with NaN and inf in
+    some rows, against NumPy (and torch's var and std, NaN where any term is not finite)."""
+    torch = pytest.importorskip("torch")
+    x = rng.uniform(0.999, 1.001, (4, n)) * rng.choice([-1.0, 1.0], (4, n))
+    if n:
+        x[1, n // 2], x[2, n - 1] = np.nan, np.inf
+    for a in (0, 1):
+        t = torch.from_numpy(x)
+        args = {"axis": a, "keepdims": keepdims}
+        want = {"prod": np.prod(x, axis=a, keepdims=keepdims),
+                "var": torch.var(t, a, correction=0, keepdim=keepdims).numpy(),
+                "std": torch.std(t, a, correction=1, keepdim=keepdims).numpy(),
+                "any": np.any(x, axis=a, keepdims=keepdims),
+                "all": np.all(x > 0, axis=a, keepdims=keepdims)}
+        b = Builder()
+        p = b.param(tensor_type("f64", x.shape))
+        fn = b.finish([b.emit("prod", p, **args), b.emit("var", p, **args),
+                       b.emit("std", p, correction=1, **args), b.emit("any", p, **args),
+                       b.emit("all", b.emit("gt", p, b.constant(0.0, "f64")), **args)])
+        for got, (name, w) in zip(run(fn, [x]), want.items()):
+            assert got.shape == w.shape and got.dtype == w.dtype, name
+            np.testing.assert_allclose(got, w, rtol=1e-9 * max(n, 1), equal_nan=True, err_msg=name)
+
+
+def test_var_of_too_few_elements_is_nan_and_std_of_equal_ones_is_zero() -> None:
+    b = Builder()
+    p = b.param(tensor_type("f32", (2, 1)))
+    q = b.param(tensor_type("f32", (0,)))
+    fn = b.finish([b.emit("var", p, axis=1, correction=1), b.emit("std", p, axis=1),
+                   b.emit("var", q)])
+    x = np.array([[2.0], [np.inf]], np.float32)
+    got = run(fn, [x, np.zeros(0, np.float32)])
+    assert np.isnan(got[0]).all() and np.isnan(got[2])
+    np.testing.assert_array_equal(got[1], [0.0, np.nan])
 
 
 @settings(max_examples=40, deadline=None)
@@ -621,6 +718,10 @@ ERRORS: list[tuple[str, dict[str, Any], str, str | None]] = [
     ("max", {"x": f32("B", "T"), "axis": (1, -1)}, "axis -1 is repeated in (1, -1)", "axis"),
     ("mean", {"x": i32("B")}, "'mean' needs a float tensor, got i32[B]; use cast()", "x"),
     ("sum", {"x": tensor("bool", "B")}, "'sum' needs a numeric tensor, got bool[B]", "x"),
+    ("prod", {"x": tensor("bool", "B")}, "'prod' needs a numeric tensor, got bool[B]", "x"),
+    ("var", {"x": i32("B")}, "'var' needs a float tensor, got i32[B]; use cast()", "x"),
+    ("std", {"x": f32("B", "T"), "axis": 2}, "axis 2 is out of range for f32[B, T]", "axis"),
+    ("any", {"x": f32("B"), "axis": (0, 0)}, "axis 0 is repeated in (0, 0)", "axis"),
     ("argmax", {"x": f32("B", "T"), "axis": (0, 1)}, "'argmax' takes one axis or None, got (0, 1)",
      "axis"),
     # shape

@@ -220,7 +220,16 @@ case("cast-f64-f32", "cast", [normal(3, 4)], lambda x: x.to(torch.float32),
 case("cast-f32-f64", "cast", [normal(3, 4).astype(np.float32)], lambda x: x.to(torch.float64),
      static={"dtype": "f64"}, smooth=False)
 
-REDUCE = {"sum": torch.sum, "mean": torch.mean, "max": torch.amax, "min": torch.amin}
+def torch_prod(x: Any, dim: tuple[int, ...], keepdim: bool = False) -> Any:
+    """torch.prod over several dims (it takes one): one at a time, the last first."""
+    dim = tuple(d % x.dim() for d in dim)
+    for d in sorted(dim, reverse=True):
+        x = x.prod(d, keepdim=True)
+    return x if keepdim else x.reshape([n for i, n in enumerate(x.shape) if i not in dim])
+
+
+REDUCE = {"sum": torch.sum, "mean": torch.mean, "max": torch.amax, "min": torch.amin,
+          "prod": torch_prod}
 for name, fn in REDUCE.items():
     for axis in [None, 0, -1, (0, 2), (-1, -3), (2, 0, 1)]:
         for keepdims in [False, True]:
@@ -232,6 +241,46 @@ for name, fn in REDUCE.items():
                 case(f"{name}-ties-{axis}-{keepdims}", name, [tied(2, 3, 4)], tfn,
                      static=static, smooth=False)
     case(f"{name}-scalar", name, [normal()], lambda x, fn=fn: fn(x, dim=()))
+
+# prod's cotangent where a slice holds no zero, one zero, several zeros, only zeros
+zeros = normal(5, 4)
+zeros[1, 2] = zeros[2, 0] = zeros[2, 3] = 0.0
+zeros[3] = 0.0
+for axis, fn in [(-1, lambda x: x.prod(-1)), (0, lambda x: x.prod(0)), (None, torch.prod)]:
+    case(f"prod-zeros-{axis}", "prod", [zeros], fn, static={"axis": axis})
+one_zero = normal(3, 4)
+one_zero[1, 1] = 0.0
+case("prod-one-zero-in-all", "prod", [one_zero], torch.prod)
+
+for name, fn in [("var", torch.var), ("std", torch.std)]:
+    for axis, keepdims in [(None, False), (0, True), (-1, False), ((0, 2), True)]:
+        for correction in [0, 1]:
+            case(f"{name}-{axis}-{keepdims}-{correction}", name, [normal(2, 3, 4)],
+                 lambda x, fn=fn, a=axis, k=keepdims, c=correction:
+                 fn(x, dim=dims(a, 3), correction=c, keepdim=k),
+                 static={"axis": axis, "keepdims": keepdims, "correction": correction})
+# a row of equal values: std is 0 and its gradient there 0 (as torch's), not NaN
+case("std-of-equal-values", "std", [np.array([[1.5, 1.5, 1.5], [1.0, 2.0, 4.0]])],
+     lambda x: torch.std(x, dim=1, correction=0), static={"axis": 1}, smooth=False)
+
+SCANS = {"cumsum": (torch.cumsum, normal), "cumprod": (torch.cumprod, nonzero),
+         "logcumsumexp": (torch.logcumsumexp, normal)}
+for name, (fn, draw) in SCANS.items():
+    for shape, axis in [((5,), 0), ((2, 3, 4), 0), ((2, 3, 4), 1), ((2, 3, 4), -1), ((1, 4), 0)]:
+        case(f"{name}-{shape}-{axis}", name, [draw(*shape)], lambda x, fn=fn, a=axis: fn(x, a),
+             static={"axis": axis})
+# cumprod's cotangent on lines with no zero, one, two, a zero first and a zero last
+lines = nonzero(5, 6)
+lines[1, 2] = lines[2, 1] = lines[2, 4] = lines[3, 0] = lines[4, 5] = 0.0
+case("cumprod-zeros", "cumprod", [lines], lambda x: torch.cumprod(x, 1), static={"axis": 1})
+case("cumprod-zeros-columns", "cumprod", [lines.T.copy()], lambda x: torch.cumprod(x, 0),
+     static={"axis": 0})
+# logcumsumexp where e^x overflows, and of -inf (its gradient there is 0)
+case("logcumsumexp-large", "logcumsumexp", [normal(3, 5) * 300 + 1000],
+     lambda x: torch.logcumsumexp(x, 1), static={"axis": 1})
+case("logcumsumexp-inf", "logcumsumexp",
+     [np.array([[-np.inf, 1.0, -np.inf, 2.0], [0.5, -np.inf, -1.0, 3.0]])],
+     lambda x: torch.logcumsumexp(x, 1), static={"axis": 1}, smooth=False)
 
 for shape in [(6, 4), (4, -1), (24,), (2, 2, 6)]:
     case(f"reshape-{shape}", "reshape", [normal(2, 3, 4)], lambda x, s=shape: x.reshape(s),
@@ -504,6 +553,13 @@ SECOND = {
     "take_along_axis": (lambda b, x: b.emit("tanh", b.emit(
                             "take_along_axis", x, b.constant(((1, 1, 0),), "i32"), axis=1)),
                         lambda x: torch.tanh(x[:, [1, 1, 0]]), [(2, 4)]),
+    "prod": (lambda b, x: b.emit("prod", x, axis=0), lambda x: x.prod(0), [(3, 4)]),
+    "var": (lambda b, x: b.emit("var", x, axis=-1, correction=1), lambda x: x.var(-1), [(3, 4)]),
+    "cumsum": (lambda b, x: b.emit("cumsum", b.emit("mul", x, x), axis=0),
+               lambda x: torch.cumsum(x * x, 0), [(3, 4)]),
+    "cumprod": (lambda b, x: b.emit("cumprod", x, axis=1), lambda x: torch.cumprod(x, 1), [(3, 4)]),
+    "logcumsumexp": (lambda b, x: b.emit("logcumsumexp", x, axis=-1),
+                     lambda x: torch.logcumsumexp(x, -1), [(3, 4)]),
 }
 
 

@@ -117,6 +117,17 @@ def test_the_code_digest_covers_every_source(tmp_path, monkeypatch):
         cache.code_digest.cache_clear()
 
 
+def test_object_code_is_keyed_on_the_ir_where_the_scalar_bodies_are(cache_dir, monkeypatch):
+    """A kernel's code comes from its primitives' `scalar` and `step` (ir/ops): a change there
+    must not load the code compiled before it."""
+    digested = []
+    real = cache.code_digest
+    monkeypatch.setattr(cache, "code_digest",
+                        lambda *folders: digested.append(folders) or real(*folders))
+    Executable(program())
+    assert digested and all("ir" in folders for folders in digested)
+
+
 def test_a_second_load_of_the_same_source_skips_lowering(cache_dir, monkeypatch):
     import dsl
     source = "def f(x: f32[N]) -> f32:\n  return sum(x * x)\n"
