@@ -369,16 +369,20 @@ def test_new_reductions_at_every_length_and_on_nan_and_inf(n: int, keepdims: boo
             np.testing.assert_allclose(got, w, rtol=1e-9 * max(n, 1), equal_nan=True, err_msg=name)
 
 
-def test_var_of_too_few_elements_is_nan_and_std_of_equal_ones_is_zero() -> None:
+def test_var_of_too_few_elements_divides_by_zero_and_std_of_equal_ones_is_zero() -> None:
+    """As torch's: N - correction <= 0 divides by 0 (inf, or NaN for 0 / 0)."""
     b = Builder()
     p = b.param(tensor_type("f32", (2, 1)))
     q = b.param(tensor_type("f32", (0,)))
     fn = b.finish([b.emit("var", p, axis=1, correction=1), b.emit("std", p, axis=1),
-                   b.emit("var", q)])
-    x = np.array([[2.0], [np.inf]], np.float32)
+                   b.emit("var", q), b.emit("var", p, correction=2), b.emit("var", p, correction=3)])
+    x = np.array([[2.0], [3.0]], np.float32)
     got = run(fn, [x, np.zeros(0, np.float32)])
     assert np.isnan(got[0]).all() and np.isnan(got[2])
-    np.testing.assert_array_equal(got[1], [0.0, np.nan])
+    np.testing.assert_array_equal(got[1], [0.0, 0.0])
+    assert got[3] == got[4] == np.inf
+    x[1] = np.inf
+    np.testing.assert_array_equal(run(fn, [x, np.zeros(0, np.float32)])[1], [0.0, np.nan])
 
 
 @settings(max_examples=40, deadline=None)
