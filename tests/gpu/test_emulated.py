@@ -19,6 +19,8 @@ from backend.loops import LoopKernel
 from ir import numerics
 from ir.ad import grad_function
 from ir.core import Builder, tensor_type
+from ir.ops.base import Primitive
+from ir.ops.index import ScatterAdd, Take
 from ir.passes import optimize
 from runtime.cuda import copy_kernel, gather_rows, segments
 
@@ -151,22 +153,23 @@ def test_contraction_keeps_the_k_order(dtype, tiles, batch, m, k, n, broadcast):
 GATHERS = [((65, 33), 0, (300,)), ((3, 7, 5), 1, (4, 6)), ((4, 9), -1, (30,)), ((5, 3), 0, (0,)),
            ((6,), 0, ())]
 TAKEN = ("f32", "f64", "f16", "i32", "bool")
+TAKE, SCATTER_ADD = Take(), ScatterAdd()
 
 
 @functools.cache
 def gather_emulator() -> Emulator:
-    return Emulator([], (), tuple(("take", d) for d in TAKEN) + (("scatter_add", "f32"), ("scatter_add", "f64")))
+    return Emulator([], (), tuple((TAKE, d) for d in TAKEN) + ((SCATTER_ADD, "f32"), (SCATTER_ADD, "f64")))
 
 
-def run_gather(emulator: Emulator, prim: str, dtype: str, x: np.ndarray, indices: np.ndarray,
+def run_gather(emulator: Emulator, prim: Primitive, dtype: str, x: np.ndarray, indices: np.ndarray,
                axis: int, updates: np.ndarray | None = None) -> np.ndarray:
     """take or scatter_add by the emulated gather kernel, its arrays prepared as the runtime
     prepares them."""
     ax = axis % x.ndim
     outer, size, inner = math.prod(x.shape[:ax]), x.shape[ax], math.prod(x.shape[ax + 1:])
     rows = gather_rows(prim, indices, ax, size)
-    ints = [rows] if prim == "take" else list(segments(rows, size))
-    out = np.empty(x.shape[:ax] + indices.shape + x.shape[ax + 1:] if prim == "take" else x.shape, x.dtype)
+    ints = [rows] if prim == TAKE else list(segments(rows, size))
+    out = np.empty(x.shape[:ax] + indices.shape + x.shape[ax + 1:] if prim == TAKE else x.shape, x.dtype)
     shape = nvptx.gather_launch(prim, dtype, out.size)
     arrays = [x, *ints, *([] if updates is None else [updates]), out]
     emulator.launch(shape.entry, (min(shape.grid, 2), 1, 1), shape.block, [a.ctypes.data for a in arrays],
@@ -185,7 +188,7 @@ def test_gather_kernels_give_the_cpus_bits(x_shape, axis, index_shape):
     indices = rng.integers(-size, size, index_shape).astype(np.int32)
     for dtype in TAKEN:
         x = random_buffer(rng, dtype, x_shape)
-        assert same_bits(run_gather(emulator, "take", dtype, x, indices, axis), np.take(x, indices, axis))
+        assert same_bits(run_gather(emulator, TAKE, dtype, x, indices, axis), np.take(x, indices, axis))
     for dtype in ("f32", "f64"):
         ax = axis % len(x_shape)
         u_shape = x_shape[:ax] + index_shape + x_shape[ax + 1:]
@@ -196,4 +199,4 @@ def test_gather_kernels_give_the_cpus_bits(x_shape, axis, index_shape):
         x = random_buffer(rng, dtype, x_shape)
         updates = np.asarray(rng.standard_normal(u_shape) * 10.0 ** rng.uniform(-4, 4, u_shape), NUMPY[dtype])
         (want,) = scatter.evaluate(op, [x, indices, updates])
-        assert same_bits(run_gather(emulator, "scatter_add", dtype, x, indices, axis, updates), want)
+        assert same_bits(run_gather(emulator, SCATTER_ADD, dtype, x, indices, axis, updates), want)
