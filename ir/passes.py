@@ -95,7 +95,7 @@ def _inverse(X: Value, p, q) -> bool:
     return tuple(p[i] for i in q) == tuple(range(n))
 
 
-p, q, s = Var("p"), Var("q"), Var("s")
+p, q, s = Var("p"), Var("q"), Var("s")          # static parameters: perms and shapes
 
 SIMPLIFY = rules(
     (pat(Mul, X, Const(1.0), guard=_same), lambda X: X),
@@ -128,7 +128,7 @@ def _operand(i: int):
     return lambda b, X, op: b.emit(op.primitive, *op.inputs[:i], X, *op.inputs[i + 1:], **op.attrs)
 
 
-# elementwise ops take three operands at most (where)
+# elementwise ops take three operands at most (where, clip)
 IMPLICIT_BROADCAST = rules(
     (pat(Elementwise, pat(BroadcastTo, X), ..., guard=_drops(0)), _operand(0)),
     (pat(Elementwise, _, pat(BroadcastTo, X), ..., guard=_drops(1)), _operand(1)),
@@ -144,9 +144,8 @@ def simplify(fn: Function) -> Function:
 
 
 def _simplified(op: Op, producer: dict[Value, Op], b: Builder) -> Value | None:
-    """The value op becomes by the first SIMPLIFY rule that matches it, or else without each
-    broadcast_to operand it can do without: an IMPLICIT_BROADCAST rule drops one, so they apply
-    until none matches, left to right as each dropped one leaves the next less room."""
+    """The value op becomes by the first SIMPLIFY rule that matches, or else without every
+    broadcast_to operand it can do without, left to right (an IMPLICIT_BROADCAST rule drops one)."""
     value = rewrite(SIMPLIFY, op, producer, b)
     if value is not None:
         return value
@@ -206,10 +205,10 @@ def for_backends(fn: Function) -> Function:
     return _rewritten(fn, planned)
 
 
-def _rewritten(fn: Function, rewrite_op: Callable[[Op, dict[Value, Op], Builder], Value | None]) -> Function:
-    """fn (and the bodies it holds) with each op for which rewrite_op(op, producer, b) gives a
-    value replaced by that value and the ops it emitted into b; producer maps each value of the
-    function so far to its op."""
+def _rewritten(fn: Function,
+               rewrite_op: Callable[[Op, dict[Value, Op], Builder], Value | None]) -> Function:
+    """fn (and its bodies) with each op for which rewrite_op(op, producer of each value so far,
+    b) gives a value replaced by it and the ops it emitted into b."""
     producer: dict[Value, Op] = {}
     env: dict[Value, Value] = {}
     ops = []

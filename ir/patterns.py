@@ -1,10 +1,7 @@
 """Rewrite rules over the IR, after tinygrad's UPat and PatternMatcher: a pattern describes an
-op and the ops that produce its inputs; a table of (pattern, result) rules rewrites an op by the
-first rule whose pattern matches it.
-
-Values do not know the op that made them, so matching is given `producer`, the map from each
-value to its op. Guards and results are called with the names they ask for among the bindings,
-`op` (the op matched) and, for results, `b`: an ir.core.Builder for the ops they emit.
+op and the ops that make its inputs (given as `producer`: values do not know their ops); a rule
+table rewrites an op by its first rule that matches. Guards and results take the names they ask
+for among the bindings, `op` (the op matched) and, for results, `b`: a Builder for what they emit.
 """
 from __future__ import annotations
 
@@ -39,13 +36,11 @@ class Const:
 
 @dataclass(frozen=True)
 class Pat:
-    """Matches a value made by an op of `prim` (an instance: that primitive; a class: any of its
-    kind) whose inputs match `inputs` (`...` last: any further inputs; None: any inputs), whose
-    static parameters match `params` (a Var binds one, anything else must equal it), and for
-    whose bindings `guard` holds."""
-    prim: Primitive | type[Primitive]
-    inputs: tuple | None = None
-    params: tuple[tuple[str, Any], ...] = ()
+    """Matches a value made by an op of `prim` whose inputs match `inputs` and static parameters
+    `params`, when `guard` holds of the bindings."""
+    prim: Primitive | type[Primitive]             # a class: any primitive of that kind
+    inputs: tuple | None = None                   # patterns; `...` last: any more; None: any
+    params: tuple[tuple[str, Any], ...] = ()      # (name, a Var to bind it or a value to equal)
     guard: Callable[..., bool] | None = None
 
 
@@ -73,7 +68,8 @@ def match(pattern: Pat, op: Op, producer: Mapping[Value, Op]) -> dict[str, Any] 
     return env if _op(pattern, op, producer, env, op) else None
 
 
-def rewrite(table: tuple[Rule, ...], op: Op, producer: Mapping[Value, Op], b: Builder) -> Value | None:
+def rewrite(table: tuple[Rule, ...], op: Op, producer: Mapping[Value, Op],
+            b: Builder) -> Value | None:
     """The value op's result becomes by the first rule of table that matches it (the ops that
     make it emitted into b), or None when none does."""
     for rule in table:

@@ -72,9 +72,11 @@ def _rewrite(table, build):
 
 
 def test_a_rule_fires_on_the_op_its_pattern_names():
-    x, _, value, emitted = _rewrite(SIMPLIFY, lambda b, x, y: b.emit("mul", x, b.constant(1.0, "f32")))
+    times_one = lambda b, x, y: b.emit("mul", x, b.constant(1.0, "f32"))
+    minus_one = lambda b, x, y: b.emit("sub", x, b.constant(1.0, "f32"))
+    x, _, value, emitted = _rewrite(SIMPLIFY, times_one)
     assert value is x and emitted == []
-    assert _rewrite(SIMPLIFY, lambda b, x, y: b.emit("sub", x, b.constant(1.0, "f32")))[2] is None
+    assert _rewrite(SIMPLIFY, minus_one)[2] is None
 
 
 def test_a_guard_blocks_a_rule():
@@ -97,7 +99,8 @@ def test_nested_patterns_match_the_producers_of_inputs():
     assert value is x
     x, _, value, (reshape,) = _rewrite(SIMPLIFY, lambda b, x, y: b.emit(
         "reshape", b.emit("reshape", x, shape=(6,)), shape=(3, 2)))
-    assert reshape.inputs == (x,) and reshape.attrs == {"shape": (3, 2)} and value is reshape.outputs[0]
+    assert reshape.inputs == (x,) and reshape.attrs == {"shape": (3, 2)}
+    assert value is reshape.outputs[0]
 
 
 def test_a_variable_bound_twice_must_see_one_value():
@@ -111,7 +114,8 @@ def test_simplify_drops_every_broadcast_an_elementwise_op_does_itself():
     shape without help: the rule drops one operand's broadcast_to, and applies again."""
     b = Builder()
     a, c = b.param(tensor_type("f32", (3,))), b.param(tensor_type("f32", (2, 1)))
-    out = b.emit("add", b.emit("broadcast_to", a, shape=(2, 3)), b.emit("broadcast_to", c, shape=(2, 3)))
+    wide = [b.emit("broadcast_to", v, shape=(2, 3)) for v in (a, c)]
+    out = b.emit("add", *wide)
     fn = dce(simplify(b.finish([out])))
     (add,) = fn.ops
     assert add.inputs == (a, c) and fn.results[0].type == out.type
