@@ -1,6 +1,10 @@
 """Optimisation passes, each a function from IR to IR: dead code, common subexpressions,
 algebraic simplification and constant folding. Every rewrite keeps results bit-identical
-(x + 0.0 is not x when x is -0.0, so it is not rewritten)."""
+(x + 0.0 is not x when x is -0.0, so it is not rewritten).
+
+Simplification is tables of rules (ir/patterns.py). Folding and CSE are not: a fold needs the
+arrays of every constant evaluated so far, and CSE compares an op with all the ops before it,
+neither a pattern of the ops that make its inputs."""
 from __future__ import annotations
 
 from typing import Callable
@@ -8,13 +12,14 @@ from typing import Callable
 import numpy as np
 
 from ir import interp
-from ir.core import Function, Op, Value
-from ir.ops.base import Primitive, Role, np_dtype
+from ir.core import Builder, Function, Op, Value
+from ir.ops.base import np_dtype
 from ir.ops.construct import Constant
 from ir.ops.contract import Einsum
-from ir.ops.elementwise import Add, Cast, Div, Mul, Sub
+from ir.ops.elementwise import Add, Cast, Div, Elementwise, Mul, Sub
 from ir.ops.index import OneHot
 from ir.ops.shape import BroadcastTo, Reshape, Transpose
+from ir.patterns import Const, Var, X, _, pat, rewrite, rules
 
 FOLD_LIMIT = 4096            # constant results larger than this many elements stay computed
 
@@ -70,85 +75,85 @@ def cse(fn: Function) -> Function:
     return substitute(fn, ops, env)
 
 
-def _constant(op: Op | None, value: float) -> bool:
-    """Whether op is a scalar or splat constant equal to value, bit for bit."""
-    if op is None or not isinstance(op.primitive, Constant):
-        return False
-    a = op.attrs
-    arr = np.asarray(a["value"], dtype=np_dtype(a["dtype"]))
-    want = np.asarray(value, dtype=arr.dtype)
-    if arr.dtype.kind == "f":             # compare bits: -0.0 is not 0.0 here
-        return all(x.tobytes() == want.tobytes() for x in arr.reshape(-1))
-    return bool(np.all(arr == want))
+def _same(X: Value, op: Op) -> bool:
+    """The result has exactly X's type (no broadcasting, no dtype change)."""
+    return X.type == op.outputs[0].type
 
 
-# Each rule: (primitive, condition on (op, producers of its inputs), the value it becomes)
-Rule = tuple[Primitive, Callable[[Op, list], bool], Callable[[Op, list], Value | None]]
-
-SIMPLIFY: list[Rule] = [
-    (Mul(), lambda op, p: _constant(p[1], 1.0) and _same(op, 0), lambda op, p: op.inputs[0]),
-    (Mul(), lambda op, p: _constant(p[0], 1.0) and _same(op, 1), lambda op, p: op.inputs[1]),
-    (Sub(), lambda op, p: _constant(p[1], 0.0) and _same(op, 0), lambda op, p: op.inputs[0]),
-    (Add(), lambda op, p: _constant(p[1], -0.0) and _same(op, 0), lambda op, p: op.inputs[0]),
-    (Div(), lambda op, p: _constant(p[1], 1.0) and _same(op, 0), lambda op, p: op.inputs[0]),
-    (Reshape(), lambda op, p: op.inputs[0].shape == op.outputs[0].shape, lambda op, p: op.inputs[0]),
-    (BroadcastTo(), lambda op, p: op.inputs[0].shape == op.outputs[0].shape, lambda op, p: op.inputs[0]),
-    (Cast(), lambda op, p: op.inputs[0].dtype == op.outputs[0].dtype, lambda op, p: op.inputs[0]),
-    (Transpose(), lambda op, p: p[0] is not None and p[0].primitive == Transpose()
-     and _composes_to_identity(p[0], op), lambda op, p: p[0].inputs[0]),
-]
-COLLAPSE = (Reshape(), BroadcastTo())      # of two in a row of one of these, the second will do
+def _same_shape(X: Value, op: Op) -> bool:
+    return X.shape == op.outputs[0].shape
 
 
-def _implicit_broadcast(op: Op, producers: list) -> Op | None:
-    """An elementwise op broadcasts its operands itself: an explicit broadcast_to feeding it is
-    redundant when the result's shape does not depend on it."""
-    if op.primitive.role is not Role.ELEMENTWISE or len(op.inputs) < 2:
-        return None
-    inputs = list(op.inputs)
-    for i, p in enumerate(producers):
-        if p is not None and p.primitive == BroadcastTo():
-            trial = inputs[:i] + [p.inputs[0]] + inputs[i + 1:]
-            if np.broadcast_shapes(*(v.shape for v in trial)) == op.outputs[0].shape:
-                inputs = trial
-    if inputs == list(op.inputs):
-        return None
-    return Op(op.primitive, tuple(inputs), op.params, op.outputs, op.body)
+def _same_dtype(X: Value, op: Op) -> bool:
+    return X.dtype == op.outputs[0].dtype
 
 
-def _same(op: Op, i: int) -> bool:
-    """The result has exactly the type of input i (no broadcasting, no dtype change)."""
-    return op.inputs[i].type == op.outputs[0].type
-
-
-def _composes_to_identity(first: Op, second: Op) -> bool:
-    n = len(first.inputs[0].shape)
-    p = first.attrs.get("perm") or tuple(reversed(range(n)))
-    q = second.attrs.get("perm") or tuple(reversed(range(n)))
+def _inverse(X: Value, p, q) -> bool:
+    """Whether transposing X by p and then by q (None: reversing the axes) gives X back."""
+    n = len(X.shape)
+    p, q = (perm or tuple(reversed(range(n))) for perm in (p, q))
     return tuple(p[i] for i in q) == tuple(range(n))
+
+
+p, q, s = Var("p"), Var("q"), Var("s")          # static parameters: perms and shapes
+
+SIMPLIFY = rules(
+    (pat(Mul, X, Const(1.0), guard=_same), lambda X: X),
+    (pat(Mul, Const(1.0), X, guard=_same), lambda X: X),
+    (pat(Sub, X, Const(0.0), guard=_same), lambda X: X),
+    (pat(Add, X, Const(-0.0), guard=_same), lambda X: X),       # x + 0.0 is 0.0 at x = -0.0
+    (pat(Div, X, Const(1.0), guard=_same), lambda X: X),
+    (pat(Reshape, X, guard=_same_shape), lambda X: X),
+    (pat(BroadcastTo, X, guard=_same_shape), lambda X: X),
+    (pat(Cast, X, guard=_same_dtype), lambda X: X),
+    (pat(Transpose, pat(Transpose, X, perm=p), perm=q, guard=_inverse), lambda X: X),
+    (pat(Reshape, pat(Reshape, X), shape=s), lambda b, X, s: b.emit(Reshape(), X, shape=s)),
+    (pat(BroadcastTo, pat(BroadcastTo, X), shape=s),
+     lambda b, X, s: b.emit(BroadcastTo(), X, shape=s)),
+)
+
+
+def _drops(i: int):
+    """Whether an elementwise op of two operands or more keeps its result's shape with X, not
+    its broadcast, as operand i: it broadcasts its operands itself."""
+    def guard(X: Value, op: Op) -> bool:
+        shapes = [v.shape for v in op.inputs]
+        shapes[i] = X.shape
+        return len(shapes) >= 2 and np.broadcast_shapes(*shapes) == op.outputs[0].shape
+    return guard
+
+
+def _operand(i: int):
+    """The op again, with X as operand i."""
+    return lambda b, X, op: b.emit(op.primitive, *op.inputs[:i], X, *op.inputs[i + 1:], **op.attrs)
+
+
+# elementwise ops take three operands at most (where, clip)
+IMPLICIT_BROADCAST = rules(
+    (pat(Elementwise, pat(BroadcastTo, X), ..., guard=_drops(0)), _operand(0)),
+    (pat(Elementwise, _, pat(BroadcastTo, X), ..., guard=_drops(1)), _operand(1)),
+    (pat(Elementwise, _, _, pat(BroadcastTo, X), guard=_drops(2)), _operand(2)),
+)
 
 
 def simplify(fn: Function) -> Function:
     """Algebraic identities (x * 1, x - 0, reshape to the same shape, transpose pairs, …),
-    and reshape of reshape / broadcast of broadcast collapsed to one op."""
-    producer: dict[Value, Op] = {}
-    env: dict[Value, Value] = {}
-    ops = []
-    for op in fn.ops:
-        op = Op(op.primitive, tuple(env.get(v, v) for v in op.inputs), op.params, op.outputs,
-                simplify(op.body) if op.body is not None else None)
-        inputs = [producer.get(v) for v in op.inputs]
-        replaced = next((make(op, inputs) for prim, cond, make in SIMPLIFY
-                         if prim == op.primitive and cond(op, inputs)), None)
-        if replaced is not None:
-            env[op.outputs[0]] = replaced
-            continue
-        if op.primitive in COLLAPSE and inputs[0] is not None and inputs[0].primitive == op.primitive:
-            op = Op(op.primitive, inputs[0].inputs, op.params, op.outputs)
-        op = _implicit_broadcast(op, inputs) or op
-        ops.append(op)
-        producer.update((v, op) for v in op.outputs)
-    return substitute(fn, ops, env)
+    reshape of reshape / broadcast of broadcast collapsed to one op, and the broadcast_to
+    operands an elementwise op broadcasts itself dropped."""
+    return _rewritten(fn, _simplified)
+
+
+def _simplified(op: Op, producer: dict[Value, Op], b: Builder) -> Value | None:
+    """The value op becomes by the first SIMPLIFY rule that matches, or else without every
+    broadcast_to operand it can do without, left to right (an IMPLICIT_BROADCAST rule drops one)."""
+    value = rewrite(SIMPLIFY, op, producer, b)
+    if value is not None:
+        return value
+    while (step := rewrite(IMPLICIT_BROADCAST, op, producer, trial := Builder())) is not None:
+        (op,), value = trial.ops, step
+    if value is not None:
+        b.add(op)
+    return value
 
 
 def fold_constants(fn: Function) -> Function:
@@ -192,26 +197,31 @@ def for_backends(fn: Function) -> Function:
     fma), which the contraction kernels compile; and one_hot as the comparison it is, which
     fuses into the kernel that uses it."""
     plans = {Einsum(): _matmul_plan, OneHot(): _one_hot_plan}
-    return _rewritten(fn, lambda op: plans[op.primitive](op) if op.primitive in plans else None)
+
+    def planned(op: Op, producer: dict[Value, Op], b: Builder) -> Value | None:
+        plan = plans[op.primitive](op) if op.primitive in plans else None
+        return plan(b) if plan is not None else None
+
+    return _rewritten(fn, planned)
 
 
-def _rewritten(fn: Function, plan_of: Callable) -> Function:
-    """fn (and the bodies it holds) with each op for which plan_of gives a plan replaced by the
-    ops the plan emits; a plan is a function of a Builder that returns the op's value."""
-    from ir.core import Builder
-    ops = []
+def _rewritten(fn: Function,
+               rewrite_op: Callable[[Op, dict[Value, Op], Builder], Value | None]) -> Function:
+    """fn (and its bodies) with each op for which rewrite_op(op, producer of each value so far,
+    b) gives a value replaced by it and the ops it emitted into b."""
+    producer: dict[Value, Op] = {}
     env: dict[Value, Value] = {}
+    ops = []
     for op in fn.ops:
         op = Op(op.primitive, tuple(env.get(v, v) for v in op.inputs), op.params, op.outputs,
-                _rewritten(op.body, plan_of) if op.body is not None else None)
-        plan = plan_of(op)
-        if plan is None:
-            ops.append(op)
-            continue
+                _rewritten(op.body, rewrite_op) if op.body is not None else None)
         b = Builder()
-        b.ops = []
-        env[op.outputs[0]] = plan(b)
-        ops.extend(b.ops)
+        value = rewrite_op(op, producer, b)
+        if value is not None:
+            env[op.outputs[0]] = value
+        made = [op] if value is None else b.ops
+        ops.extend(made)
+        producer.update((v, o) for o in made for v in o.outputs)
     return substitute(fn, ops, env)
 
 

@@ -5,6 +5,10 @@ import numpy as np
 import pytest
 
 import dsl
+from ir.core import Builder, tensor_type
+from ir.ops.elementwise import Sub
+from ir.passes import SIMPLIFY, dce, simplify
+from ir.patterns import X, pat, rewrite, rules
 
 
 @pytest.mark.parametrize("device", ["reference", "cpu"])
@@ -48,3 +52,70 @@ def loss(xs: f32[T, 2]) -> f32:
     want = np.zeros_like(xs)
     want[-1] = 3.0
     np.testing.assert_array_equal(prog.grad("loss", wrt="xs")(xs), want)
+
+
+# ---------------------------------------------------------------- the rule matcher (ir/patterns.py)
+
+def _ir(build):
+    """The ops build(b, x, y) makes from two f32[2, 3] parameters, its result and its producers."""
+    b = Builder()
+    x, y = b.param(tensor_type("f32", (2, 3))), b.param(tensor_type("f32", (2, 3)))
+    out = build(b, x, y)
+    producer = {v: op for op in b.ops for v in op.outputs}
+    return x, y, producer[out], producer
+
+
+def _rewrite(table, build):
+    x, y, op, producer = _ir(build)
+    emitted = Builder()
+    return x, y, rewrite(table, op, producer, emitted), emitted.ops
+
+
+def test_a_rule_fires_on_the_op_its_pattern_names():
+    times_one = lambda b, x, y: b.emit("mul", x, b.constant(1.0, "f32"))
+    minus_one = lambda b, x, y: b.emit("sub", x, b.constant(1.0, "f32"))
+    x, _, value, emitted = _rewrite(SIMPLIFY, times_one)
+    assert value is x and emitted == []
+    assert _rewrite(SIMPLIFY, minus_one)[2] is None
+
+
+def test_a_guard_blocks_a_rule():
+    """x * ones([4, 2, 3]) is not x: the result is broadcast, so _same's guard refuses."""
+    ones = (((1.0,) * 3,) * 2,) * 4
+    _, _, value, _ = _rewrite(SIMPLIFY, lambda b, x, y: b.emit("mul", x, b.constant(ones, "f32")))
+    assert value is None
+
+
+@pytest.mark.parametrize("zero, rewritten", [(-0.0, True), (0.0, False)])
+def test_const_compares_bits(zero, rewritten):
+    """x + (-0.0) is x for every x; x + 0.0 is not (-0.0 + 0.0 is 0.0)."""
+    x, _, value, _ = _rewrite(SIMPLIFY, lambda b, x, y: b.emit("add", x, b.constant(zero, "f32")))
+    assert (value is x) is rewritten
+
+
+def test_nested_patterns_match_the_producers_of_inputs():
+    x, _, value, _ = _rewrite(SIMPLIFY, lambda b, x, y: b.emit(
+        "transpose", b.emit("transpose", x, perm=(1, 0)), perm=(1, 0)))
+    assert value is x
+    x, _, value, (reshape,) = _rewrite(SIMPLIFY, lambda b, x, y: b.emit(
+        "reshape", b.emit("reshape", x, shape=(6,)), shape=(3, 2)))
+    assert reshape.inputs == (x,) and reshape.attrs == {"shape": (3, 2)}
+    assert value is reshape.outputs[0]
+
+
+def test_a_variable_bound_twice_must_see_one_value():
+    table = rules((pat(Sub, X, X), lambda X: X))
+    assert _rewrite(table, lambda b, x, y: b.emit("sub", x, x))[2] is not None
+    assert _rewrite(table, lambda b, x, y: b.emit("sub", x, y))[2] is None
+
+
+def test_simplify_drops_every_broadcast_an_elementwise_op_does_itself():
+    """add(broadcast_to(a), broadcast_to(c)) is add(a, c) when a and c broadcast to the same
+    shape without help: the rule drops one operand's broadcast_to, and applies again."""
+    b = Builder()
+    a, c = b.param(tensor_type("f32", (3,))), b.param(tensor_type("f32", (2, 1)))
+    wide = [b.emit("broadcast_to", v, shape=(2, 3)) for v in (a, c)]
+    out = b.emit("add", *wide)
+    fn = dce(simplify(b.finish([out])))
+    (add,) = fn.ops
+    assert add.inputs == (a, c) and fn.results[0].type == out.type
