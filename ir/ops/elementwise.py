@@ -444,6 +444,7 @@ class Classify(Unary):
     hint = ""
     compiled = ("bool",)
     differentiable = False
+    of_integers: ClassVar[bool]            # the answer for every integer
 
     def infer(self, x: TensorType) -> TensorType:
         return super().infer(x).with_dtype("bool")
@@ -454,9 +455,8 @@ class Classify(Unary):
             return e.const(self.of_integers, "bool", x)
         return self.classify(e, x, e.const(float("inf"), dtypes[0], x), dtypes[0])
 
-    of_integers: ClassVar[bool]
-
     def classify(self, e: Any, x: Any, inf: Any, dtype: str) -> Any:
+        """The answer for a float x, given +inf of its dtype."""
         raise NotImplementedError
 
 
