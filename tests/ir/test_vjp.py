@@ -173,6 +173,9 @@ for name, (fn, draw) in UNARY.items():
     for shape in [(), (5,), (2, 3, 4)]:
         case(f"{name}-{shape}", name, [draw(*shape)], fn)
 case("abs-at-zero", "abs", [np.array([-1.5, 0.0, 0.0, 2.0])], torch.abs, smooth=False)
+for name in ("erf", "erfc", "atan", "sinh", "cosh", "log1p", "expm1", "tanh", "sigmoid", "exp"):
+    case(f"{name}-at-zeros-and-infinities", name, [np.array([0.0, -0.0, np.inf, -np.inf, 1e-30])],
+         UNARY[name][0], smooth=False)
 # the fused activation backwards that tanh's and sigmoid's VJPs emit (differentiated again
 # under grad of grad): y is the activation's output, ct a cotangent
 case("tanh_grad", "tanh_grad", [np.tanh(normal(2, 3)), normal(2, 3)], lambda y, ct: ct * (1 - y * y))
