@@ -20,7 +20,7 @@ import numpy as np
 from ir import numerics
 from ir.ops.base import (NUMERIC, Kind, Param, Primitive, Role, need, normalize_axes, np_dtype,
                          primitive, statics, type_of)
-from ir.ops.elementwise import Maximum, Minimum
+from ir.ops.elementwise import MathFunction, Maximum, Minimum
 from ir.types import FLOAT_DTYPES, TensorType
 
 
@@ -127,7 +127,7 @@ class LogCumSumExp(Cumulative):
     accepts = FLOAT_DTYPES
     needs = "a float"
     compiled = ("f32", "f64")
-    host = "the math library is for f32 and f64; f16 is evaluated by NumPy"
+    host = MathFunction.host
     costly = True                                # an exp and a log a step
 
     def step(self, e: Any, acc: Any, x: Any, dtype: str) -> Any:
