@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from dsl.doc import document
 from dsl.inputs import (COMPILED, MAX_BYTES, Inputs, abstract_inputs, bind_python, check_sizes,
                         from_arrays, from_python, kind, memory_bytes)
 from dsl.values import unflatten
@@ -62,6 +63,11 @@ class Program:
             raise AttributeError(name)
         self._def(name)
         return lambda *args, **kwargs: self.call(name, *args, **kwargs)
+
+    def doc(self) -> str:
+        """Every definition of the program's file, its signature and doc comment, in source
+        order (what `dslc doc` prints)."""
+        return document(self._resolved.main.tree)
 
     def _def(self, name: str) -> ast.Def:
         if not isinstance(name, str):
