@@ -75,6 +75,11 @@ def parse_wrt(text: str) -> str | tuple[str, ...]:
     return tuple(text.split(",")) if "," in text else text
 
 
+def cmd_doc(args: argparse.Namespace) -> int:
+    print(dsl.load(args.file).doc(), end="")
+    return 0
+
+
 def cmd_ir(args: argparse.Namespace) -> int:
     print(dsl.load(args.file).ir(args.entry, args.dims, args.level), end="")
     return 0
@@ -173,6 +178,10 @@ def parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check", help="parse and type-check files; print diagnostics")
     check.add_argument("files", nargs="+", metavar="FILE")
     check.set_defaults(run=cmd_check)
+
+    doc = sub.add_parser("doc", help="print each definition's signature and doc comment")
+    doc.add_argument("file", metavar="FILE")
+    doc.set_defaults(run=cmd_doc)
 
     ir = sub.add_parser("ir", help="print a stage's output for an entry point")
     ir.add_argument("file", metavar="FILE")

@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from dsl.compiled import Compiled
+from dsl.doc import document
 from dsl.inputs import (COMPILED, MAX_BYTES, Inputs, abstract_inputs, bind_python, check_sizes,
                         from_arrays, from_python, kind, memory_bytes)
 from dsl.values import unflatten
@@ -42,6 +44,10 @@ class Lowered:
     params: list[Layout]              # each parameter's structure
     arg_leaves: list[list[int]]       # for each parameter, the positions of its leaves
 
+    def __str__(self) -> str:
+        from ir import printer
+        return printer.to_text(self.function)
+
 
 class Program:
     """A loaded .bend program; its functions are attributes: prog.loss(p, x, y)."""
@@ -56,12 +62,45 @@ class Program:
         self._grads: dict[Any, Function] = {}
         self._executables: dict[int, Any] = {}
         self._sized: dict[int, Function] = {}      # the functions whose arrays fit in memory
+        self._entries: dict[str, Compiled] = {}
+        self._devices: dict[str, Program] = {}     # this program on the other devices
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> Compiled:
         if name.startswith("_"):
             raise AttributeError(name)
+        return self._entry(name)
+
+    def __dir__(self) -> list[str]:
+        return sorted(set(super().__dir__()) | set(self.functions()))
+
+    def compile(self, name: str, device: str | None = None, numerics: str = "exact") -> Compiled:
+        """Entry `name` as a callable on `device` (default: the program's), with its .bend
+        signature and doc comment; its calls are cached per input signature."""
         self._def(name)
-        return lambda *args, **kwargs: self.call(name, *args, **kwargs)
+        if not isinstance(numerics, str) or numerics not in NUMERICS:
+            raise DslError(None, f"numerics= is 'exact' (or 'fast', not built yet), got {numerics!r}")
+        if numerics == "fast":
+            raise DslError(None, "numerics='fast' (tensor cores, with bf16 or tf32 inputs) is "
+                                 "not built yet; 'exact' is the only mode")
+        return (self if device is None else self._on(device))._entry(name)
+
+    def _on(self, device: str) -> Program:
+        """This program on another device: the same source, its own caches."""
+        other = Program(self._resolved, device)
+        if other.device == self.device:
+            return self
+        return self._devices.setdefault(other.device, other)
+
+    def _entry(self, name: str) -> Compiled:
+        d = self._def(name)
+        if name not in self._entries:
+            self._entries[name] = Compiled(self, d)
+        return self._entries[name]
+
+    def doc(self) -> str:
+        """Every definition of the program's file, its signature and doc comment, in source
+        order (what `dslc doc` prints)."""
+        return document(self._resolved.main.tree)
 
     def _def(self, name: str) -> ast.Def:
         if not isinstance(name, str):
@@ -350,6 +389,7 @@ class Program:
 
 LEVELS = ("tensor", "loops", "llvm", "ptx")     # what Program.ir shows
 TARGETS = ("cpu", "ptx")                         # what Program.compile_to writes
+NUMERICS = ("exact", "fast")                    # what Program.compile takes; 'fast' is not built
 DEVICES = ("auto", "cpu", "cuda", "reference")   # auto: $DSLC_DEVICE, else the GPU if usable, else the CPU
 
 

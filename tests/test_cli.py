@@ -70,6 +70,45 @@ def test_version():
     assert r.returncode == 0 and r.stdout.startswith("dslc ")
 
 
+def test_doc_prints_each_definition_with_its_doc_comment():
+    r = dslc("doc", str(VALID.parent / "02_comments.bend"))
+    assert (r.returncode, r.stderr) == (0, "")
+    assert r.stdout == ("object Affine { W: f32[I, O], b: f32[O] }\n"
+                        "    An affine layer's parameters.\n\n"
+                        "type Squash:\n  Tanh\n  Sigmoid\n"
+                        "    How to squash the output.\n\n"
+                        "def apply(p: Affine, x: f32[B, I], s: Squash) -> f32[B, O]\n"
+                        "    Applies the layer, then the squashing function.\n"
+                        "    Documentation may span several lines.\n")
+
+
+def test_doc_of_an_example_lists_its_definitions_in_source_order():
+    r = dslc("doc", str(Path(__file__).parents[1] / "examples" / "xor.bend"))
+    assert r.returncode == 0, r.stderr
+    assert [line for line in r.stdout.splitlines() if line and not line.startswith(" ")] == [
+        "object Params { W1: f32[2, H], b1: f32[H], W2: f32[H, 1], b2: f32[1] }",
+        "object Metrics { accuracy: f32 }",
+        "def init(key: Key, H: int) -> Params",
+        "def predict(p: Params, x: f32[B, 2]) -> f32[B]",
+        "def loss(p: Params, x: f32[B, 2], y: f32[B]) -> f32",
+        "def evaluate(p: Params, x: f32[B, 2], y: f32[B]) -> Metrics",
+        "def step(p: Params, x: f32[B, 2], y: f32[B], lr: f32) -> (Params, f32)",
+    ]
+    assert "-> f32\n    Binary cross-entropy of the predictions.\n\n" in r.stdout
+
+
+@pytest.mark.parametrize("text, message", [
+    ("def f(:\n  return 1\n", ":1:7: error: unexpected ':'; expected ')' or a name"),
+    ("#{ Returns y. #}\ndef f(x: f32) -> f32:\n  return y\n", ":3:10: error: undefined name 'y'"),
+])
+def test_doc_of_a_file_with_errors_prints_its_diagnostics(tmp_path: Path, text, message):
+    src = tmp_path / "bad.bend"
+    src.write_text(text)
+    r = dslc("doc", str(src))
+    assert_user_error(r, f"{src}{message}")
+    assert r.stdout == ""
+
+
 MLP = Path(__file__).parent / "programs" / "mlp.bend"
 
 
