@@ -98,7 +98,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise DslError(None, f"cannot write the result to {args.output}: {e}") from None
     else:
         for name, value in flat.items():
-            print(f"{name}: {value.dtype}{list(value.shape)}\n{value}")
+            print(f"{name}: {value.dtype}{list(value.shape)}\n{values.shortest(value)}")
     return 0
 
 

@@ -184,6 +184,59 @@ def test_compile_writes_code_and_a_manifest(tmp_path: Path, target, artifact):
         assert "host" not in kinds or all(s.get("host") != "transpose" for s in manifest["steps"])
 
 
+# ---------------------------------------------------------------- numbers as dslc prints them
+
+@pytest.mark.parametrize("value, dtype, text", [
+    (np.float32(0.6931472), None, "0.6931472"),
+    (0.6931471824645996, np.float32, "0.6931472"),        # a mean of f32 losses, taken in f64
+    (np.float64(0.6931472), None, "0.6931472"),
+    (1 / 3, None, "0.3333333333333333"),
+    (np.float16(0.6931472), None, "0.6934"),
+    (np.float32(1e-7), None, "1e-07"),
+    (np.array([1 / 3, 0.25], np.float32), None, "[0.33333334 0.25      ]"),
+    (np.array([1 / 3, 0.25]), None, "[0.3333333333333333 0.25              ]"),
+    (np.array([[1, 2], [3, 4]], np.int32), None, "[[1 2]\n [3 4]]"),
+])
+def test_numbers_print_as_the_shortest_text_of_their_dtype(value, dtype, text):
+    from dsl.values import shortest
+    assert shortest(value, dtype) == text
+
+
+def test_run_prints_each_float_in_the_shortest_text_of_its_dtype(tmp_path: Path):
+    (tmp_path / "f.bend").write_text(
+        "def f(x: f32[N], y: f64[N], z: f16[N]) -> (f32, f64, f16, f64[N]):\n"
+        "  return (mean(x), mean(y), mean(z), y / 3.0)\n")
+    x = np.array([0.5, 0.8862944])
+    np.savez(tmp_path / "in.npz", x=x.astype(np.float32), y=x, z=x.astype(np.float16))
+    r = dslc("run", str(tmp_path / "f.bend"), "--entry", "f", "--inputs", str(tmp_path / "in.npz"),
+             "--device", "reference")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == ("out[0]: float32[]\n0.6931472\nout[1]: float64[]\n0.6931472000000001\n"
+                        "out[2]: float16[]\n0.6934\n"
+                        "out[3]: float64[2]\n[0.16666666666666666 0.2954314666666667 ]\n")
+
+
+def test_train_reports_losses_as_f32s(tmp_path: Path):
+    from dsl.values import shortest
+    r = dslc("train", str(Path(__file__).parent.parent / "examples" / "xor.bend"), "--steps", "3",
+             "--checkpoint-dir", str(tmp_path), "--device", "reference")
+    assert r.returncode == 0, r.stderr
+    with np.load(tmp_path / "step0000003.npz") as ckpt:
+        losses = ckpt["loss"].astype(np.float64)
+    for t in (1, 2, 3):                          # the mean of the losses so far, as an f32
+        assert f"step {t}/3 loss {shortest(losses[:t].mean(), np.float32)} " in r.stderr
+    assert f"  step loss   {shortest(losses.mean(), np.float32)} (the mean" in r.stdout
+
+
+def test_the_training_report_prints_metrics_as_f32s():
+    from dsl.train import Result
+    report = Result("m.bend", params=None, opt_state=None, start_step=0, steps=1, seed=0,
+                    train_seconds=0.0, eval_seconds=0.0, losses=[], evals=[],
+                    metrics={"train": {"loss": 0.6931471824645996, "accuracy": 0.75}})
+    assert str(report).splitlines()[2:] == ["  loss        train 0.6931472",
+                                            "  accuracy    train 0.75"]
+
+
 # ---------------------------------------------------------------- bad input on the command line
 
 def assert_user_error(r: subprocess.CompletedProcess, *fragments: str) -> None:
