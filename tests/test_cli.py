@@ -169,8 +169,10 @@ def test_compile_writes_code_and_a_manifest(tmp_path: Path, target, artifact):
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert (tmp_path / "out" / artifact).stat().st_size > 0
     assert manifest["entry"] == "loss" and manifest["gradient_of"] == "p"
-    assert [p["shape"] for p in manifest["params"]] == [[3, 5], [5], [5, 2], [2], [4, 3], [4]]
-    assert len(manifest["results"]) == 5             # the loss, then the 4 gradients of p
+    assert [(p["name"], p["shape"]) for p in manifest["params"]] == [
+        ("p.W1", [3, 5]), ("p.b1", [5]), ("p.W2", [5, 2]), ("p.b2", [2]), ("x", [4, 3]), ("y", [4])]
+    assert [r["name"] for r in manifest["results"]] == [      # the loss, then the gradients of p
+        "out", "grad(p.W1)", "grad(p.b1)", "grad(p.W2)", "grad(p.b2)"]
     assert manifest["kernels"] and all("buffers" in k for k in manifest["kernels"])
     # the range of each kernel's (lo, hi): the batch's rows for the softmax's row kernels
     assert {(k["kind"], k["extent"]) for k in manifest["kernels"] if k["kind"] != "map"} >= {("rows", 4)}
@@ -182,6 +184,26 @@ def test_compile_writes_code_and_a_manifest(tmp_path: Path, target, artifact):
         assert manifest["matmul_entries"] and all(f".entry {e}(" in ptx for e in manifest["matmul_entries"])
         assert all(f".entry {k['launch']['entry']}(" in ptx for k in manifest["kernels"])
         assert "host" not in kinds or all(s.get("host") != "transpose" for s in manifest["steps"])
+
+
+def test_the_manifest_names_each_buffer_as_dslc_run_names_its_array(tmp_path: Path):
+    import json
+    (tmp_path / "f.bend").write_text(
+        "object P { W: f32[D, C], b: f32[C] }\n\n"
+        "def f(p: P, k: Key, n: int, xs: List(f32[D]), unused: f32[D]) -> (f32, P):\n"
+        "  fold x in xs with s = sum(p.W) + sum(p.b) * n:\n"
+        "    s = s + sum(x)\n"
+        "  return (s, p)\n")
+    r = dslc("compile", str(tmp_path / "f.bend"), "--entry", "f", "--dims", "D=2,C=3,n=2,xs=2",
+             "-o", str(tmp_path / "out"))
+    assert r.returncode == 0, r.stderr
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    params = {p["name"]: p for p in manifest["params"]}
+    assert list(params) == ["p.W", "p.b", "k", "xs[0]", "xs[1]", "unused"]
+    assert (params["k"]["dtype"], params["k"]["shape"]) == ("u32", [2])
+    results = {r["name"]: r["id"] for r in manifest["results"]}
+    assert list(results) == ["out[0]", "out[1].W", "out[1].b"]
+    assert (results["out[1].W"], results["out[1].b"]) == (params["p.W"]["id"], params["p.b"]["id"])
 
 
 # ---------------------------------------------------------------- numbers as dslc prints them
