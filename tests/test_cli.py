@@ -52,6 +52,35 @@ def test_diagnostic_shows_the_span_and_a_note_on_the_declaration(tmp_path: Path)
     assert f"note: p.W1 is f32[T * E, H] ({src}:1)" in r.stderr
 
 
+def test_check_verbose_says_ok_for_each_file_that_checks(tmp_path: Path):
+    bad = tmp_path / "bad.bend"
+    bad.write_text("def f(x: f32[N]) -> f32[N]:\n  return y\n")
+    r = dslc("check", "-v", str(VALID), str(bad), str(VALID))
+    assert r.returncode == 1
+    assert r.stdout == f"{VALID}: ok\n{VALID}: ok\n"
+    assert r.stderr.startswith(f"{bad}:2:10: error: undefined name 'y'")
+
+
+def test_every_command_and_option_has_help():
+    import argparse
+    from dsl.cli import parser
+
+    def missing(p: argparse.ArgumentParser, command: str) -> list[str]:
+        found = []
+        for action in p._actions:
+            if not action.help or action.help == argparse.SUPPRESS:
+                found.append(f"{command} {'/'.join(action.option_strings) or action.metavar or action.dest}")
+            if isinstance(action, argparse._SubParsersAction):
+                summaries = {a.dest: a.help for a in action._choices_actions}
+                for name, sub in action.choices.items():
+                    if not summaries.get(name) or not sub.description:
+                        found.append(f"{command} {name}: its summary or description")
+                    found += missing(sub, f"{command} {name}")
+        return found
+
+    assert missing(parser(), "dslc") == []
+
+
 @pytest.mark.parametrize("args", [[], ["check"], ["frobnicate", "x.bend"], ["check", "--bogus", "x"]])
 def test_usage_errors_exit_2(args):
     r = dslc(*args)
