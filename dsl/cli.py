@@ -169,6 +169,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     return 0
 
 
+# the help of arguments several commands share
 FILE = "a .bend file"
 ENTRY = "the entry point: a function of FILE with annotated parameters"
 SIZES = "every size the entry's types leave open: dimensions (B=4), list lengths, static parameters"
@@ -176,9 +177,10 @@ DEVICE = ("where to run: auto (the GPU if one is usable, else the CPU; $DSLC_DEV
           "cpu, cuda, or reference (the NumPy interpreter)")
 
 
-def specialising(sub, name: str, help: str, description: str) -> argparse.ArgumentParser:
+def specialising(sub: argparse._SubParsersAction, name: str, summary: str,
+                 description: str) -> argparse.ArgumentParser:
     """A command on one entry point specialised by --dims (ir, grad, compile)."""
-    cmd = sub.add_parser(name, help=help, description=description)
+    cmd = sub.add_parser(name, help=summary, description=description)
     cmd.add_argument("file", metavar="FILE", help=FILE)
     cmd.add_argument("--entry", required=True, help=ENTRY)
     cmd.add_argument("--dims", type=parse_dims, required=True, metavar="NAME=INT,…", help=SIZES)
@@ -199,7 +201,7 @@ def parser() -> argparse.ArgumentParser:
                        help="also say 'FILE: ok' for each file without errors")
     check.set_defaults(run=cmd_check)
 
-    ir = specialising(sub, "ir", help="print a stage's output for an entry point",
+    ir = specialising(sub, "ir", summary="print a stage's output for an entry point",
                       description="Print an entry point, specialised for --dims, at a stage of "
                       "compilation.")
     ir.add_argument("--level", choices=["tensor", "loops", "llvm", "ptx"], default="tensor",
@@ -207,7 +209,7 @@ def parser() -> argparse.ArgumentParser:
                     "host steps), llvm (their LLVM IR) or ptx (the GPU kernels)")
     ir.set_defaults(run=cmd_ir)
 
-    grad = specialising(sub, "grad", help="print the gradient program as .bend source",
+    grad = specialising(sub, "grad", summary="print the gradient program as .bend source",
                         description="Print the gradient of an entry point, specialised for --dims, "
                         "as a .bend program that dslc check accepts.")
     grad.add_argument("--wrt", required=True, metavar="PARAM",
@@ -215,7 +217,7 @@ def parser() -> argparse.ArgumentParser:
                       "by commas (q,k)")
     grad.set_defaults(run=cmd_grad)
 
-    comp = specialising(sub, "compile", help="write an entry point's kernels and a JSON manifest",
+    comp = specialising(sub, "compile", summary="write an entry point's kernels and a JSON manifest",
                         description="Compile an entry point (or its gradient), specialised for "
                         "--dims, into the folder OUT: kernels.o or kernels.ptx, and manifest.json "
                         "naming its parameters, results, kernels and steps.")
