@@ -159,7 +159,7 @@ class Program:
         header = f"# {name}" + (f", differentiated with respect to {grad}," if grad else "") + \
                  f" specialised for {_describe_inputs(d, inputs)}"
         runtime = [(p.name, a) for p, a in zip(d.params, inputs.abstract) if not isinstance(a, StaticV)]
-        bindings = [e for p, layout in zip(d.params, low.params) for e in _leaf_paths(layout, p.name)]
+        bindings = _input_names(d, low)
         signature = ", ".join(f"{n}: {_annotation(a)}" for n, a in runtime)
         decls = _declarations([a for _, a in runtime])
         if grad is None:
@@ -192,7 +192,7 @@ class Program:
         d = self._def(name)
         low, inputs = self._specialised(d, dims)
         fn = low.function
-        params = [e for p, layout in zip(d.params, low.params) for e in _leaf_paths(layout, p.name)]
+        params = _input_names(d, low)
         results = _leaf_paths(low.outputs, "out")
         if grad is not None:
             _differentiable(d, inputs, _wrt_names(d, grad))
@@ -475,6 +475,11 @@ def _annotation(v, concrete: bool = False) -> str:
             return v.name if not concrete else v.name + " {" + ", ".join(
                 f"{n}: {_annotation(f, True)}" for n, f in v.fields) + "}"
     return "?"
+
+
+def _input_names(d: ast.Def, low: Lowered) -> list[str]:
+    """The name of each of the function's params: the runtime leaves of d's inputs (p.W1, x)."""
+    return [e for p, layout in zip(d.params, low.params) for e in _leaf_paths(layout, p.name)]
 
 
 def _leaf_paths(layout: Layout, path: str) -> list[str]:
