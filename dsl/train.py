@@ -496,6 +496,7 @@ def _rebuild(like: Any, path: str, arrays: dict[str, np.ndarray]) -> Any:
 
 F32 = np.float32    # loss and evaluate's metrics are f32 scalars: printed as f32s, averaged or not
 
+
 def duration(seconds: float) -> str:
     s = int(round(seconds))
     return f"{s // 3600}h{s // 60 % 60:02d}m{s % 60:02d}s" if s >= 3600 else \
