@@ -198,7 +198,7 @@ class Program:
         header = f"# {name}" + (f", differentiated with respect to {grad}," if grad else "") + \
                  f" specialised for {_describe_inputs(d, inputs)}"
         runtime = [(p.name, a) for p, a in zip(d.params, inputs.abstract) if not isinstance(a, StaticV)]
-        bindings = [expr for _, a in runtime for expr in _leaf_exprs(a, _)]
+        bindings = _input_names(d, low)
         signature = ", ".join(f"{n}: {_annotation(a)}" for n, a in runtime)
         decls = _declarations([a for _, a in runtime])
         if grad is None:
@@ -231,10 +231,13 @@ class Program:
         d = self._def(name)
         low, inputs = self._specialised(d, dims)
         fn = low.function
+        params = _input_names(d, low)
+        results = _leaf_paths(low.outputs, "out")
         if grad is not None:
             _differentiable(d, inputs, _wrt_names(d, grad))
             positions = _float_leaves(d, low, _wrt_names(d, grad))
             fn = optimize(grad_function(fn, positions, with_value=True))
+            results += [f"grad({params[i]})" for i in positions]
         check_sizes(d.name_span, name, fn, MAX_BYTES, COMPILED)
         fn = for_backends(fn)
         plan = schedule.schedule(fn, name)
@@ -285,8 +288,10 @@ class Program:
 
         manifest = {
             "entry": name, "target": target, "gradient_of": grad,
-            "params": [{"id": ids[v], "dtype": v.dtype, "shape": list(v.shape)} for v in fn.params],
-            "results": [{"id": ids[v], "dtype": v.dtype, "shape": list(v.shape)} for v in fn.results],
+            "params": [{"name": n, "id": ids[v], "dtype": v.dtype, "shape": list(v.shape)}
+                       for n, v in zip(params, fn.params, strict=True)],
+            "results": [{"name": n, "id": ids[v], "dtype": v.dtype, "shape": list(v.shape)}
+                        for n, v in zip(results, fn.results, strict=True)],
             "kernels": kernels,
             "steps": [step_entry(s) for s in plan.steps],
         }
@@ -512,15 +517,21 @@ def _annotation(v, concrete: bool = False) -> str:
     return "?"
 
 
-def _leaf_exprs(v, path: str) -> list[str]:
-    """An expression for each runtime leaf of an input, in parameter order (p.W1, xs[0])."""
-    match v:
-        case TensorV() | KeyV():
+def _input_names(d: ast.Def, low: Lowered) -> list[str]:
+    """The name of each of the function's params: the runtime leaves of d's inputs (p.W1, x)."""
+    return [e for p, layout in zip(d.params, low.params) for e in _leaf_paths(layout, p.name)]
+
+
+def _leaf_paths(layout: Layout, path: str) -> list[str]:
+    """An expression for each runtime leaf of a value, in order (p.W1, xs[0]): the names of
+    `dslc run`'s arrays."""
+    match layout.kind:
+        case "tensor" | "key":
             return [path]
-        case TupleV() | ListV():
-            return [e for k, i in enumerate(v.items) for e in _leaf_exprs(i, f"{path}[{k}]")]
-        case RecordV():
-            return [e for n, f in v.fields for e in _leaf_exprs(f, f"{path}.{n}")]
+        case "tuple" | "list":
+            return [e for k, i in enumerate(layout.items) for e in _leaf_paths(i, f"{path}[{k}]")]
+        case "record":
+            return [e for n, f in zip(layout.fields, layout.items) for e in _leaf_paths(f, f"{path}.{n}")]
     return []
 
 
