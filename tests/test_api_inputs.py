@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import dsl
+from conftest import raises
 
 SOURCE = """
 object P { W: f32[D, C], bias: f32[C] }
@@ -35,15 +36,6 @@ GOOD = dict(p={"W": W, "bias": BIAS}, x=X, n=2, ys=[BIAS], t=(1.0, 2))
 @pytest.fixture(scope="module")
 def prog():
     return dsl.loads(SOURCE, name="m.bend", device="reference")
-
-
-def raises(call, *fragments: str) -> dsl.DslError:
-    """call() raises a DslError whose message holds every fragment."""
-    with pytest.raises(dsl.DslError) as info:
-        call()
-    for fragment in fragments:
-        assert fragment in str(info.value), str(info.value)
-    return info.value
 
 
 def test_the_good_call_runs(prog):
