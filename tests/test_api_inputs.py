@@ -106,7 +106,7 @@ def test_grad_with_respect_to_a_float_parameter_still_works(prog):
     ({"W": W, "biass": BIAS}, ["'biass'", "did you mean 'bias'?"]),
     ({"W": W}, ["'p' lacks the field 'bias' of P"]),
     ({"W": W, "bias": BIAS, 3: BIAS}, ["field 3"]),
-    ([W, BIAS], ["'p' must be a P record (a dict), got list"]),
+    ([W, BIAS], ["'p' must be a P record (a dict or other Mapping, a NamedTuple or a dataclass), got list"]),
 ])
 def test_record_fields_must_match_exactly(prog, p, fragments):
     raises(lambda: prog.f(**dict(GOOD, p=p)), *fragments)
