@@ -163,7 +163,14 @@ def test_text_blocks_hold_no_commands():
 # ---------------------------------------------------------------- dslc commands
 
 PARSER = cli.parser()
-SUBCOMMANDS = next(a for a in PARSER._actions if isinstance(a, argparse._SubParsersAction)).choices
+
+
+def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """A parser's subcommands by name (`dslc ir`, and deeper ones such as `dslc a b`)."""
+    return next((a.choices for a in parser._actions if isinstance(a, argparse._SubParsersAction)), {})
+
+
+SUBCOMMANDS = subcommands(PARSER)
 PLACEHOLDER = re.compile(r"[\[\]…|]|^[A-Z][A-Z0-9_.]*$")
 
 
@@ -201,19 +208,34 @@ def parse_problems(args: list[str]) -> list[str]:
     return []
 
 
+def word_problems(parser: argparse.ArgumentParser, words: list[str]) -> list[str]:
+    """What is wrong with `parser`'s words: unknown subcommands (`a|b` names several), at any
+    depth, and unknown flags and choices."""
+    subs = subcommands(parser)
+    if not subs or not words or words[0].startswith("-") or PLACEHOLDER.fullmatch(words[0]):
+        return flag_problems(parser, words)
+    names = words[0].split("|")
+    return [f"{parser.prog} has no command {n!r}" for n in names if n not in subs] + [
+        p for n in names if n in subs for p in word_problems(subs[n], words[1:])]
+
+
 def command_problems(words: list[str], concrete: bool) -> list[str]:
-    """What is wrong with `dslc WORDS…`: unknown subcommands (`a|b` names several), flags and
-    choices; for a concrete command, whatever the parser refuses."""
+    """What is wrong with `dslc WORDS…`; for a concrete command, whatever the parser refuses."""
     words = [w.replace("\\|", "|") for w in words]
-    if not words or words[0].startswith("-"):
-        return flag_problems(PARSER, words)
-    subs = words[0].split("|")
-    problems = [f"dslc has no command {s!r}" for s in subs if s not in SUBCOMMANDS]
-    for sub in set(subs) & set(SUBCOMMANDS):
-        problems += flag_problems(SUBCOMMANDS[sub], words[1:])
+    problems = word_problems(PARSER, words)
     if concrete and not problems:
         problems += parse_problems(words)
     return problems
+
+
+def innermost(words: list[str]) -> argparse.ArgumentParser | None:
+    """The subcommand's parser that `dslc WORDS…` reaches, if it names one."""
+    parser = PARSER
+    for word in words:
+        if word not in subcommands(parser):
+            break
+        parser = subcommands(parser)[word]
+    return None if parser is PARSER else parser
 
 
 def is_dslc(word: str) -> bool:
@@ -336,12 +358,12 @@ def prose_problems(doc: Path) -> list[str]:
             elif words[0] in SUBCOMMANDS and len(words) > 1 and words[1].startswith("--"):
                 args = words
             elif words[0].startswith("--") and context:
-                problems += [f"{where}: {p}" for p in flag_problems(SUBCOMMANDS[context], words)]
+                problems += [f"{where}: {p}" for p in flag_problems(context, words)]
                 continue
             else:
                 context = None if len(words) > 1 else context
                 continue
-            context = args[0] if args and args[0] in SUBCOMMANDS else None
+            context = innermost(args)
             concrete = len(args) > 1 and not args[1].startswith("-") and not any(map(PLACEHOLDER.search, args))
             problems += [f"{where}: {p}" for p in command_problems(args, concrete)]
     return problems
