@@ -18,8 +18,8 @@ A fence's info string is a kind and options (`key=value`, quoted as in a shell):
 
 Any other kind is an error. In the prose, each `dslc SUB …` in backquotes names real
 subcommands, flags and choices, and parses whole where it is a concrete command; a lone
-`--flag` in backquotes is checked against the last `dslc SUB` of its paragraph, table row or
-list item. Every exit status the docs state is one that dslc exits with.
+`--flag` in backquotes is checked against the last `dslc SUB …` with arguments of its
+paragraph, table row or list item. Every exit status the docs state is one that dslc exits with.
 """
 from __future__ import annotations
 
@@ -363,7 +363,7 @@ def prose_problems(doc: Path) -> list[str]:
             else:
                 context = None if len(words) > 1 else context
                 continue
-            context = innermost(args)
+            context = innermost(args) if len(args) > 1 else context   # not a bare `dslc run`
             concrete = len(args) > 1 and not args[1].startswith("-") and not any(map(PLACEHOLDER.search, args))
             problems += [f"{where}: {p}" for p in command_problems(args, concrete)]
     return problems
@@ -373,6 +373,21 @@ def prose_problems(doc: Path) -> list[str]:
 def test_commands_in_the_prose_are_dslcs(doc):
     problems = prose_problems(doc)
     assert not problems, "\n".join(problems)
+
+
+def test_the_paths_the_docs_name_exist():
+    """Each path into the repository the docs name (`examples/gpt2.py`, `dsl/lib/`) exists; a
+    part in capitals (`examples/NAME.bend`) is a placeholder."""
+    tops = {p.name for p in ROOT.iterdir() if p.is_dir() and not p.name.startswith(".")}
+    missing = []
+    for doc in DOCS:
+        text = doc.read_text(encoding="utf-8")
+        for m in re.finditer(r"(?<![\w/.`-])((?:[\w.-]+/)+[\w.-]*)", text):
+            path = m[1].rstrip(".,;:")
+            if path.split("/")[0] in tops and not re.search(r"\b[A-Z]{2,}\b", path) \
+                    and not (ROOT / path).exists():
+                missing.append(f"{doc.relative_to(ROOT)}:{text.count(chr(10), 0, m.start()) + 1}: {path}")
+    assert missing == []
 
 
 # ---------------------------------------------------------------- exit statuses
