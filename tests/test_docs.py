@@ -263,12 +263,13 @@ def shell_commands(text: str) -> list[str]:
 
 
 def dslc_invocations(command: str) -> list[list[str]]:
-    """The argument lists of each `dslc` in a shell command (`a && dslc … | b`)."""
-    words, out, current = shlex.split(command, comments=True), [], None
-    for w in words:
-        if w in ("&&", "||", ";", "|") or w.endswith(";"):
-            if current is not None:
-                out.append(current + ([w[:-1]] if w.endswith(";") and w != ";" else []))
+    """The argument lists of each `dslc` in a shell command (`a && dslc … 2> err | b`)."""
+    lexer = shlex.shlex(command, posix=True, punctuation_chars=True)
+    lexer.whitespace_split, lexer.commenters = True, "#"
+    words, out, current = list(lexer), [], None
+    for w, following in zip(words, words[1:] + [""]):
+        if set(w) <= set("();<>|&") or (w.isdigit() and following.startswith(">")):
+            out += [current] if current is not None else []
             current = None
         elif current is not None:
             current.append(w)
