@@ -104,14 +104,14 @@ def bind_python(d: ast.Def, args: tuple, kwargs: dict) -> dict[str, Any]:
         bound[k] = v
     for p in d.params:
         if p.name not in bound and p.default is not None:
-            bound[p.name] = _literal_default(p)
+            bound[p.name] = literal_default(p)
     missing = [n for n in names if n not in bound]
     if missing:
         raise DslError(d.name_span, f"'{d.name}' is missing the argument '{missing[0]}'")
     return bound
 
 
-def _literal_default(p: ast.Param) -> Any:
+def literal_default(p: ast.Param) -> Any:
     """An entry parameter's default, which must be a literal (a number, bool or string)."""
     e, sign = p.default, 1
     if isinstance(e, ast.UnaryOp) and e.op == "-":

@@ -5,6 +5,7 @@ import contextlib
 import dataclasses
 import functools
 import gc
+import inspect
 import re
 import threading
 from pathlib import Path
@@ -181,8 +182,9 @@ class Builder(Transformer):
         return Span(self.source, start, end)
 
     def _doc_comment(self, token: Token) -> Token:
-        """Keep a block comment's text: it documents an item that starts on the next line."""
-        self.docs[token.end_line + 1] = token[2:-2].strip()
+        """Keep a block comment's text: it documents an item that starts on the next line.
+        Its lines keep their indentation relative to one another (as a docstring's do)."""
+        self.docs[token.end_line + 1] = inspect.cleandoc(token[2:-2]).strip()
         return token
 
     def _target(self, expr) -> ast.Target:

@@ -60,6 +60,8 @@ def test_the_good_call_runs(prog):
     lambda p: p.source("fx", dims={"N": 2}),
     lambda p: p.ir("fx", dims={"N": 2}),
     lambda p: p.compile_to("fx", "cpu", "/nonexistent/out", dims={"N": 2}),
+    lambda p: p.compile("fx", device="cpu", numerics="fast"),      # the name is checked first
+    lambda p: p.inputs_from_arrays("fx", {}, {}),
 ])
 def test_an_unknown_function_is_a_dsl_error_with_a_suggestion(prog, call):
     e = raises(lambda: call(prog), "defines no function 'fx'", "did you mean 'f'?",
