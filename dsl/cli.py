@@ -1,4 +1,4 @@
-"""`dslc`, the command line (LANGUAGE.md §11). User errors exit 1, usage errors 2."""
+"""`dslc`, the command line (docs/language.md §14). User errors exit 1, usage errors 2."""
 from __future__ import annotations
 
 import argparse

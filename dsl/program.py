@@ -1,4 +1,4 @@
-"""The Python API (LANGUAGE.md §12): programs loaded from .bend text, called on NumPy arrays.
+"""The Python API (docs/language.md §15): programs loaded from .bend text, called on NumPy arrays.
 
 A call specialises the entry point for its inputs' types (checking and lowering it to IR,
 cached per input signature) and runs it. Records come back as `Record`s, keys as `Key`s."""

@@ -1,4 +1,4 @@
-"""Training a model file: `dslc train FILE` and `dsl.train(FILE)` (LANGUAGE.md §11).
+"""Training a model file: `dslc train FILE` and `dsl.train(FILE)` (docs/language.md §14).
 
 The model file
 --------------

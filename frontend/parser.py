@@ -19,7 +19,7 @@ from frontend import ast
 from frontend.diagnostics import Note, ParseError, Source, Span
 from frontend.limits import MAX_NESTING, MAX_RANK, MAX_SOURCE_BYTES
 
-# Binary operators by precedence, loosest (1) to tightest (LANGUAGE.md §5); `**` is right-associative.
+# Binary operators by precedence, loosest (1) to tightest (docs/language.md §9.1); `**` is right-associative.
 BINARY = {"or": 1, "and": 2, "|": 4, "^": 5, "&": 6, "==": 7, "!=": 7, "<": 7, "<=": 7, ">": 7,
           ">=": 7, "<<": 8, ">>": 8, "+": 9, "-": 9, "*": 10, "/": 10, "%": 10, "//": 10, "@": 10,
           "**": 12}
