@@ -274,7 +274,8 @@ def parser() -> argparse.ArgumentParser:
     train.add_argument("--resume", metavar="CKPT.npz", help="go on from a checkpoint")
     train.add_argument("--checkpoint-dir", metavar="DIR",
                        help="where checkpoints go (default checkpoints/NAME; '' for none)")
-    train.add_argument("--plot", metavar="LOSS.png", help="draw the loss curves into a PNG file")
+    train.add_argument("--plot", metavar="LOSS.png",
+                       help="draw the loss curves into an image (.png, .svg, .pdf …; needs dslc[plot])")
     train.add_argument("--device", choices=["auto", "reference", "cpu", "cuda"], default="auto",
                        help=DEVICE)
     train.set_defaults(run=cmd_train)
