@@ -63,7 +63,9 @@ names `dslc run` reads), the optimizer state named the same way from `opt` (`opt
 (the periodic evaluations), `model` (the file's name) and `format` ("dslc-train-1").
 Checkpoints go to `DIR/stepNNNNNNN.npz` every `checkpoint_every` steps, at the end, and on
 Ctrl-C, each written to a temporary file beside it and renamed, so that none is ever half
-written. Resuming reads the file through dsl.npz (bounded, no pickles), checks the members
+written. A run does not mix its checkpoints with another's: when DIR already holds checkpoints,
+it starts only with `--resume` (from any checkpoint) or with `--overwrite`, which deletes them
+before the first step. Resuming reads the file through dsl.npz (bounded, no pickles), checks the members
 above for their kinds, and every array's name, dtype and shape against what the model's `init`
 and `init_opt` make: a damaged checkpoint, or one of another model (or of other sizes), is an
 error "cannot resume from PATH: …" that names the first fault. `steps` counts from the start
@@ -77,6 +79,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
+import re
 import sys
 import tempfile
 import time
@@ -396,6 +399,27 @@ def checkpoint_name(step: int) -> str:
     return f"step{step:07d}.npz"
 
 
+CHECKPOINT_NAME = re.compile(r"step\d{7,}\.npz")
+
+
+def checkpoints_in(folder: Path) -> list[Path]:
+    """The checkpoints in a folder, by step; none when it does not exist."""
+    try:
+        return sorted(p for p in folder.iterdir() if CHECKPOINT_NAME.fullmatch(p.name))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    except OSError as e:
+        raise DslError(None, f"cannot read the checkpoint directory {folder}: {e.strerror or e}") from None
+
+
+def remove_checkpoints(paths: list[Path]) -> None:
+    for p in paths:
+        try:
+            p.unlink(missing_ok=True)
+        except OSError as e:
+            raise DslError(None, f"cannot remove the old checkpoint {p}: {e.strerror or e}") from None
+
+
 def save_checkpoint(path: Path, state: State, model: Model) -> None:
     """The state as an .npz file (see the module's documentation), written whole or not at all."""
     arrays = {**flatten_python(state.p, "p"),
@@ -552,13 +576,16 @@ class Result:
 # ---------------------------------------------------------------- the loop
 
 def train(path: str, *, steps: int | None = None, seed: int | None = None, data: str | None = None,
-          resume: str | None = None, checkpoint_dir: str | None = None, plot: str | None = None,
+          resume: str | None = None, checkpoint_dir: str | None = None, overwrite: bool = False,
+          plot: str | None = None,
           dims: dict | None = None, hyper: dict | None = None, batch_size: int | None = None,
           device: str = "auto", progress: TextIO | None = sys.stderr,
           on_step: Callable[[int, dict, float], None] | None = None, final_eval: bool = True) -> Result:
     """Train the model file `path` (see the module's documentation); returns the report.
 
-    on_step(t, batch, loss) is called after each step. Ctrl-C (KeyboardInterrupt) saves a
+    on_step(t, batch, loss) is called after each step. A checkpoint_dir that holds checkpoints
+    already is refused unless the run resumes (from any checkpoint) or overwrite=True, which
+    deletes them before the first step. Ctrl-C (KeyboardInterrupt) saves a
     checkpoint of the last finished step, when there is a checkpoint_dir, and re-raises.
     final_eval=False leaves out the final evaluation and samples (the report then has the
     training losses only)."""
@@ -566,6 +593,12 @@ def train(path: str, *, steps: int | None = None, seed: int | None = None, data:
         raise ValueError(f"device {device!r} is not one of {', '.join(DEVICES)}")
     if plot:
         check_plot_path(plot)
+    ckpt_dir = Path(checkpoint_dir) if checkpoint_dir else None
+    earlier = [] if ckpt_dir is None or resume is not None else checkpoints_in(ckpt_dir)
+    if earlier and not overwrite:
+        raise DslError(None, f"{ckpt_dir} already holds another run's checkpoints (the last is "
+                             f"{earlier[-1].name}): give --resume {earlier[-1]} to go on from it, "
+                             "or --overwrite to delete them and start afresh")
     model = Model(path, data=data, dims=dims, hyper=hyper, device=device)
     cfg = {**DEFAULTS, **model.loader.settings}
     unknown = sorted(set(cfg) - set(DEFAULTS))
@@ -592,8 +625,8 @@ def train(path: str, *, steps: int | None = None, seed: int | None = None, data:
             raise DslError(None, f"{resume} was trained with seed {state.seed}, not {seed}: "
                                  "leave out --seed to resume it")
     start = state.step
-    ckpt_dir = Path(checkpoint_dir) if checkpoint_dir else None
     last_ckpt: str | None = None
+    remove_checkpoints(earlier)                   # overwrite: no step of the old run survives
 
     def checkpoint() -> None:
         nonlocal last_ckpt

@@ -251,6 +251,19 @@ def test_a_bad_plot_path_is_refused_before_training(tmp_path, where, fault):
     assert not (tmp_path / "ck").exists()
 
 
+def test_another_runs_checkpoints_are_kept_unless_resumed_or_overwritten(tmp_path):
+    ck = tmp_path / "ck"
+    assert dslc("train", str(XOR), "--steps", "2", "--checkpoint-dir", str(ck)).returncode == 0
+    user_error(dslc("train", str(XOR), "--steps", "3", "--checkpoint-dir", str(ck)),
+               f"error: {ck} already holds another run's checkpoints (the last is step0000002.npz): "
+               f"give --resume {ck / 'step0000002.npz'} to go on from it, or --overwrite to delete them")
+    assert sorted(p.name for p in ck.iterdir()) == ["step0000002.npz"]
+    dsl.train(str(XOR), steps=4, resume=str(ck / "step0000002.npz"), checkpoint_dir=str(ck), progress=None)
+    assert sorted(p.name for p in ck.iterdir()) == ["step0000002.npz", "step0000004.npz"]
+    dsl.train(str(XOR), steps=3, checkpoint_dir=str(ck), overwrite=True, progress=None)
+    assert sorted(p.name for p in ck.iterdir()) == ["step0000003.npz"]
+
+
 class Terminal(io.StringIO):
     def isatty(self) -> bool:
         return True
