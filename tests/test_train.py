@@ -221,6 +221,9 @@ def test_report_plot_and_data_file(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "trained" in r.stdout and "valid" in r.stdout and "accuracy" in r.stdout
     assert f"  plot        {plot}" in r.stdout
+    first, last = r.stderr.splitlines()                    # not a terminal: no bar, two lines
+    assert first.startswith(f"training {XOR} for 30 steps from step 0")
+    assert re.fullmatch(r"step 30/30 loss 0\.[0-9]{4} [0-9.]+ steps/s", last)
     image = matplotlib.image.imread(plot)
     assert image.shape == (675, 1200, 4)                   # 8 x 4.5 inches at 150 dpi, RGBA
     colours = {tuple(c) for c in (image[..., :3] * 255).round().astype(int).reshape(-1, 3)}
@@ -260,7 +263,7 @@ def test_another_runs_checkpoints_are_kept_unless_resumed_or_overwritten(tmp_pat
     assert sorted(p.name for p in ck.iterdir()) == ["step0000002.npz"]
     dsl.train(str(XOR), steps=4, resume=str(ck / "step0000002.npz"), checkpoint_dir=str(ck), progress=None)
     assert sorted(p.name for p in ck.iterdir()) == ["step0000002.npz", "step0000004.npz"]
-    dsl.train(str(XOR), steps=3, checkpoint_dir=str(ck), overwrite=True, progress=None)
+    assert dslc("train", str(XOR), "--steps", "3", "--checkpoint-dir", str(ck), "--overwrite").returncode == 0
     assert sorted(p.name for p in ck.iterdir()) == ["step0000003.npz"]
 
 
