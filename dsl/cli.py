@@ -160,7 +160,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         str(Path("checkpoints") / Path(args.file).stem)
     try:
         result = train(args.file, steps=args.steps, seed=args.seed, data=args.data,
-                       resume=args.resume, checkpoint_dir=ckpt or None, plot=args.plot,
+                       resume=args.resume, checkpoint_dir=ckpt or None,
+                       overwrite=args.overwrite, plot=args.plot,
                        dims=args.dims, hyper=args.hyper, batch_size=args.batch_size,
                        device=args.device, progress=sys.stderr)
     except KeyboardInterrupt:
@@ -327,7 +328,10 @@ def parser() -> argparse.ArgumentParser:
     train.add_argument("--resume", metavar="CKPT.npz", help="go on from a checkpoint")
     train.add_argument("--checkpoint-dir", metavar="DIR",
                        help="where checkpoints go (default checkpoints/NAME; '' for none)")
-    train.add_argument("--plot", metavar="LOSS.png", help="draw the loss curves into a PNG file")
+    train.add_argument("--overwrite", action="store_true",
+                       help="delete the checkpoints already in the checkpoint directory and start afresh")
+    train.add_argument("--plot", metavar="LOSS.png",
+                       help="draw the loss curves into an image (.png, .svg, .pdf …; needs dslc[plot])")
     train.add_argument("--device", choices=["auto", "reference", "cpu", "cuda"], default="auto",
                        help=DEVICE)
     train.set_defaults(run=cmd_train)

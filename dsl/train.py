@@ -63,7 +63,9 @@ names `dslc run` reads), the optimizer state named the same way from `opt` (`opt
 (the periodic evaluations), `model` (the file's name) and `format` ("dslc-train-1").
 Checkpoints go to `DIR/stepNNNNNNN.npz` every `checkpoint_every` steps, at the end, and on
 Ctrl-C, each written to a temporary file beside it and renamed, so that none is ever half
-written. Resuming reads the file through dsl.npz (bounded, no pickles), checks the members
+written. A run does not mix its checkpoints with another's: when DIR already holds checkpoints,
+it starts only with `--resume` (from any checkpoint) or with `--overwrite`, which deletes them
+before the first step. Resuming reads the file through dsl.npz (bounded, no pickles), checks the members
 above for their kinds, and every array's name, dtype and shape against what the model's `init`
 and `init_opt` make: a damaged checkpoint, or one of another model (or of other sizes), is an
 error "cannot resume from PATH: …" that names the first fault. `steps` counts from the start
@@ -77,11 +79,10 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
-import struct
+import re
 import sys
 import tempfile
 import time
-import zlib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, TextIO
@@ -89,7 +90,9 @@ from typing import Any, Callable, TextIO
 import numpy as np
 
 from dsl import npz
+from dsl.plot import check_plot_path, plot_losses
 from dsl.program import DEVICES, Program, load
+from dsl.progress import Progress
 from dsl.values import Key, Record, flatten_python, key as seed_key, shortest
 from frontend import ast
 from frontend.check import check_file
@@ -392,6 +395,31 @@ META = {"step": ("iu", 0), "seed": ("iu", 0), "loss": ("f", 1), "valid.step": ("
 KIND_NAMES = {"iu": "integers", "f": "floats", "U": "text"}
 
 
+def checkpoint_name(step: int) -> str:
+    return f"step{step:07d}.npz"
+
+
+CHECKPOINT_NAME = re.compile(r"step\d{7,}\.npz")
+
+
+def checkpoints_in(folder: Path) -> list[Path]:
+    """The checkpoints in a folder, by step; none when it does not exist."""
+    try:
+        return sorted(p for p in folder.iterdir() if CHECKPOINT_NAME.fullmatch(p.name))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    except OSError as e:
+        raise DslError(None, f"cannot read the checkpoint directory {folder}: {e.strerror or e}") from None
+
+
+def remove_checkpoints(paths: list[Path]) -> None:
+    for p in paths:
+        try:
+            p.unlink(missing_ok=True)
+        except OSError as e:
+            raise DslError(None, f"cannot remove the old checkpoint {p}: {e.strerror or e}") from None
+
+
 def save_checkpoint(path: Path, state: State, model: Model) -> None:
     """The state as an .npz file (see the module's documentation), written whole or not at all."""
     arrays = {**flatten_python(state.p, "p"),
@@ -492,7 +520,7 @@ def _rebuild(like: Any, path: str, arrays: dict[str, np.ndarray]) -> Any:
     return arrays[path]
 
 
-# ---------------------------------------------------------------- progress and report
+# ---------------------------------------------------------------- the report
 
 F32 = np.float32    # loss and evaluate's metrics are f32 scalars: printed as f32s, averaged or not
 
@@ -501,56 +529,6 @@ def duration(seconds: float) -> str:
     s = int(round(seconds))
     return f"{s // 3600}h{s // 60 % 60:02d}m{s % 60:02d}s" if s >= 3600 else \
         f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{seconds:.1f}s"
-
-
-class Progress:
-    """A one-line progress bar on a terminal (redrawn at most 10 times a second); elsewhere a
-    line at each evaluation and every tenth of the run."""
-
-    def __init__(self, stream: TextIO | None, start: int, total: int):
-        self.stream, self.start, self.total = stream, start, total
-        self.tty = bool(stream) and hasattr(stream, "isatty") and stream.isatty()
-        self.t0 = self.drawn = time.perf_counter()
-        self.recent: list[float] = []
-        self.every = max(1, (total - start) // 10)
-
-    def rate(self, t: int) -> float:
-        return (t - self.start) / max(time.perf_counter() - self.t0, 1e-9)
-
-    def update(self, t: int, loss: float, evaluation: str | None = None) -> None:
-        """After step t (steps done: t + 1), with the line of an evaluation made there."""
-        self.recent = (self.recent + [loss])[-50:]
-        if self.stream is None:
-            return
-        done = t + 1
-        if evaluation is not None:
-            self.log(f"step {done}/{self.total} loss {shortest(np.mean(self.recent), F32)} {evaluation} "
-                     f"{self.rate(done):.1f} steps/s")
-        elif self.tty and (time.perf_counter() - self.drawn > 0.1 or done == self.total):
-            self.drawn = time.perf_counter()
-            frac = done / self.total
-            bar = "#" * int(frac * 24) + "." * (24 - int(frac * 24))
-            rate = self.rate(done)
-            eta = (self.total - done) / rate if rate > 0 else 0
-            self.stream.write(f"\r[{bar}] {done}/{self.total} loss {shortest(np.mean(self.recent), F32)} "
-                              f"{rate:.1f} steps/s eta {duration(eta)}  ")
-            self.stream.flush()
-        elif not self.tty and ((done - self.start) % self.every == 0 or done == self.total):
-            self.log(f"step {done}/{self.total} loss {shortest(np.mean(self.recent), F32)} "
-                     f"{self.rate(done):.1f} steps/s")
-
-    def log(self, line: str) -> None:
-        if self.stream is None:
-            return
-        if self.tty:
-            self.stream.write("\r" + " " * 79 + "\r")
-        self.stream.write(line + "\n")
-        self.stream.flush()
-
-    def close(self) -> None:
-        if self.stream is not None and self.tty:
-            self.stream.write("\n")
-            self.stream.flush()
 
 
 @dataclass
@@ -598,18 +576,29 @@ class Result:
 # ---------------------------------------------------------------- the loop
 
 def train(path: str, *, steps: int | None = None, seed: int | None = None, data: str | None = None,
-          resume: str | None = None, checkpoint_dir: str | None = None, plot: str | None = None,
+          resume: str | None = None, checkpoint_dir: str | None = None, overwrite: bool = False,
+          plot: str | None = None,
           dims: dict | None = None, hyper: dict | None = None, batch_size: int | None = None,
           device: str = "auto", progress: TextIO | None = sys.stderr,
           on_step: Callable[[int, dict, float], None] | None = None, final_eval: bool = True) -> Result:
     """Train the model file `path` (see the module's documentation); returns the report.
 
-    on_step(t, batch, loss) is called after each step. Ctrl-C (KeyboardInterrupt) saves a
+    on_step(t, batch, loss) is called after each step. A checkpoint_dir that holds checkpoints
+    already is refused unless the run resumes (from any checkpoint) or overwrite=True, which
+    deletes them before the first step. Ctrl-C (KeyboardInterrupt) saves a
     checkpoint of the last finished step, when there is a checkpoint_dir, and re-raises.
     final_eval=False leaves out the final evaluation and samples (the report then has the
     training losses only)."""
     if device not in DEVICES:
         raise ValueError(f"device {device!r} is not one of {', '.join(DEVICES)}")
+    if plot:
+        check_plot_path(plot)
+    ckpt_dir = Path(checkpoint_dir) if checkpoint_dir else None
+    earlier = [] if ckpt_dir is None or resume is not None else checkpoints_in(ckpt_dir)
+    if earlier and not overwrite:
+        raise DslError(None, f"{ckpt_dir} already holds another run's checkpoints (the last is "
+                             f"{earlier[-1].name}): give --resume {earlier[-1]} to go on from it, "
+                             "or --overwrite to delete them and start afresh")
     model = Model(path, data=data, dims=dims, hyper=hyper, device=device)
     cfg = {**DEFAULTS, **model.loader.settings}
     unknown = sorted(set(cfg) - set(DEFAULTS))
@@ -636,13 +625,13 @@ def train(path: str, *, steps: int | None = None, seed: int | None = None, data:
             raise DslError(None, f"{resume} was trained with seed {state.seed}, not {seed}: "
                                  "leave out --seed to resume it")
     start = state.step
-    ckpt_dir = Path(checkpoint_dir) if checkpoint_dir else None
     last_ckpt: str | None = None
+    remove_checkpoints(earlier)                   # overwrite: no step of the old run survives
 
     def checkpoint() -> None:
         nonlocal last_ckpt
         if ckpt_dir is not None:
-            target = ckpt_dir / f"step{state.step:07d}.npz"
+            target = ckpt_dir / checkpoint_name(state.step)
             save_checkpoint(target, state, model)
             last_ckpt = str(target)
 
@@ -671,7 +660,7 @@ def train(path: str, *, steps: int | None = None, seed: int | None = None, data:
                 eval_time += time.perf_counter() - e0
                 state.evals.append((state.step, m["loss"]))
                 evaluation = " ".join(f"valid {k} {shortest(v, F32)}" for k, v in m.items())
-            bar.update(t, loss, evaluation)
+            bar.update(state.step, loss, evaluation, eval_time)
             if state.step % ckpt_every == 0 and state.step < total:
                 checkpoint()
     except KeyboardInterrupt:
@@ -680,8 +669,9 @@ def train(path: str, *, steps: int | None = None, seed: int | None = None, data:
         bar.log(f"interrupted after step {state.step}" +
                 (f": resume with --resume {last_ckpt}" if last_ckpt else " (no checkpoint directory)"))
         raise
+    finally:
+        bar.close()                               # a diagnostic starts on a line of its own
     train_time = time.perf_counter() - t0 - eval_time
-    bar.close()
 
     # the final report: every split, samples, checkpoint, plot
     e0 = time.perf_counter()
@@ -701,7 +691,7 @@ def train(path: str, *, steps: int | None = None, seed: int | None = None, data:
     if total > start or resume is None:
         checkpoint()
     if plot:
-        plot_losses(plot, state.losses, state.evals, title=model.path.stem)
+        plot_losses(plot, state.losses, state.evals, title=model.path.name)
     return Result(str(model.path), state.p, state.s, start, state.step, state.seed, train_time,
                   eval_time, metrics, state.losses, state.evals, samples, last_ckpt, plot)
 
@@ -713,116 +703,3 @@ def subset(data: dict[str, np.ndarray], n: int) -> dict[str, np.ndarray]:
         return data
     idx = np.sort(np.random.Generator(np.random.PCG64(0)).choice(size, n, replace=False))
     return {k: a[idx] for k, a in data.items()}
-
-
-# ---------------------------------------------------------------- the loss plot (a PNG, no dependency)
-
-GLYPHS = {   # 3x5 pixels, rows top to bottom
-    "0": "111101101101111", "1": "010110010010111", "2": "111001111100111", "3": "111001111001111",
-    "4": "101101111001001", "5": "111100111001111", "6": "111100111101111", "7": "111001001001001",
-    "8": "111101111101111", "9": "111101111001111", ".": "000000000000010", "-": "000000111000000",
-    "a": "000011101101011", "d": "001011101101011", "e": "000011111100011", "i": "010000010010010",
-    "l": "110010010010111", "n": "000110101101101", "o": "000010101101010", "p": "000110101110100",
-    "r": "000101110100100", "s": "000011110011110", "t": "010111010010011", "v": "000101101101010",
-    "k": "100101110101101", "m": "000111111101101", "g": "011101011001110", "x": "000101010101101",
-    "_": "000000000000111", " ": "000000000000000", "c": "000011100100011", "h": "100110101101101",
-    "u": "000101101101011", "f": "011100110100100", "b": "100110101101110", "w": "000101101111111",
-    "y": "101101011001110", "j": "001000001101010", "q": "011101011001001", "z": "000111010100111",
-}
-
-
-def plot_losses(path: str, losses: list[float], evals: list[tuple[int, float]],
-                title: str = "", width: int = 720, height: int = 440) -> None:
-    """A line plot of the training loss (a moving average) and the validation loss, as a PNG
-    drawn pixel by pixel with NumPy and written with zlib."""
-    img = np.full((height, width, 3), 255, np.uint8)
-    left, right, top, bottom = 70, width - 20, 30, height - 40
-    y = np.asarray(losses, np.float64)
-    window = max(1, len(y) // 100)
-    smooth = np.convolve(y, np.ones(window) / window, mode="valid") if len(y) else y
-    xs_train = np.arange(len(smooth)) + window
-    ev_x = np.array([e[0] for e in evals], np.float64)
-    ev_y = np.array([e[1] for e in evals], np.float64)
-    values = np.concatenate([smooth, ev_y])
-    values = values[np.isfinite(values)]
-    lo, hi = (float(values.min()), float(values.max())) if len(values) else (0.0, 1.0)
-    if hi - lo < 1e-9:
-        lo, hi = lo - 0.5, hi + 0.5
-    lo, hi = max(lo - 0.05 * (hi - lo), 0.0 if lo >= 0 else -math.inf), hi + 0.05 * (hi - lo)
-    n = max(len(y), int(ev_x.max()) if len(ev_x) else 0, 1)
-
-    def px(step, value):
-        return (left + (np.asarray(step, float) / n) * (right - left),
-                bottom - (np.asarray(value, float) - lo) / (hi - lo) * (bottom - top))
-
-    grey, black = (200, 200, 200), (0, 0, 0)
-    for k in range(5):                                # horizontal grid lines and labels
-        v = lo + (hi - lo) * k / 4
-        _, yy = px(0, v)
-        _line(img, left, yy, right, yy, grey, 1)
-        _text(img, f"{v:.3g}", left - 6, int(yy) - 5, align="right")
-    for k in range(5):                                # step ticks
-        s = n * k / 4
-        xx, _ = px(s, lo)
-        _line(img, xx, bottom, xx, bottom + 4, black, 1)
-        _text(img, f"{int(round(s))}", int(xx), bottom + 8, align="center")
-    _line(img, left, top, left, bottom, black, 1)
-    _line(img, left, bottom, right, bottom, black, 1)
-    blue, orange = (31, 119, 180), (255, 127, 14)
-    if len(smooth) > 1:
-        tx, ty = px(xs_train, smooth)
-        for i in range(len(tx) - 1):
-            _line(img, tx[i], ty[i], tx[i + 1], ty[i + 1], blue, 2)
-    if len(ev_x):
-        vx, vy = px(ev_x, ev_y)
-        for i in range(len(vx)):
-            if i:
-                _line(img, vx[i - 1], vy[i - 1], vx[i], vy[i], orange, 2)
-            img[max(0, int(vy[i]) - 3):int(vy[i]) + 4, max(0, int(vx[i]) - 3):int(vx[i]) + 4] = orange
-    _text(img, f"{title} loss".strip().lower(), left, 8)
-    _line(img, right - 150, 14, right - 130, 14, blue, 2)
-    _text(img, "train", right - 124, 9)
-    _line(img, right - 70, 14, right - 50, 14, orange, 2)
-    _text(img, "valid", right - 44, 9)
-    _text(img, "step", (left + right) // 2, height - 14, align="center")
-    write_png(path, img)
-
-
-def _line(img: np.ndarray, x0, y0, x1, y1, color, thick: int) -> None:
-    steps = int(max(abs(x1 - x0), abs(y1 - y0))) + 1
-    xs = np.linspace(x0, x1, steps).round().astype(int)
-    ys = np.linspace(y0, y1, steps).round().astype(int)
-    h, w = img.shape[:2]
-    for dx in range(thick):
-        for dy in range(thick):
-            ok = (xs + dx >= 0) & (xs + dx < w) & (ys + dy >= 0) & (ys + dy < h)
-            img[ys[ok] + dy, xs[ok] + dx] = color
-
-
-def _text(img: np.ndarray, text: str, x: int, y: int, align: str = "left", scale: int = 2) -> None:
-    width = len(text) * 4 * scale
-    x -= width if align == "right" else width // 2 if align == "center" else 0
-    for i, ch in enumerate(text):
-        bits = GLYPHS.get(ch, GLYPHS[" "])
-        for r in range(5):
-            for c in range(3):
-                if bits[r * 3 + c] == "1":
-                    yy, xx = y + r * scale, x + (i * 4 + c) * scale
-                    if 0 <= yy and yy + scale <= img.shape[0] and 0 <= xx and xx + scale <= img.shape[1]:
-                        img[yy:yy + scale, xx:xx + scale] = 0
-
-
-def write_png(path: str, rgb: np.ndarray) -> None:
-    """An 8-bit RGB image as a PNG file (filter 0 on every row, one zlib stream)."""
-    h, w, _ = rgb.shape
-    raw = b"".join(b"\x00" + row.tobytes() for row in np.ascontiguousarray(rgb, np.uint8))
-
-    def chunk(tag: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data))
-
-    png = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
-           + chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b""))
-    try:
-        Path(path).write_bytes(png)
-    except OSError as e:
-        raise DslError(None, f"cannot write the plot {path}: {e}") from None

@@ -13,6 +13,7 @@ update rule is off by far more at the first step that uses it.
 from __future__ import annotations
 
 import errno
+import io
 import os
 import re
 import subprocess
@@ -20,13 +21,15 @@ import sys
 import zipfile
 from pathlib import Path
 
+import matplotlib.image
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
 import dsl
-from dsl.train import Model, State, batch_indices, load_checkpoint, read_npz_data, save_checkpoint, write_png
+from dsl.progress import Progress
+from dsl.train import Model, State, batch_indices, load_checkpoint, read_npz_data, save_checkpoint
 from frontend.diagnostics import DslError
 from runtime import cuda
 
@@ -217,21 +220,82 @@ def test_report_plot_and_data_file(tmp_path):
              "--plot", str(plot), "--hyper", "lr=1.0")
     assert r.returncode == 0, r.stderr
     assert "trained" in r.stdout and "valid" in r.stdout and "accuracy" in r.stdout
-    png = plot.read_bytes()
-    assert png.startswith(b"\x89PNG\r\n\x1a\n") and b"IEND" in png[-12:]
-    assert "step 30/30" in r.stderr
+    assert f"  plot        {plot}" in r.stdout
+    first, last = r.stderr.splitlines()                    # not a terminal: no bar, two lines
+    assert first.startswith(f"training {XOR} for 30 steps from step 0")
+    assert re.fullmatch(r"step 30/30 loss 0\.[0-9]+ [0-9.]+ steps/s", last)
+    image = matplotlib.image.imread(plot)
+    assert image.shape == (675, 1200, 4)                   # 8 x 4.5 inches at 150 dpi, RGBA
+    colours = {tuple(c) for c in (image[..., :3] * 255).round().astype(int).reshape(-1, 3)}
+    assert (31, 119, 180) in colours and (255, 127, 14) in colours   # training line, validation markers
 
 
-def test_write_png_round_trips(tmp_path):
-    import struct
-    import zlib
-    img = np.random.default_rng(0).integers(0, 255, (5, 7, 3), dtype=np.uint8)
-    write_png(str(tmp_path / "a.png"), img)
-    data = (tmp_path / "a.png").read_bytes()
-    w, h = struct.unpack(">II", data[16:24])
-    idat = data[data.index(b"IDAT") + 4:data.index(b"IEND") - 8]
-    raw = np.frombuffer(zlib.decompress(idat), np.uint8).reshape(h, 1 + 3 * w)
-    assert (w, h) == (7, 5) and np.array_equal(raw[:, 1:].reshape(5, 7, 3), img)
+# ---------------------------------------------------------------- the plot and the progress
+
+def test_a_plot_without_matplotlib_says_how_to_install_it(tmp_path):
+    hide = "import sys; sys.modules['matplotlib'] = None; from dsl.cli import main; sys.exit(main())"
+    r = subprocess.run([sys.executable, "-c", hide, "train", str(XOR), "--plot", str(tmp_path / "l.png"),
+                        "--checkpoint-dir", str(tmp_path / "ck")], capture_output=True, text=True, timeout=300)
+    user_error(r, "a loss plot needs matplotlib, which is not installed: pip install 'dslc[plot]'")
+    assert "training" not in r.stderr and not (tmp_path / "ck").exists()
+
+
+@pytest.mark.parametrize("where, fault", [
+    ("missing/loss.png", "the folder {tmp}/missing does not exist"),
+    ("", "it is a directory"),
+    ("loss.XYZ", "matplotlib writes .*\\.png, .*, not \\.XYZ"),
+    ("loss", "matplotlib writes .*\\.pdf, .*\\.png, .*\\.svg, .*, not a file without an extension"),
+    ("/sys/loss.png", "Permission denied"),                # not writable, even by root
+])
+def test_a_bad_plot_path_is_refused_before_training(tmp_path, where, fault):
+    plot = str(tmp_path / where)
+    with pytest.raises(DslError, match=re.escape(f"cannot write the plot {plot}: ") + fault.format(tmp=tmp_path)):
+        dsl.train(str(XOR), steps=2, plot=plot, checkpoint_dir=str(tmp_path / "ck"), progress=None)
+    assert not (tmp_path / "ck").exists()
+
+
+def test_another_runs_checkpoints_are_kept_unless_resumed_or_overwritten(tmp_path):
+    ck = tmp_path / "ck"
+    assert dslc("train", str(XOR), "--steps", "2", "--checkpoint-dir", str(ck)).returncode == 0
+    user_error(dslc("train", str(XOR), "--steps", "3", "--checkpoint-dir", str(ck)),
+               f"error: {ck} already holds another run's checkpoints (the last is step0000002.npz): "
+               f"give --resume {ck / 'step0000002.npz'} to go on from it, or --overwrite to delete them")
+    assert sorted(p.name for p in ck.iterdir()) == ["step0000002.npz"]
+    dsl.train(str(XOR), steps=4, resume=str(ck / "step0000002.npz"), checkpoint_dir=str(ck), progress=None)
+    assert sorted(p.name for p in ck.iterdir()) == ["step0000002.npz", "step0000004.npz"]
+    assert dslc("train", str(XOR), "--steps", "3", "--checkpoint-dir", str(ck), "--overwrite").returncode == 0
+    assert sorted(p.name for p in ck.iterdir()) == ["step0000003.npz"]
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_terminal_gets_a_bar_with_the_loss_and_the_rate():
+    term = Terminal()
+    dsl.train(str(XOR), steps=30, progress=term, final_eval=False)
+    assert f"training {XOR} for 30 steps from step 0" in term.getvalue()
+    last = term.getvalue().split("\r")[-1]
+    assert re.fullmatch(r"100%\|[#█]+\| 30/30 \[[0-9:]+<00:00, [0-9.]+ steps/s, loss 0\.[0-9]+\]\n", last), last
+
+
+def test_a_log_gets_a_line_every_interval_and_at_each_evaluation():
+    log, now, evaluating = io.StringIO(), [0.0], 0.0
+    bar = Progress(log, 0, 1000, clock=lambda: now[0], interval=30.0)
+    for done in range(1, 1001):
+        now[0] += 0.125                                    # 8 steps/s
+        if done == 500:
+            now[0] += 2.5                                  # an evaluation, left out of the rate
+            evaluating = 2.5
+        bar.update(done, 2.0, "valid loss 1.5" if done == 500 else None, evaluating)
+    assert log.getvalue().splitlines() == [
+        "step 240/1000 loss 2.0 8.0 steps/s",
+        "step 480/1000 loss 2.0 8.0 steps/s",
+        "step 500/1000 loss 2.0 valid loss 1.5 8.0 steps/s",
+        "step 740/1000 loss 2.0 8.0 steps/s",
+        "step 980/1000 loss 2.0 8.0 steps/s",
+        "step 1000/1000 loss 2.0 8.0 steps/s"]
 
 
 # ---------------------------------------------------------------- diagnostics
