@@ -17,7 +17,6 @@ from dsl import cli
 from dsl.safetensors import SafetensorsError, read
 
 torch = pytest.importorskip("torch")
-pytest.importorskip("safetensors")
 from safetensors.numpy import save_file as save_numpy
 from safetensors.torch import save_file as save_torch
 
