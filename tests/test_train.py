@@ -289,6 +289,19 @@ def test_loader_that_raises(tmp_path):
                "load('train') failed at line", "FileNotFoundError: digits.csv")
 
 
+@pytest.mark.parametrize("example, package", [("names_mlp", "names"), ("lstm_chars", "names"),
+                                              ("cnn_digits", "scikit-learn")])
+def test_an_example_without_its_extra_says_how_to_install_it(tmp_path, example, package):
+    for module in ("names", "sklearn"):           # found before the installed ones, and unimportable
+        (tmp_path / f"{module}.py").write_text("raise ImportError('hidden by the test')\n")
+    r = subprocess.run([sys.executable, "-m", "dsl", "train", str(EXAMPLES / f"{example}.bend"), "--steps", "1",
+                        "--checkpoint-dir", ""], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])})
+    user_error(r, f"examples/{example}.py load('train') failed at line ",
+               f": ImportError: this example needs the PyPI package '{package}': pip install 'dslc[examples]' "
+               f"(or pip install {package})")
+
+
 def test_a_parameter_nobody_gives(tmp_path):
     loader = XOR_LOADER.replace('HYPER = {"lr": 0.5}', "HYPER = {}")
     user_error(dslc("train", str(model_copy(tmp_path, XOR.read_text(), loader))),
