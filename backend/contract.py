@@ -3,7 +3,7 @@ and registers as BLIS does it, whose every output element is still
 
     acc = -0.0;  for k = 0, 1, …, K-1:  acc = fma(A[i, k], B[k, j], acc)
 
-so its bits are those of ir.numerics.contract (LANGUAGE.md §9) at any tile size and any
+so its bits are those of ir.numerics.contract (docs/numerics.md) at any tile size and any
 thread count. The generated function, in C:
 
     void NAME(const T *A, const T *B, T *C,             /* [M,K], [K,N], row-major [M,N] */

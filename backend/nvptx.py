@@ -1,6 +1,6 @@
 """The NVPTX target: the loop IR's kernels, and the contraction kernel, as PTX for NVIDIA GPUs.
 
-Every kernel computes exactly the bits the CPU backend computes (LANGUAGE.md §9):
+Every kernel computes exactly the bits the CPU backend computes (docs/numerics.md):
 
 - A map kernel gives each thread one element (a grid-stride loop over the flattened space), so
   neighbouring threads read and write neighbouring addresses: coalesced accesses.

@@ -1,4 +1,4 @@
-"""dslc's Python API (LANGUAGE.md §12): load a .bend program, call its functions on NumPy
+"""dslc's Python API (docs/language.md §15): load a .bend program, call its functions on NumPy
 arrays, differentiate them, read their gradient programs.
 
 The names below are imported on first use, so that `import dsl` is quick and dslc's start-up,

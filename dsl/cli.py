@@ -1,4 +1,4 @@
-"""`dslc`, the command line (LANGUAGE.md §11). User errors exit 1, usage errors 2."""
+"""`dslc`, the command line (docs/language.md §14). User errors exit 1, usage errors 2."""
 from __future__ import annotations
 
 import argparse
@@ -50,6 +50,9 @@ def cmd_check(args: argparse.Namespace) -> int:
         except DslError as e:
             print(e, file=sys.stderr)
             failed = True
+        else:
+            if args.verbose:
+                print(f"{path}: ok")
     return 1 if failed else 0
 
 
@@ -75,6 +78,11 @@ def parse_wrt(text: str) -> str | tuple[str, ...]:
     return tuple(text.split(",")) if "," in text else text
 
 
+def cmd_doc(args: argparse.Namespace) -> int:
+    print(dsl.load(args.file).doc(), end="")
+    return 0
+
+
 def cmd_ir(args: argparse.Namespace) -> int:
     print(dsl.load(args.file).ir(args.entry, args.dims, args.level), end="")
     return 0
@@ -98,7 +106,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise DslError(None, f"cannot write the result to {args.output}: {e}") from None
     else:
         for name, value in flat.items():
-            print(f"{name}: {value.dtype}{list(value.shape)}\n{value}")
+            print(f"{name}: {value.dtype}{list(value.shape)}\n{values.shortest(value)}")
     return 0
 
 
@@ -166,53 +174,96 @@ def cmd_compile(args: argparse.Namespace) -> int:
     return 0
 
 
+# the help of arguments several commands share
+FILE = "a .bend file"
+ENTRY = "the entry point: a function of FILE with annotated parameters"
+SIZES = "every size the entry's types leave open: dimensions (B=4), list lengths, static parameters"
+DEVICE = ("where to run: auto (the GPU if one is usable, else the CPU; $DSLC_DEVICE overrides), "
+          "cpu, cuda, or reference (the NumPy interpreter)")
+
+
+def specialising(sub: argparse._SubParsersAction, name: str, summary: str,
+                 description: str) -> argparse.ArgumentParser:
+    """A command on one entry point specialised by --dims (ir, grad, compile)."""
+    cmd = sub.add_parser(name, help=summary, description=description)
+    cmd.add_argument("file", metavar="FILE", help=FILE)
+    cmd.add_argument("--entry", required=True, help=ENTRY)
+    cmd.add_argument("--dims", type=parse_dims, required=True, metavar="NAME=INT,…", help=SIZES)
+    return cmd
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dslc", description="The dslc tensor-language compiler.")
-    p.add_argument("--version", action="version", version=f"dslc {version()}")
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    check = sub.add_parser("check", help="parse and type-check files; print diagnostics")
-    check.add_argument("files", nargs="+", metavar="FILE")
+    p.add_argument("--version", action="version", version=f"dslc {version()}",
+                   help="print dslc's version and exit")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                           help="one of these (dslc COMMAND -h describes it):")
+    check = sub.add_parser("check", help="parse and type-check files; print diagnostics",
+                           description="Parse and check each FILE (names, types, shapes) and print "
+                           "a diagnostic for each error; exit status 1 if any file has one.")
+    check.add_argument("files", nargs="+", metavar="FILE", help=FILE)
+    check.add_argument("-v", "--verbose", action="store_true",
+                       help="also say 'FILE: ok' for each file without errors")
     check.set_defaults(run=cmd_check)
 
-    ir = sub.add_parser("ir", help="print a stage's output for an entry point")
-    ir.add_argument("file", metavar="FILE")
-    ir.add_argument("--entry", required=True)
-    ir.add_argument("--dims", type=parse_dims, required=True, help="B=4,D=8: every dimension's size")
-    ir.add_argument("--level", choices=["tensor", "loops", "llvm", "ptx"], default="tensor")
+    doc = sub.add_parser("doc", help="print each definition's signature and doc comment",
+                         description="Print each def, object and type of FILE in source order: its "
+                         "declaration and the doc comment (#{ ... #}) directly above it.")
+    doc.add_argument("file", metavar="FILE", help=FILE)
+    doc.set_defaults(run=cmd_doc)
+
+    ir = specialising(sub, "ir", summary="print a stage's output for an entry point",
+                      description="Print an entry point, specialised for --dims, at a stage of "
+                      "compilation.")
+    ir.add_argument("--level", choices=["tensor", "loops", "llvm", "ptx"], default="tensor",
+                    help="tensor (the tensor IR, the default), loops (the CPU kernels' loop IR and "
+                    "host steps), llvm (their LLVM IR) or ptx (the GPU kernels)")
     ir.set_defaults(run=cmd_ir)
 
-    grad = sub.add_parser("grad", help="print the gradient program as .bend source")
-    grad.add_argument("file", metavar="FILE")
-    grad.add_argument("--entry", required=True)
-    grad.add_argument("--wrt", required=True, help="a parameter, or several separated by commas")
-    grad.add_argument("--dims", type=parse_dims, required=True, help="B=4,D=8: every dimension's size")
+    grad = specialising(sub, "grad", summary="print the gradient program as .bend source",
+                        description="Print the gradient of an entry point, specialised for --dims, "
+                        "as a .bend program that dslc check accepts.")
+    grad.add_argument("--wrt", required=True, metavar="PARAM",
+                      help="the parameter to differentiate with respect to, or several separated "
+                      "by commas (q,k)")
     grad.set_defaults(run=cmd_grad)
 
-    comp = sub.add_parser("compile", help="write an entry point's kernels and a JSON manifest")
-    comp.add_argument("file", metavar="FILE")
-    comp.add_argument("--entry", required=True)
-    comp.add_argument("--dims", type=parse_dims, required=True, help="B=4,D=8: every dimension's size")
-    comp.add_argument("--target", choices=["cpu", "ptx"], default="cpu")
-    comp.add_argument("--grad", help="compile the gradient with respect to these parameters")
-    comp.add_argument("-o", "--output", required=True, metavar="OUT")
+    comp = specialising(sub, "compile", summary="write an entry point's kernels and a JSON manifest",
+                        description="Compile an entry point (or its gradient), specialised for "
+                        "--dims, into the folder OUT: kernels.o or kernels.ptx, and manifest.json "
+                        "naming its parameters, results, kernels and steps.")
+    comp.add_argument("--target", choices=["cpu", "ptx"], default="cpu",
+                      help="cpu (object code, the default) or ptx (for NVIDIA GPUs)")
+    comp.add_argument("--grad", metavar="PARAM",
+                      help="compile the entry's value and its gradient with respect to this "
+                      "parameter, or several separated by commas (q,k)")
+    comp.add_argument("-o", "--output", required=True, metavar="OUT",
+                      help="the folder to write into (made if missing)")
     comp.set_defaults(run=cmd_compile)
 
-    run = sub.add_parser("run", help="run an entry point on arrays from an .npz file")
-    run.add_argument("file", metavar="FILE")
-    run.add_argument("--entry", required=True)
+    run = sub.add_parser("run", help="run an entry point on arrays from a file",
+                         description="Run an entry point on named arrays and print its result, or "
+                         "write it to an .npz file.")
+    run.add_argument("file", metavar="FILE", help=FILE)
+    run.add_argument("--entry", required=True, help=ENTRY)
     run.add_argument("--inputs", required=True, metavar="IN.npz",
                      help="an .npz or .safetensors file with one array per parameter "
                      "(records as p.W1, lists as xs[0])")
-    run.add_argument("-o", "--output", metavar="OUT.npz")
-    run.add_argument("--dims", type=parse_dims, help="values of static int parameters")
-    run.add_argument("--device", choices=["auto", "reference", "cpu", "cuda"], default="auto")
+    run.add_argument("-o", "--output", metavar="OUT.npz",
+                     help="write the result here, as arrays out, out[0], out.W1 …, instead of "
+                     "printing it")
+    run.add_argument("--dims", type=parse_dims, metavar="NAME=INT,…",
+                     help="the entry's static parameters (k=2); the arrays give the sizes")
+    run.add_argument("--device", choices=["auto", "reference", "cpu", "cuda"], default="auto",
+                     help=DEVICE)
     run.set_defaults(run=cmd_run)
 
     train = sub.add_parser("train", help="train a model file that defines init, loss and step",
                            description="Train a model file: init, loss and step (and optionally "
                            "init_opt, evaluate, sample), with the data of its loader NAME.py "
                            "(see dsl/train.py for the contract).")
-    train.add_argument("file", metavar="FILE")
+    train.add_argument("file", metavar="FILE", help="the model, NAME.bend (its loader NAME.py "
+                       "beside it)")
     train.add_argument("--data", metavar="DATA.npz",
                        help="the examples, instead of the loader's load(): arrays train.x, valid.x, test.x …")
     train.add_argument("--steps", type=count, help="train until this many steps are done")
@@ -225,7 +276,8 @@ def parser() -> argparse.ArgumentParser:
     train.add_argument("--checkpoint-dir", metavar="DIR",
                        help="where checkpoints go (default checkpoints/NAME; '' for none)")
     train.add_argument("--plot", metavar="LOSS.png", help="draw the loss curves into a PNG file")
-    train.add_argument("--device", choices=["auto", "reference", "cpu", "cuda"], default="auto")
+    train.add_argument("--device", choices=["auto", "reference", "cpu", "cuda"], default="auto",
+                       help=DEVICE)
     train.set_defaults(run=cmd_train)
     return p
 

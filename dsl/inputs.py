@@ -6,7 +6,8 @@ import difflib
 import math
 import os
 import sys
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, fields as dataclass_fields, is_dataclass
 from typing import Any
 
 import numpy as np
@@ -104,14 +105,14 @@ def bind_python(d: ast.Def, args: tuple, kwargs: dict) -> dict[str, Any]:
         bound[k] = v
     for p in d.params:
         if p.name not in bound and p.default is not None:
-            bound[p.name] = _literal_default(p)
+            bound[p.name] = literal_default(p)
     missing = [n for n in names if n not in bound]
     if missing:
         raise DslError(d.name_span, f"'{d.name}' is missing the argument '{missing[0]}'")
     return bound
 
 
-def _literal_default(p: ast.Param) -> Any:
+def literal_default(p: ast.Param) -> Any:
     """An entry parameter's default, which must be a literal (a number, bool or string)."""
     e, sign = p.default, 1
     if isinstance(e, ast.UnaryOp) and e.op == "-":
@@ -133,6 +134,7 @@ def from_python(b: Builder, value: Any, t: ast.TypeExpr, mod, where: str, arrays
     if isinstance(t, ast.TensorTypeExpr) or name in NUMPY_DTYPES and name != "bool":
         dtype = t.dtype if isinstance(t, ast.TensorTypeExpr) else name
         arr = value if isinstance(value, (np.ndarray, Spec)) or _on_device(value) else \
+            _foreign_array(value, t, where) if _is_foreign_array(value) else \
             _array_from_python(value, dtype, t, where)
         dt = arr.dtype if isinstance(arr, Spec) else DTYPE_NAMES.get(arr.dtype)
         if dt is None:
@@ -169,23 +171,37 @@ def from_python(b: Builder, value: Any, t: ast.TypeExpr, mod, where: str, arrays
     entity = lookup_type(t.name, mod)
     if entity is not None and entity.kind == "object":
         record = entity.node.name
-        if not isinstance(value, dict):
-            raise DslError(t.span, f"'{where}' must be a {record} record (a dict), got {kind(value)}")
+        given = _fields_of(value)
+        if given is None:
+            raise DslError(t.span, f"'{where}' must be a {record} record (a dict or other Mapping, "
+                                   f"a NamedTuple or a dataclass), got {kind(value)}")
         names = [f.name for f in entity.node.fields]
-        extra = [k for k in value if k not in names]
+        extra = [k for k in given if k not in names]
         if extra:
             raise DslError(t.span, f"'{where}' has a field {extra[0]!r} that {record} does not have"
-                                   f"{did_you_mean(extra[0], [n for n in names if n not in value])}",
+                                   f"{did_you_mean(extra[0], [n for n in names if n not in given])}",
                            [Note(f"the fields of {record} are {', '.join(names)}", entity.node.span)])
         fields = []
         for f in entity.node.fields:
-            if f.name not in value:
+            if f.name not in given:
                 raise DslError(t.span, f"'{where}' lacks the field '{f.name}' of {record}",
                                [Note(f"the fields of {record} are {', '.join(names)}", entity.node.span)])
-            fields.append((f.name, from_python(b, value[f.name], f.type, entity.module,
+            fields.append((f.name, from_python(b, given[f.name], f.type, entity.module,
                                                f"{where}.{f.name}", arrays)))
         return RecordV(record, tuple(fields), entity)
     raise DslError(t.span, f"a value of type '{name}' cannot be passed from Python")
+
+
+def _fields_of(value: Any) -> Mapping | None:
+    """A record's fields as given from Python: a Mapping as it is, a NamedTuple's or a
+    dataclass instance's fields by name (read, not copied); None for anything else."""
+    if isinstance(value, Mapping):
+        return value
+    if isinstance(value, tuple) and hasattr(type(value), "_fields"):
+        return dict(zip(type(value)._fields, value))
+    if is_dataclass(value) and not isinstance(value, type):
+        return {f.name: getattr(value, f.name) for f in dataclass_fields(value)}
+    return None
 
 
 def _static(kind: str, value: Any):
@@ -241,6 +257,42 @@ def _all_ints(value: Any) -> bool:
     if isinstance(value, (list, tuple)):
         return all(_all_ints(v) for v in value)
     return isinstance(value, int)
+
+
+# DLPack's device types (dlpack.h) whose memory the CPU reads; others are named in diagnostics
+_HOST_MEMORY = {1, 3, 11, 13}           # CPU, CUDA pinned host, ROCm pinned host, CUDA managed
+_DEVICE_NAMES = {2: "cuda", 4: "opencl", 7: "vulkan", 8: "metal", 9: "vpi", 10: "rocm",
+                 12: "ext_dev", 14: "oneapi", 15: "webgpu", 16: "hexagon", 17: "maia"}
+
+
+def _is_foreign_array(value: Any) -> bool:
+    """Another framework's array: a DLPack exporter (PyTorch, JAX, CuPy) or an object with
+    NumPy's array interface. NumPy scalars have one too, but are numbers here (converted to
+    the declared dtype when it holds them exactly)."""
+    return not isinstance(value, np.generic) and (hasattr(value, "__dlpack__")
+                                                  or hasattr(value, "__array_interface__"))
+
+
+def _foreign_array(value: Any, t: ast.TypeExpr, where: str) -> np.ndarray:
+    """Another framework's array as a NumPy array of the same memory (no copy), or a DslError
+    naming `where` when it cannot be one: it requires grad, lies in a GPU's memory, or has a
+    dtype NumPy cannot hold (bfloat16)."""
+    if getattr(value, "requires_grad", False) is True:        # PyTorch refuses to export it
+        raise DslError(t.span, f"'{where}' is a tensor that requires grad: pass {where}.detach() "
+                               "(dslc reads its values, not its autograd graph)")
+    exported = hasattr(value, "__dlpack__")       # else NumPy's array interface
+    device_type, index = value.__dlpack_device__() if exported else (1, 0)
+    if device_type not in _HOST_MEMORY:
+        device = f"{_DEVICE_NAMES.get(int(device_type), f'device type {int(device_type)}')}:{index}"
+        raise DslError(t.span, f"'{where}' is in the memory of {device}, and dslc reads other "
+                               "frameworks' arrays from the CPU's memory only: copy it there first "
+                               f"({where}.cpu() in PyTorch)")
+    try:
+        return np.from_dlpack(value) if exported else np.asarray(value)
+    except (BufferError, RuntimeError, TypeError, ValueError) as e:   # a dtype NumPy lacks (bfloat16)
+        dtype = str(getattr(value, "dtype", "unknown")).removeprefix("torch.")
+        raise DslError(t.span, f"'{where}' must be an array of a dslc dtype ({', '.join(NUMPY_DTYPES)}), "
+                               f"got {dtype}, which NumPy cannot read ({e})") from None
 
 
 def _on_device(value: Any) -> bool:

@@ -1,4 +1,4 @@
-"""The Python API (LANGUAGE.md §12): programs loaded from .bend text, called on NumPy arrays.
+"""The Python API (docs/language.md §15): programs loaded from .bend text, called on NumPy arrays.
 
 A call specialises the entry point for its inputs' types (checking and lowering it to IR,
 cached per input signature) and runs it. Records come back as `Record`s, keys as `Key`s."""
@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from dsl.compiled import Compiled
+from dsl.doc import document
 from dsl.inputs import (COMPILED, MAX_BYTES, Inputs, abstract_inputs, bind_python, check_sizes,
                         from_arrays, from_python, kind, memory_bytes)
 from dsl.values import unflatten
@@ -42,6 +44,10 @@ class Lowered:
     params: list[Layout]              # each parameter's structure
     arg_leaves: list[list[int]]       # for each parameter, the positions of its leaves
 
+    def __str__(self) -> str:
+        from ir import printer
+        return printer.to_text(self.function)
+
 
 class Program:
     """A loaded .bend program; its functions are attributes: prog.loss(p, x, y)."""
@@ -56,12 +62,45 @@ class Program:
         self._grads: dict[Any, Function] = {}
         self._executables: dict[int, Any] = {}
         self._sized: dict[int, Function] = {}      # the functions whose arrays fit in memory
+        self._entries: dict[str, Compiled] = {}
+        self._devices: dict[str, Program] = {}     # this program on the other devices
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> Compiled:
         if name.startswith("_"):
             raise AttributeError(name)
+        return self._entry(name)
+
+    def __dir__(self) -> list[str]:
+        return sorted(set(super().__dir__()) | set(self.functions()))
+
+    def compile(self, name: str, device: str | None = None, numerics: str = "exact") -> Compiled:
+        """Entry `name` as a callable on `device` (default: the program's), with its .bend
+        signature and doc comment; its calls are cached per input signature."""
         self._def(name)
-        return lambda *args, **kwargs: self.call(name, *args, **kwargs)
+        if not isinstance(numerics, str) or numerics not in NUMERICS:
+            raise DslError(None, f"numerics= is 'exact' (or 'fast', not built yet), got {numerics!r}")
+        if numerics == "fast":
+            raise DslError(None, "numerics='fast' (tensor cores, with bf16 or tf32 inputs) is "
+                                 "not built yet; 'exact' is the only mode")
+        return (self if device is None else self._on(device))._entry(name)
+
+    def _on(self, device: str) -> Program:
+        """This program on another device: the same source, its own caches."""
+        other = Program(self._resolved, device)
+        if other.device == self.device:
+            return self
+        return self._devices.setdefault(other.device, other)
+
+    def _entry(self, name: str) -> Compiled:
+        d = self._def(name)
+        if name not in self._entries:
+            self._entries[name] = Compiled(self, d)
+        return self._entries[name]
+
+    def doc(self) -> str:
+        """Every definition of the program's file, its signature and doc comment, in source
+        order (what `dslc doc` prints)."""
+        return document(self._resolved.main.tree)
 
     def _def(self, name: str) -> ast.Def:
         if not isinstance(name, str):
@@ -159,7 +198,7 @@ class Program:
         header = f"# {name}" + (f", differentiated with respect to {grad}," if grad else "") + \
                  f" specialised for {_describe_inputs(d, inputs)}"
         runtime = [(p.name, a) for p, a in zip(d.params, inputs.abstract) if not isinstance(a, StaticV)]
-        bindings = [expr for _, a in runtime for expr in _leaf_exprs(a, _)]
+        bindings = _input_names(d, low)
         signature = ", ".join(f"{n}: {_annotation(a)}" for n, a in runtime)
         decls = _declarations([a for _, a in runtime])
         if grad is None:
@@ -192,10 +231,13 @@ class Program:
         d = self._def(name)
         low, inputs = self._specialised(d, dims)
         fn = low.function
+        params = _input_names(d, low)
+        results = _leaf_paths(low.outputs, "out")
         if grad is not None:
             _differentiable(d, inputs, _wrt_names(d, grad))
             positions = _float_leaves(d, low, _wrt_names(d, grad))
             fn = optimize(grad_function(fn, positions, with_value=True))
+            results += [f"grad({params[i]})" for i in positions]
         check_sizes(d.name_span, name, fn, MAX_BYTES, COMPILED)
         fn = for_backends(fn)
         plan = schedule.schedule(fn, name)
@@ -246,8 +288,10 @@ class Program:
 
         manifest = {
             "entry": name, "target": target, "gradient_of": grad,
-            "params": [{"id": ids[v], "dtype": v.dtype, "shape": list(v.shape)} for v in fn.params],
-            "results": [{"id": ids[v], "dtype": v.dtype, "shape": list(v.shape)} for v in fn.results],
+            "params": [{"name": n, "id": ids[v], "dtype": v.dtype, "shape": list(v.shape)}
+                       for n, v in zip(params, fn.params, strict=True)],
+            "results": [{"name": n, "id": ids[v], "dtype": v.dtype, "shape": list(v.shape)}
+                        for n, v in zip(results, fn.results, strict=True)],
             "kernels": kernels,
             "steps": [step_entry(s) for s in plan.steps],
         }
@@ -344,12 +388,17 @@ class Program:
             leaves, layout = flatten(result)
         except LoweringError as e:
             raise CheckError(d.name_span, str(e)) from None
-        fn = optimize(b.finish([leaf.ir for leaf in leaves]))
+        fn = b.finish([leaf.ir for leaf in leaves])
+        if any(v.dtype == "bf16" for v in (*fn.params, *(w for op in fn.ops for w in op.outputs))):
+            raise CheckError(d.name_span, f"'{d.name}' computes in bf16, which no device runs yet "
+                             "(the interpreter and the backends have no bf16 arithmetic); use f16 or f32")
+        fn = optimize(fn)
         return Lowered(fn, layout, [flatten(a)[1] for a in inputs.abstract], inputs.arg_leaves)
 
 
 LEVELS = ("tensor", "loops", "llvm", "ptx")     # what Program.ir shows
 TARGETS = ("cpu", "ptx")                         # what Program.compile_to writes
+NUMERICS = ("exact", "fast")                    # what Program.compile takes; 'fast' is not built
 DEVICES = ("auto", "cpu", "cuda", "reference")   # auto: $DSLC_DEVICE, else the GPU if usable, else the CPU
 
 
@@ -472,15 +521,21 @@ def _annotation(v, concrete: bool = False) -> str:
     return "?"
 
 
-def _leaf_exprs(v, path: str) -> list[str]:
-    """An expression for each runtime leaf of an input, in parameter order (p.W1, xs[0])."""
-    match v:
-        case TensorV() | KeyV():
+def _input_names(d: ast.Def, low: Lowered) -> list[str]:
+    """The name of each of the function's params: the runtime leaves of d's inputs (p.W1, x)."""
+    return [e for p, layout in zip(d.params, low.params) for e in _leaf_paths(layout, p.name)]
+
+
+def _leaf_paths(layout: Layout, path: str) -> list[str]:
+    """An expression for each runtime leaf of a value, in order (p.W1, xs[0]): the names of
+    `dslc run`'s arrays."""
+    match layout.kind:
+        case "tensor" | "key":
             return [path]
-        case TupleV() | ListV():
-            return [e for k, i in enumerate(v.items) for e in _leaf_exprs(i, f"{path}[{k}]")]
-        case RecordV():
-            return [e for n, f in v.fields for e in _leaf_exprs(f, f"{path}.{n}")]
+        case "tuple" | "list":
+            return [e for k, i in enumerate(layout.items) for e in _leaf_paths(i, f"{path}[{k}]")]
+        case "record":
+            return [e for n, f in zip(layout.fields, layout.items) for e in _leaf_paths(f, f"{path}.{n}")]
     return []
 
 

@@ -1,4 +1,4 @@
-"""Training a model file: `dslc train FILE` and `dsl.train(FILE)` (LANGUAGE.md §11).
+"""Training a model file: `dslc train FILE` and `dsl.train(FILE)` (docs/language.md §14).
 
 The model file
 --------------
@@ -97,7 +97,7 @@ from safetensors.numpy import save_file
 
 from dsl import npz, safetensors
 from dsl.program import DEVICES, Program, load
-from dsl.values import Key, Record, flatten_python, key as seed_key
+from dsl.values import Key, Record, flatten_python, key as seed_key, shortest
 from frontend import ast
 from frontend.check import check_file
 from frontend.diagnostics import Diagnostic, DslError, Note
@@ -374,7 +374,7 @@ class Model:
     def sample(self, p: Record, seed: int) -> list[str]:
         tokens = self.call("sample", self.bind("sample", (p,), key=fold_in(seed_key(seed), SAMPLE)))
         if self.loader.decode is None:
-            return [str(np.asarray(tokens))]
+            return [shortest(tokens)]
         try:
             return [str(s) for s in self.loader.decode(np.asarray(tokens))]
         except Exception as e:                        # the user's code
@@ -556,6 +556,9 @@ def _rebuild(like: Any, path: str, arrays: dict[str, np.ndarray]) -> Any:
 
 # ---------------------------------------------------------------- progress and report
 
+F32 = np.float32    # loss and evaluate's metrics are f32 scalars: printed as f32s, averaged or not
+
+
 def duration(seconds: float) -> str:
     s = int(round(seconds))
     return f"{s // 3600}h{s // 60 % 60:02d}m{s % 60:02d}s" if s >= 3600 else \
@@ -583,7 +586,7 @@ class Progress:
             return
         done = t + 1
         if evaluation is not None:
-            self.log(f"step {done}/{self.total} loss {np.mean(self.recent):.4f} {evaluation} "
+            self.log(f"step {done}/{self.total} loss {shortest(np.mean(self.recent), F32)} {evaluation} "
                      f"{self.rate(done):.1f} steps/s")
         elif self.tty and (time.perf_counter() - self.drawn > 0.1 or done == self.total):
             self.drawn = time.perf_counter()
@@ -591,11 +594,11 @@ class Progress:
             bar = "#" * int(frac * 24) + "." * (24 - int(frac * 24))
             rate = self.rate(done)
             eta = (self.total - done) / rate if rate > 0 else 0
-            self.stream.write(f"\r[{bar}] {done}/{self.total} loss {np.mean(self.recent):.4f} "
+            self.stream.write(f"\r[{bar}] {done}/{self.total} loss {shortest(np.mean(self.recent), F32)} "
                               f"{rate:.1f} steps/s eta {duration(eta)}  ")
             self.stream.flush()
         elif not self.tty and ((done - self.start) % self.every == 0 or done == self.total):
-            self.log(f"step {done}/{self.total} loss {np.mean(self.recent):.4f} "
+            self.log(f"step {done}/{self.total} loss {shortest(np.mean(self.recent), F32)} "
                      f"{self.rate(done):.1f} steps/s")
 
     def log(self, line: str) -> None:
@@ -639,11 +642,11 @@ class Result:
                  f"{duration(self.eval_seconds)} evaluating"]
         names = [n for n in ("loss", *sorted({k for m in self.metrics.values() for k in m} - {"loss"}))]
         for name in names:
-            parts = [f"{split} {m[name]:.4f}" for split, m in self.metrics.items() if name in m]
+            parts = [f"{split} {shortest(m[name], F32)}" for split, m in self.metrics.items() if name in m]
             lines.append(f"  {name:<11} " + "   ".join(parts))
         if self.losses:
             tail = self.losses[-100:]
-            lines.append(f"  step loss   {np.mean(tail):.4f} (the mean of the last {len(tail)} "
+            lines.append(f"  step loss   {shortest(np.mean(tail), F32)} (the mean of the last {len(tail)} "
                          "steps' batches)")
         if self.samples:
             lines.append("  samples     " + ", ".join(self.samples))
@@ -729,7 +732,7 @@ def train(path: str, *, steps: int | None = None, seed: int | None = None, data:
                 m = model.evaluate(state.p, valid_subset, state.seed, eval_bs)
                 eval_time += time.perf_counter() - e0
                 state.evals.append((state.step, m["loss"]))
-                evaluation = " ".join(f"valid {k} {v:.4f}" for k, v in m.items())
+                evaluation = " ".join(f"valid {k} {shortest(v, F32)}" for k, v in m.items())
             bar.update(t, loss, evaluation)
             if state.step % ckpt_every == 0 and state.step < total:
                 checkpoint()

@@ -347,7 +347,8 @@ class Param:
 
 @dataclass(frozen=True)
 class Def:
-    """A function, at top level or local; doc is the text of a `#{ … #}` comment directly above."""
+    """A function, at top level or local; doc is the text of a `#{ … #}` comment directly above
+    (its common indentation removed)."""
     name: str
     params: tuple[Param, ...]
     ret: TypeExpr | None

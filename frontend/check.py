@@ -347,7 +347,7 @@ def check_program(program: Program) -> Checker:
 
 
 def check_file(path: str, text: str | None = None) -> Program:
-    """Parse, resolve and check a file (LANGUAGE.md §2–§5): the front end of `dslc check`."""
+    """Parse, resolve and check a file (docs/language.md §2–§9): the front end of `dslc check`."""
     def run() -> Program:
         program = load_program(path, text)
         check_program(program)

@@ -1,4 +1,4 @@
-"""Source positions and user-facing errors, rendered as `file:line:col: error: ...` (LANGUAGE.md §10)."""
+"""Source positions and user-facing errors, rendered as `file:line:col: error: ...` (docs/language.md §13)."""
 from __future__ import annotations
 
 import bisect

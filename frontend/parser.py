@@ -5,6 +5,7 @@ import contextlib
 import dataclasses
 import functools
 import gc
+import inspect
 import re
 import threading
 from pathlib import Path
@@ -18,7 +19,7 @@ from frontend import ast
 from frontend.diagnostics import Note, ParseError, Source, Span
 from frontend.limits import MAX_NESTING, MAX_RANK, MAX_SOURCE_BYTES
 
-# Binary operators by precedence, loosest (1) to tightest (LANGUAGE.md §5); `**` is right-associative.
+# Binary operators by precedence, loosest (1) to tightest (docs/language.md §9.1); `**` is right-associative.
 BINARY = {"or": 1, "and": 2, "|": 4, "^": 5, "&": 6, "==": 7, "!=": 7, "<": 7, "<=": 7, ">": 7,
           ">=": 7, "<<": 8, ">>": 8, "+": 9, "-": 9, "*": 10, "/": 10, "%": 10, "//": 10, "@": 10,
           "**": 12}
@@ -181,8 +182,9 @@ class Builder(Transformer):
         return Span(self.source, start, end)
 
     def _doc_comment(self, token: Token) -> Token:
-        """Keep a block comment's text: it documents an item that starts on the next line."""
-        self.docs[token.end_line + 1] = token[2:-2].strip()
+        """Keep a block comment's text: it documents an item that starts on the next line.
+        Its lines keep their indentation relative to one another (as a docstring's do)."""
+        self.docs[token.end_line + 1] = inspect.cleandoc(token[2:-2]).strip()
         return token
 
     def _target(self, expr) -> ast.Target:

@@ -1,4 +1,4 @@
-"""The arithmetic every backend follows, bit for bit (LANGUAGE.md §9), written in NumPy.
+"""The arithmetic every backend follows, bit for bit (docs/numerics.md), written in NumPy.
 
 A float reduction is not associative, so its order is part of its definition. A reduction
 of n elements (several reduced axes count as one, in row-major order) is:

@@ -119,7 +119,7 @@ class Executable:
             for v in dead:                      # memory back as soon as nothing needs it
                 del env[v]
         # a result never shares memory with a value made once, nor is a strided view
-        return [env[v].copy() if v in self.made or v in self.views else env[v]
+        return [_copy(env[v], v) if v in self.made or v in self.views else env[v]
                 for v in self.function.results]
 
     def host(self, op: Op, inputs: list[np.ndarray]) -> list[np.ndarray]:
@@ -276,7 +276,7 @@ class _RunLaunch:
         """The values the run allocates made, and the table's slots the arena does not fix
         filled."""
         for v in self.fresh:
-            env[v] = np.empty(v.shape, dtype=np_dtype(v.dtype))
+            env[v] = _empty(v)
         table = pointers.table
         for i, v in self.patches:
             table[i] = address(env[v])
@@ -313,7 +313,7 @@ class _ContractLaunch:
     def __call__(self, env: dict[Value, np.ndarray], pointers: _RunTable | None, threads: int) -> None:
         (out,) = self.op.outputs
         if out not in env:
-            env[out] = np.empty(out.shape, np_dtype(out.dtype))
+            env[out] = _empty(out)
         a, b = (env[v] for v in self.op.inputs)
         if self.epilogue is None:
             matmul(a, b, env[out], threads)
@@ -363,6 +363,20 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray, threads: int,
     fused = epilogue is not None and kernel.fuses(b2.shape[-1])
     kernel(a2, b2, threads=parts, out=out, epilogue=epilogue if fused else (0, 0))
     return fused
+
+
+def _empty(v: Value) -> np.ndarray:
+    """A new array for v at an address that is a multiple of ALIGN (64) bytes: a result there
+    is one that jax.dlpack.from_dlpack takes without a copy (it copies any other)."""
+    raw = np.empty(nbytes(v) + ALIGN, np.uint8)
+    start = -raw.ctypes.data % ALIGN
+    return raw[start:start + nbytes(v)].view(np_dtype(v.dtype)).reshape(v.shape)
+
+
+def _copy(a: np.ndarray, v: Value) -> np.ndarray:
+    out = _empty(v)
+    out[...] = a
+    return out
 
 
 def _buffer(a: np.ndarray, v: Value) -> np.ndarray:

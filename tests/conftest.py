@@ -12,6 +12,17 @@ settings.register_profile("dslc", deadline=None)
 settings.load_profile("dslc")
 
 
+def raises(call, *fragments: str):
+    """call() raises a dsl.DslError whose message holds every fragment; returns the error."""
+    import dsl
+    import pytest
+    with pytest.raises(dsl.DslError) as info:
+        call()
+    for fragment in fragments:
+        assert fragment in str(info.value), str(info.value)
+    return info.value
+
+
 # ---------------------------------------------------------------- a child process per case
 # A compiled kernel that crashes (a signal) or never returns (a hang) must be a test's finding,
 # not the end of the run: `isolated` runs each call in a forked child and says how it ended.

@@ -52,6 +52,35 @@ def test_diagnostic_shows_the_span_and_a_note_on_the_declaration(tmp_path: Path)
     assert f"note: p.W1 is f32[T * E, H] ({src}:1)" in r.stderr
 
 
+def test_check_verbose_says_ok_for_each_file_that_checks(tmp_path: Path):
+    bad = tmp_path / "bad.bend"
+    bad.write_text("def f(x: f32[N]) -> f32[N]:\n  return y\n")
+    r = dslc("check", "-v", str(VALID), str(bad), str(VALID))
+    assert r.returncode == 1
+    assert r.stdout == f"{VALID}: ok\n{VALID}: ok\n"
+    assert r.stderr.startswith(f"{bad}:2:10: error: undefined name 'y'")
+
+
+def test_every_command_and_option_has_help():
+    import argparse
+    from dsl.cli import parser
+
+    def missing(p: argparse.ArgumentParser, command: str) -> list[str]:
+        found = []
+        for action in p._actions:
+            if not action.help or action.help == argparse.SUPPRESS:
+                found.append(f"{command} {'/'.join(action.option_strings) or action.metavar or action.dest}")
+            if isinstance(action, argparse._SubParsersAction):
+                summaries = {a.dest: a.help for a in action._choices_actions}
+                for name, sub in action.choices.items():
+                    if not summaries.get(name) or not sub.description:
+                        found.append(f"{command} {name}: its summary or description")
+                    found += missing(sub, f"{command} {name}")
+        return found
+
+    assert missing(parser(), "dslc") == []
+
+
 @pytest.mark.parametrize("args", [[], ["check"], ["frobnicate", "x.bend"], ["check", "--bogus", "x"]])
 def test_usage_errors_exit_2(args):
     r = dslc(*args)
@@ -68,6 +97,45 @@ def test_missing_file_is_a_user_error(tmp_path: Path):
 def test_version():
     r = dslc("--version")
     assert r.returncode == 0 and r.stdout.startswith("dslc ")
+
+
+def test_doc_prints_each_definition_with_its_doc_comment():
+    r = dslc("doc", str(VALID.parent / "02_comments.bend"))
+    assert (r.returncode, r.stderr) == (0, "")
+    assert r.stdout == ("object Affine { W: f32[I, O], b: f32[O] }\n"
+                        "    An affine layer's parameters.\n\n"
+                        "type Squash:\n  Tanh\n  Sigmoid\n"
+                        "    How to squash the output.\n\n"
+                        "def apply(p: Affine, x: f32[B, I], s: Squash) -> f32[B, O]\n"
+                        "    Applies the layer, then the squashing function.\n"
+                        "    Documentation may span several lines.\n")
+
+
+def test_doc_of_an_example_lists_its_definitions_in_source_order():
+    r = dslc("doc", str(Path(__file__).parents[1] / "examples" / "xor.bend"))
+    assert r.returncode == 0, r.stderr
+    assert [line for line in r.stdout.splitlines() if line and not line.startswith(" ")] == [
+        "object Params { W1: f32[2, H], b1: f32[H], W2: f32[H, 1], b2: f32[1] }",
+        "object Metrics { accuracy: f32 }",
+        "def init(key: Key, H: int) -> Params",
+        "def predict(p: Params, x: f32[B, 2]) -> f32[B]",
+        "def loss(p: Params, x: f32[B, 2], y: f32[B]) -> f32",
+        "def evaluate(p: Params, x: f32[B, 2], y: f32[B]) -> Metrics",
+        "def step(p: Params, x: f32[B, 2], y: f32[B], lr: f32) -> (Params, f32)",
+    ]
+    assert "-> f32\n    Binary cross-entropy of the predictions.\n\n" in r.stdout
+
+
+@pytest.mark.parametrize("text, message", [
+    ("def f(:\n  return 1\n", ":1:7: error: unexpected ':'; expected ')' or a name"),
+    ("#{ Returns y. #}\ndef f(x: f32) -> f32:\n  return y\n", ":3:10: error: undefined name 'y'"),
+])
+def test_doc_of_a_file_with_errors_prints_its_diagnostics(tmp_path: Path, text, message):
+    src = tmp_path / "bad.bend"
+    src.write_text(text)
+    r = dslc("doc", str(src))
+    assert_user_error(r, f"{src}{message}")
+    assert r.stdout == ""
 
 
 MLP = Path(__file__).parent / "programs" / "mlp.bend"
@@ -169,8 +237,10 @@ def test_compile_writes_code_and_a_manifest(tmp_path: Path, target, artifact):
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert (tmp_path / "out" / artifact).stat().st_size > 0
     assert manifest["entry"] == "loss" and manifest["gradient_of"] == "p"
-    assert [p["shape"] for p in manifest["params"]] == [[3, 5], [5], [5, 2], [2], [4, 3], [4]]
-    assert len(manifest["results"]) == 5             # the loss, then the 4 gradients of p
+    assert [(p["name"], p["shape"]) for p in manifest["params"]] == [
+        ("p.W1", [3, 5]), ("p.b1", [5]), ("p.W2", [5, 2]), ("p.b2", [2]), ("x", [4, 3]), ("y", [4])]
+    assert [r["name"] for r in manifest["results"]] == [      # the loss, then the gradients of p
+        "out", "grad(p.W1)", "grad(p.b1)", "grad(p.W2)", "grad(p.b2)"]
     assert manifest["kernels"] and all("buffers" in k for k in manifest["kernels"])
     # the range of each kernel's (lo, hi): the batch's rows for the softmax's row kernels
     assert {(k["kind"], k["extent"]) for k in manifest["kernels"] if k["kind"] != "map"} >= {("rows", 4)}
@@ -182,6 +252,79 @@ def test_compile_writes_code_and_a_manifest(tmp_path: Path, target, artifact):
         assert manifest["matmul_entries"] and all(f".entry {e}(" in ptx for e in manifest["matmul_entries"])
         assert all(f".entry {k['launch']['entry']}(" in ptx for k in manifest["kernels"])
         assert "host" not in kinds or all(s.get("host") != "transpose" for s in manifest["steps"])
+
+
+def test_the_manifest_names_each_buffer_as_dslc_run_names_its_array(tmp_path: Path):
+    import json
+    (tmp_path / "f.bend").write_text(
+        "object P { W: f32[D, C], b: f32[C] }\n\n"
+        "def f(p: P, k: Key, n: int, xs: List(f32[D]), unused: f32[D]) -> (f32, P):\n"
+        "  fold x in xs with s = sum(p.W) + sum(p.b) * n:\n"
+        "    s = s + sum(x)\n"
+        "  return (s, p)\n")
+    r = dslc("compile", str(tmp_path / "f.bend"), "--entry", "f", "--dims", "D=2,C=3,n=2,xs=2",
+             "-o", str(tmp_path / "out"))
+    assert r.returncode == 0, r.stderr
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    params = {p["name"]: p for p in manifest["params"]}
+    assert list(params) == ["p.W", "p.b", "k", "xs[0]", "xs[1]", "unused"]
+    assert (params["k"]["dtype"], params["k"]["shape"]) == ("u32", [2])
+    results = {r["name"]: r["id"] for r in manifest["results"]}
+    assert list(results) == ["out[0]", "out[1].W", "out[1].b"]
+    assert (results["out[1].W"], results["out[1].b"]) == (params["p.W"]["id"], params["p.b"]["id"])
+
+
+# ---------------------------------------------------------------- numbers as dslc prints them
+
+@pytest.mark.parametrize("value, dtype, text", [
+    (np.float32(0.6931472), None, "0.6931472"),
+    (0.6931471824645996, np.float32, "0.6931472"),        # a mean of f32 losses, taken in f64
+    (np.float64(0.6931472), None, "0.6931472"),
+    (1 / 3, None, "0.3333333333333333"),
+    (np.float16(0.6931472), None, "0.6934"),
+    (np.float32(1e-7), None, "1e-07"),
+    (np.array([1 / 3, 0.25], np.float32), None, "[0.33333334 0.25      ]"),
+    (np.array([1 / 3, 0.25]), None, "[0.3333333333333333 0.25              ]"),
+    (np.array([[1, 2], [3, 4]], np.int32), None, "[[1 2]\n [3 4]]"),
+])
+def test_numbers_print_as_the_shortest_text_of_their_dtype(value, dtype, text):
+    from dsl.values import shortest
+    assert shortest(value, dtype) == text
+
+
+def test_run_prints_each_float_in_the_shortest_text_of_its_dtype(tmp_path: Path):
+    (tmp_path / "f.bend").write_text(
+        "def f(x: f32[N], y: f64[N], z: f16[N]) -> (f32, f64, f16, f64[N]):\n"
+        "  return (mean(x), mean(y), mean(z), y / 3.0)\n")
+    x = np.array([0.5, 0.8862944])
+    np.savez(tmp_path / "in.npz", x=x.astype(np.float32), y=x, z=x.astype(np.float16))
+    r = dslc("run", str(tmp_path / "f.bend"), "--entry", "f", "--inputs", str(tmp_path / "in.npz"),
+             "--device", "reference")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == ("out[0]: float32[]\n0.6931472\nout[1]: float64[]\n0.6931472000000001\n"
+                        "out[2]: float16[]\n0.6934\n"
+                        "out[3]: float64[2]\n[0.16666666666666666 0.2954314666666667 ]\n")
+
+
+def test_train_reports_losses_as_f32s(tmp_path: Path):
+    from dsl.values import shortest
+    r = dslc("train", str(Path(__file__).parent.parent / "examples" / "xor.bend"), "--steps", "3",
+             "--checkpoint-dir", str(tmp_path), "--device", "reference")
+    assert r.returncode == 0, r.stderr
+    with np.load(tmp_path / "step0000003.npz") as ckpt:
+        losses = ckpt["loss"].astype(np.float64)
+    for t in (1, 2, 3):                          # the mean of the losses so far, as an f32
+        assert f"step {t}/3 loss {shortest(losses[:t].mean(), np.float32)} " in r.stderr
+    assert f"  step loss   {shortest(losses.mean(), np.float32)} (the mean" in r.stdout
+
+
+def test_the_training_report_prints_metrics_as_f32s():
+    from dsl.train import Result
+    report = Result("m.bend", params=None, opt_state=None, start_step=0, steps=1, seed=0,
+                    train_seconds=0.0, eval_seconds=0.0, losses=[], evals=[],
+                    metrics={"train": {"loss": 0.6931471824645996, "accuracy": 0.75}})
+    assert str(report).splitlines()[2:] == ["  loss        train 0.6931472",
+                                            "  accuracy    train 0.75"]
 
 
 # ---------------------------------------------------------------- bad input on the command line

@@ -435,11 +435,16 @@ def test_bool_comparisons_order_false_before_true(prim):
 def test_a_power_by_a_scalar_has_c99s_special_values_on_every_device(exponent):
     """NumPy computes x ** 0.5 by a scalar as sqrt(x), giving -0.0 and NaN at -0.0 and -inf
     where C99's pow (the definition, the math library's, NumPy's for an array of exponents)
-    gives +0.0 and +inf (found by the fuzzer's campaign)."""
+    gives +0.0 and +inf (found by the fuzzer's campaign). Special values are compared bit for
+    bit, finite ones within pow's documented 2 ulp of pow in float64 (no libm's float32 pow is
+    the reference: NumPy 2.4's is 0.56 ulp off at 3.4e38 ** 0.5, the math library 0.59 ulp at
+    1e-40 ** -0.5)."""
     with np.errstate(all="ignore"):
-        c99 = np.power(SPECIAL, np.full(SPECIAL.shape, exponent, np.float32))
+        c99 = np.power(SPECIAL.astype(np.float64), np.full(SPECIAL.shape, exponent)).astype(np.float32)
     (got,), (want,), _ = run_both(lambda b, v: [b.emit("pow", v, b.constant(exponent, "f32"))], SPECIAL)
+    special = ~np.isfinite(c99) | (c99 == 0)
     for result in (got, want):
-        assert np.array_equal(result, c99, equal_nan=True)
+        assert np.array_equal(result[special], c99[special], equal_nan=True)
         ordered = ~np.isnan(c99)
         assert np.array_equal(np.signbit(result[ordered]), np.signbit(c99[ordered]))
+        np.testing.assert_array_max_ulp(result[~special], c99[~special], maxulp=2)

@@ -1,4 +1,4 @@
-"""The parser: each construct of LANGUAGE.md §2–§5 gives the right AST with spans into the source,
+"""The parser: each construct of docs/language.md §2–§9 gives the right AST with spans into the source,
 and malformed input raises ParseError, never anything else, at a useful position."""
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """On a GPU: every kernel class, every test program and every example gives the CPU backend's
-bits (LANGUAGE.md §9), outputs and gradients; the runtime's failures are DslErrors. Skipped
+bits (docs/numerics.md), outputs and gradients; the runtime's failures are DslErrors. Skipped
 where no GPU is usable; scripts/gpu-check runs these on a machine that has one."""
 from __future__ import annotations
 
