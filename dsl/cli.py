@@ -325,7 +325,8 @@ def parser() -> argparse.ArgumentParser:
     train.add_argument("--batch-size", type=count, help="examples per step (0: the whole split)")
     train.add_argument("--dims", type=parse_dims, help="static values of the entries (H=64), over the loader's DIMS")
     train.add_argument("--hyper", type=parse_values, help="step's runtime values (lr=0.01), over the loader's")
-    train.add_argument("--resume", metavar="CKPT.npz", help="go on from a checkpoint")
+    train.add_argument("--resume", metavar="CKPT.safetensors", help="go on from a checkpoint (or an .npz one "
+                       "of earlier versions)")
     train.add_argument("--checkpoint-dir", metavar="DIR",
                        help="where checkpoints go (default checkpoints/NAME; '' for none)")
     train.add_argument("--overwrite", action="store_true",

@@ -56,19 +56,22 @@ PCG64 generator seeded with (seed, t), and its `Key` parameters get
 `fold_in(fold_in(key(seed), STEP), t)`; evaluation and sampling use their own tags. So the RNG
 state of a run is (seed, step), and a checkpoint resumes bit-identically.
 
-A checkpoint is an .npz file: the parameters as `p.<field>` (`p.W1`, `p.blocks[0].W`, the
-names `dslc run` reads), the optimizer state named the same way from `opt` (`opt[0]`,
-`opt[1].W1`, `opt[2].W1` for optim's adamw, whose state is the tuple (step, m, v)), `step`
-(steps done), `seed`, `loss` (each step's training loss so far), `valid.step` and `valid.loss`
-(the periodic evaluations), `model` (the file's name) and `format` ("dslc-train-1").
-Checkpoints go to `DIR/stepNNNNNNN.npz` every `checkpoint_every` steps, at the end, and on
-Ctrl-C, each written to a temporary file beside it and renamed, so that none is ever half
-written. A run does not mix its checkpoints with another's: when DIR already holds checkpoints,
-it starts only with `--resume` (from any checkpoint) or with `--overwrite`, which deletes them
-before the first step. Resuming reads the file through dsl.npz (bounded, no pickles), checks the members
-above for their kinds, and every array's name, dtype and shape against what the model's `init`
-and `init_opt` make: a damaged checkpoint, or one of another model (or of other sizes), is an
-error "cannot resume from PATH: …" that names the first fault. `steps` counts from the start
+A checkpoint is a .safetensors file. Its tensors: the parameters as `p.<field>` (`p.W1`,
+`p.blocks[0].W`, the names `dslc run` reads), the optimizer state named the same way from `opt`
+(`opt[0]`, `opt[1].W1`, `opt[2].W1` for optim's adamw, whose state is the tuple (step, m, v)),
+`loss` (each step's training loss so far), `valid.step` and `valid.loss` (the periodic
+evaluations). Its metadata, text: `step` (steps done) and `seed` in decimal, `model` (the
+file's name) and `format` ("dslc-train-2"). Checkpoints go to `DIR/stepNNNNNNN.safetensors`
+every `checkpoint_every` steps, at the end, and on Ctrl-C, each written to a temporary file
+beside it, synced and renamed, so that none is ever half written. Resuming reads the file
+through dsl.safetensors (its header checked before its data), checks the tensors and metadata
+above, and every other tensor's name, dtype and shape against what the model's `init` and
+`init_opt` make: a damaged checkpoint, or one of another model (or of other sizes), is an
+error "cannot resume from PATH: …" that names the first fault. An `.npz` checkpoint of earlier
+versions (format "dslc-train-1": the same names, with `step`, `seed`, `model` and `format` as
+scalar arrays) is read through dsl.npz and resumes the same way. A run does not mix its checkpoints with
+another's: when DIR already holds checkpoints, it starts only with `--resume` (from any
+checkpoint) or with `--overwrite`, which deletes them before the first step. `steps` counts from the start
 of the run, so a resumed run goes on from the checkpoint's step to `steps`.
 
 Training runs where `device` says: "auto" (the GPU where one is usable, else the CPU backend),
@@ -77,19 +80,24 @@ Training runs where `device` says: "auto" (the GPU where one is usable, else the
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import os
 import re
+import reprlib
 import sys
 import tempfile
 import time
+import zlib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
 import numpy as np
+from safetensors import SafetensorError
+from safetensors.numpy import save_file
 
-from dsl import npz
+from dsl import npz, safetensors
 from dsl.plot import check_plot_path, plot_losses
 from dsl.program import DEVICES, Program, load
 from dsl.progress import Progress
@@ -100,7 +108,8 @@ from frontend.diagnostics import Diagnostic, DslError, Note
 from ir import philox
 from ir.ops.base import NUMPY_DTYPES
 
-FORMAT = "dslc-train-1"
+FORMAT = "dslc-train-2"
+NPZ_FORMAT = "dslc-train-1"          # the .npz checkpoints of earlier versions, still read
 SPLITS = ("train", "valid", "test")
 STEP, EVAL, SAMPLE = 0x73746570, 0x6576616C, 0x73616D70          # "step", "eval", "samp"
 DEFAULTS = {"steps": 1000, "batch_size": 32, "eval_every": None, "eval_examples": 4096,
@@ -389,17 +398,17 @@ class State:
     evals: list[tuple[int, float]] = field(default_factory=list)
 
 
-# a checkpoint's members besides the parameters and the optimizer state: their dtype kinds, rank
-META = {"step": ("iu", 0), "seed": ("iu", 0), "loss": ("f", 1), "valid.step": ("iu", 1),
-        "valid.loss": ("f", 1), "model": ("U", 0), "format": ("U", 0)}
+# a checkpoint's tensors besides the parameters and the optimizer state: their dtype kinds, rank
+TENSORS = {"loss": ("f", 1), "valid.step": ("iu", 1), "valid.loss": ("f", 1)}
+METADATA = ("format", "model", "step", "seed", "crc32")  # text; step and seed in decimal
 KIND_NAMES = {"iu": "integers", "f": "floats", "U": "text"}
 
 
 def checkpoint_name(step: int) -> str:
-    return f"step{step:07d}.npz"
+    return f"step{step:07d}.safetensors"
 
 
-CHECKPOINT_NAME = re.compile(r"step\d{7,}\.npz")
+CHECKPOINT_NAME = re.compile(r"step\d{7,}\.(safetensors|npz)")     # (.npz: earlier versions')
 
 
 def checkpoints_in(folder: Path) -> list[Path]:
@@ -421,30 +430,38 @@ def remove_checkpoints(paths: list[Path]) -> None:
 
 
 def save_checkpoint(path: Path, state: State, model: Model) -> None:
-    """The state as an .npz file (see the module's documentation), written whole or not at all."""
-    arrays = {**flatten_python(state.p, "p"),
-              **(flatten_python(state.s, "opt") if state.s is not None else {}),
-              "step": np.int64(state.step), "seed": np.uint64(state.seed),
-              "loss": np.asarray(state.losses[:state.step], np.float32),
-              "valid.step": np.asarray([e[0] for e in state.evals], np.int64),
-              "valid.loss": np.asarray([e[1] for e in state.evals], np.float64),
-              "model": np.str_(model.path.name), "format": np.str_(FORMAT)}
+    """The state as a .safetensors file (see the module's documentation), written whole or not
+    at all."""
+    tensors = {**flatten_python(state.p, "p"),
+               **(flatten_python(state.s, "opt") if state.s is not None else {}),
+               "loss": np.asarray(state.losses[:state.step], np.float32),
+               "valid.step": np.asarray([e[0] for e in state.evals], np.int64),
+               "valid.loss": np.asarray([e[1] for e in state.evals], np.float64)}
+    metadata = {"format": FORMAT, "model": model.path.name, "step": str(state.step),
+                "seed": str(state.seed)}
+    metadata["crc32"] = checksum(tensors, metadata)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        _write_whole(path, arrays)
+        _write_whole(path, tensors, metadata)
     except OSError as e:
         raise DslError(None, f"cannot write a checkpoint in {path.parent}: {e.strerror or e}") from None
+    except SafetensorError as e:          # the package's own write failed (a full disk)
+        raise DslError(None, f"cannot write a checkpoint in {path.parent}: {e}") from None
 
 
-def _write_whole(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    """np.savez into a temporary file beside path, synced to disk, then renamed over path: a
+def _write_whole(path: Path, tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> None:
+    """save_file into a temporary file beside path, synced to disk, then renamed over path: a
     reader never sees half a checkpoint, and a failed write leaves no temporary behind."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
     try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
-            f.flush()
-            os.fsync(f.fileno())
+        # the package writes each array's memory as it lies: a strided view must be copied
+        save_file({k: np.asarray(a, order="C") for k, a in tensors.items()}, tmp, metadata=metadata)
+        fd = os.open(tmp, os.O_RDONLY)        # fsync syncs the file, whichever descriptor
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
     except BaseException:                 # a full disk, a vanished directory, Ctrl-C: clean up
         Path(tmp).unlink(missing_ok=True)
@@ -457,20 +474,14 @@ def load_checkpoint(path: str, model: Model, fresh: State) -> State:
     def fail(problem: str):
         raise DslError(None, f"cannot resume from {path}: {problem}")
 
-    try:
-        arrays = npz.read(path)
-    except npz.NpzError as e:
-        fail(e.problem)
-    fmt = arrays.get("format")
-    if fmt is None or fmt.shape != () or fmt.dtype.kind != "U" or str(fmt) != FORMAT:
-        fail(f"it is not a dslc train checkpoint (it has no format '{FORMAT}')")
-    _check_meta(fail, arrays)
+    tensors, meta = _read_checkpoint(fail, path)
+    step, seed = _check_meta(fail, tensors, meta)
     want = {**flatten_python(fresh.p, "p"), **(flatten_python(fresh.s, "opt") if fresh.s is not None else {})}
-    have = {k: a for k, a in arrays.items() if k not in META}
+    have = {k: a for k, a in tensors.items() if k not in TENSORS}
     stray = [k for k in have if not k.startswith(("p.", "p[", "opt.", "opt["))]
     if stray:
-        fail(f"it has '{stray[0]}', which no checkpoint has (only p.…, opt.… and {', '.join(META)})")
-    other = f"it is not of this model (it was saved by {arrays['model']})"
+        fail(f"it has '{stray[0]}', which no checkpoint has (only p.…, opt.… and {', '.join(TENSORS)})")
+    other = f"it is not of this model (it was saved by {meta['model']})"
     ours = f"{model.path.name} (init, init_opt)"
     for name, a in want.items():
         if name not in have:
@@ -481,30 +492,82 @@ def load_checkpoint(path: str, model: Model, fresh: State) -> State:
     extra = sorted(set(have) - set(want))
     if extra:
         fail(f"{other}: it has '{extra[0]}', which {ours} does not have")
-    step = int(arrays["step"])
-    losses = arrays["loss"].astype(np.float64).tolist() + [math.nan] * (step - len(arrays["loss"]))
-    evals = list(zip(arrays["valid.step"].tolist(), arrays["valid.loss"].tolist()))
+    losses = tensors["loss"].astype(np.float64).tolist() + [math.nan] * (step - len(tensors["loss"]))
+    evals = list(zip(tensors["valid.step"].tolist(), tensors["valid.loss"].tolist()))
     return State(_rebuild(fresh.p, "p", have), _rebuild(fresh.s, "opt", have) if fresh.s is not None else None,
-                 step, int(arrays["seed"]), losses, evals)
+                 step, seed, losses, evals)
 
 
-def _check_meta(fail, arrays: dict[str, np.ndarray]) -> None:
-    """The checkpoint's own members: present, of their kind and rank, and consistent."""
-    for name, (kinds, rank) in META.items():
-        if name not in arrays:
+def checksum(tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> str:
+    """The CRC-32 of a checkpoint's metadata (but its crc32) and its tensors' names, dtypes, shapes
+    and bytes, in hex: safetensors has no checksum, and a flipped bit in a weight reads as one."""
+    crc = zlib.crc32(json.dumps(sorted((k, v) for k, v in metadata.items() if k != "crc32")).encode())
+    for name in sorted(tensors):
+        a = np.asarray(tensors[name], order="C")
+        crc = zlib.crc32(a.reshape(-1).view(np.uint8), zlib.crc32(f"{name} {a.dtype.str} {a.shape}".encode(), crc))
+    return f"{crc:08x}"
+
+
+def _read_checkpoint(fail, path: str) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """A checkpoint's tensors and metadata; an .npz one's as if it were a .safetensors one."""
+    try:
+        if not path.endswith(".npz"):
+            return safetensors.read_with_metadata(path)
+        return _from_npz(fail, npz.read(path))
+    except (safetensors.SafetensorsError, npz.NpzError) as e:
+        fail(e.problem)
+
+
+def _from_npz(fail, arrays: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """An .npz checkpoint (format dslc-train-1) as tensors and metadata: its scalar members,
+    checked for their kind, become the metadata."""
+    fmt = arrays.pop("format", None)
+    if fmt is None or fmt.shape != () or fmt.dtype.kind != "U" or str(fmt) != NPZ_FORMAT:
+        fail(f"it is not a dslc train checkpoint (it has no format '{NPZ_FORMAT}')")
+    meta = {"format": FORMAT}
+    for name, kinds in (("model", "U"), ("step", "iu"), ("seed", "iu")):
+        if name in arrays:
+            a = arrays.pop(name)
+            if a.dtype.kind not in kinds or a.ndim != 0:
+                fail(f"its '{name}' is {_typename(a)}, not a scalar of {KIND_NAMES[kinds]}")
+            meta[name] = str(a)
+    meta["crc32"] = checksum(arrays, meta)            # the zip's own CRCs have checked its bytes
+    return arrays, meta
+
+
+def _check_meta(fail, tensors: dict[str, np.ndarray], meta: dict[str, str]) -> tuple[int, int]:
+    """The checkpoint's own tensors and metadata: present, of their kind and rank, and
+    consistent; its step and seed."""
+    if meta.get("format") != FORMAT:
+        fail(f"it is not a dslc train checkpoint (it has no format '{FORMAT}')")
+    for name in METADATA:
+        if name not in meta:
             fail(f"it has no '{name}'")
-        a = arrays[name]
+    if checksum(tensors, meta) != meta["crc32"]:
+        fail("its contents do not match its crc32 (a damaged file?)")
+    step, seed = (_whole_number(fail, name, meta[name]) for name in ("step", "seed"))
+    for name, (kinds, rank) in TENSORS.items():
+        if name not in tensors:
+            fail(f"it has no '{name}'")
+        a = tensors[name]
         if a.dtype.kind not in kinds or a.ndim != rank:
-            fail(f"its '{name}' is {_typename(a)}, not {'a scalar' if rank == 0 else 'a vector'} "
-                 f"of {KIND_NAMES[kinds]}")
-    step, seed, losses = int(arrays["step"]), int(arrays["seed"]), len(arrays["loss"])
-    if not 0 <= seed < 2 ** 64:
+            fail(f"its '{name}' is {_typename(a)}, not a vector of {KIND_NAMES[kinds]}")
+    if seed >= 2 ** 64:
         fail(f"its 'seed' is {seed}, not in [0, 2**64)")
     # one loss per step done, but Ctrl-C may fall between counting a step and storing its loss
+    losses = len(tensors["loss"])
     if not losses <= step <= losses + 1:
         fail(f"its 'step' is {step} but it has {losses} steps' losses")
-    if len(arrays["valid.step"]) != len(arrays["valid.loss"]):
-        fail(f"it has {len(arrays['valid.step'])} 'valid.step' but {len(arrays['valid.loss'])} 'valid.loss'")
+    if len(tensors["valid.step"]) != len(tensors["valid.loss"]):
+        fail(f"it has {len(tensors['valid.step'])} 'valid.step' but {len(tensors['valid.loss'])} 'valid.loss'")
+    return step, seed
+
+
+def _whole_number(fail, name: str, text: str) -> int:
+    """A metadata value that must be a whole number in decimal (of at most 20 digits, as 2**64)."""
+    if not (text.isascii() and text.isdigit() and len(text) <= 20):
+        fail(f"its '{name}' is {reprlib.repr(text)}, not a whole number")
+    return int(text)
 
 
 def _rebuild(like: Any, path: str, arrays: dict[str, np.ndarray]) -> Any:

@@ -309,12 +309,12 @@ def test_run_prints_each_float_in_the_shortest_text_of_its_dtype(tmp_path: Path)
 
 
 def test_train_reports_losses_as_f32s(tmp_path: Path):
+    from dsl import safetensors
     from dsl.values import shortest
     r = dslc("train", str(Path(__file__).parent.parent / "examples" / "xor.bend"), "--steps", "3",
              "--checkpoint-dir", str(tmp_path), "--device", "reference")
     assert r.returncode == 0, r.stderr
-    with np.load(tmp_path / "step0000003.npz") as ckpt:
-        losses = ckpt["loss"].astype(np.float64)
+    losses = safetensors.read(tmp_path / "step0000003.safetensors")["loss"].astype(np.float64)
     # off a terminal, the last line: the mean of the last (at most 50) losses, as an f32
     assert f"step 3/3 loss {shortest(losses.mean(), np.float32)} " in r.stderr
     assert f"  step loss   {shortest(losses.mean(), np.float32)} (the mean" in r.stdout
