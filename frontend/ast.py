@@ -133,6 +133,14 @@ class RecordLit:
 
 
 @dataclass(frozen=True)
+class RecordUpdate:
+    """`p with { mean: m, var: v }`: the record p with the fields given replaced."""
+    value: Expr
+    fields: tuple[FieldInit, ...]
+    span: Span
+
+
+@dataclass(frozen=True)
 class Lambda:
     params: tuple[str, ...]
     body: Expr
@@ -154,7 +162,7 @@ class TupleLit:
 
 
 Expr = (Name | QualName | Int | Float | Bool | Str | BinOp | UnaryOp | Call | Index | Attr
-        | RecordLit | Lambda | ListLit | TupleLit)
+        | RecordLit | Lambda | ListLit | TupleLit | RecordUpdate)
 
 
 # ---------------------------------------------------------------- types

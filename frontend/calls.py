@@ -9,7 +9,7 @@ import numpy as np
 from frontend import ast
 from frontend.ast import contains_span, names_type_param, source_text
 from frontend.diagnostics import (CheckError, DslError, LimitError, Note, ShapeError, Span,
-                                  with_note)
+                                  did_you_mean, with_note)
 from frontend.limits import MAX_RANK, MAX_STATIC_RECURSION, MAX_UNROLLED
 from frontend.lower import close_over, emit_primitive, fresh_params, leaf_values, rebuild
 from frontend.resolve import Entity, ModuleInfo, lookup_type
@@ -463,36 +463,56 @@ class Calls:
 
     def record(self, e: ast.RecordLit, frame: Frame):
         entity = lookup_type(e.type, frame.module)
-        given = {}
-        for f in e.fields:
-            if f.name in given:
-                raise CheckError(f.span, f"field '{f.name}' is given twice")
-            given[f.name] = (self.eval(f.value, frame), f)
+        given = self.field_values(e.fields, frame)
         if entity is None or entity.kind != "object":
             owner, ctor = _find_ctor(e.type, frame.module)
             values = {n: v for n, (v, _) in given.items()}
             return self.construct(owner, ctor, [], values, Spans(
                 e.type_span, (), tuple(ast.Keyword(n, f.value, f.span) for n, (_, f) in given.items())))
         decl = entity.node
-        for name, (_, f) in given.items():
-            if all(df.name != name for df in decl.fields):
-                raise CheckError(f.span, f"'{decl.name}' has no field '{name}'",
-                                 [Note(f"{decl.name} is declared here", decl.name_span)])
-        binder = self.binder()
-        fields = []
+        _no_extra_fields(entity, given)
         for df in decl.fields:
             if df.name not in given:
                 raise CheckError(e.type_span, f"missing field '{df.name}' in {decl.name} {{ … }}",
                                  [Note(f"{decl.name} is declared here", decl.name_span)])
-            v, f = given[df.name]
+        return self.matched_record(entity, given)
+
+    def record_update(self, e: ast.RecordUpdate, frame: Frame):
+        base = self.eval(e.value, frame)
+        given = self.field_values(e.fields, frame)
+        if isinstance(base, UnknownV):
+            return UNKNOWN
+        if not isinstance(base, RecordV):
+            raise CheckError(e.value.span, f"'with {{ … }}' updates a record, but this is {describe(base)}")
+        _no_extra_fields(base.decl, given)
+        kept = {n: (v, None) for n, v in base.fields if n not in given}
+        return self.matched_record(base.decl, kept | given)
+
+    def field_values(self, inits: tuple[ast.FieldInit, ...], frame: Frame) -> dict[str, tuple]:
+        """The values of `name: value` fields by name, with their FieldInit; each name once."""
+        given = {}
+        for f in inits:
+            if f.name in given:
+                raise CheckError(f.span, f"field '{f.name}' is given twice")
+            given[f.name] = (self.eval(f.value, frame), f)
+        return given
+
+    def matched_record(self, entity: Entity, given: dict[str, tuple]) -> RecordV:
+        """The record of every field's (value, FieldInit or None) checked against its declared
+        type in the declaration's order, the fields kept (None) first: they fix the dimensions
+        that the new values must have."""
+        decl = entity.node
+        binder = self.binder()
+        fields = {}
+        for df in sorted(decl.fields, key=lambda df: given[df.name][1] is not None):
+            name, (v, f) = df.name, given[df.name]
             try:
-                v = binder.match(df.type, v, entity.module)
+                fields[name] = strip_origin(binder.match(df.type, v, entity.module))
             except Mismatch as m:
-                raise ShapeError(f.value.span, f"field '{df.name}' of {decl.name}: {m}",
-                                 [Note(f"'{df.name}' is declared {source_text(df.type)} here", df.span)]) from None
-            fields.append((df.name, strip_origin(v)))
+                raise ShapeError(f.value.span, f"field '{name}' of {decl.name}: {m}",
+                                 [Note(f"'{name}' is declared {source_text(df.type)} here", df.span)]) from None
         binder.finish()
-        return RecordV(decl.name, tuple(fields), entity)
+        return RecordV(decl.name, tuple((df.name, fields[df.name]) for df in decl.fields), entity)
 
     # ------------------------------------------------------------ tracing into IR functions
 
@@ -583,6 +603,16 @@ def _not_differentiable(v) -> str | None:
 
 def _is_static_int(t: ast.TypeExpr | None) -> bool:
     return isinstance(t, ast.NamedType) and t.name == ("int",)
+
+
+def _no_extra_fields(entity: Entity, given: dict[str, tuple]) -> None:
+    decl = entity.node
+    names = [df.name for df in decl.fields]
+    for name, (_, f) in given.items():
+        if name not in names:
+            raise CheckError(f.span, f"'{decl.name}' has no field '{name}'"
+                                     f"{did_you_mean(name, [n for n in names if n not in given])}",
+                             [Note(f"{decl.name} is declared here", decl.name_span)])
 
 
 def _find_ctor(name: tuple[str, ...], mod: ModuleInfo) -> tuple[Entity, ast.Ctor]:

@@ -109,7 +109,7 @@ class LayoutError(LarkError):
 class Layout(Indenter):
     """lark's Indenter, taking a line's indentation from its first token; reports tabs and bad dedents."""
     NL_type = "_NL"
-    OPEN_PAREN_types = ("LPAR", "LSQB", "LBRACE")
+    OPEN_PAREN_types = ("LPAR", "LSQB", "LBRACE", "WITH_LBRACE")
     CLOSE_PAREN_types = ("RPAR", "RSQB", "RBRACE")
     INDENT_type = "_INDENT"
     DEDENT_type = "_DEDENT"
@@ -403,6 +403,9 @@ class Builder(Transformer):
         return ast.RecordLit(tuple(type_.split("/")), fields or (), self._span(type_),
                              self._span(type_, rbrace))
 
+    def record_update(self, value, with_lbrace, fields, rbrace):
+        return ast.RecordUpdate(value, fields or (), self._span(value, rbrace))
+
     def field_init(self, name, value):
         return ast.FieldInit(str(name), value, self._span(name, value))
 
@@ -524,7 +527,7 @@ def _unexpected(source: Source, token: Token, expected: set[str]) -> ParseError:
     if _LAYOUT.open_brackets and (at_end or token in STATEMENT_KEYWORDS):
         opener = _LAYOUT.open_brackets[-1]
         return ParseError(Span(source, opener.start_pos, opener.end_pos), f"unclosed '{opener}'",
-                          [Note(f"expected '{CLOSERS[opener]}' before {what}", span)])
+                          [Note(f"expected '{CLOSERS[opener[-1]]}' before {what}", span)])
     if token.type == "_INDENT":
         tab = text.find("\t", text.rfind("\n", 0, start) + 1, start)
         if tab >= 0:
