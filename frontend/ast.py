@@ -374,8 +374,10 @@ Stmt = (Assign | AugAssign | Use | Return | ExprStmt | If | Switch | Match | Fol
 
 @dataclass(frozen=True)
 class Field:
+    """`name: T`, or `buffer name: T` (buffer True): state that grad and map leave alone."""
     name: str
     type: TypeExpr
+    buffer: bool
     span: Span
 
 

@@ -11,7 +11,7 @@ from frontend.ast import contains_span, names_type_param, source_text
 from frontend.diagnostics import (CheckError, DslError, LimitError, Note, ShapeError, Span,
                                   did_you_mean, with_note)
 from frontend.limits import MAX_RANK, MAX_STATIC_RECURSION, MAX_UNROLLED
-from frontend.lower import close_over, emit_primitive, fresh_params, leaf_values, rebuild
+from frontend.lower import close_over, emit_primitive, fresh_params, leaf_values, rebuild, trained_leaves
 from frontend.resolve import Entity, ModuleInfo, lookup_type
 from frontend.unify import Binder, Mismatch, as_tensor, eval_dim
 from frontend.values import (UNKNOWN, AdtV, CheckpointV, CtorV, DTypeV, ForkV, FuncV, GradV, KeyV,
@@ -437,9 +437,9 @@ class Calls:
             if not same_structure(first, s):
                 raise CheckError(spans.arg(i), f"map over mismatched structures: {describe(first)} "
                                                f"and {describe(s)}")
-        if isinstance(first, RecordV):
-            fields = tuple((n, self.map_values(f, [s.get(n) for s in structs], spans))
-                           for n, _ in first.fields)
+        if isinstance(first, RecordV):        # a buffer is not trained: it stays the first record's
+            fields = tuple((n, v if n in first.buffers else self.map_values(f, [s.get(n) for s in structs], spans))
+                           for n, v in first.fields)
             return RecordV(first.name, fields, first.decl)
         if isinstance(first, (TupleV, ListV)):
             items = tuple(self.map_values(f, list(leaves), spans)
@@ -539,9 +539,10 @@ class Calls:
         aux_leaves = leaf_values(faux)
         fn, captured = close_over(body, [fvalue.ir] + aux_leaves)
         params = param_names(g.f)
-        owners = [name for name, a in zip(params, args) for _ in leaf_values(a)]
-        owners += [k for k, a in kwargs.items() for _ in leaf_values(a)]
-        wrt = [i for i, (o, p) in enumerate(zip(owners, fn.params)) if o in g.wrt and p.dtype in FLOAT_DTYPES]
+        owners = [(name, t) for name, a in zip(params, args) for t in trained_leaves(a)]
+        owners += [(k, t) for k, a in kwargs.items() for t in trained_leaves(a)]
+        wrt = [i for i, ((o, trained), p) in enumerate(zip(owners, fn.params))
+               if o in g.wrt and trained and p.dtype in FLOAT_DTYPES]
         gfn = grad_function(fn, wrt, with_value=True)
         outs = inline(self.builder, gfn, actual + captured)
         value_out = TensorV(outs[0].type, ir=outs[0])
@@ -551,8 +552,8 @@ class Calls:
         result = []
         for name in g.wrt:
             leaves = []
-            for leaf in leaf_values(bound[name]):
-                leaves.append(grads.pop(0) if leaf.dtype in FLOAT_DTYPES else
+            for leaf, trained in zip(leaf_values(bound[name]), trained_leaves(bound[name])):
+                leaves.append(grads.pop(0) if trained and leaf.dtype in FLOAT_DTYPES else
                               self.builder.emit("zeros", shape=leaf.shape, dtype=leaf.dtype))
             result.append(rebuild(strip_origin(bound[name]), leaves))
         return value_out, aux_out, result

@@ -243,8 +243,11 @@ class Builder(Transformer):
         return ast.ObjectDef(str(name), fields or (), self.docs.get(kw.line), self._span(name),
                              self._span(kw, rbrace))
 
-    def field(self, name, type_):
-        return ast.Field(str(name), type_, self._span(name, type_))
+    def field(self, modifier, name, type_):
+        if modifier is not None and modifier != "buffer":
+            raise ParseError(self._span(modifier), f"'{modifier}' cannot mark a field: write "
+                                                   f"'buffer {name}: …' for state that is not trained")
+        return ast.Field(str(name), type_, modifier is not None, self._span(modifier or name, type_))
 
     def type_def(self, kw, name, params, *ctors):
         return ast.TypeDef(str(name), tuple(map(str, params or ())), ctors,
