@@ -12,7 +12,7 @@ from frontend.diagnostics import (CheckError, DslError, LimitError, Note, ShapeE
                                   with_note)
 from frontend.limits import MAX_RANK, MAX_STATIC_RECURSION, MAX_UNROLLED
 from frontend.lower import close_over, emit_primitive, fresh_params, leaf_values, rebuild
-from frontend.resolve import Entity, ModuleInfo, lookup_type
+from frontend.resolve import Entity, ModuleInfo, dim_names, lookup_type
 from frontend.unify import Binder, Mismatch, as_tensor, eval_dim
 from frontend.values import (UNKNOWN, AdtV, CheckpointV, CtorV, DTypeV, ForkV, FuncV, GradV, KeyV,
                              LambdaV, ListV, Origin, PrimV, RecordV, SpecialV, StaticV, TensorV,
@@ -216,6 +216,9 @@ class Calls:
         binder.finish()
         for name, dim in binder.env.items():
             env.setdefault(name, StaticV("int", dim))
+        for p in d.params:          # dimensions an unknown argument (an earlier error) left unbound
+            for name in dim_names(p.type, mod):
+                env.setdefault(name, StaticV("int", Dim.unknown()))
         frame = Frame(env, mod, d.name, [], d.ret, binder)
         self.block(d.body, frame)
         if not frame.returns:

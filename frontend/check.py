@@ -16,10 +16,11 @@ from contextlib import contextmanager
 
 from frontend import ast
 from frontend.ast import source_text
-from frontend.builtins import SPECIAL_FORMS
+from frontend.builtins import DTYPE_QUERIES, SPECIAL_FORMS
 from frontend.calls import Calls, Frame, Spans
 from frontend.control import Statements
 from frontend.diagnostics import CheckError, DslError, Note, Span
+from frontend.introspection import LimitsV, dtype_limits, tensor_attribute
 from frontend.lower import emit_primitive
 from frontend.resolve import Entity, ModuleInfo, Program, load_program, qualified
 from frontend.unify import Binder
@@ -131,7 +132,7 @@ class Checker(Calls, Statements):
         entity = frame.module.names.get(name)
         if entity is not None:
             return entity_value(entity)
-        if name in SPECIAL_FORMS:
+        if name in SPECIAL_FORMS or name in DTYPE_QUERIES:
             return SpecialV(name)
         if name in DTYPES:
             return DTypeV(name)
@@ -220,6 +221,8 @@ class Checker(Calls, Statements):
         if kw:
             raise CheckError(e.span, f"{name} takes no keyword arguments")
         args = [self.eval(a, frame) for a in e.args]
+        if name in DTYPE_QUERIES:
+            return UNKNOWN if UNKNOWN in args else dtype_limits(name, args, e.span)
         if name == "checkpoint":
             if len(args) != 1 or param_names(args[0]) is None:
                 raise CheckError(e.span, "checkpoint takes one function")
@@ -307,6 +310,10 @@ class Checker(Calls, Statements):
             if dict(v.fields).get(e.name) is None:
                 raise CheckError(e.name_span, f"'{v.type_name}/{v.ctor}' has no field '{e.name}'")
             return dict(v.fields)[e.name]
+        if isinstance(v, TensorV):
+            return tensor_attribute(v, e.name, e.name_span)
+        if isinstance(v, LimitsV):
+            return v.field(e.name, e.name_span)
         if isinstance(v, ModuleV):
             entity = v.module.names.get(e.name)
             if entity is None:
