@@ -18,6 +18,11 @@ def is_builtin_value(name: str) -> bool:
     return name in SPECIAL_FORMS or name in DTYPE_QUERIES or name in DTYPES or bool(ops.lookup(name))
 
 
+def builtin_value_names() -> set[str]:
+    """Every name is_builtin_value accepts, for "did you mean" hints."""
+    return set(SPECIAL_FORMS) | set(DTYPE_QUERIES) | set(DTYPES) | set(ops.SURFACE)
+
+
 def unsupported_dtype(name: str) -> str | None:
     """The message for Bend's 24-bit numbers, which dslc does not have."""
     if name in BEND_ONLY_DTYPES:

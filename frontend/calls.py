@@ -242,6 +242,11 @@ class Calls:
             rest_spans = [spans.arg(i) for i in range(fixed, fixed + len(rest))]
         values = self.bind_args(names, [None if p.required else (lambda p=p: _Default(p.default))
                                         for p in positional], args, kwargs, spans, f"'{name}'")
+        pairwise = getattr(prim, "pairwise", None)
+        if pairwise and len(args) > 1 and _not_an_axis(args[1]):
+            raise CheckError(spans.arg(1), f"'{name}' reduces one tensor, and its second argument is "
+                                           f"an axis, got {describe(args[1])}; the elementwise "
+                                           f"{pairwise} of two values is {pairwise}(a, b)")
         where_is = lambda param: span if at_operator else spans.param(names, param)
         prepared: dict = {}
         unknown = False
@@ -571,6 +576,11 @@ def _negative(v) -> bool:
     if isinstance(v, StaticV):
         return v.kind == "int" and v.known and v.python < 0
     return isinstance(v, (ListV, TupleV)) and v.items is not None and any(map(_negative, v.items))
+
+
+def _not_an_axis(v) -> bool:
+    """A tensor or a float: what a reduction's axis never is, and `max(x, 0.0)` passes."""
+    return isinstance(v, TensorV) or isinstance(v, StaticV) and v.kind == "float"
 
 
 def _not_differentiable(v) -> str | None:

@@ -19,14 +19,15 @@ from frontend.ast import source_text
 from frontend.builtins import DTYPE_QUERIES, SPECIAL_FORMS
 from frontend.calls import Calls, Frame, Spans
 from frontend.control import Statements
-from frontend.diagnostics import CheckError, DslError, Note, Span
+from frontend.diagnostics import LIST_BY_MAP, CheckError, DslError, Note, Span
 from frontend.introspection import LimitsV, dtype_limits, tensor_attribute
 from frontend.lower import emit_primitive
 from frontend.resolve import Entity, ModuleInfo, Program, load_program, qualified
 from frontend.unify import Binder
 from frontend.values import (UNKNOWN, AdtV, CheckpointV, CtorV, DTypeV, FuncV, LambdaV, ListV,
                              ModuleV, Origin, PrimV, RecordV, SpecialV, StaticV, TensorV, TupleV,
-                             TypeV, UnknownV, abstract, describe, param_names, static_binary)
+                             TypeV, UnknownV, abstract, describe, literal_shape, param_names,
+                             static_binary)
 from ir import ops
 from ir.core import Builder
 from ir.dims import Dim
@@ -185,6 +186,9 @@ class Checker(Calls, Statements):
             return static_binary(op, a, b, op_span)
         if op not in ops.BINARY_OPERATORS:
             raise CheckError(op_span, f"unknown operator '{op}'")
+        for v in (a, b):
+            if isinstance(v, ListV) and literal_shape(v) is None:
+                raise CheckError(op_span, f"'{op}' needs tensors or numbers, got {describe(v)}; {LIST_BY_MAP}")
         return self.call_primitive(ops.BINARY_OPERATORS[op], [a, b], {}, Spans(op_span, (a_span, b_span)),
                                    at_operator=True)
 

@@ -22,8 +22,8 @@ def tensor_attribute(v: TensorV, name: str, span: Span):
         return StaticV("int", Dim.const(v.type.rank))
     if name == "dtype":
         return DTypeV(v.type.dtype)
-    raise CheckError(span, f"a tensor has no attribute '{name}'{did_you_mean(name, TENSOR_ATTRIBUTES)}; "
-                           f"it has {', '.join(TENSOR_ATTRIBUTES)}")
+    raise CheckError(span, f"a value of type {v.type} has no field '{name}'"
+                           f"{did_you_mean(name, TENSOR_ATTRIBUTES)}; a tensor has shape, ndim and dtype")
 
 
 @dataclass(frozen=True)
