@@ -19,7 +19,7 @@ from frontend.ast import source_text
 from frontend.builtins import DTYPE_QUERIES, SPECIAL_FORMS
 from frontend.calls import Calls, Frame, Spans
 from frontend.control import Statements
-from frontend.diagnostics import LIST_BY_MAP, CheckError, DslError, Note, Span
+from frontend.diagnostics import LIST_BY_MAP, CheckError, DslError, Note, Span, did_you_mean
 from frontend.introspection import LimitsV, dtype_limits, tensor_attribute
 from frontend.lower import emit_primitive
 from frontend.resolve import Entity, ModuleInfo, Program, load_program, qualified
@@ -301,7 +301,8 @@ class Checker(Calls, Statements):
             return UNKNOWN
         if isinstance(v, RecordV):
             if v.get(e.name) is None:
-                raise CheckError(e.name_span, f"'{v.name}' has no field '{e.name}'",
+                raise CheckError(e.name_span, f"'{v.name}' has no field '{e.name}'"
+                                              f"{did_you_mean(e.name, dict(v.fields))}",
                                  [Note(f"{v.name} is declared here", v.decl.node.name_span)])
             field_value = v.get(e.name)
             if isinstance(field_value, TensorV):
