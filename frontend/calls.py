@@ -210,13 +210,17 @@ class Calls:
 
     def run_def(self, f: FuncV, values: list, spans: Spans):
         d, mod = f.node, f.module
+        if self.builder is not None and any(p.type is not None and isinstance(v, UnknownV)
+                                            for p, v in zip(d.params, values)):
+            return UNKNOWN        # lowering: only an error, already reported, leaves a value unknown
         binder = self.binder()
         env = dict(f.env or {})
         env.update(self.bind_params(f, values, spans, binder))
         binder.finish()
         for name, dim in binder.env.items():
             env.setdefault(name, StaticV("int", dim))
-        for p in d.params:          # dimensions an unknown argument (an earlier error) left unbound
+        for p in d.params:          # dimensions an unknown argument (an earlier error) left unbound,
+                                    # or (when checking generically) one whose type is undecided
             for name in dim_names(p.type, mod):
                 env.setdefault(name, StaticV("int", Dim.unknown()))
         frame = Frame(env, mod, d.name, [], d.ret, binder)
