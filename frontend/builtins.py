@@ -6,6 +6,8 @@ from ir.types import BEND_ONLY_DTYPES, DTYPES
 
 # Function transforms and structure helpers the checker implements itself (they take functions).
 SPECIAL_FORMS = ("grad", "value_and_grad", "map", "checkpoint")
+# A dtype's limits, static values the checker computes (frontend/introspection.py).
+DTYPE_QUERIES = ("finfo", "iinfo")
 
 STATIC_TYPES = ("int", "float", "bool")
 BUILTIN_TYPES = STATIC_TYPES + ("Key", "List") + DTYPES
@@ -13,7 +15,12 @@ BUILTIN_TYPES = STATIC_TYPES + ("Key", "List") + DTYPES
 
 def is_builtin_value(name: str) -> bool:
     """A name usable as a value without a definition: a primitive, a transform, a dtype."""
-    return name in SPECIAL_FORMS or name in DTYPES or bool(ops.lookup(name))
+    return name in SPECIAL_FORMS or name in DTYPE_QUERIES or name in DTYPES or bool(ops.lookup(name))
+
+
+def builtin_value_names() -> set[str]:
+    """Every name is_builtin_value accepts, for "did you mean" hints."""
+    return set(SPECIAL_FORMS) | set(DTYPE_QUERIES) | set(DTYPES) | set(ops.SURFACE)
 
 
 def unsupported_dtype(name: str) -> str | None:

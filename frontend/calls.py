@@ -12,7 +12,7 @@ from frontend.diagnostics import (CheckError, DslError, LimitError, Note, ShapeE
                                   did_you_mean, with_note)
 from frontend.limits import MAX_RANK, MAX_STATIC_RECURSION, MAX_UNROLLED
 from frontend.lower import close_over, emit_primitive, fresh_params, leaf_values, rebuild, trained_leaves
-from frontend.resolve import Entity, ModuleInfo, lookup_type
+from frontend.resolve import Entity, ModuleInfo, dim_names, lookup_type
 from frontend.unify import Binder, Mismatch, as_tensor, eval_dim
 from frontend.values import (UNKNOWN, AdtV, CheckpointV, CtorV, DTypeV, ForkV, FuncV, GradV, KeyV,
                              LambdaV, ListV, Origin, PrimV, RecordV, SpecialV, StaticV, TensorV,
@@ -210,12 +210,19 @@ class Calls:
 
     def run_def(self, f: FuncV, values: list, spans: Spans):
         d, mod = f.node, f.module
+        if self.builder is not None and any(p.type is not None and isinstance(v, UnknownV)
+                                            for p, v in zip(d.params, values)):
+            return UNKNOWN        # lowering: only an error, already reported, leaves a value unknown
         binder = self.binder()
         env = dict(f.env or {})
         env.update(self.bind_params(f, values, spans, binder))
         binder.finish()
         for name, dim in binder.env.items():
             env.setdefault(name, StaticV("int", dim))
+        for p in d.params:          # dimensions an unknown argument (an earlier error) left unbound,
+                                    # or (when checking generically) one whose type is undecided
+            for name in dim_names(p.type, mod):
+                env.setdefault(name, StaticV("int", Dim.unknown()))
         frame = Frame(env, mod, d.name, [], d.ret, binder)
         self.block(d.body, frame)
         if not frame.returns:
@@ -239,6 +246,11 @@ class Calls:
             rest_spans = [spans.arg(i) for i in range(fixed, fixed + len(rest))]
         values = self.bind_args(names, [None if p.required else (lambda p=p: _Default(p.default))
                                         for p in positional], args, kwargs, spans, f"'{name}'")
+        pairwise = getattr(prim, "pairwise", None)
+        if pairwise and len(args) > 1 and _not_an_axis(args[1]):
+            raise CheckError(spans.arg(1), f"'{name}' reduces one tensor, and its second argument is "
+                                           f"an axis, got {describe(args[1])}; the elementwise "
+                                           f"{pairwise} of two values is {pairwise}(a, b)")
         where_is = lambda param: span if at_operator else spans.param(names, param)
         prepared: dict = {}
         unknown = False
@@ -589,6 +601,11 @@ def _negative(v) -> bool:
     if isinstance(v, StaticV):
         return v.kind == "int" and v.known and v.python < 0
     return isinstance(v, (ListV, TupleV)) and v.items is not None and any(map(_negative, v.items))
+
+
+def _not_an_axis(v) -> bool:
+    """A tensor or a float: what a reduction's axis never is, and `max(x, 0.0)` passes."""
+    return isinstance(v, TensorV) or isinstance(v, StaticV) and v.kind == "float"
 
 
 def _not_differentiable(v) -> str | None:

@@ -16,16 +16,18 @@ from contextlib import contextmanager
 
 from frontend import ast
 from frontend.ast import source_text
-from frontend.builtins import SPECIAL_FORMS
+from frontend.builtins import DTYPE_QUERIES, SPECIAL_FORMS
 from frontend.calls import Calls, Frame, Spans
 from frontend.control import Statements
-from frontend.diagnostics import CheckError, DslError, Note, Span
+from frontend.diagnostics import LIST_BY_MAP, CheckError, DslError, Note, Span, did_you_mean
+from frontend.introspection import LimitsV, dtype_limits, tensor_attribute
 from frontend.lower import emit_primitive
 from frontend.resolve import Entity, ModuleInfo, Program, load_program, qualified
 from frontend.unify import Binder
 from frontend.values import (UNKNOWN, AdtV, CheckpointV, CtorV, DTypeV, FuncV, LambdaV, ListV,
                              ModuleV, Origin, PrimV, RecordV, SpecialV, StaticV, TensorV, TupleV,
-                             TypeV, UnknownV, abstract, describe, param_names, static_binary)
+                             TypeV, UnknownV, abstract, describe, literal_shape, param_names,
+                             static_binary)
 from ir import ops
 from ir.core import Builder
 from ir.dims import Dim
@@ -133,7 +135,7 @@ class Checker(Calls, Statements):
         entity = frame.module.names.get(name)
         if entity is not None:
             return entity_value(entity)
-        if name in SPECIAL_FORMS:
+        if name in SPECIAL_FORMS or name in DTYPE_QUERIES:
             return SpecialV(name)
         if name in DTYPES:
             return DTypeV(name)
@@ -186,6 +188,9 @@ class Checker(Calls, Statements):
             return static_binary(op, a, b, op_span)
         if op not in ops.BINARY_OPERATORS:
             raise CheckError(op_span, f"unknown operator '{op}'")
+        for v in (a, b):
+            if isinstance(v, ListV) and literal_shape(v) is None:
+                raise CheckError(op_span, f"'{op}' needs tensors or numbers, got {describe(v)}; {LIST_BY_MAP}")
         return self.call_primitive(ops.BINARY_OPERATORS[op], [a, b], {}, Spans(op_span, (a_span, b_span)),
                                    at_operator=True)
 
@@ -222,6 +227,8 @@ class Checker(Calls, Statements):
         if kw:
             raise CheckError(e.span, f"{name} takes no keyword arguments")
         args = [self.eval(a, frame) for a in e.args]
+        if name in DTYPE_QUERIES:
+            return UNKNOWN if UNKNOWN in args else dtype_limits(name, args, e.span)
         if name == "checkpoint":
             if len(args) != 1 or param_names(args[0]) is None:
                 raise CheckError(e.span, "checkpoint takes one function")
@@ -296,7 +303,8 @@ class Checker(Calls, Statements):
             return UNKNOWN
         if isinstance(v, RecordV):
             if v.get(e.name) is None:
-                raise CheckError(e.name_span, f"'{v.name}' has no field '{e.name}'",
+                raise CheckError(e.name_span, f"'{v.name}' has no field '{e.name}'"
+                                              f"{did_you_mean(e.name, dict(v.fields))}",
                                  [Note(f"{v.name} is declared here", v.decl.node.name_span)])
             field_value = v.get(e.name)
             if isinstance(field_value, TensorV):
@@ -309,6 +317,10 @@ class Checker(Calls, Statements):
             if dict(v.fields).get(e.name) is None:
                 raise CheckError(e.name_span, f"'{v.type_name}/{v.ctor}' has no field '{e.name}'")
             return dict(v.fields)[e.name]
+        if isinstance(v, TensorV):
+            return tensor_attribute(v, e.name, e.name_span)
+        if isinstance(v, LimitsV):
+            return v.field(e.name, e.name_span)
         if isinstance(v, ModuleV):
             entity = v.module.names.get(e.name)
             if entity is None:

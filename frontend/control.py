@@ -7,8 +7,8 @@ from contextlib import contextmanager, nullcontext
 from frontend import ast
 from frontend.ast import contains_span, names_type_param
 from frontend.calls import Frame
-from frontend.diagnostics import (CheckError, DslError, LimitError, Note, ShapeError, Span,
-                                  with_note)
+from frontend.diagnostics import (LIST_BY_MAP, CheckError, DslError, LimitError, Note, ShapeError,
+                                  Span, with_note)
 from frontend.limits import MAX_STATIC_RECURSION
 from frontend.lower import (LoweringError, close_over, fresh_params, leaf_values, materialize,
                             rebuild)
@@ -19,7 +19,7 @@ from frontend.values import (UNKNOWN, AdtV, ForkV, FuncV, ListV, RecordV, Static
 from ir.ad import b_scan
 from ir.core import Builder
 from ir.dims import Dim
-from ir.types import TensorType, types_agree
+from ir.types import ListType, TensorType, types_agree
 
 
 class Statements:
@@ -275,8 +275,9 @@ class Statements:
             if isinstance(fixed[st.name], StaticV) and isinstance(after[st.name], StaticV):
                 continue
             if not types_agree(before, new):
+                hint = f"; {LIST_BY_MAP}" if isinstance(before, ListType) or isinstance(new, ListType) else ""
                 raise ShapeError(_last_assignment(s.body, st.name) or st.span, f"the fold state '{st.name}' changes type in the body: "
-                                          f"{before} before a step, {new} after")
+                                          f"{before} before a step, {new} after{hint}")
         return fixed
 
     def trace_scan(self, s: ast.Fold, frame: Frame, seq: TensorV, state: dict,

@@ -160,6 +160,10 @@ def with_note(e: DslError, note: Note) -> DslError:
     return e
 
 
+# A list is not grown step by step, nor made by a fold (which stacks): the hint for those who try.
+LIST_BY_MAP = "to make a list from another, use map, e.g. map(lambda k: init(k, D), split(key, L))"
+
+
 def did_you_mean(name: Any, candidates) -> str:
     """' (did you mean 'loss'?)' when a candidate is close to `name`, else ''."""
     close = difflib.get_close_matches(name, list(candidates), n=1) if isinstance(name, str) else []

@@ -30,6 +30,14 @@ ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "0": "\0", "\\": "\\", '"': '"', "'"
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 NUMBER_LIKE = re.compile(r"\.?\d[\w.]*")            # \d: any digit, to name a non-ASCII one
 CLOSERS = {"(": ")", "[": "]", "{": "}"}
+# Python's loops, which a statement may start with and dslc writes with fold (docs/language.md §8)
+LOOP = re.compile(r"[ \t]*(for|while)\b")
+LOOP_HINTS = {
+    "for": "dslc has no 'for' loop: fold walks a tensor's leading axis or a list, "
+           "e.g. 'fold t in arange(T) with h = h0:'",
+    "while": "dslc has no 'while' loop: the number of steps is static; fold over arange(n), "
+             "e.g. 'fold i in arange(n) with x = x0:', or recurse with bend",
+}
 
 # How a message names the tokens it expected; the others are named by their quoted text.
 TOKEN_WORDS = {"NAME": "a name", "INT": "a number", "FLOAT": "a number",
@@ -538,6 +546,10 @@ def _unexpected(source: Source, token: Token, expected: set[str]) -> ParseError:
         return ParseError(span, "unexpected indent")
     if "_INDENT" in expected:
         return ParseError(span, "expected an indented block")
+    line_start = text.rfind("\n", 0, start) + 1
+    loop = LOOP.match(text, line_start)
+    if loop and loop.end() <= start:
+        return ParseError(Span(source, loop.start(1), loop.end(1)), LOOP_HINTS[loop[1]])
     if token.type == "_NL" and "COLON" in expected:           # a line that opens a block
         return ParseError(span, "expected ':'")
     wanted = _describe_expected(expected)

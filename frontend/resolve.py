@@ -7,13 +7,15 @@ the checker never takes is still reported.
 """
 from __future__ import annotations
 
+import difflib
+import functools
 import os
 from dataclasses import dataclass, field, replace
 from typing import Callable
 from pathlib import Path
 
 from frontend import ast
-from frontend.builtins import BUILTIN_TYPES, is_builtin_value, unsupported_dtype
+from frontend.builtins import BUILTIN_TYPES, builtin_value_names, is_builtin_value, unsupported_dtype
 from frontend.diagnostics import DslError, Note, ResolveError, Source, Span
 from frontend.limits import MAX_SOURCE_BYTES
 from frontend.parser import MAX_EXCERPT_READ, parse, too_large
@@ -162,6 +164,32 @@ class _Loader:
                 return self.load(str(candidate), text, importer=span)
         raise ResolveError(span, f"no module named '{'/'.join(parts)}'",
                            [Note(f"searched {', '.join(str(f) for f in search_path(importer_dir))}")])
+
+
+def undefined_name(name: str, known) -> str:
+    """The message for an undefined name: the import that defines it when the standard library
+    does (`from nn import softmax`), else the closest of the names `known`, builtin or in the
+    standard library."""
+    library = stdlib_names()
+    if name in library:
+        return f"undefined name '{name}'; the standard library defines it: from {library[name]} import {name}"
+    close = difflib.get_close_matches(name, set(known) | builtin_value_names() | library.keys(), n=1)
+    if not close:
+        return f"undefined name '{name}'"
+    where = f"? from {library[close[0]]} import {close[0]}" if close[0] in library and close[0] not in known else "?"
+    return f"undefined name '{name}' (did you mean '{close[0]}'{where})"
+
+
+@functools.cache
+def stdlib_names() -> dict[str, str]:
+    """The top-level names of the standard library's modules, each with its module's name."""
+    names: dict[str, str] = {}
+    for path in sorted(STDLIB_DIR.glob("*.bend")):
+        tree = parse(Source(str(path), path.read_text(encoding="utf-8")))
+        for item in tree.items:
+            if isinstance(item, (ast.Def, ast.ObjectDef, ast.TypeDef)):
+                names.setdefault(item.name, path.stem)
+    return names
 
 
 def _imported_names(item: ast.FromImport | ast.Import) -> list[str]:
@@ -409,7 +437,7 @@ class _Names:
                     if not in_bend and name not in scope:       # a binding of it is reported
                         self.error(e.span, "'fork' is only allowed in the 'when' branch of a bend")
                 elif not (name in scope or name in self.mod.names or is_builtin_value(name)):
-                    self.error(e.span, f"undefined name '{name}'")
+                    self.error(e.span, undefined_name(name, scope | self.mod.names.keys()))
             case ast.QualName():
                 self.qualname(e, scope)
             case ast.BinOp():
@@ -476,7 +504,7 @@ class _Names:
                 return
         for p in e.parts:     # a chain of divisions
             if not (p in scope or p in self.mod.names or is_builtin_value(p)):
-                self.error(e.span, f"undefined name '{p}'")
+                self.error(e.span, undefined_name(p, scope | self.mod.names.keys()))
                 return
 
     def record_type(self, e: ast.RecordLit) -> None:

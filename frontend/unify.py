@@ -11,7 +11,7 @@ from typing import Any
 
 from frontend import ast
 from frontend.builtins import unsupported_dtype
-from frontend.diagnostics import CheckError
+from frontend.diagnostics import LIST_BY_MAP, CheckError
 from frontend.lower import materialize
 from frontend.resolve import ModuleInfo, lookup_type
 from frontend.values import (AdtV, KeyV, ListV, RecordV, StaticV, TensorV, TupleV, literal_shape,
@@ -118,7 +118,8 @@ class Binder:
             raise Mismatch(f"expected a Key, got {describe(v)}")
         if name == "List":
             if not isinstance(v, ListV) or len(t.args) != 1:
-                raise Mismatch(f"expected a List, got {describe(v)}")
+                stacked = f" (a fold stacks what it emits; {LIST_BY_MAP})" if isinstance(v, (RecordV, TensorV)) else ""
+                raise Mismatch(f"expected a List, got {describe(v)}{stacked}")
             if v.items is None:
                 return ListV(None, self.match(t.args[0], v.elem, mod), v.length)
             return ListV.of(self.match(t.args[0], i, mod) for i in v.items)

@@ -41,6 +41,8 @@ class Reduction(Primitive):
     role = Role.REDUCTION
     combine: ClassVar[str]                     # the kernels' combining operation: add, max, min
     averages: ClassVar[bool] = False           # the combination is divided by the count (mean)
+    pairwise: ClassVar[str | None] = None      # the elementwise primitive that a call with two
+                                               # values, max(x, 0.0), means: maximum
     host = "integer and bool reductions (exact in any order) are evaluated by NumPy"
 
     def infer(self, x: TensorType, axis: Axes = None, keepdims: bool = False) -> TensorType:
@@ -172,6 +174,7 @@ class Max(Reduction):
     numpy = staticmethod(np.max)
     canonical = (numerics.maximum, -np.inf)
     combine = "max"
+    pairwise = "maximum"
     backward = staticmethod(_ties_share)
 
 
@@ -182,6 +185,7 @@ class Min(Reduction):
     numpy = staticmethod(np.min)
     canonical = (numerics.minimum, np.inf)
     combine = "min"
+    pairwise = "minimum"
     backward = staticmethod(_ties_share)
 
 

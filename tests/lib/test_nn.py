@@ -225,9 +225,9 @@ def test_embedding():
 DROPOUT = """
     import nn
     def out(k: Key, x: f32[64, 32], p: float, training: bool) -> f32[64, 32]:
-      return nn.dropout(k, x, [64, 32], p, training)
+      return nn.dropout(k, x, p, training)
     def loss(k: Key, x: f32[64, 32], ct: f32[64, 32], p: float) -> f32:
-      return sum(nn.dropout(k, x, [64, 32], p) * ct)
+      return sum(nn.dropout(k, x, p) * ct)
     def uniforms(k: Key) -> f32[64, 32]:
       return uniform(k, [64, 32])
     """
