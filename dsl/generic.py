@@ -104,8 +104,12 @@ def _first_difference(texts: list[str]) -> str:
         shapes = {re.sub(r"\d+(\.\d*)?", "0", line) for line in row}
         if len(shapes) > 1:
             return "its text changes with the sizes in more than its numbers: " + \
-                " / ".join(dict.fromkeys(line.strip() for line in row))
+                " / ".join(dict.fromkeys(_shortened(line.strip()) for line in row))
     return "its text changes with the sizes in more than its numbers"
+
+
+def _shortened(line: str, limit: int = 100) -> str:
+    return line if len(line) <= limit else line[:limit - 1] + "…"
 
 
 # ---------------------------------------------------------------- dimension expressions
@@ -170,7 +174,8 @@ def _solve(rows: list[list[Fraction]], rhs: list[Fraction]) -> list[Fraction] | 
 
 
 def _text(fit: tuple[tuple[tuple[Monomial, int], ...], int]) -> str:
-    """c * m + … + k as .bend text, positive terms first: `B * C`, `W - KW + 1`, `2 * D`."""
+    """c * m + … + k as .bend text, positive terms first, names in alphabetical order:
+    `B * C`, `W - KW + 1`, `2 * D`."""
     terms, constant = fit
     parts = [(c, " * ".join(([str(abs(c))] if abs(c) != 1 else []) + list(m)))
              for m, c in sorted(terms, key=lambda t: (t[1] < 0, -len(t[0]), t[0]))]
