@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 import traceback
 
 
@@ -28,6 +29,7 @@ try:                          # Ctrl-C while NumPy and the compiler load: exit 1
 
     from frontend.check import check_file
     from frontend.diagnostics import DslError
+    from runtime import cache
 except KeyboardInterrupt:
     interrupted()
 
@@ -158,7 +160,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         str(Path("checkpoints") / Path(args.file).stem)
     try:
         result = train(args.file, steps=args.steps, seed=args.seed, data=args.data,
-                       resume=args.resume, checkpoint_dir=ckpt or None, plot=args.plot,
+                       resume=args.resume, checkpoint_dir=ckpt or None,
+                       overwrite=args.overwrite, plot=args.plot,
                        dims=args.dims, hyper=args.hyper, batch_size=args.batch_size,
                        device=args.device, progress=sys.stderr)
     except KeyboardInterrupt:
@@ -172,6 +175,55 @@ def cmd_compile(args: argparse.Namespace) -> int:
     manifest = dsl.load(args.file).compile_to(args.entry, args.target, args.output, args.dims, wrt)
     print(f"{args.output}: {len(manifest['kernels'])} kernels, {len(manifest['steps'])} steps")
     return 0
+
+
+def byte_size(text: str) -> int:
+    try:
+        return cache.parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def size_text(n: int) -> str:
+    """'1.5 MiB (1572864 bytes)', or '100 bytes' below a KiB."""
+    unit = next((u for u in "TGMK" if n >= cache.UNITS[u]), None)
+    return f"{n} bytes" if unit is None else f"{n / cache.UNITS[unit]:.1f} {unit}iB ({n} bytes)"
+
+
+def amount(entries: list[cache.Entry]) -> str:
+    """'3 entries, 1.5 MiB (1572864 bytes)'."""
+    return f"{len(entries)} entr{'y' if len(entries) == 1 else 'ies'}, {size_text(sum(e.size for e in entries))}"
+
+
+def cmd_cache(args: argparse.Namespace) -> int:
+    """`dslc cache info|clear|prune`: a cache folder that cannot be read is a user error."""
+    try:
+        args.action(args)
+    except OSError as e:
+        raise DslError(None, f"cannot use the compile cache in {cache.cache_dir()}: "
+                             f"{e.strerror or e}") from None
+    return 0
+
+
+def cache_info(args: argparse.Namespace) -> None:
+    found = cache.entries()
+    cap = cache.max_size()
+    where = "DSLC_CACHE_MAX_SIZE" if os.environ.get("DSLC_CACHE_MAX_SIZE") else "the default"
+    print(f"location: {cache.cache_dir()}" + ("" if cache.cache_dir().exists() else " (not made yet)"))
+    print(f"entries: {len(found)}, {size_text(sum(e.size for e in found))}")
+    print(f"size cap: {size_text(cap)}, {where}")
+    for label, e in (("least recently used", found[:1]), ("most recently used", found[-1:])):
+        if e:
+            print(f"{label}: {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(e[0].used / 1e9))}")
+
+
+def cache_clear(args: argparse.Namespace) -> None:
+    print(f"removed {amount(cache.clear())} from {cache.cache_dir()}")
+
+
+def cache_prune(args: argparse.Namespace) -> None:
+    removed, kept = cache.prune(args.max_size)
+    print(f"removed {amount(removed)}; kept {amount(kept)}")
 
 
 # the help of arguments several commands share
@@ -195,9 +247,11 @@ def specialising(sub: argparse._SubParsersAction, name: str, summary: str, descr
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="dslc", description="The dslc tensor-language compiler.")
-    p.add_argument("--version", action="version", version=f"dslc {version()}",
-                   help="print dslc's version and exit")
+    p = argparse.ArgumentParser(prog="dslc", description="The dslc tensor-language compiler.",
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version",
+                   version=f"dslc {version()}\ncompile cache: {cache.cache_dir()}",
+                   help="print dslc's version and the compile cache's location, and exit")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND",
                            help="one of these (dslc COMMAND -h describes it):")
     check = sub.add_parser("check", help="parse and type-check files; print diagnostics",
@@ -276,13 +330,39 @@ def parser() -> argparse.ArgumentParser:
     train.add_argument("--batch-size", type=count, help="examples per step (0: the whole split)")
     train.add_argument("--dims", type=parse_dims, help="static values of the entries (H=64), over the loader's DIMS")
     train.add_argument("--hyper", type=parse_values, help="step's runtime values (lr=0.01), over the loader's")
-    train.add_argument("--resume", metavar="CKPT.npz", help="go on from a checkpoint")
+    train.add_argument("--resume", metavar="CKPT.safetensors", help="go on from a checkpoint (or an .npz one "
+                       "of earlier versions)")
     train.add_argument("--checkpoint-dir", metavar="DIR",
                        help="where checkpoints go (default checkpoints/NAME; '' for none)")
-    train.add_argument("--plot", metavar="LOSS.png", help="draw the loss curves into a PNG file")
+    train.add_argument("--overwrite", action="store_true",
+                       help="delete the checkpoints already in the checkpoint directory and start afresh")
+    train.add_argument("--plot", metavar="LOSS.png",
+                       help="draw the loss curves into an image (.png, .svg, .pdf …; needs dslc[plot])")
     train.add_argument("--device", choices=["auto", "reference", "cpu", "cuda"], default="auto",
                        help=DEVICE)
     train.set_defaults(run=cmd_train)
+
+    cached = sub.add_parser("cache", help="show, clear or prune the compile cache",
+                            description="The compile cache: in $DSLC_CACHE_DIR or ~/.cache/dslc, "
+                            "kept under $DSLC_CACHE_MAX_SIZE (default 2G) by evicting the least "
+                            "recently used entries.")
+    cached.set_defaults(run=cmd_cache)
+    actions = cached.add_subparsers(required=True, metavar="ACTION", help="one of these:")
+    info = actions.add_parser("info", help="where the cache is, its entries, their size and the cap",
+                              description="Print the cache's location, its entries' count and "
+                              "size, the size cap and when the least and most recently used "
+                              "entries were last used.")
+    info.set_defaults(action=cache_info)
+    clear = actions.add_parser("clear", help="remove every entry (other files stay)",
+                               description="Remove every entry of the compile cache; files that "
+                               "are not dslc's entries stay.")
+    clear.set_defaults(action=cache_clear)
+    prune = actions.add_parser("prune", help="evict the least recently used entries until the rest fit",
+                               description="Remove the least recently used entries until the rest "
+                               "take at most --max-size bytes.")
+    prune.add_argument("--max-size", type=byte_size, required=True, metavar="SIZE",
+                       help="bytes the entries may take: 1024, 500M, 2G (K, M, G, T: powers of 1024)")
+    prune.set_defaults(action=cache_prune)
     return p
 
 

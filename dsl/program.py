@@ -21,7 +21,7 @@ from frontend import ast
 from frontend.check import Checker, deep, raise_collected
 from frontend.calls import _not_differentiable
 from frontend.diagnostics import CheckError, DslError, Note, Source, did_you_mean
-from frontend.lower import Layout, LoweringError, flatten
+from frontend.lower import Layout, LoweringError, flatten, trained_leaves
 from frontend.parser import parse
 from frontend.resolve import Program as Resolved, load_program
 from frontend.values import KeyV, ListV, RecordV, StaticV, TensorV, TupleV
@@ -168,7 +168,7 @@ class Program:
         low, inputs = self.lower(name, args, kwargs)
         fn = low.function
         _differentiable(d, inputs, wanted)
-        positions = _float_leaves(d, low, wanted)
+        positions = _float_leaves(d, low, inputs, wanted)
         key = (id(fn), tuple(positions))
         if key not in self._grads:
             self._grads[key] = optimize(grad_function(fn, positions, with_value=True))
@@ -265,7 +265,7 @@ class Program:
             return "\n\n".join([*decls, text])
         wanted = _wrt_names(d, grad)
         _differentiable(d, inputs, wanted)
-        positions = _float_leaves(d, low, wanted)
+        positions = _float_leaves(d, low, inputs, wanted)
         gfn = passes(grad_function(fn, positions))
         slots = iter(range(len(positions)))
         parts = [_result_expr(inputs.abstract[names.index(w)], slots) for w in wanted]
@@ -293,7 +293,7 @@ class Program:
         results = _leaf_paths(low.outputs, "out")
         if grad is not None:
             _differentiable(d, inputs, _wrt_names(d, grad))
-            positions = _float_leaves(d, low, _wrt_names(d, grad))
+            positions = _float_leaves(d, low, inputs, _wrt_names(d, grad))
             fn = optimize(grad_function(fn, positions, with_value=True))
             results += [f"grad({params[i]})" for i in positions]
         check_sizes(d.name_span, name, fn, MAX_BYTES, COMPILED)
@@ -555,11 +555,13 @@ def _differentiable(d: ast.Def, inputs: Inputs, wanted: tuple[str, ...]) -> None
             raise DslError(d.name_span, f"cannot differentiate '{d.name}' with respect to {w!r}: {problem}")
 
 
-def _float_leaves(d: ast.Def, low: Lowered, wanted: tuple[str, ...]) -> list[int]:
-    """The positions of the float leaves of those parameters among the function's params."""
+def _float_leaves(d: ast.Def, low: Lowered, inputs: Inputs, wanted: tuple[str, ...]) -> list[int]:
+    """The positions of the trained float leaves of those parameters (not buffers) among the
+    function's params."""
     names = [p.name for p in d.params]
-    return [i for w in wanted for i in low.arg_leaves[names.index(w)]
-            if low.function.params[i].dtype in FLOAT_DTYPES]
+    return [i for w in wanted
+            for i, trained in zip(low.arg_leaves[names.index(w)], trained_leaves(inputs.abstract[names.index(w)]))
+            if trained and low.function.params[i].dtype in FLOAT_DTYPES]
 
 
 def _describe_inputs(d: ast.Def, inputs: Inputs) -> str:
@@ -604,27 +606,28 @@ def _leaf_paths(layout: Layout, path: str) -> list[str]:
     return []
 
 
-def _result_expr(v, slots) -> str:
+def _result_expr(v, slots, trained: bool = True) -> str:
     """The gradient of an input as an expression over the printed results ({0}, {1}, …):
-    float leaves take the next result, others are zeros of their type."""
+    trained float leaves take the next result, others (buffers too) are zeros of their type."""
     match v:
-        case TensorV() if v.type.dtype in FLOAT_DTYPES:
+        case TensorV() if trained and v.type.dtype in FLOAT_DTYPES:
             return "{" + str(next(slots)) + "}"
         case TensorV():
             shape = ", ".join(str(d) for d in v.type.shape)
             return f"zeros([{shape}], dtype={v.type.dtype})"
         case TupleV():
-            return "(" + ", ".join(_result_expr(i, slots) for i in v.items) + ",)"
+            return "(" + ", ".join(_result_expr(i, slots, trained) for i in v.items) + ",)"
         case ListV():
-            return "[" + ", ".join(_result_expr(i, slots) for i in v.items) + "]"
+            return "[" + ", ".join(_result_expr(i, slots, trained) for i in v.items) + "]"
         case RecordV():
-            return v.name + " {{ " + ", ".join(f"{n}: {_result_expr(f, slots)}" for n, f in v.fields) + " }}"
+            return v.name + " {{ " + ", ".join(f"{n}: {_result_expr(f, slots, trained and n not in v.buffers)}"
+                                               for n, f in v.fields) + " }}"
     raise DslError(None, f"cannot differentiate with respect to a value of type {_annotation(v)}")
 
 
 def _declarations(values: list) -> list[str]:
-    """Declarations of the records the inputs hold, with this specialisation's sizes (the
-    printed program has concrete shapes throughout)."""
+    """Declarations of the records the inputs hold, with this specialisation's sizes (which a
+    program printed generic names: dsl/generic.py)."""
     found: dict[str, str] = {}
 
     def walk(v) -> None:
@@ -632,7 +635,7 @@ def _declarations(values: list) -> list[str]:
             found[v.name] = ""
             for _, f in v.fields:
                 walk(f)
-            fields = ", ".join(f"{n}: {_annotation(f)}" for n, f in v.fields)
+            fields = ", ".join(f"{'buffer ' * (n in v.buffers)}{n}: {_annotation(f)}" for n, f in v.fields)
             found[v.name] = f"object {v.name} {{ {fields} }}"
         elif isinstance(v, (TupleV, ListV)):
             for i in v.items:

@@ -4,7 +4,12 @@ A file is an 8-byte little-endian length N, then N bytes of JSON naming each ten
 shape and [begin, end) byte offsets into the data that follows (plus an optional
 "__metadata__" of strings), then the data: each tensor's elements, little-endian, row-major.
 As the format's specification asks, the tensors must cover the data exactly, without
-overlaps or holes. Anything else is a SafetensorsError naming the file and the fault."""
+overlaps or holes. Anything else is a SafetensorsError naming the file and the fault.
+
+The `safetensors` package reads the data, memory-mapped. The header is checked here first:
+the package refuses a malformed header too, but its messages name neither the tensor nor the
+value at fault, and it takes what dslc cannot (a tensor named twice, unknown fields, dtypes
+dslc has not, a shape NumPy refuses with a ValueError of its own)."""
 from __future__ import annotations
 
 import json
@@ -13,15 +18,18 @@ import reprlib
 import struct
 
 import numpy as np
+from safetensors import SafetensorError, safe_open
 
 from dsl.npz import fits_numpy, open_regular
 from frontend.diagnostics import DslError
 from frontend.limits import MAX_RANK
 
-# the dtypes read, as little-endian NumPy dtypes; BF16 is read as its 16 bits and widened
-DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2", "I64": "<i8", "I32": "<i4"}
+# the dtypes read (dslc's), as little-endian NumPy dtypes; BF16 is read as its 16 bits and widened
+DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2", "I64": "<i8", "I32": "<i4",
+          "U32": "<u4", "BOOL": "|b1"}
 # what the format also has, named so that the error can say what was found
-OTHER_DTYPES = {"BOOL", "U8", "I8", "U16", "I16", "U32", "U64", "F8_E4M3", "F8_E5M2"}
+OTHER_DTYPES = {"U8", "I8", "U16", "I16", "U64", "C64", "F8_E4M3", "F8_E5M2", "F8_E8M0", "F4",
+                "F6_E2M3", "F6_E3M2"}
 MAX_HEADER = 100_000_000        # bytes; the reference implementation's limit too
 MAX_OFFSET = 2 ** 64            # offsets are u64 in the reference implementation
 # how a value of the header appears in a message: a few elements, levels and digits of it
@@ -34,28 +42,38 @@ class SafetensorsError(DslError):
 
     def __init__(self, path: str, problem: str):
         super().__init__(None, f"{path}: {problem}")
+        self.path, self.problem = path, problem
 
 
 def read(path: str | os.PathLike) -> dict[str, np.ndarray]:
     """Every tensor of the file, by name, in the order of the data: BF16 as float32, the
     other dtypes as themselves (in native byte order)."""
+    return read_with_metadata(path)[0]
+
+
+def read_with_metadata(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """The tensors of the file, as `read` gives them, and its "__metadata__"."""
     path = os.fspath(path)
     try:
         with open_regular(path) as f:
-            size = os.fstat(f.fileno()).st_size
-            entries, start = _header(path, f, size)
-            out = {}
-            for name, dtype, shape, begin, end in entries:
-                f.seek(start + begin)
-                out[name] = _decode(f.read(end - begin), dtype, shape)
-            return out
+            entries, meta, start = _header(path, f, os.fstat(f.fileno()).st_size)
+            with safe_open(path, framework="np") as st:
+                tensors = {name: _bf16(f, start + begin, end - begin, shape) if dtype == "BF16"
+                           else st.get_tensor(name) for name, dtype, shape, begin, end in entries}
     except OSError as e:
         raise SafetensorsError(path, f"cannot read the file: {e.strerror or e}") from None
+    except SafetensorError as e:            # the file changed after its header was checked
+        raise SafetensorsError(path, f"cannot read the file: {e}") from None
+    for name, a in tensors.items():         # NumPy takes any nonzero byte as a bool, unchecked
+        if a.dtype == np.bool_ and a.size and a.view(np.uint8).max() > 1:
+            raise SafetensorsError(path, f"tensor {SHOW.repr(name)} is BOOL but holds the byte "
+                                         f"{a.view(np.uint8).max()} (a bool is 0 or 1)")
+    return tensors, meta
 
 
-def _header(path: str, f, size: int) -> tuple[list[tuple], int]:
-    """The checked entries (name, dtype, shape, begin, end) sorted by offset, and where the
-    data starts in the file."""
+def _header(path: str, f, size: int) -> tuple[list[tuple], dict[str, str], int]:
+    """The checked entries (name, dtype, shape, begin, end) sorted by offset, the metadata, and
+    where the data starts in the file."""
     def fail(problem: str):
         raise SafetensorsError(path, problem)
 
@@ -92,7 +110,7 @@ def _header(path: str, f, size: int) -> tuple[list[tuple], int]:
     if at != data:
         fail(f"the data has {data} bytes but its tensors cover {at}"
              + (" (trailing bytes)" if at < data else ""))
-    return entries, 8 + n
+    return entries, meta, 8 + n
 
 
 def _entry(fail, name: str, info, data: int) -> tuple:
@@ -126,11 +144,11 @@ def _entry(fail, name: str, info, data: int) -> tuple:
     return name, dtype, tuple(shape), begin, end
 
 
-def _decode(raw: bytes, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
-    a = np.frombuffer(raw, DTYPES[dtype]).reshape(shape)
-    if dtype == "BF16":              # bfloat16 is the top half of a float32: widen exactly
-        return (a.astype(np.uint32) << 16).view(np.float32)
-    return a.astype(a.dtype.newbyteorder("="))       # a native, writable copy
+def _bf16(f, at: int, nbytes: int, shape: tuple[int, ...]) -> np.ndarray:
+    """The bfloat16 tensor at byte `at` of f as float32: its top half, so widened exactly (read
+    here, as NumPy has no bfloat16 for the package's NumPy API to return)."""
+    f.seek(at)
+    return (np.frombuffer(f.read(nbytes), "<u2").astype(np.uint32) << 16).view(np.float32).reshape(shape)
 
 
 def _natural(x) -> bool:

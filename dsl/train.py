@@ -56,17 +56,22 @@ PCG64 generator seeded with (seed, t), and its `Key` parameters get
 `fold_in(fold_in(key(seed), STEP), t)`; evaluation and sampling use their own tags. So the RNG
 state of a run is (seed, step), and a checkpoint resumes bit-identically.
 
-A checkpoint is an .npz file: the parameters as `p.<field>` (`p.W1`, `p.blocks[0].W`, the
-names `dslc run` reads), the optimizer state named the same way from `opt` (`opt[0]`,
-`opt[1].W1`, `opt[2].W1` for optim's adamw, whose state is the tuple (step, m, v)), `step`
-(steps done), `seed`, `loss` (each step's training loss so far), `valid.step` and `valid.loss`
-(the periodic evaluations), `model` (the file's name) and `format` ("dslc-train-1").
-Checkpoints go to `DIR/stepNNNNNNN.npz` every `checkpoint_every` steps, at the end, and on
-Ctrl-C, each written to a temporary file beside it and renamed, so that none is ever half
-written. Resuming reads the file through dsl.npz (bounded, no pickles), checks the members
-above for their kinds, and every array's name, dtype and shape against what the model's `init`
-and `init_opt` make: a damaged checkpoint, or one of another model (or of other sizes), is an
-error "cannot resume from PATH: …" that names the first fault. `steps` counts from the start
+A checkpoint is a .safetensors file. Its tensors: the parameters as `p.<field>` (`p.W1`,
+`p.blocks[0].W`, the names `dslc run` reads), the optimizer state named the same way from `opt`
+(`opt[0]`, `opt[1].W1`, `opt[2].W1` for optim's adamw, whose state is the tuple (step, m, v)),
+`loss` (each step's training loss so far), `valid.step` and `valid.loss` (the periodic
+evaluations). Its metadata, text: `step` (steps done) and `seed` in decimal, `model` (the
+file's name) and `format` ("dslc-train-2"). Checkpoints go to `DIR/stepNNNNNNN.safetensors`
+every `checkpoint_every` steps, at the end, and on Ctrl-C, each written to a temporary file
+beside it, synced and renamed, so that none is ever half written. Resuming reads the file
+through dsl.safetensors (its header checked before its data), checks the tensors and metadata
+above, and every other tensor's name, dtype and shape against what the model's `init` and
+`init_opt` make: a damaged checkpoint, or one of another model (or of other sizes), is an
+error "cannot resume from PATH: …" that names the first fault. An `.npz` checkpoint of earlier
+versions (format "dslc-train-1": the same names, with `step`, `seed`, `model` and `format` as
+scalar arrays) is read through dsl.npz and resumes the same way. A run does not mix its checkpoints with
+another's: when DIR already holds checkpoints, it starts only with `--resume` (from any
+checkpoint) or with `--overwrite`, which deletes them before the first step. `steps` counts from the start
 of the run, so a resumed run goes on from the checkpoint's step to `steps`.
 
 Training runs where `device` says: "auto" (the GPU where one is usable, else the CPU backend),
@@ -75,9 +80,11 @@ Training runs where `device` says: "auto" (the GPU where one is usable, else the
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import os
-import struct
+import re
+import reprlib
 import sys
 import tempfile
 import time
@@ -87,9 +94,13 @@ from pathlib import Path
 from typing import Any, Callable, TextIO
 
 import numpy as np
+from safetensors import SafetensorError
+from safetensors.numpy import save_file
 
-from dsl import npz
+from dsl import npz, safetensors
+from dsl.plot import check_plot_path, plot_losses
 from dsl.program import DEVICES, Program, load
+from dsl.progress import Progress
 from dsl.values import Key, Record, flatten_python, key as seed_key, shortest
 from frontend import ast
 from frontend.check import check_file
@@ -97,7 +108,8 @@ from frontend.diagnostics import Diagnostic, DslError, Note
 from ir import philox
 from ir.ops.base import NUMPY_DTYPES
 
-FORMAT = "dslc-train-1"
+FORMAT = "dslc-train-2"
+NPZ_FORMAT = "dslc-train-1"          # the .npz checkpoints of earlier versions, still read
 SPLITS = ("train", "valid", "test")
 STEP, EVAL, SAMPLE = 0x73746570, 0x6576616C, 0x73616D70          # "step", "eval", "samp"
 DEFAULTS = {"steps": 1000, "batch_size": 32, "eval_every": None, "eval_examples": 4096,
@@ -386,37 +398,70 @@ class State:
     evals: list[tuple[int, float]] = field(default_factory=list)
 
 
-# a checkpoint's members besides the parameters and the optimizer state: their dtype kinds, rank
-META = {"step": ("iu", 0), "seed": ("iu", 0), "loss": ("f", 1), "valid.step": ("iu", 1),
-        "valid.loss": ("f", 1), "model": ("U", 0), "format": ("U", 0)}
+# a checkpoint's tensors besides the parameters and the optimizer state: their dtype kinds, rank
+TENSORS = {"loss": ("f", 1), "valid.step": ("iu", 1), "valid.loss": ("f", 1)}
+METADATA = ("format", "model", "step", "seed", "crc32")  # text; step and seed in decimal
 KIND_NAMES = {"iu": "integers", "f": "floats", "U": "text"}
 
 
+def checkpoint_name(step: int) -> str:
+    return f"step{step:07d}.safetensors"
+
+
+CHECKPOINT_NAME = re.compile(r"step\d{7,}\.(safetensors|npz)")     # (.npz: earlier versions')
+
+
+def checkpoints_in(folder: Path) -> list[Path]:
+    """The checkpoints in a folder, by step; none when it does not exist."""
+    try:
+        return sorted(p for p in folder.iterdir() if CHECKPOINT_NAME.fullmatch(p.name))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    except OSError as e:
+        raise DslError(None, f"cannot read the checkpoint directory {folder}: {e.strerror or e}") from None
+
+
+def remove_checkpoints(paths: list[Path]) -> None:
+    for p in paths:
+        try:
+            p.unlink(missing_ok=True)
+        except OSError as e:
+            raise DslError(None, f"cannot remove the old checkpoint {p}: {e.strerror or e}") from None
+
+
 def save_checkpoint(path: Path, state: State, model: Model) -> None:
-    """The state as an .npz file (see the module's documentation), written whole or not at all."""
-    arrays = {**flatten_python(state.p, "p"),
-              **(flatten_python(state.s, "opt") if state.s is not None else {}),
-              "step": np.int64(state.step), "seed": np.uint64(state.seed),
-              "loss": np.asarray(state.losses[:state.step], np.float32),
-              "valid.step": np.asarray([e[0] for e in state.evals], np.int64),
-              "valid.loss": np.asarray([e[1] for e in state.evals], np.float64),
-              "model": np.str_(model.path.name), "format": np.str_(FORMAT)}
+    """The state as a .safetensors file (see the module's documentation), written whole or not
+    at all."""
+    tensors = {**flatten_python(state.p, "p"),
+               **(flatten_python(state.s, "opt") if state.s is not None else {}),
+               "loss": np.asarray(state.losses[:state.step], np.float32),
+               "valid.step": np.asarray([e[0] for e in state.evals], np.int64),
+               "valid.loss": np.asarray([e[1] for e in state.evals], np.float64)}
+    metadata = {"format": FORMAT, "model": model.path.name, "step": str(state.step),
+                "seed": str(state.seed)}
+    metadata["crc32"] = checksum(tensors, metadata)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        _write_whole(path, arrays)
+        _write_whole(path, tensors, metadata)
     except OSError as e:
         raise DslError(None, f"cannot write a checkpoint in {path.parent}: {e.strerror or e}") from None
+    except SafetensorError as e:          # the package's own write failed (a full disk)
+        raise DslError(None, f"cannot write a checkpoint in {path.parent}: {e}") from None
 
 
-def _write_whole(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    """np.savez into a temporary file beside path, synced to disk, then renamed over path: a
+def _write_whole(path: Path, tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> None:
+    """save_file into a temporary file beside path, synced to disk, then renamed over path: a
     reader never sees half a checkpoint, and a failed write leaves no temporary behind."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
     try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
-            f.flush()
-            os.fsync(f.fileno())
+        # the package writes each array's memory as it lies: a strided view must be copied
+        save_file({k: np.asarray(a, order="C") for k, a in tensors.items()}, tmp, metadata=metadata)
+        fd = os.open(tmp, os.O_RDONLY)        # fsync syncs the file, whichever descriptor
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
     except BaseException:                 # a full disk, a vanished directory, Ctrl-C: clean up
         Path(tmp).unlink(missing_ok=True)
@@ -429,20 +474,14 @@ def load_checkpoint(path: str, model: Model, fresh: State) -> State:
     def fail(problem: str):
         raise DslError(None, f"cannot resume from {path}: {problem}")
 
-    try:
-        arrays = npz.read(path)
-    except npz.NpzError as e:
-        fail(e.problem)
-    fmt = arrays.get("format")
-    if fmt is None or fmt.shape != () or fmt.dtype.kind != "U" or str(fmt) != FORMAT:
-        fail(f"it is not a dslc train checkpoint (it has no format '{FORMAT}')")
-    _check_meta(fail, arrays)
+    tensors, meta = _read_checkpoint(fail, path)
+    step, seed = _check_meta(fail, tensors, meta)
     want = {**flatten_python(fresh.p, "p"), **(flatten_python(fresh.s, "opt") if fresh.s is not None else {})}
-    have = {k: a for k, a in arrays.items() if k not in META}
+    have = {k: a for k, a in tensors.items() if k not in TENSORS}
     stray = [k for k in have if not k.startswith(("p.", "p[", "opt.", "opt["))]
     if stray:
-        fail(f"it has '{stray[0]}', which no checkpoint has (only p.…, opt.… and {', '.join(META)})")
-    other = f"it is not of this model (it was saved by {arrays['model']})"
+        fail(f"it has '{stray[0]}', which no checkpoint has (only p.…, opt.… and {', '.join(TENSORS)})")
+    other = f"it is not of this model (it was saved by {meta['model']})"
     ours = f"{model.path.name} (init, init_opt)"
     for name, a in want.items():
         if name not in have:
@@ -453,30 +492,82 @@ def load_checkpoint(path: str, model: Model, fresh: State) -> State:
     extra = sorted(set(have) - set(want))
     if extra:
         fail(f"{other}: it has '{extra[0]}', which {ours} does not have")
-    step = int(arrays["step"])
-    losses = arrays["loss"].astype(np.float64).tolist() + [math.nan] * (step - len(arrays["loss"]))
-    evals = list(zip(arrays["valid.step"].tolist(), arrays["valid.loss"].tolist()))
+    losses = tensors["loss"].astype(np.float64).tolist() + [math.nan] * (step - len(tensors["loss"]))
+    evals = list(zip(tensors["valid.step"].tolist(), tensors["valid.loss"].tolist()))
     return State(_rebuild(fresh.p, "p", have), _rebuild(fresh.s, "opt", have) if fresh.s is not None else None,
-                 step, int(arrays["seed"]), losses, evals)
+                 step, seed, losses, evals)
 
 
-def _check_meta(fail, arrays: dict[str, np.ndarray]) -> None:
-    """The checkpoint's own members: present, of their kind and rank, and consistent."""
-    for name, (kinds, rank) in META.items():
-        if name not in arrays:
+def checksum(tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> str:
+    """The CRC-32 of a checkpoint's metadata (but its crc32) and its tensors' names, dtypes, shapes
+    and bytes, in hex: safetensors has no checksum, and a flipped bit in a weight reads as one."""
+    crc = zlib.crc32(json.dumps(sorted((k, v) for k, v in metadata.items() if k != "crc32")).encode())
+    for name in sorted(tensors):
+        a = np.asarray(tensors[name], order="C")
+        crc = zlib.crc32(a.reshape(-1).view(np.uint8), zlib.crc32(f"{name} {a.dtype.str} {a.shape}".encode(), crc))
+    return f"{crc:08x}"
+
+
+def _read_checkpoint(fail, path: str) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """A checkpoint's tensors and metadata; an .npz one's as if it were a .safetensors one."""
+    try:
+        if not path.endswith(".npz"):
+            return safetensors.read_with_metadata(path)
+        return _from_npz(fail, npz.read(path))
+    except (safetensors.SafetensorsError, npz.NpzError) as e:
+        fail(e.problem)
+
+
+def _from_npz(fail, arrays: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """An .npz checkpoint (format dslc-train-1) as tensors and metadata: its scalar members,
+    checked for their kind, become the metadata."""
+    fmt = arrays.pop("format", None)
+    if fmt is None or fmt.shape != () or fmt.dtype.kind != "U" or str(fmt) != NPZ_FORMAT:
+        fail(f"it is not a dslc train checkpoint (it has no format '{NPZ_FORMAT}')")
+    meta = {"format": FORMAT}
+    for name, kinds in (("model", "U"), ("step", "iu"), ("seed", "iu")):
+        if name in arrays:
+            a = arrays.pop(name)
+            if a.dtype.kind not in kinds or a.ndim != 0:
+                fail(f"its '{name}' is {_typename(a)}, not a scalar of {KIND_NAMES[kinds]}")
+            meta[name] = str(a)
+    meta["crc32"] = checksum(arrays, meta)            # the zip's own CRCs have checked its bytes
+    return arrays, meta
+
+
+def _check_meta(fail, tensors: dict[str, np.ndarray], meta: dict[str, str]) -> tuple[int, int]:
+    """The checkpoint's own tensors and metadata: present, of their kind and rank, and
+    consistent; its step and seed."""
+    if meta.get("format") != FORMAT:
+        fail(f"it is not a dslc train checkpoint (it has no format '{FORMAT}')")
+    for name in METADATA:
+        if name not in meta:
             fail(f"it has no '{name}'")
-        a = arrays[name]
+    if checksum(tensors, meta) != meta["crc32"]:
+        fail("its contents do not match its crc32 (a damaged file?)")
+    step, seed = (_whole_number(fail, name, meta[name]) for name in ("step", "seed"))
+    for name, (kinds, rank) in TENSORS.items():
+        if name not in tensors:
+            fail(f"it has no '{name}'")
+        a = tensors[name]
         if a.dtype.kind not in kinds or a.ndim != rank:
-            fail(f"its '{name}' is {_typename(a)}, not {'a scalar' if rank == 0 else 'a vector'} "
-                 f"of {KIND_NAMES[kinds]}")
-    step, seed, losses = int(arrays["step"]), int(arrays["seed"]), len(arrays["loss"])
-    if not 0 <= seed < 2 ** 64:
+            fail(f"its '{name}' is {_typename(a)}, not a vector of {KIND_NAMES[kinds]}")
+    if seed >= 2 ** 64:
         fail(f"its 'seed' is {seed}, not in [0, 2**64)")
     # one loss per step done, but Ctrl-C may fall between counting a step and storing its loss
+    losses = len(tensors["loss"])
     if not losses <= step <= losses + 1:
         fail(f"its 'step' is {step} but it has {losses} steps' losses")
-    if len(arrays["valid.step"]) != len(arrays["valid.loss"]):
-        fail(f"it has {len(arrays['valid.step'])} 'valid.step' but {len(arrays['valid.loss'])} 'valid.loss'")
+    if len(tensors["valid.step"]) != len(tensors["valid.loss"]):
+        fail(f"it has {len(tensors['valid.step'])} 'valid.step' but {len(tensors['valid.loss'])} 'valid.loss'")
+    return step, seed
+
+
+def _whole_number(fail, name: str, text: str) -> int:
+    """A metadata value that must be a whole number in decimal (of at most 20 digits, as 2**64)."""
+    if not (text.isascii() and text.isdigit() and len(text) <= 20):
+        fail(f"its '{name}' is {reprlib.repr(text)}, not a whole number")
+    return int(text)
 
 
 def _rebuild(like: Any, path: str, arrays: dict[str, np.ndarray]) -> Any:
@@ -492,7 +583,7 @@ def _rebuild(like: Any, path: str, arrays: dict[str, np.ndarray]) -> Any:
     return arrays[path]
 
 
-# ---------------------------------------------------------------- progress and report
+# ---------------------------------------------------------------- the report
 
 F32 = np.float32    # loss and evaluate's metrics are f32 scalars: printed as f32s, averaged or not
 
@@ -501,56 +592,6 @@ def duration(seconds: float) -> str:
     s = int(round(seconds))
     return f"{s // 3600}h{s // 60 % 60:02d}m{s % 60:02d}s" if s >= 3600 else \
         f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{seconds:.1f}s"
-
-
-class Progress:
-    """A one-line progress bar on a terminal (redrawn at most 10 times a second); elsewhere a
-    line at each evaluation and every tenth of the run."""
-
-    def __init__(self, stream: TextIO | None, start: int, total: int):
-        self.stream, self.start, self.total = stream, start, total
-        self.tty = bool(stream) and hasattr(stream, "isatty") and stream.isatty()
-        self.t0 = self.drawn = time.perf_counter()
-        self.recent: list[float] = []
-        self.every = max(1, (total - start) // 10)
-
-    def rate(self, t: int) -> float:
-        return (t - self.start) / max(time.perf_counter() - self.t0, 1e-9)
-
-    def update(self, t: int, loss: float, evaluation: str | None = None) -> None:
-        """After step t (steps done: t + 1), with the line of an evaluation made there."""
-        self.recent = (self.recent + [loss])[-50:]
-        if self.stream is None:
-            return
-        done = t + 1
-        if evaluation is not None:
-            self.log(f"step {done}/{self.total} loss {shortest(np.mean(self.recent), F32)} {evaluation} "
-                     f"{self.rate(done):.1f} steps/s")
-        elif self.tty and (time.perf_counter() - self.drawn > 0.1 or done == self.total):
-            self.drawn = time.perf_counter()
-            frac = done / self.total
-            bar = "#" * int(frac * 24) + "." * (24 - int(frac * 24))
-            rate = self.rate(done)
-            eta = (self.total - done) / rate if rate > 0 else 0
-            self.stream.write(f"\r[{bar}] {done}/{self.total} loss {shortest(np.mean(self.recent), F32)} "
-                              f"{rate:.1f} steps/s eta {duration(eta)}  ")
-            self.stream.flush()
-        elif not self.tty and ((done - self.start) % self.every == 0 or done == self.total):
-            self.log(f"step {done}/{self.total} loss {shortest(np.mean(self.recent), F32)} "
-                     f"{self.rate(done):.1f} steps/s")
-
-    def log(self, line: str) -> None:
-        if self.stream is None:
-            return
-        if self.tty:
-            self.stream.write("\r" + " " * 79 + "\r")
-        self.stream.write(line + "\n")
-        self.stream.flush()
-
-    def close(self) -> None:
-        if self.stream is not None and self.tty:
-            self.stream.write("\n")
-            self.stream.flush()
 
 
 @dataclass
@@ -598,18 +639,29 @@ class Result:
 # ---------------------------------------------------------------- the loop
 
 def train(path: str, *, steps: int | None = None, seed: int | None = None, data: str | None = None,
-          resume: str | None = None, checkpoint_dir: str | None = None, plot: str | None = None,
+          resume: str | None = None, checkpoint_dir: str | None = None, overwrite: bool = False,
+          plot: str | None = None,
           dims: dict | None = None, hyper: dict | None = None, batch_size: int | None = None,
           device: str = "auto", progress: TextIO | None = sys.stderr,
           on_step: Callable[[int, dict, float], None] | None = None, final_eval: bool = True) -> Result:
     """Train the model file `path` (see the module's documentation); returns the report.
 
-    on_step(t, batch, loss) is called after each step. Ctrl-C (KeyboardInterrupt) saves a
+    on_step(t, batch, loss) is called after each step. A checkpoint_dir that holds checkpoints
+    already is refused unless the run resumes (from any checkpoint) or overwrite=True, which
+    deletes them before the first step. Ctrl-C (KeyboardInterrupt) saves a
     checkpoint of the last finished step, when there is a checkpoint_dir, and re-raises.
     final_eval=False leaves out the final evaluation and samples (the report then has the
     training losses only)."""
     if device not in DEVICES:
         raise ValueError(f"device {device!r} is not one of {', '.join(DEVICES)}")
+    if plot:
+        check_plot_path(plot)
+    ckpt_dir = Path(checkpoint_dir) if checkpoint_dir else None
+    earlier = [] if ckpt_dir is None or resume is not None else checkpoints_in(ckpt_dir)
+    if earlier and not overwrite:
+        raise DslError(None, f"{ckpt_dir} already holds another run's checkpoints (the last is "
+                             f"{earlier[-1].name}): give --resume {earlier[-1]} to go on from it, "
+                             "or --overwrite to delete them and start afresh")
     model = Model(path, data=data, dims=dims, hyper=hyper, device=device)
     cfg = {**DEFAULTS, **model.loader.settings}
     unknown = sorted(set(cfg) - set(DEFAULTS))
@@ -636,13 +688,13 @@ def train(path: str, *, steps: int | None = None, seed: int | None = None, data:
             raise DslError(None, f"{resume} was trained with seed {state.seed}, not {seed}: "
                                  "leave out --seed to resume it")
     start = state.step
-    ckpt_dir = Path(checkpoint_dir) if checkpoint_dir else None
     last_ckpt: str | None = None
+    remove_checkpoints(earlier)                   # overwrite: no step of the old run survives
 
     def checkpoint() -> None:
         nonlocal last_ckpt
         if ckpt_dir is not None:
-            target = ckpt_dir / f"step{state.step:07d}.npz"
+            target = ckpt_dir / checkpoint_name(state.step)
             save_checkpoint(target, state, model)
             last_ckpt = str(target)
 
@@ -671,7 +723,7 @@ def train(path: str, *, steps: int | None = None, seed: int | None = None, data:
                 eval_time += time.perf_counter() - e0
                 state.evals.append((state.step, m["loss"]))
                 evaluation = " ".join(f"valid {k} {shortest(v, F32)}" for k, v in m.items())
-            bar.update(t, loss, evaluation)
+            bar.update(state.step, loss, evaluation, eval_time)
             if state.step % ckpt_every == 0 and state.step < total:
                 checkpoint()
     except KeyboardInterrupt:
@@ -680,8 +732,9 @@ def train(path: str, *, steps: int | None = None, seed: int | None = None, data:
         bar.log(f"interrupted after step {state.step}" +
                 (f": resume with --resume {last_ckpt}" if last_ckpt else " (no checkpoint directory)"))
         raise
+    finally:
+        bar.close()                               # a diagnostic starts on a line of its own
     train_time = time.perf_counter() - t0 - eval_time
-    bar.close()
 
     # the final report: every split, samples, checkpoint, plot
     e0 = time.perf_counter()
@@ -701,7 +754,7 @@ def train(path: str, *, steps: int | None = None, seed: int | None = None, data:
     if total > start or resume is None:
         checkpoint()
     if plot:
-        plot_losses(plot, state.losses, state.evals, title=model.path.stem)
+        plot_losses(plot, state.losses, state.evals, title=model.path.name)
     return Result(str(model.path), state.p, state.s, start, state.step, state.seed, train_time,
                   eval_time, metrics, state.losses, state.evals, samples, last_ckpt, plot)
 
@@ -713,116 +766,3 @@ def subset(data: dict[str, np.ndarray], n: int) -> dict[str, np.ndarray]:
         return data
     idx = np.sort(np.random.Generator(np.random.PCG64(0)).choice(size, n, replace=False))
     return {k: a[idx] for k, a in data.items()}
-
-
-# ---------------------------------------------------------------- the loss plot (a PNG, no dependency)
-
-GLYPHS = {   # 3x5 pixels, rows top to bottom
-    "0": "111101101101111", "1": "010110010010111", "2": "111001111100111", "3": "111001111001111",
-    "4": "101101111001001", "5": "111100111001111", "6": "111100111101111", "7": "111001001001001",
-    "8": "111101111101111", "9": "111101111001111", ".": "000000000000010", "-": "000000111000000",
-    "a": "000011101101011", "d": "001011101101011", "e": "000011111100011", "i": "010000010010010",
-    "l": "110010010010111", "n": "000110101101101", "o": "000010101101010", "p": "000110101110100",
-    "r": "000101110100100", "s": "000011110011110", "t": "010111010010011", "v": "000101101101010",
-    "k": "100101110101101", "m": "000111111101101", "g": "011101011001110", "x": "000101010101101",
-    "_": "000000000000111", " ": "000000000000000", "c": "000011100100011", "h": "100110101101101",
-    "u": "000101101101011", "f": "011100110100100", "b": "100110101101110", "w": "000101101111111",
-    "y": "101101011001110", "j": "001000001101010", "q": "011101011001001", "z": "000111010100111",
-}
-
-
-def plot_losses(path: str, losses: list[float], evals: list[tuple[int, float]],
-                title: str = "", width: int = 720, height: int = 440) -> None:
-    """A line plot of the training loss (a moving average) and the validation loss, as a PNG
-    drawn pixel by pixel with NumPy and written with zlib."""
-    img = np.full((height, width, 3), 255, np.uint8)
-    left, right, top, bottom = 70, width - 20, 30, height - 40
-    y = np.asarray(losses, np.float64)
-    window = max(1, len(y) // 100)
-    smooth = np.convolve(y, np.ones(window) / window, mode="valid") if len(y) else y
-    xs_train = np.arange(len(smooth)) + window
-    ev_x = np.array([e[0] for e in evals], np.float64)
-    ev_y = np.array([e[1] for e in evals], np.float64)
-    values = np.concatenate([smooth, ev_y])
-    values = values[np.isfinite(values)]
-    lo, hi = (float(values.min()), float(values.max())) if len(values) else (0.0, 1.0)
-    if hi - lo < 1e-9:
-        lo, hi = lo - 0.5, hi + 0.5
-    lo, hi = max(lo - 0.05 * (hi - lo), 0.0 if lo >= 0 else -math.inf), hi + 0.05 * (hi - lo)
-    n = max(len(y), int(ev_x.max()) if len(ev_x) else 0, 1)
-
-    def px(step, value):
-        return (left + (np.asarray(step, float) / n) * (right - left),
-                bottom - (np.asarray(value, float) - lo) / (hi - lo) * (bottom - top))
-
-    grey, black = (200, 200, 200), (0, 0, 0)
-    for k in range(5):                                # horizontal grid lines and labels
-        v = lo + (hi - lo) * k / 4
-        _, yy = px(0, v)
-        _line(img, left, yy, right, yy, grey, 1)
-        _text(img, f"{v:.3g}", left - 6, int(yy) - 5, align="right")
-    for k in range(5):                                # step ticks
-        s = n * k / 4
-        xx, _ = px(s, lo)
-        _line(img, xx, bottom, xx, bottom + 4, black, 1)
-        _text(img, f"{int(round(s))}", int(xx), bottom + 8, align="center")
-    _line(img, left, top, left, bottom, black, 1)
-    _line(img, left, bottom, right, bottom, black, 1)
-    blue, orange = (31, 119, 180), (255, 127, 14)
-    if len(smooth) > 1:
-        tx, ty = px(xs_train, smooth)
-        for i in range(len(tx) - 1):
-            _line(img, tx[i], ty[i], tx[i + 1], ty[i + 1], blue, 2)
-    if len(ev_x):
-        vx, vy = px(ev_x, ev_y)
-        for i in range(len(vx)):
-            if i:
-                _line(img, vx[i - 1], vy[i - 1], vx[i], vy[i], orange, 2)
-            img[max(0, int(vy[i]) - 3):int(vy[i]) + 4, max(0, int(vx[i]) - 3):int(vx[i]) + 4] = orange
-    _text(img, f"{title} loss".strip().lower(), left, 8)
-    _line(img, right - 150, 14, right - 130, 14, blue, 2)
-    _text(img, "train", right - 124, 9)
-    _line(img, right - 70, 14, right - 50, 14, orange, 2)
-    _text(img, "valid", right - 44, 9)
-    _text(img, "step", (left + right) // 2, height - 14, align="center")
-    write_png(path, img)
-
-
-def _line(img: np.ndarray, x0, y0, x1, y1, color, thick: int) -> None:
-    steps = int(max(abs(x1 - x0), abs(y1 - y0))) + 1
-    xs = np.linspace(x0, x1, steps).round().astype(int)
-    ys = np.linspace(y0, y1, steps).round().astype(int)
-    h, w = img.shape[:2]
-    for dx in range(thick):
-        for dy in range(thick):
-            ok = (xs + dx >= 0) & (xs + dx < w) & (ys + dy >= 0) & (ys + dy < h)
-            img[ys[ok] + dy, xs[ok] + dx] = color
-
-
-def _text(img: np.ndarray, text: str, x: int, y: int, align: str = "left", scale: int = 2) -> None:
-    width = len(text) * 4 * scale
-    x -= width if align == "right" else width // 2 if align == "center" else 0
-    for i, ch in enumerate(text):
-        bits = GLYPHS.get(ch, GLYPHS[" "])
-        for r in range(5):
-            for c in range(3):
-                if bits[r * 3 + c] == "1":
-                    yy, xx = y + r * scale, x + (i * 4 + c) * scale
-                    if 0 <= yy and yy + scale <= img.shape[0] and 0 <= xx and xx + scale <= img.shape[1]:
-                        img[yy:yy + scale, xx:xx + scale] = 0
-
-
-def write_png(path: str, rgb: np.ndarray) -> None:
-    """An 8-bit RGB image as a PNG file (filter 0 on every row, one zlib stream)."""
-    h, w, _ = rgb.shape
-    raw = b"".join(b"\x00" + row.tobytes() for row in np.ascontiguousarray(rgb, np.uint8))
-
-    def chunk(tag: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data))
-
-    png = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
-           + chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b""))
-    try:
-        Path(path).write_bytes(png)
-    except OSError as e:
-        raise DslError(None, f"cannot write the plot {path}: {e}") from None

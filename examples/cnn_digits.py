@@ -10,6 +10,8 @@ import functools
 
 import numpy as np
 
+from extra import require
+
 DIMS = {"C1": 16, "C2": 32}
 SETTINGS = {"steps": 1000, "batch_size": 32, "eval_every": 200}
 HYPER = {"lr": 0.003}
@@ -17,8 +19,7 @@ HYPER = {"lr": 0.003}
 
 @functools.cache
 def splits() -> dict[str, dict[str, np.ndarray]]:
-    from sklearn.datasets import load_digits
-    digits = load_digits()
+    digits = require("sklearn.datasets", "scikit-learn").load_digits()
     x = (digits.images / 16.0).astype(np.float32)[..., None]      # [N, 8, 8, 1]
     y = digits.target.astype(np.int32)
     order = np.random.Generator(np.random.PCG64(1998)).permutation(len(y))

@@ -16,6 +16,8 @@ import importlib.resources
 
 import numpy as np
 
+from extra import require
+
 ALPHABET = ".abcdefghijklmnopqrstuvwxyz"
 FILES = ("dist.female.first", "dist.male.first", "dist.all.last")
 
@@ -30,8 +32,9 @@ HYPER = {"lr": 0.005}
 def read_names() -> list[str]:
     """Every distinct name of the package's lists, lowercased, in the lists' order."""
     found: dict[str, None] = {}
+    package = require("names", "names")
     for name in FILES:
-        text = importlib.resources.files("names").joinpath(name).read_text()
+        text = importlib.resources.files(package).joinpath(name).read_text()
         for line in text.splitlines():
             if line.strip():
                 found.setdefault(line.split()[0].lower(), None)

@@ -133,6 +133,14 @@ class RecordLit:
 
 
 @dataclass(frozen=True)
+class RecordUpdate:
+    """`p with { mean: m, var: v }`: the record p with the fields given replaced."""
+    value: Expr
+    fields: tuple[FieldInit, ...]
+    span: Span
+
+
+@dataclass(frozen=True)
 class Lambda:
     params: tuple[str, ...]
     body: Expr
@@ -154,7 +162,7 @@ class TupleLit:
 
 
 Expr = (Name | QualName | Int | Float | Bool | Str | BinOp | UnaryOp | Call | Index | Attr
-        | RecordLit | Lambda | ListLit | TupleLit)
+        | RecordLit | Lambda | ListLit | TupleLit | RecordUpdate)
 
 
 # ---------------------------------------------------------------- types
@@ -366,8 +374,10 @@ Stmt = (Assign | AugAssign | Use | Return | ExprStmt | If | Switch | Match | Fol
 
 @dataclass(frozen=True)
 class Field:
+    """`name: T`, or `buffer name: T` (buffer True): state that grad and map leave alone."""
     name: str
     type: TypeExpr
+    buffer: bool
     span: Span
 
 

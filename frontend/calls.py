@@ -9,9 +9,9 @@ import numpy as np
 from frontend import ast
 from frontend.ast import contains_span, names_type_param, source_text
 from frontend.diagnostics import (CheckError, DslError, LimitError, Note, ShapeError, Span,
-                                  with_note)
+                                  did_you_mean, with_note)
 from frontend.limits import MAX_RANK, MAX_STATIC_RECURSION, MAX_UNROLLED
-from frontend.lower import close_over, emit_primitive, fresh_params, leaf_values, rebuild
+from frontend.lower import close_over, emit_primitive, fresh_params, leaf_values, rebuild, trained_leaves
 from frontend.resolve import Entity, ModuleInfo, lookup_type
 from frontend.unify import Binder, Mismatch, as_tensor, eval_dim
 from frontend.values import (UNKNOWN, AdtV, CheckpointV, CtorV, DTypeV, ForkV, FuncV, GradV, KeyV,
@@ -437,9 +437,9 @@ class Calls:
             if not same_structure(first, s):
                 raise CheckError(spans.arg(i), f"map over mismatched structures: {describe(first)} "
                                                f"and {describe(s)}")
-        if isinstance(first, RecordV):
-            fields = tuple((n, self.map_values(f, [s.get(n) for s in structs], spans))
-                           for n, _ in first.fields)
+        if isinstance(first, RecordV):        # a buffer is not trained: it stays the first record's
+            fields = tuple((n, v if n in first.buffers else self.map_values(f, [s.get(n) for s in structs], spans))
+                           for n, v in first.fields)
             return RecordV(first.name, fields, first.decl)
         if isinstance(first, (TupleV, ListV)):
             items = tuple(self.map_values(f, list(leaves), spans)
@@ -463,36 +463,56 @@ class Calls:
 
     def record(self, e: ast.RecordLit, frame: Frame):
         entity = lookup_type(e.type, frame.module)
-        given = {}
-        for f in e.fields:
-            if f.name in given:
-                raise CheckError(f.span, f"field '{f.name}' is given twice")
-            given[f.name] = (self.eval(f.value, frame), f)
+        given = self.field_values(e.fields, frame)
         if entity is None or entity.kind != "object":
             owner, ctor = _find_ctor(e.type, frame.module)
             values = {n: v for n, (v, _) in given.items()}
             return self.construct(owner, ctor, [], values, Spans(
                 e.type_span, (), tuple(ast.Keyword(n, f.value, f.span) for n, (_, f) in given.items())))
         decl = entity.node
-        for name, (_, f) in given.items():
-            if all(df.name != name for df in decl.fields):
-                raise CheckError(f.span, f"'{decl.name}' has no field '{name}'",
-                                 [Note(f"{decl.name} is declared here", decl.name_span)])
-        binder = self.binder()
-        fields = []
+        _no_extra_fields(entity, given)
         for df in decl.fields:
             if df.name not in given:
                 raise CheckError(e.type_span, f"missing field '{df.name}' in {decl.name} {{ … }}",
                                  [Note(f"{decl.name} is declared here", decl.name_span)])
-            v, f = given[df.name]
+        return self.matched_record(entity, given)
+
+    def record_update(self, e: ast.RecordUpdate, frame: Frame):
+        base = self.eval(e.value, frame)
+        given = self.field_values(e.fields, frame)
+        if isinstance(base, UnknownV):
+            return UNKNOWN
+        if not isinstance(base, RecordV):
+            raise CheckError(e.value.span, f"'with {{ … }}' updates a record, but this is {describe(base)}")
+        _no_extra_fields(base.decl, given)
+        kept = {n: (v, None) for n, v in base.fields if n not in given}
+        return self.matched_record(base.decl, kept | given)
+
+    def field_values(self, inits: tuple[ast.FieldInit, ...], frame: Frame) -> dict[str, tuple]:
+        """The values of `name: value` fields by name, with their FieldInit; each name once."""
+        given = {}
+        for f in inits:
+            if f.name in given:
+                raise CheckError(f.span, f"field '{f.name}' is given twice")
+            given[f.name] = (self.eval(f.value, frame), f)
+        return given
+
+    def matched_record(self, entity: Entity, given: dict[str, tuple]) -> RecordV:
+        """The record of every field's (value, FieldInit or None) checked against its declared
+        type in the declaration's order, the fields kept (None) first: they fix the dimensions
+        that the new values must have."""
+        decl = entity.node
+        binder = self.binder()
+        fields = {}
+        for df in sorted(decl.fields, key=lambda df: given[df.name][1] is not None):
+            name, (v, f) = df.name, given[df.name]
             try:
-                v = binder.match(df.type, v, entity.module)
+                fields[name] = strip_origin(binder.match(df.type, v, entity.module))
             except Mismatch as m:
-                raise ShapeError(f.value.span, f"field '{df.name}' of {decl.name}: {m}",
-                                 [Note(f"'{df.name}' is declared {source_text(df.type)} here", df.span)]) from None
-            fields.append((df.name, strip_origin(v)))
+                raise ShapeError(f.value.span, f"field '{name}' of {decl.name}: {m}",
+                                 [Note(f"'{name}' is declared {source_text(df.type)} here", df.span)]) from None
         binder.finish()
-        return RecordV(decl.name, tuple(fields), entity)
+        return RecordV(decl.name, tuple((df.name, fields[df.name]) for df in decl.fields), entity)
 
     # ------------------------------------------------------------ tracing into IR functions
 
@@ -519,9 +539,10 @@ class Calls:
         aux_leaves = leaf_values(faux)
         fn, captured = close_over(body, [fvalue.ir] + aux_leaves)
         params = param_names(g.f)
-        owners = [name for name, a in zip(params, args) for _ in leaf_values(a)]
-        owners += [k for k, a in kwargs.items() for _ in leaf_values(a)]
-        wrt = [i for i, (o, p) in enumerate(zip(owners, fn.params)) if o in g.wrt and p.dtype in FLOAT_DTYPES]
+        owners = [(name, t) for name, a in zip(params, args) for t in trained_leaves(a)]
+        owners += [(k, t) for k, a in kwargs.items() for t in trained_leaves(a)]
+        wrt = [i for i, ((o, trained), p) in enumerate(zip(owners, fn.params))
+               if o in g.wrt and trained and p.dtype in FLOAT_DTYPES]
         gfn = grad_function(fn, wrt, with_value=True)
         outs = inline(self.builder, gfn, actual + captured)
         value_out = TensorV(outs[0].type, ir=outs[0])
@@ -531,8 +552,8 @@ class Calls:
         result = []
         for name in g.wrt:
             leaves = []
-            for leaf in leaf_values(bound[name]):
-                leaves.append(grads.pop(0) if leaf.dtype in FLOAT_DTYPES else
+            for leaf, trained in zip(leaf_values(bound[name]), trained_leaves(bound[name])):
+                leaves.append(grads.pop(0) if trained and leaf.dtype in FLOAT_DTYPES else
                               self.builder.emit("zeros", shape=leaf.shape, dtype=leaf.dtype))
             result.append(rebuild(strip_origin(bound[name]), leaves))
         return value_out, aux_out, result
@@ -583,6 +604,16 @@ def _not_differentiable(v) -> str | None:
 
 def _is_static_int(t: ast.TypeExpr | None) -> bool:
     return isinstance(t, ast.NamedType) and t.name == ("int",)
+
+
+def _no_extra_fields(entity: Entity, given: dict[str, tuple]) -> None:
+    decl = entity.node
+    names = [df.name for df in decl.fields]
+    for name, (_, f) in given.items():
+        if name not in names:
+            raise CheckError(f.span, f"'{decl.name}' has no field '{name}'"
+                                     f"{did_you_mean(name, [n for n in names if n not in given])}",
+                             [Note(f"{decl.name} is declared here", decl.name_span)])
 
 
 def _find_ctor(name: tuple[str, ...], mod: ModuleInfo) -> tuple[Entity, ast.Ctor]:

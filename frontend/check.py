@@ -117,6 +117,8 @@ class Checker(Calls, Statements):
                 return self.attr(e, self.eval(e.value, frame))
             case ast.RecordLit():
                 return self.record(e, frame)
+            case ast.RecordUpdate():
+                return self.record_update(e, frame)
             case ast.Lambda():
                 return LambdaV(e, frame.module, frame.env)
             case ast.ListLit():

@@ -189,26 +189,30 @@ def fresh_params(b: Builder, v):
 
 def runtime_leaves(v) -> list:
     """The runtime leaves of v (tensors and keys), static parts skipped."""
-    out: list = []
+    return [x for x, _ in _leaves(v, True)]
 
-    def walk(x) -> None:
-        match x:
-            case TensorV() | KeyV():
-                out.append(x)
-            case TupleV() | ListV() if x.items is not None:
-                for i in x.items:
-                    walk(i)
-            case RecordV():
-                for _, f in x.fields:
-                    walk(f)
-            case AdtV():
-                for _, f in x.fields:
-                    walk(f)
-            case UnknownV():
-                raise LoweringError("a value the checker could not determine reached lowering")
 
-    walk(v)
-    return out
+def trained_leaves(v) -> list[bool]:
+    """For each runtime leaf of v, in runtime_leaves' order, whether it is trained: not held
+    by a record field declared `buffer`, at any depth."""
+    return [trained for _, trained in _leaves(v, True)]
+
+
+def _leaves(x, trained: bool):
+    match x:
+        case TensorV() | KeyV():
+            yield x, trained
+        case TupleV() | ListV() if x.items is not None:
+            for i in x.items:
+                yield from _leaves(i, trained)
+        case RecordV():
+            for n, f in x.fields:
+                yield from _leaves(f, trained and n not in x.buffers)
+        case AdtV():
+            for _, f in x.fields:
+                yield from _leaves(f, trained)
+        case UnknownV():
+            raise LoweringError("a value the checker could not determine reached lowering")
 
 
 def _leaf_type(x) -> TensorType | KeyType:

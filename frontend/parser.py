@@ -109,7 +109,7 @@ class LayoutError(LarkError):
 class Layout(Indenter):
     """lark's Indenter, taking a line's indentation from its first token; reports tabs and bad dedents."""
     NL_type = "_NL"
-    OPEN_PAREN_types = ("LPAR", "LSQB", "LBRACE")
+    OPEN_PAREN_types = ("LPAR", "LSQB", "LBRACE", "WITH_LBRACE")
     CLOSE_PAREN_types = ("RPAR", "RSQB", "RBRACE")
     INDENT_type = "_INDENT"
     DEDENT_type = "_DEDENT"
@@ -243,8 +243,11 @@ class Builder(Transformer):
         return ast.ObjectDef(str(name), fields or (), self.docs.get(kw.line), self._span(name),
                              self._span(kw, rbrace))
 
-    def field(self, name, type_):
-        return ast.Field(str(name), type_, self._span(name, type_))
+    def field(self, modifier, name, type_):
+        if modifier is not None and modifier != "buffer":
+            raise ParseError(self._span(modifier), f"'{modifier}' cannot mark a field: write "
+                                                   f"'buffer {name}: …' for state that is not trained")
+        return ast.Field(str(name), type_, modifier is not None, self._span(modifier or name, type_))
 
     def type_def(self, kw, name, params, *ctors):
         return ast.TypeDef(str(name), tuple(map(str, params or ())), ctors,
@@ -403,6 +406,9 @@ class Builder(Transformer):
         return ast.RecordLit(tuple(type_.split("/")), fields or (), self._span(type_),
                              self._span(type_, rbrace))
 
+    def record_update(self, value, with_lbrace, fields, rbrace):
+        return ast.RecordUpdate(value, fields or (), self._span(value, rbrace))
+
     def field_init(self, name, value):
         return ast.FieldInit(str(name), value, self._span(name, value))
 
@@ -524,7 +530,7 @@ def _unexpected(source: Source, token: Token, expected: set[str]) -> ParseError:
     if _LAYOUT.open_brackets and (at_end or token in STATEMENT_KEYWORDS):
         opener = _LAYOUT.open_brackets[-1]
         return ParseError(Span(source, opener.start_pos, opener.end_pos), f"unclosed '{opener}'",
-                          [Note(f"expected '{CLOSERS[opener]}' before {what}", span)])
+                          [Note(f"expected '{CLOSERS[opener[-1]]}' before {what}", span)])
     if token.type == "_INDENT":
         tab = text.find("\t", text.rfind("\n", 0, start) + 1, start)
         if tab >= 0:

@@ -443,6 +443,10 @@ class _Names:
                 self.record_type(e)
                 for f in e.fields:
                     ex(f.value)
+            case ast.RecordUpdate():
+                ex(e.value)
+                for f in e.fields:
+                    ex(f.value)
             case ast.Lambda():
                 if not as_arg:
                     self.error(e.span, "a lambda can only be passed as an argument to a call")

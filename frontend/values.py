@@ -88,6 +88,11 @@ class RecordV:
     def get(self, name: str):
         return dict(self.fields).get(name)
 
+    @property
+    def buffers(self) -> frozenset[str]:
+        """The fields declared `buffer`: state that grad and map leave alone."""
+        return frozenset(f.name for f in self.decl.node.fields if f.buffer)
+
 
 @dataclass(frozen=True)
 class AdtV:

@@ -3,28 +3,40 @@ trees, lowered IR, kernel plans) as plain data (runtime/codec.py), stored under 
 covers everything they depend on (the source, the code that made them, the target CPU and its
 features, the versions of dslc, llvmlite and LLVM). `~/.cache/dslc`, or $DSLC_CACHE_DIR.
 Writes are atomic. An entry is read only from a regular file of this user's, in folders no one
-else can write, and only when its header and checksum match; anything else is a miss, rebuilt."""
+else can write, and only when its header and checksum match; anything else is a miss, rebuilt.
+The cache is kept under a cap ($DSLC_CACHE_MAX_SIZE) by evicting the least recently used
+entries; a load marks an entry used by its mtime."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import gc
 import hashlib
 import os
+import re
 import stat
 import struct
 import sys
 import tempfile
+from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Callable
 
+from frontend.diagnostics import DslError
 from runtime import codec
 
 MAGIC = b"dslc-entry-v2\n"
 HEADER = struct.Struct("<Q32s")     # after MAGIC and the key: the data's length and its sha256
 MAX_ENTRY = 1 << 28                 # bytes of data (256 MiB); an entry that says more is not ours
 ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_MAX_SIZE = 2 << 30          # bytes of entries (2 GiB); $DSLC_CACHE_MAX_SIZE overrides
+UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+SIZE = re.compile(r"(\d{1,20})(?:([KMGT])(?:iB)?)?", re.I)
+FOLDER = re.compile(r"[0-9a-f]{2}")
+ENTRY = re.compile(r"[0-9a-f]{64}\.(?:o|val)")      # what key() and store() name an entry
+TEMPORARY = re.compile(r"\.tmp-[0-9a-z_]+")          # what store() names the file it writes
 
 
 def versions() -> str:
@@ -39,6 +51,25 @@ def versions() -> str:
 
 def cache_dir() -> Path:
     return Path(os.environ.get("DSLC_CACHE_DIR") or Path.home() / ".cache" / "dslc")
+
+
+def parse_size(text: str) -> int:
+    """Bytes, from a size such as 1024, 500M or 2G (K, M, G and T are powers of 1024)."""
+    m = SIZE.fullmatch(text.strip())
+    if m is None:
+        raise ValueError(f"expected a size such as 1024, 500M or 2G, got {text!r}")
+    return int(m[1]) * UNITS[(m[2] or "").upper()]
+
+
+def max_size() -> int:
+    """The cap on the bytes of the cache's entries: $DSLC_CACHE_MAX_SIZE, or 2 GiB."""
+    text = os.environ.get("DSLC_CACHE_MAX_SIZE")
+    if not text:
+        return DEFAULT_MAX_SIZE
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise DslError(None, f"DSLC_CACHE_MAX_SIZE: {e}") from None
 
 
 def key(*parts: str) -> str:
@@ -71,6 +102,7 @@ def _head(k: str) -> bytes:
 
 def load(k: str, kind: str = "o") -> bytes | None:
     """The bytes stored under k, or None when absent or not exactly what was stored."""
+    max_size()              # a bad $DSLC_CACHE_MAX_SIZE is reported before the work, not at a store
     path = _path(k, kind)
     if not _trusted(path.parent):
         return None
@@ -79,7 +111,11 @@ def load(k: str, kind: str = "o") -> bytes | None:
     except OSError:
         return None
     try:
-        return _read_entry(fd, _head(k))
+        data = _read_entry(fd, _head(k))
+        if data is not None:                # used now: what eviction goes by (atime is often not kept)
+            with contextlib.suppress(OSError):
+                os.utime(fd)
+        return data
     except OSError:
         return None
     finally:
@@ -114,8 +150,10 @@ def _read_exactly(fd: int, n: int) -> bytes | None:
 
 
 def store(k: str, data: bytes, kind: str = "o") -> None:
-    """Store atomically (a reader sees the old entry or the new one, never half of one);
-    a cache that cannot be written is not an error, and leaves no temporary file behind."""
+    """Store atomically (a reader sees the old entry or the new one, never half of one), then
+    keep the cache under its cap; a cache that cannot be written is not an error, and leaves no
+    temporary file behind."""
+    cap = max_size()
     path = _path(k, kind)
     tmp = None
     try:
@@ -124,10 +162,12 @@ def store(k: str, data: bytes, kind: str = "o") -> None:
         if not _trusted(path.parent):
             return
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        entry = _head(k) + HEADER.pack(len(data), hashlib.sha256(data).digest()) + data
         with os.fdopen(fd, "wb") as f:
-            f.write(_head(k) + HEADER.pack(len(data), hashlib.sha256(data).digest()) + data)
+            f.write(entry)
         os.replace(tmp, path)
         tmp = None
+        _keep_under(cap, len(entry))
     except OSError:
         pass
     finally:
@@ -194,3 +234,108 @@ def memo(k: str, make: Callable[[], Any]) -> Any:
         value = make()
         store_value(k, value)
     return value
+
+
+# ---------------------------------------------------------------------------------------------
+# Managing the cache: its entries, least recently used first, and their eviction. Several
+# processes may list, load, store and evict at once: an entry that vanishes under one of them
+# is a miss (or already evicted), never an error.
+
+@dataclass(frozen=True)
+class Entry:
+    """An entry on disk: its size in bytes and when it was last stored or loaded (mtime, ns)."""
+    path: Path
+    size: int
+    used: int
+
+
+def entries() -> list[Entry]:
+    """The cache's entries, least recently used first; none when the cache folder does not
+    exist. Only regular files named as store() names them, in the folder it puts them in, are
+    entries."""
+    return sorted((Entry(path, st.st_size, st.st_mtime_ns) for path, st in _files(ENTRY)
+                   if path.name[:2] == path.parent.name), key=lambda e: (e.used, e.path))
+
+
+def _folders() -> list[str]:
+    """The cache's entry folders (not links to folders); none when it does not exist."""
+    try:
+        with os.scandir(cache_dir()) as it:
+            return [d.path for d in it if FOLDER.fullmatch(d.name) and d.is_dir(follow_symlinks=False)]
+    except FileNotFoundError:
+        return []
+
+
+def _files(name: re.Pattern) -> list[tuple[Path, os.stat_result]]:
+    """The regular files named `name` in the cache's entry folders (not following links)."""
+    found = []
+    for folder in _folders():
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError), os.scandir(folder) as it:
+            for f in it:
+                if name.fullmatch(f.name):
+                    with contextlib.suppress(FileNotFoundError):
+                        st = f.stat(follow_symlinks=False)
+                        if stat.S_ISREG(st.st_mode):
+                            found.append((Path(f.path), st))
+    return found
+
+
+def prune(max_size: int, to: int | None = None) -> tuple[list[Entry], list[Entry]]:
+    """(removed, kept): if the entries take more than max_size bytes, the least recently used
+    are removed until the rest take no more than `to` (default: max_size)."""
+    kept = entries()
+    total = sum(e.size for e in kept)
+    goal = max_size if to is None else to
+    if total <= max_size:
+        return [], kept
+    n = 0
+    while n < len(kept) and total > goal:
+        _remove(kept[n].path)
+        total -= kept[n].size
+        n += 1
+    return kept[:n], kept[n:]
+
+
+def clear() -> list[Entry]:
+    """Remove every entry, the temporary files of stores under way (those stores then store
+    nothing) and the folders left empty; the removed entries. Other files are left alone."""
+    removed = entries()
+    for path, _ in _files(TEMPORARY):
+        _remove(path)
+    for e in removed:
+        _remove(e.path)
+    for folder in _folders():
+        with contextlib.suppress(OSError):      # not empty: someone else's files, or a new entry
+            os.rmdir(folder)
+    return removed
+
+
+def _remove(path: Path) -> None:
+    """Unlink path within its folder, opened without following a link: a folder swapped for
+    a link since it was listed leads nowhere. Already gone is not an error."""
+    try:
+        fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            os.unlink(path.name, dir_fd=fd)
+        finally:
+            os.close(fd)
+    except OSError as e:
+        if e.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+            raise
+
+
+_sizes: dict[Path, int] = {}     # per cache folder: its bytes at this process's last count,
+                                 # plus what this process has stored there since
+
+
+def _keep_under(cap: int, stored: int) -> None:
+    """After a store of `stored` bytes: the entries are counted at a process's first store and
+    whenever its own stores since may have passed the cap; past it, eviction goes a tenth
+    below, so that counting (a listing of the folder) stays rare."""
+    root = cache_dir()
+    size = _sizes.get(root)
+    if size is not None and size + stored <= cap:
+        _sizes[root] = size + stored
+        return
+    _, kept = prune(cap, to=cap - cap // 10)
+    _sizes[root] = sum(e.size for e in kept)

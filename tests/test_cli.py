@@ -1,8 +1,10 @@
 """`dslc` as a user runs it: exit statuses, the diagnostic format, no tracebacks."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -307,14 +309,14 @@ def test_run_prints_each_float_in_the_shortest_text_of_its_dtype(tmp_path: Path)
 
 
 def test_train_reports_losses_as_f32s(tmp_path: Path):
+    from dsl import safetensors
     from dsl.values import shortest
     r = dslc("train", str(Path(__file__).parent.parent / "examples" / "xor.bend"), "--steps", "3",
              "--checkpoint-dir", str(tmp_path), "--device", "reference")
     assert r.returncode == 0, r.stderr
-    with np.load(tmp_path / "step0000003.npz") as ckpt:
-        losses = ckpt["loss"].astype(np.float64)
-    for t in (1, 2, 3):                          # the mean of the losses so far, as an f32
-        assert f"step {t}/3 loss {shortest(losses[:t].mean(), np.float32)} " in r.stderr
+    losses = safetensors.read(tmp_path / "step0000003.safetensors")["loss"].astype(np.float64)
+    # off a terminal, the last line: the mean of the last (at most 50) losses, as an f32
+    assert f"step 3/3 loss {shortest(losses.mean(), np.float32)} " in r.stderr
     assert f"  step loss   {shortest(losses.mean(), np.float32)} (the mean" in r.stdout
 
 
@@ -507,3 +509,92 @@ def test_run_into_an_unwritable_output_is_a_user_error(tmp_path: Path):
     r = dslc("run", str(tmp_path / "f.bend"), "--entry", "f", "--inputs", str(tmp_path / "in.npz"),
              "-o", str(tmp_path / "no" / "such" / "out.npz"))
     assert_user_error(r, "cannot write the result to")
+
+
+# ---------------------------------------------------------------- the compile cache
+
+SQUARES = "def f(x: f32[N]) -> f32:\n  return sum(x * x)\n"
+
+
+@pytest.fixture
+def cache_root(tmp_path: Path, monkeypatch) -> Path:
+    """A compile cache of its own for the dslc this test runs, under the default cap."""
+    monkeypatch.setenv("DSLC_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("DSLC_CACHE_MAX_SIZE", raising=False)
+    return tmp_path / "cache"
+
+
+def cache_says(*args: str) -> list[str]:
+    r = dslc("cache", *args)
+    assert (r.returncode, r.stderr) == (0, ""), r.stderr
+    return r.stdout.splitlines()
+
+
+def test_cache_info_prune_and_clear_on_the_entries_of_a_run(tmp_path: Path, cache_root: Path):
+    (tmp_path / "f.bend").write_text(SQUARES)
+    np.savez(tmp_path / "in.npz", x=np.arange(5, dtype=np.float32))
+    r = dslc("run", str(tmp_path / "f.bend"), "--entry", "f", "--inputs", str(tmp_path / "in.npz"),
+             "--device", "cpu")
+    assert r.returncode == 0, r.stderr
+    stored = sorted(p for p in cache_root.glob("??/*") if p.suffix in (".o", ".val"))
+    for i, path in enumerate(stored):           # known times of use: least recently used first
+        os.utime(path, (1.7e9 + i, 1.7e9 + i))
+    sizes = [p.stat().st_size for p in stored]
+    total = sum(sizes)
+    assert len(stored) >= 4 and 1024 <= total < 1 << 20
+    used = [time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(1.7e9 + i)) for i in range(len(stored))]
+    assert cache_says("info") == [
+        f"location: {cache_root}", f"entries: {len(stored)}, {total / 1024:.1f} KiB ({total} bytes)",
+        "size cap: 2.0 GiB (2147483648 bytes), the default",
+        f"least recently used: {used[0]}", f"most recently used: {used[-1]}"]
+
+    foreign = [cache_root / "notes.txt", stored[0].parent / "README"]
+    for path in foreign:
+        path.write_text("not dslc's")
+    k = len(stored) // 2                        # what the newest half takes: the oldest go
+    (pruned,) = cache_says("prune", "--max-size", str(sum(sizes[k:])))
+    assert pruned.startswith(f"removed {k} entries, ") and f"({sum(sizes[:k])} bytes); kept " in pruned
+    assert [p.exists() for p in stored] == [False] * k + [True] * (len(stored) - k)
+
+    (cleared,) = cache_says("clear")
+    assert cleared.startswith(f"removed {len(stored) - k} entries, ") and cleared.endswith(f" from {cache_root}")
+    assert not any(p.exists() for p in stored) and all(p.read_text() == "not dslc's" for p in foreign)
+    assert cache_says("info")[1] == "entries: 0, 0 bytes"
+
+
+def test_version_shows_the_cache_location(cache_root: Path):
+    r = dslc("--version")
+    assert r.returncode == 0 and r.stdout.splitlines()[1:] == [f"compile cache: {cache_root}"]
+
+
+@pytest.mark.parametrize("size", ["abc", "-5", "1.5G", "2X", ""])
+def test_a_bad_prune_size_is_a_usage_error(cache_root: Path, size: str):
+    r = dslc("cache", "prune", "--max-size", size)
+    assert r.returncode == 2 and r.stderr.startswith("usage: dslc cache prune"), r.stderr
+    assert f"argument --max-size: expected a size such as 1024, 500M or 2G, got {size!r}" in r.stderr
+
+
+@pytest.mark.parametrize("action, says", [
+    (["info"], ["location: {} (not made yet)", "entries: 0, 0 bytes",
+                "size cap: 2.0 GiB (2147483648 bytes), the default"]),
+    (["clear"], ["removed 0 entries, 0 bytes from {}"]),
+    (["prune", "--max-size", "1M"], ["removed 0 entries, 0 bytes; kept 0 entries, 0 bytes"]),
+])
+def test_a_cache_not_made_yet_is_empty_and_stays_unmade(cache_root: Path, action, says):
+    assert cache_says(*action) == [line.format(cache_root) for line in says]
+    assert not cache_root.exists()
+
+
+@pytest.mark.parametrize("action", [["info"], ["clear"], ["prune", "--max-size", "1M"]])
+def test_a_cache_location_that_is_not_a_folder_is_a_user_error(cache_root: Path, action):
+    cache_root.write_text("a file")
+    r = dslc("cache", *action)
+    assert_user_error(r, f"error: cannot use the compile cache in {cache_root}: Not a directory")
+    assert cache_root.read_text() == "a file"
+
+
+@pytest.mark.parametrize("command", [["cache", "info"], ["run", str(VALID), "--entry", "f", "--inputs", "x.npz"]])
+def test_a_bad_cap_in_the_environment_is_a_user_error(cache_root: Path, monkeypatch, command):
+    monkeypatch.setenv("DSLC_CACHE_MAX_SIZE", "2 gigs")
+    assert_user_error(dslc(*command), "error: DSLC_CACHE_MAX_SIZE: expected a size such as 1024, "
+                                      "500M or 2G, got '2 gigs'")

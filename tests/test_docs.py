@@ -268,7 +268,7 @@ def dslc_invocations(command: str) -> list[list[str]]:
     lexer.whitespace_split, lexer.commenters = True, "#"
     words, out, current = list(lexer), [], None
     for w, following in zip(words, words[1:] + [""]):
-        if set(w) <= set("();<>|&") or (w.isdigit() and following.startswith(">")):
+        if (w and set(w) <= set("();<>|&")) or (w.isdigit() and following.startswith(">")):
             out += [current] if current is not None else []
             current = None
         elif current is not None:

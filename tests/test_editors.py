@@ -139,6 +139,7 @@ _TERMINAL_CLASSES = {
     "STRING": {String.Double, String.Single, String.Escape},
     "LINE_COMMENT": {Comment.Single},
     "BLOCK_COMMENT": {Comment.Multiline, String.Doc},
+    "WITH_LBRACE": {Keyword, Whitespace, Punctuation},      # a record update's `with {`
 }
 _SYMBOL_CLASSES = {Operator, Punctuation, Name.Namespace}      # `nn/lib`: a module path
 

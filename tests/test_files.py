@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import resource
 import struct
 import subprocess
 import sys
@@ -16,7 +18,10 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 from numpy.lib import format as npy
+from safetensors.numpy import save_file as save_numpy
 
+import dsl.safetensors
+from conftest import isolated
 from dsl import npz
 from dsl.safetensors import SafetensorsError, read as read_safetensors
 from frontend.diagnostics import DslError
@@ -34,7 +39,7 @@ def entry(dtype=json.dumps("F32"), shape="[1]", offsets="[0, 4]") -> bytes:
     return f'{{"a": {{"dtype": {dtype}, "shape": {shape}, "data_offsets": {offsets}}}}}'.encode()
 
 
-@pytest.mark.parametrize("header, fault", [
+MALFORMED = [
     (entry(dtype='["F32"]'), r"tensor 'a' has dtype \['F32'\]: not a dtype"),
     (entry(dtype='{"F32": 1}'), r"tensor 'a' has dtype \{'F32': 1\}: not a dtype"),
     (b"[" * 100_000 + b"]" * 100_000, r"the header nests its JSON too deeply"),
@@ -52,12 +57,55 @@ def entry(dtype=json.dumps("F32"), shape="[1]", offsets="[0, 4]") -> bytes:
      r"the header names 'dtype' twice"),
     (b'{"\xff": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}', r"the header is not valid JSON"),
     (entry(dtype=json.dumps("x" * 10 ** 6)), r"has dtype 'x{20,}\.\.\.x+': not a dtype"),
-])
+    (entry(dtype='"BOOL"', shape="[4]"), r"tensor 'a' is BOOL but holds the byte 7 \(a bool is 0 or 1\)"),
+]
+
+
+@pytest.mark.parametrize("header, fault", MALFORMED)
 def test_a_malformed_header_is_a_safetensors_error(tmp_path, header, fault):
-    path = safetensors_file(tmp_path / "bad.safetensors", header, bytes(4))
+    path = safetensors_file(tmp_path / "bad.safetensors", header, bytes([0, 1, 7, 1]))
     with pytest.raises(SafetensorsError, match=fault) as e:
         read_safetensors(path)
     assert str(e.value).startswith(f"error: {path}: ") and len(str(e.value)) < 500
+
+
+def read_within_a_gib(path: Path) -> str:
+    """read_safetensors(path)'s error message, with 1 GiB more address space than the process has."""
+    size = int(Path("/proc/self/statm").read_text().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    resource.setrlimit(resource.RLIMIT_AS, (size + 2 ** 30, resource.getrlimit(resource.RLIMIT_AS)[1]))
+    try:
+        read_safetensors(path)
+    except SafetensorsError as e:
+        return str(e)
+    return "read"
+
+
+def test_no_malformed_header_crashes_hangs_or_allocates(tmp_path):
+    """Each malformed case in a child process: a SafetensorsError, never a signal, a hang or a
+    MemoryError (the safetensors package never sees a header that fails the checks)."""
+    paths = {safetensors_file(tmp_path / f"{i}.safetensors", header, bytes([0, 1, 7, 1])): fault
+             for i, (header, fault) in enumerate(MALFORMED)}
+    ended = {path: (outcome, value) for path, outcome, value in isolated(read_within_a_gib, paths, 60.0, jobs=2)}
+    for path, fault in paths.items():
+        outcome, value = ended[path]
+        assert outcome == "ok" and re.search(fault, value), (path, outcome, value)
+
+
+def test_a_file_cut_after_its_header_was_checked(tmp_path, monkeypatch):
+    """What the package refuses is a SafetensorsError too: here a file another process cuts
+    between the header's check and the package's reading."""
+    path = tmp_path / "w.safetensors"
+    save_numpy({"w": np.arange(4, dtype=np.float32)}, str(path))
+    package_open = dsl.safetensors.safe_open
+
+    def cut_then_open(filename, **kw):
+        Path(filename).write_bytes(Path(filename).read_bytes()[:-4])
+        return package_open(filename, **kw)
+
+    monkeypatch.setattr(dsl.safetensors, "safe_open", cut_then_open)
+    with pytest.raises(SafetensorsError, match=r"w.safetensors: cannot read the file: Error while deserializing "
+                                               r"header: incomplete metadata, file not fully covered"):
+        read_safetensors(path)
 
 
 @pytest.mark.parametrize("make, fault", [

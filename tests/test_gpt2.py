@@ -17,7 +17,6 @@ from dsl import cli
 from dsl.safetensors import SafetensorsError, read
 
 torch = pytest.importorskip("torch")
-pytest.importorskip("safetensors")
 from safetensors.numpy import save_file as save_numpy
 from safetensors.torch import save_file as save_torch
 
@@ -257,6 +256,7 @@ def test_every_dtype_round_trips(tmp_path):
               "f64": rng.standard_normal(7),
               "i32": rng.integers(-2 ** 31, 2 ** 31, (4, 1, 2), dtype=np.int32),
               "i64": rng.integers(-2 ** 63, 2 ** 63, 6, dtype=np.int64),
+              "u32": rng.integers(0, 2 ** 32, (2, 2), dtype=np.uint32), "bool": rng.random(5) < 0.5,
               "scalar": np.array(2.5, np.float32), "empty": np.zeros((0, 3), np.float32)}
     path = tmp_path / "all.safetensors"
     save_numpy(arrays, str(path), metadata={"format": "np"})

@@ -13,6 +13,7 @@ update rule is off by far more at the first step that uses it.
 from __future__ import annotations
 
 import errno
+import io
 import os
 import re
 import subprocess
@@ -20,13 +21,18 @@ import sys
 import zipfile
 from pathlib import Path
 
+import matplotlib.image
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from safetensors import SafetensorError
+from safetensors.numpy import save_file
 
 import dsl
-from dsl.train import Model, State, batch_indices, load_checkpoint, read_npz_data, save_checkpoint, write_png
+from dsl.progress import Progress
+from dsl.safetensors import read_with_metadata
+from dsl.train import Model, State, batch_indices, checksum, load_checkpoint, read_npz_data, save_checkpoint
 from frontend.diagnostics import DslError
 from runtime import cuda
 
@@ -156,11 +162,11 @@ def test_an_interrupted_run_resumes_to_the_same_bits(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         dsl.train(path, steps=6, seed=3, progress=None, final_eval=False, on_step=interrupt,
                   checkpoint_dir=str(tmp_path))
-    ckpt = tmp_path / "step0000003.npz"
-    with np.load(ckpt) as f:
-        assert int(f["step"]) == 3 and int(f["seed"]) == 3
-        assert {"p.C", "p.W1", "p.b1", "p.W2", "p.b2", "opt[0]", "opt[1].W1", "opt[2].W1"} <= set(f.files)
-        assert f["p.W1"].shape == (30, 200) and f["loss"].shape == (3,)
+    ckpt = tmp_path / "step0000003.safetensors"
+    tensors, meta = read_with_metadata(ckpt)
+    assert meta["step"] == "3" and meta["seed"] == "3" and meta["format"] == "dslc-train-2"
+    assert {"p.C", "p.W1", "p.b1", "p.W2", "p.b2", "opt[0]", "opt[1].W1", "opt[2].W1"} <= set(tensors)
+    assert tensors["p.W1"].shape == (30, 200) and tensors["loss"].shape == (3,)
     resumed = dsl.train(path, steps=6, resume=str(ckpt), progress=None, final_eval=False)
     assert resumed.start_step == 3 and resumed.steps == 6
     assert same_bits(resumed.params, straight.params)
@@ -184,8 +190,7 @@ def test_the_batches_are_a_function_of_seed_and_step():
 
 
 def checkpoint_arrays(path: Path) -> dict[str, np.ndarray]:
-    with np.load(path) as f:
-        return {k: f[k] for k in f.files}
+    return read_with_metadata(path)[0]
 
 
 def test_cli_seed_and_resume(tmp_path):
@@ -194,13 +199,13 @@ def test_cli_seed_and_resume(tmp_path):
                        "c": ["--seed", "8", "--steps", "40"], "half": ["--seed", "7", "--steps", "20"]}.items():
         r = dslc("train", str(XOR), *args, "--checkpoint-dir", str(tmp_path / name))
         assert r.returncode == 0, r.stderr
-        runs[name] = tmp_path / name / f"step{int(args[3]):07d}.npz"
+        runs[name] = tmp_path / name / f"step{int(args[3]):07d}.safetensors"
     r = dslc("train", str(XOR), "--resume", str(runs["half"]), "--steps", "40",
              "--checkpoint-dir", str(tmp_path / "resumed"))
     assert r.returncode == 0, r.stderr
     assert "resumed at step 20" in r.stdout and "accuracy" in r.stdout
     a, b, c = (checkpoint_arrays(runs[k]) for k in "abc")
-    resumed = checkpoint_arrays(tmp_path / "resumed" / "step0000040.npz")
+    resumed = checkpoint_arrays(tmp_path / "resumed" / "step0000040.safetensors")
     for k in a:
         if k.startswith("p."):
             assert np.array_equal(a[k], b[k]) and np.array_equal(a[k], resumed[k])
@@ -217,21 +222,82 @@ def test_report_plot_and_data_file(tmp_path):
              "--plot", str(plot), "--hyper", "lr=1.0")
     assert r.returncode == 0, r.stderr
     assert "trained" in r.stdout and "valid" in r.stdout and "accuracy" in r.stdout
-    png = plot.read_bytes()
-    assert png.startswith(b"\x89PNG\r\n\x1a\n") and b"IEND" in png[-12:]
-    assert "step 30/30" in r.stderr
+    assert f"  plot        {plot}" in r.stdout
+    first, last = r.stderr.splitlines()                    # not a terminal: no bar, two lines
+    assert first.startswith(f"training {XOR} for 30 steps from step 0")
+    assert re.fullmatch(r"step 30/30 loss 0\.[0-9]+ [0-9.]+ steps/s", last)
+    image = matplotlib.image.imread(plot)
+    assert image.shape == (675, 1200, 4)                   # 8 x 4.5 inches at 150 dpi, RGBA
+    colours = {tuple(c) for c in (image[..., :3] * 255).round().astype(int).reshape(-1, 3)}
+    assert (31, 119, 180) in colours and (255, 127, 14) in colours   # training line, validation markers
 
 
-def test_write_png_round_trips(tmp_path):
-    import struct
-    import zlib
-    img = np.random.default_rng(0).integers(0, 255, (5, 7, 3), dtype=np.uint8)
-    write_png(str(tmp_path / "a.png"), img)
-    data = (tmp_path / "a.png").read_bytes()
-    w, h = struct.unpack(">II", data[16:24])
-    idat = data[data.index(b"IDAT") + 4:data.index(b"IEND") - 8]
-    raw = np.frombuffer(zlib.decompress(idat), np.uint8).reshape(h, 1 + 3 * w)
-    assert (w, h) == (7, 5) and np.array_equal(raw[:, 1:].reshape(5, 7, 3), img)
+# ---------------------------------------------------------------- the plot and the progress
+
+def test_a_plot_without_matplotlib_says_how_to_install_it(tmp_path):
+    hide = "import sys; sys.modules['matplotlib'] = None; from dsl.cli import main; sys.exit(main())"
+    r = subprocess.run([sys.executable, "-c", hide, "train", str(XOR), "--plot", str(tmp_path / "l.png"),
+                        "--checkpoint-dir", str(tmp_path / "ck")], capture_output=True, text=True, timeout=300)
+    user_error(r, "a loss plot needs matplotlib, which is not installed: pip install 'dslc[plot]'")
+    assert "training" not in r.stderr and not (tmp_path / "ck").exists()
+
+
+@pytest.mark.parametrize("where, fault", [
+    ("missing/loss.png", "the folder {tmp}/missing does not exist"),
+    ("", "it is a directory"),
+    ("loss.XYZ", "matplotlib writes .*\\.png, .*, not \\.XYZ"),
+    ("loss", "matplotlib writes .*\\.pdf, .*\\.png, .*\\.svg, .*, not a file without an extension"),
+    ("/sys/loss.png", "Permission denied"),                # not writable, even by root
+])
+def test_a_bad_plot_path_is_refused_before_training(tmp_path, where, fault):
+    plot = str(tmp_path / where)
+    with pytest.raises(DslError, match=re.escape(f"cannot write the plot {plot}: ") + fault.format(tmp=tmp_path)):
+        dsl.train(str(XOR), steps=2, plot=plot, checkpoint_dir=str(tmp_path / "ck"), progress=None)
+    assert not (tmp_path / "ck").exists()
+
+
+def test_another_runs_checkpoints_are_kept_unless_resumed_or_overwritten(tmp_path):
+    ck = tmp_path / "ck"
+    assert dslc("train", str(XOR), "--steps", "2", "--checkpoint-dir", str(ck)).returncode == 0
+    user_error(dslc("train", str(XOR), "--steps", "3", "--checkpoint-dir", str(ck)),
+               f"error: {ck} already holds another run's checkpoints (the last is step0000002.safetensors): "
+               f"give --resume {ck / 'step0000002.safetensors'} to go on from it, or --overwrite to delete them")
+    assert sorted(p.name for p in ck.iterdir()) == ["step0000002.safetensors"]
+    dsl.train(str(XOR), steps=4, resume=str(ck / "step0000002.safetensors"), checkpoint_dir=str(ck), progress=None)
+    assert sorted(p.name for p in ck.iterdir()) == ["step0000002.safetensors", "step0000004.safetensors"]
+    assert dslc("train", str(XOR), "--steps", "3", "--checkpoint-dir", str(ck), "--overwrite").returncode == 0
+    assert sorted(p.name for p in ck.iterdir()) == ["step0000003.safetensors"]
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_terminal_gets_a_bar_with_the_loss_and_the_rate():
+    term = Terminal()
+    dsl.train(str(XOR), steps=30, progress=term, final_eval=False)
+    assert f"training {XOR} for 30 steps from step 0" in term.getvalue()
+    last = term.getvalue().split("\r")[-1]
+    assert re.fullmatch(r"100%\|[#█]+\| 30/30 \[[0-9:]+<00:00, [0-9.]+ steps/s, loss 0\.[0-9]+\]\n", last), last
+
+
+def test_a_log_gets_a_line_every_interval_and_at_each_evaluation():
+    log, now, evaluating = io.StringIO(), [0.0], 0.0
+    bar = Progress(log, 0, 1000, clock=lambda: now[0], interval=30.0)
+    for done in range(1, 1001):
+        now[0] += 0.125                                    # 8 steps/s
+        if done == 500:
+            now[0] += 2.5                                  # an evaluation, left out of the rate
+            evaluating = 2.5
+        bar.update(done, 2.0, "valid loss 1.5" if done == 500 else None, evaluating)
+    assert log.getvalue().splitlines() == [
+        "step 240/1000 loss 2.0 8.0 steps/s",
+        "step 480/1000 loss 2.0 8.0 steps/s",
+        "step 500/1000 loss 2.0 valid loss 1.5 8.0 steps/s",
+        "step 740/1000 loss 2.0 8.0 steps/s",
+        "step 980/1000 loss 2.0 8.0 steps/s",
+        "step 1000/1000 loss 2.0 8.0 steps/s"]
 
 
 # ---------------------------------------------------------------- diagnostics
@@ -286,6 +352,19 @@ def test_loader_that_raises(tmp_path):
                "load('train') failed at line", "FileNotFoundError: digits.csv")
 
 
+@pytest.mark.parametrize("example, package", [("names_mlp", "names"), ("lstm_chars", "names"),
+                                              ("cnn_digits", "scikit-learn")])
+def test_an_example_without_its_extra_says_how_to_install_it(tmp_path, example, package):
+    for module in ("names", "sklearn"):           # found before the installed ones, and unimportable
+        (tmp_path / f"{module}.py").write_text("raise ImportError('hidden by the test')\n")
+    r = subprocess.run([sys.executable, "-m", "dsl", "train", str(EXAMPLES / f"{example}.bend"), "--steps", "1",
+                        "--checkpoint-dir", ""], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])})
+    user_error(r, f"examples/{example}.py load('train') failed at line ",
+               f": ImportError: this example needs the PyPI package '{package}': pip install 'dslc[examples]' "
+               f"(or pip install {package})")
+
+
 def test_a_parameter_nobody_gives(tmp_path):
     loader = XOR_LOADER.replace('HYPER = {"lr": 0.5}', "HYPER = {}")
     user_error(dslc("train", str(model_copy(tmp_path, XOR.read_text(), loader))),
@@ -295,7 +374,7 @@ def test_a_parameter_nobody_gives(tmp_path):
 def test_checkpoint_of_another_model(tmp_path):
     r = dslc("train", str(XOR), "--steps", "2", "--checkpoint-dir", str(tmp_path / "a"))
     assert r.returncode == 0, r.stderr
-    ckpt = tmp_path / "a" / "step0000002.npz"
+    ckpt = tmp_path / "a" / "step0000002.safetensors"
     user_error(dslc("train", str(XOR), "--dims", "H=4", "--resume", str(ckpt)),
                "is not of this model", "its 'p.W1' is f32[2, 8], xor.bend (init, init_opt) makes f32[2, 4]")
     names = EXAMPLES / "names_mlp.bend"
@@ -304,13 +383,14 @@ def test_checkpoint_of_another_model(tmp_path):
     other = tmp_path / "other.npz"
     np.savez(other, x=np.zeros(3))
     user_error(dslc("train", str(XOR), "--resume", str(other)), "not a dslc train checkpoint")
-    user_error(dslc("train", str(XOR), "--resume", str(tmp_path / "nope.npz")), "cannot resume from", "No such file")
+    user_error(dslc("train", str(XOR), "--resume", str(tmp_path / "nope.safetensors")), "cannot resume from",
+               "No such file")
 
 
 def test_resume_with_another_seed_is_refused(tmp_path):
     r = dslc("train", str(XOR), "--steps", "2", "--seed", "1", "--checkpoint-dir", str(tmp_path))
     assert r.returncode == 0, r.stderr
-    user_error(dslc("train", str(XOR), "--resume", str(tmp_path / "step0000002.npz"), "--seed", "2"),
+    user_error(dslc("train", str(XOR), "--resume", str(tmp_path / "step0000002.safetensors"), "--seed", "2"),
                "was trained with seed 1, not 2")
 
 
@@ -333,27 +413,61 @@ def test_usage_errors_exit_2(args, message):
 def test_checkpoint_loader_checks_dtype_and_shape(tmp_path):
     model = Model(str(XOR))
     p, s = model.init(0)
-    save_checkpoint(tmp_path / "c.npz", State(p, s, 0, 0), model)
-    back = load_checkpoint(str(tmp_path / "c.npz"), model, State(p, s, 0, 0))
+    save_checkpoint(tmp_path / "c.safetensors", State(p, s, 0, 0), model)
+    back = load_checkpoint(str(tmp_path / "c.safetensors"), model, State(p, s, 0, 0))
     assert same_bits(back.p, p)
+
+
+LEAVES = {"f32": np.arange(6, dtype=np.float32).reshape(2, 3) / 7, "f64": np.array([np.pi, -0.0, np.inf]),
+          "f16": np.array([1.5, -2.0], np.float16), "i32": np.array([-2 ** 31, 0, 2 ** 31 - 1], np.int32),
+          "i64": np.array([-2 ** 63, 2 ** 63 - 1]), "bool": np.array([True, False, True]),
+          "scalar": np.float32(2.5), "int_scalar": np.int32(-7), "empty": np.zeros((0, 4), np.float32),
+          "strided": np.arange(12, dtype=np.float32).reshape(3, 4).T}
+
+
+def test_every_leaf_round_trips_to_the_bit(tmp_path):
+    """A checkpoint of every kind of leaf a model's state has: each dtype, a key (u32 words),
+    scalars, an empty array, a transposed view; read back with its dtype, shape and bits."""
+    model = Model(str(XOR), device="reference")
+    p = dsl.Record("Leaves", dict(LEAVES))
+    s = (np.int32(4), {"k": dsl.key(2 ** 64 - 1), "m": [np.float32(0.5), np.zeros(2, np.float64)]})
+    save_checkpoint(tmp_path / "c.safetensors", State(p, s, 2, 2 ** 64 - 1, [0.25, 0.125], [(1, 0.5)]), model)
+    back = load_checkpoint(str(tmp_path / "c.safetensors"), model, State(p, s, 0, 0))
+    assert same_bits(back.p, p) and same_bits(back.s, s)
+    assert isinstance(back.p, dsl.Record) and isinstance(back.s[1]["k"], dsl.Key)
+    assert back.s[1]["k"].words.dtype == np.uint32 and back.s[1]["k"] == dsl.key(2 ** 64 - 1)
+    assert (back.step, back.seed, back.losses, back.evals) == (2, 2 ** 64 - 1, [0.25, 0.125], [(1, 0.5)])
 
 
 # ---------------------------------------------------------------- damaged checkpoints, failed writes
 
 @pytest.fixture(scope="module")
 def xor_checkpoint(tmp_path_factory):
-    """XOR's model, a checkpoint of it after 3 steps, and that checkpoint's arrays."""
+    """XOR's model, a checkpoint of it after 3 steps, and that checkpoint's tensors and metadata."""
     model = Model(str(XOR), device="reference")
     p, s = model.init(0)
-    path = tmp_path_factory.mktemp("ckpt") / "good.npz"
+    path = tmp_path_factory.mktemp("ckpt") / "good.safetensors"
     save_checkpoint(path, State(p, s, 3, 5, [0.7, 0.6, 0.5], [(2, 0.65)]), model)
-    return model, path, checkpoint_arrays(path)
+    return model, path, *read_with_metadata(path)
 
 
 def resume_error(model: Model, path: Path, fault: str) -> None:
     p, s = model.init(0)
     with pytest.raises(DslError, match=f"^error: cannot resume from {re.escape(str(path))}: {fault}"):
         load_checkpoint(str(path), model, State(p, s, 0, 0))
+
+
+def rewrite(path: Path, tensors: dict, meta: dict) -> Path:
+    """A checkpoint as another writer might make it: any tensors and metadata, its crc32 theirs."""
+    save_file(tensors, str(path), metadata={**meta, "crc32": checksum(tensors, meta)})
+    return path
+
+
+def legacy_npz(path: Path, tensors: dict, meta: dict) -> Path:
+    """The .npz checkpoint that earlier versions wrote (format dslc-train-1) of the same state."""
+    np.savez(path, **tensors, step=np.int64(meta["step"]), seed=np.uint64(meta["seed"]),
+             model=np.str_(meta["model"]), format=np.str_("dslc-train-1"))
+    return path
 
 
 OTHER = r"it is not of this model \(it was saved by xor.bend\): "
@@ -364,50 +478,95 @@ def without(arrays: dict, name: str) -> dict:
 
 
 @pytest.mark.parametrize("change, fault", [
-    (lambda a: without(a, "step"), "it has no 'step'"),
-    (lambda a: without(a, "seed"), "it has no 'seed'"),
-    (lambda a: without(a, "loss"), "it has no 'loss'"),
-    (lambda a: without(a, "valid.loss"), "it has no 'valid.loss'"),
+    (lambda t, m: (t, without(m, "step")), "it has no 'step'"),
+    (lambda t, m: (t, without(m, "seed")), "it has no 'seed'"),
+    (lambda t, m: (t, without(m, "model")), "it has no 'model'"),
+    (lambda t, m: (without(t, "loss"), m), "it has no 'loss'"),
+    (lambda t, m: (without(t, "valid.loss"), m), "it has no 'valid.loss'"),
+    (lambda t, m: (t, without(m, "format")), "it is not a dslc train checkpoint"),
+    (lambda t, m: (t, {**m, "format": "dslc-train-1"}), r"it is not a dslc train checkpoint \(it has no format 'dslc-train-2'\)"),
+    (lambda t, m: ({"x": np.zeros(3)}, {}), "it is not a dslc train checkpoint"),
+    (lambda t, m: (without(t, "p.W1"), m), OTHER + "it has no 'p.W1'"),
+    (lambda t, m: ({**t, "p.W1": t["p.W1"].astype(np.float64)}, m), OTHER + r"its 'p.W1' is f64\[2, 8\], xor.bend .* makes f32\[2, 8\]"),
+    (lambda t, m: ({**t, "p.b1": t["p.b1"][:3]}, m), OTHER + r"its 'p.b1' is f32\[3\], xor.bend .* makes f32\[8\]"),
+    (lambda t, m: ({**t, "junk": np.zeros(2)}, m), r"it has 'junk', which no checkpoint has"),
+    (lambda t, m: ({**t, "p.W3": np.zeros(2)}, m), OTHER + r"it has 'p.W3', which xor.bend \(init, init_opt\) does not have"),
+    (lambda t, m: (t, {**m, "step": "3.0"}), r"its 'step' is '3.0', not a whole number"),
+    (lambda t, m: (t, {**m, "step": "-1"}), r"its 'step' is '-1', not a whole number"),
+    (lambda t, m: (t, {**m, "step": ""}), r"its 'step' is '', not a whole number"),
+    (lambda t, m: (t, {**m, "step": "٣"}), r"its 'step' is '٣', not a whole number"),
+    (lambda t, m: (t, {**m, "step": "9" * 5000}), r"its 'step' is '9{10,}\.\.\.9+', not a whole number"),
+    (lambda t, m: (t, {**m, "step": str(2 ** 62)}), r"its 'step' is 4611686018427387904 but it has 3 steps' losses"),
+    (lambda t, m: (t, {**m, "step": "1"}), r"its 'step' is 1 but it has 3 steps' losses"),
+    (lambda t, m: (t, {**m, "seed": "0x5"}), r"its 'seed' is '0x5', not a whole number"),
+    (lambda t, m: (t, {**m, "seed": str(2 ** 64)}), r"its 'seed' is 18446744073709551616, not in \[0, 2\*\*64\)"),
+    (lambda t, m: ({**t, "loss": t["loss"].reshape(1, 3)}, m), r"its 'loss' is f32\[1, 3\], not a vector of floats"),
+    (lambda t, m: ({**t, "valid.step": np.float32([2])}, m), r"its 'valid.step' is f32\[1\], not a vector of integers"),
+    (lambda t, m: ({**t, "valid.step": np.int64([1, 2])}, m), r"it has 2 'valid.step' but 1 'valid.loss'"),
+])
+def test_a_checkpoint_with_wrong_contents_cannot_be_resumed(xor_checkpoint, tmp_path, change, fault):
+    model, _, tensors, meta = xor_checkpoint
+    resume_error(model, rewrite(tmp_path / "bad.safetensors", *change(dict(tensors), without(meta, "crc32"))), fault)
+
+
+@pytest.mark.parametrize("change", [
+    lambda t, m: ({**t, "p.W1": t["p.W1"] * 2}, m),
+    lambda t, m: ({**t, "p.W1": t["p.W1"].T.copy()}, m),
+    lambda t, m: (t, {**m, "seed": "6"}),
+    lambda t, m: (t, without(m, "crc32")),
+])
+def test_contents_that_do_not_match_their_crc32_are_refused(xor_checkpoint, tmp_path, change):
+    model, _, tensors, meta = xor_checkpoint
+    tensors, changed = change(dict(tensors), dict(meta))
+    save_file(tensors, str(tmp_path / "bad.safetensors"), metadata=changed)
+    fault = "its contents do not match its crc32" if "crc32" in changed else "it has no 'crc32'"
+    resume_error(model, tmp_path / "bad.safetensors", fault)
+
+
+def test_an_npz_checkpoint_of_earlier_versions_resumes(xor_checkpoint, tmp_path):
+    model, _, tensors, meta = xor_checkpoint
+    p, s = model.init(0)
+    state = load_checkpoint(str(legacy_npz(tmp_path / "old.npz", tensors, meta)), model, State(p, s, 0, 0))
+    assert (state.step, state.seed, state.losses, state.evals) == (3, 5, tensors["loss"].tolist(), [(2, 0.65)])
+    assert same_bits(state.p, checkpoint_params(tensors))
+
+
+@pytest.mark.parametrize("change, fault", [
+    (lambda a: without(a, "format"), r"it is not a dslc train checkpoint \(it has no format 'dslc-train-1'\)"),
+    (lambda a: {**a, "format": np.int64(1)}, "it is not a dslc train checkpoint"),
+    (lambda a: {**a, "format": np.array(["dslc-train-1"] * 2)}, "it is not a dslc train checkpoint"),
     (lambda a: without(a, "model"), "it has no 'model'"),
-    (lambda a: without(a, "format"), "it is not a dslc train checkpoint"),
-    (lambda a: without(a, "p.W1"), OTHER + "it has no 'p.W1'"),
-    (lambda a: {**a, "p.W1": a["p.W1"].astype(np.float64)}, OTHER + r"its 'p.W1' is f64\[2, 8\], xor.bend .* makes f32\[2, 8\]"),
-    (lambda a: {**a, "p.b1": a["p.b1"][:3]}, OTHER + r"its 'p.b1' is f32\[3\], xor.bend .* makes f32\[8\]"),
-    (lambda a: {**a, "junk": np.zeros(2)}, r"it has 'junk', which no checkpoint has"),
-    (lambda a: {**a, "p.W3": np.zeros(2)}, OTHER + r"it has 'p.W3', which xor.bend \(init, init_opt\) does not have"),
     (lambda a: {**a, "step": np.float64(3.0)}, r"its 'step' is f64\[\], not a scalar of integers"),
     (lambda a: {**a, "step": np.str_("3")}, r"its 'step' is <U1\[\], not a scalar of integers"),
     (lambda a: {**a, "step": np.int64([3, 3])}, r"its 'step' is i64\[2\], not a scalar"),
-    (lambda a: {**a, "step": np.int64(2 ** 62)}, r"its 'step' is 4611686018427387904 but it has 3 steps' losses"),
-    (lambda a: {**a, "step": np.int64(-1)}, r"its 'step' is -1 but it has 3 steps' losses"),
-    (lambda a: {**a, "seed": np.float32(5)}, r"its 'seed' is f32\[\], not a scalar of integers"),
-    (lambda a: {**a, "seed": np.int64(-5)}, r"its 'seed' is -5, not in \[0, 2\*\*64\)"),
-    (lambda a: {**a, "loss": a["loss"].reshape(1, 3)}, r"its 'loss' is f32\[1, 3\], not a vector of floats"),
-    (lambda a: {**a, "valid.step": np.int64([1, 2])}, r"it has 2 'valid.step' but 1 'valid.loss'"),
-    (lambda a: {**a, "format": np.int64(1)}, "it is not a dslc train checkpoint"),
-    (lambda a: {**a, "format": np.array(["dslc-train-1"] * 2)}, "it is not a dslc train checkpoint"),
+    (lambda a: {**a, "step": np.int64(-1)}, r"its 'step' is '-1', not a whole number"),
+    (lambda a: {**a, "seed": np.int64(-5)}, r"its 'seed' is '-5', not a whole number"),
     (lambda a: {**a, "model": np.float32(1)}, r"its 'model' is f32\[\], not a scalar of text"),
-    (lambda a: {"x": np.zeros(3)}, "it is not a dslc train checkpoint"),
+    (lambda a: {**a, "p.b1": a["p.b1"][:3]}, OTHER + r"its 'p.b1' is f32\[3\], xor.bend .* makes f32\[8\]"),
 ])
-def test_a_checkpoint_with_wrong_members_cannot_be_resumed(xor_checkpoint, tmp_path, change, fault):
-    model, _, arrays = xor_checkpoint
-    np.savez(tmp_path / "bad.npz", **change(dict(arrays)))
+def test_an_npz_checkpoint_with_wrong_members_cannot_be_resumed(xor_checkpoint, tmp_path, change, fault):
+    model, _, tensors, meta = xor_checkpoint
+    arrays = dict(np.load(legacy_npz(tmp_path / "old.npz", tensors, meta)))
+    np.savez(tmp_path / "bad.npz", **change(arrays))
     resume_error(model, tmp_path / "bad.npz", fault)
 
 
-def test_a_damaged_checkpoint_cannot_be_resumed(xor_checkpoint, tmp_path):
+@pytest.mark.parametrize("suffix", [".safetensors", ".npz"])
+def test_a_damaged_checkpoint_cannot_be_resumed(xor_checkpoint, tmp_path, suffix):
     """Cut at many points, bits flipped: refused with a diagnostic, or (where the flip is in a
     byte the reader ignores) read to exactly the saved state."""
-    model, good, arrays = xor_checkpoint
+    model, good, tensors, meta = xor_checkpoint
+    if suffix == ".npz":
+        good = legacy_npz(tmp_path / "good.npz", tensors, meta)
     p, s = model.init(0)
     raw = good.read_bytes()
     rng = np.random.default_rng(1)
-    damaged = [raw[:n] for n in (0, 1, 21, 22, 100, len(raw) // 3, len(raw) // 2, len(raw) - 23, len(raw) - 1)]
+    damaged = [raw[:n] for n in (0, 1, 7, 8, 9, 21, 22, 100, len(raw) // 3, len(raw) // 2, len(raw) - 23, len(raw) - 1)]
     for _ in range(150):
         b = bytearray(raw)
         b[rng.integers(len(b))] ^= 1 << rng.integers(8)
         damaged.append(bytes(b))
-    bad = tmp_path / "damaged.npz"
+    bad = tmp_path / f"damaged{suffix}"
     for b in damaged:
         bad.write_bytes(b)
         try:
@@ -415,44 +574,47 @@ def test_a_damaged_checkpoint_cannot_be_resumed(xor_checkpoint, tmp_path):
         except DslError as e:
             assert str(e).startswith(f"error: cannot resume from {bad}: "), str(e)
         else:
-            assert state.step == 3 and state.seed == 5 and state.losses == arrays["loss"].tolist()
-            assert same_bits(state.p, checkpoint_params(arrays))
+            assert state.step == 3 and state.seed == 5 and state.losses == tensors["loss"].tolist()
+            assert same_bits(state.p, checkpoint_params(tensors))
 
 
 def checkpoint_params(arrays: dict) -> dict:
     return {k[2:]: a for k, a in arrays.items() if k.startswith("p.")}
 
 
-@pytest.mark.parametrize("make, fault", [
-    (lambda p: p.write_bytes(b""), r"not an .npz archive"),
-    (lambda p: p.mkdir(), r"cannot read the file: Is a directory"),
-    (lambda p: os.mkfifo(p), r"cannot read the file: not a regular file"),
-    (lambda p: p.write_text("step = 3\n"), r"not an .npz archive"),
-    (lambda p: zipfile.ZipFile(p, "w").writestr("notes.txt", "hello"), r"member 'notes.txt' is not an .npy array"),
+@pytest.mark.parametrize("name, make, fault", [
+    ("c.safetensors", lambda p: p.write_bytes(b""), r"too short for a safetensors file \(0 bytes"),
+    ("c.safetensors", lambda p: p.mkdir(), r"cannot read the file: Is a directory"),
+    ("c.safetensors", lambda p: os.mkfifo(p), r"cannot read the file: not a regular file"),
+    ("c.safetensors", lambda p: p.write_text("step = 3\n"), r"the header is said to be \d+ bytes long"),
+    ("c.npz", lambda p: p.write_bytes(b""), r"not an .npz archive"),
+    ("c.npz", lambda p: p.write_text("step = 3\n"), r"not an .npz archive"),
+    ("c.npz", lambda p: zipfile.ZipFile(p, "w").writestr("notes.txt", "hello"), r"member 'notes.txt' is not an .npy array"),
 ])
-def test_what_is_no_checkpoint_cannot_be_resumed(xor_checkpoint, tmp_path, make, fault):
-    make(tmp_path / "c.npz")
-    resume_error(xor_checkpoint[0], tmp_path / "c.npz", fault)
+def test_what_is_no_checkpoint_cannot_be_resumed(xor_checkpoint, tmp_path, name, make, fault):
+    make(tmp_path / name)
+    resume_error(xor_checkpoint[0], tmp_path / name, fault)
 
 
 def test_the_cli_refuses_a_truncated_checkpoint(xor_checkpoint, tmp_path):
-    cut = tmp_path / "cut.npz"
+    cut = tmp_path / "cut.safetensors"
     cut.write_bytes(xor_checkpoint[1].read_bytes()[:-40])
     user_error(dslc("train", str(XOR), "--resume", str(cut), "--checkpoint-dir", ""),
-               f"cannot resume from {cut}: ")
+               f"cannot resume from {cut}: tensor 'p.W2' ends at byte 124 of the data, which has only 120 bytes "
+               "(a truncated file?)")
 
 
 def test_a_checkpoint_directory_that_is_a_file(xor_checkpoint, tmp_path):
-    model, _, _ = xor_checkpoint
+    model = xor_checkpoint[0]
     p, s = model.init(0)
     (tmp_path / "file").write_text("")
     for where in (tmp_path / "file", tmp_path / "file" / "sub"):
         with pytest.raises(DslError, match=f"cannot write a checkpoint in {re.escape(str(where))}: "):
-            save_checkpoint(where / "step0000001.npz", State(p, s, 1, 0, [0.5]), model)
+            save_checkpoint(where / "step0000001.safetensors", State(p, s, 1, 0, [0.5]), model)
 
 
 def test_a_failed_write_leaves_no_temporary(xor_checkpoint, tmp_path, monkeypatch):
-    model, _, _ = xor_checkpoint
+    model = xor_checkpoint[0]
     p, s = model.init(0)
     state = State(p, s, 1, 0, [0.5])
 
@@ -461,7 +623,7 @@ def test_a_failed_write_leaves_no_temporary(xor_checkpoint, tmp_path, monkeypatc
 
     monkeypatch.setattr(os, "fsync", full)
     with pytest.raises(DslError, match=f"cannot write a checkpoint in {re.escape(str(tmp_path))}: No space left"):
-        save_checkpoint(tmp_path / "step0000001.npz", state, model)
+        save_checkpoint(tmp_path / "step0000001.safetensors", state, model)
     assert os.listdir(tmp_path) == []
 
     def interrupted(fd):
@@ -469,7 +631,17 @@ def test_a_failed_write_leaves_no_temporary(xor_checkpoint, tmp_path, monkeypatc
 
     monkeypatch.setattr(os, "fsync", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        save_checkpoint(tmp_path / "step0000001.npz", state, model)
+        save_checkpoint(tmp_path / "step0000001.safetensors", state, model)
+    assert os.listdir(tmp_path) == []
+
+    def broken(tensors, filename, metadata):         # the package's own write fails part way
+        Path(filename).write_bytes(b"\x00" * 5)
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(sys.modules["dsl.train"], "save_file", broken)       # (dsl.train is the function)
+    with pytest.raises(DslError, match=f"cannot write a checkpoint in {re.escape(str(tmp_path))}: Error while "
+                                       "serializing: I/O error: No space left"):
+        save_checkpoint(tmp_path / "step0000001.safetensors", state, model)
     assert os.listdir(tmp_path) == []
 
 

@@ -393,15 +393,48 @@ def test_batch_norm(training):
         rm, rv = rm.clone(), rv.clone()
         y = F.batch_norm(nchw(x), rm, rv, w, b, training, 0.1, 1e-5)
         return nhwc(y), rm, rv
-    compare(f"nn.batch_norm(x, rm, rv, w, b, {training})", dict(x=x, rm=rm, rv=rv, w=w, b=b),
-            torch_batch_norm, ("x", "w", "b"))
+    compare(f"stats(nn.batch_norm(x, nn/BatchNorm {{ weight: w, bias: b, running_mean: rm, running_var: rv }}, "
+            f"{training}))", dict(x=x, rm=rm, rv=rv, w=w, b=b), torch_batch_norm, ("x", "w", "b"),
+            helpers="""
+            def stats(out):
+              y, bn = out
+              return y, bn.running_mean, bn.running_var
+            """)
+
+
+def test_batch_norm_gives_its_buffers_no_gradient():
+    """grad with respect to the whole BatchNorm record: weight and bias have gradients, the
+    running statistics (buffers) zeros; a map over it, as an optimizer's, leaves them as they are."""
+    prog = driver("""
+        import nn
+        def loss(bn: nn/BatchNorm, x: f32[B, H, W, C]) -> f32:
+          y, _ = nn.batch_norm(x, bn)
+          return sum(y * y * bn.running_mean)
+        def gradient(bn: nn/BatchNorm, x: f32[B, H, W, C]) -> nn/BatchNorm:
+          return grad(loss, wrt=bn)(bn, x)
+        def sgd(bn: nn/BatchNorm, x: f32[B, H, W, C]) -> nn/BatchNorm:
+          g = grad(loss, wrt=bn)(bn, x)
+          return map(lambda p, d: p - 0.5 * d - 1.0, bn, g)
+        """)
+    rng = np.random.default_rng(0)
+    bn = dict(weight=randn(rng, 4), bias=randn(rng, 4), running_mean=randn(rng, 4), running_var=np.ones(4, np.float32))
+    x = randn(rng, 2, 3, 3, 4)
+    g = prog.grad("loss", wrt="bn")(bn, x)
+    for name, value in prog.gradient(bn, x).items():               # grad in the language
+        np.testing.assert_array_equal(value, g[name])
+    assert np.all(g["weight"] != 0) and np.all(g["bias"] != 0)
+    np.testing.assert_array_equal(g["running_mean"], np.zeros(4, np.float32))
+    np.testing.assert_array_equal(g["running_var"], np.zeros(4, np.float32))
+    new = prog.sgd(bn, x)
+    np.testing.assert_array_equal(new["weight"], bn["weight"] - 0.5 * g["weight"] - 1.0)
+    np.testing.assert_array_equal(new["running_mean"], bn["running_mean"])
+    np.testing.assert_array_equal(new["running_var"], bn["running_var"])
 
 
 def test_batch_norm_of_one_value_a_channel_is_an_error():
     with pytest.raises(dsl.DslError, match="more than one value per channel"):
-        driver("import nn\ndef f(x: f32[1, 1, 1, 3], m: f32[3], v: f32[3]):\n"
-               "  return nn.batch_norm(x, m, v)\n").f(np.ones((1, 1, 1, 3), np.float32),
-                                                        np.zeros(3, np.float32), np.ones(3, np.float32))
+        driver("import nn\ndef f(x: f32[1, 1, 1, 3]):\n"
+               "  return nn.batch_norm(x, nn.batch_norm_init(3))\n").f(np.ones((1, 1, 1, 3), np.float32))
 
 
 # ---------------------------------------------------------------- convolution and pooling

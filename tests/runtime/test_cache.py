@@ -5,6 +5,7 @@ read as data."""
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import shutil
@@ -383,3 +384,148 @@ def test_a_run_on_a_damaged_cache_ignores_and_rebuilds_the_damage(warm_cache, tm
     assert run.stdout.split() == ["30.0"] and "Traceback" not in run.stderr, run.stderr
     if damage != "a folder":                    # rebuilt: the next run reads what this one stored
         assert all(cache.load(e.stem, kind) is not None for e in entries), damage
+
+
+# ---------------------------------------------------------------------------------------------
+# The cache's size: a cap kept on every store by evicting the least recently used entries (a
+# load marks an entry used), and `prune` and `clear`, safe with other processes at work.
+
+FIRST = "def f(x: f32[N]) -> f32:\n  return sum(x * x)\n"
+SECOND = "def f(x: f32[N]) -> f32:\n  return max(exp(x))\n"
+
+
+def run_source(source: str) -> float:
+    import dsl
+    return float(dsl.loads(source, device="cpu").f(np.arange(5, dtype=np.float32)))
+
+
+def paths(found: list[cache.Entry]) -> set[Path]:
+    return {e.path for e in found}
+
+
+def age(path: Path, seconds: int) -> None:
+    """Mark path last used at this many seconds past the epoch (a time long gone)."""
+    os.utime(path, ns=(seconds * 10**9, seconds * 10**9))
+
+
+def test_prune_evicts_the_least_recently_used_entries_first(cache_dir, monkeypatch):
+    run_source(FIRST)
+    first = paths(cache.entries())
+    run_source(SECOND)
+    second = paths(cache.entries()) - first
+    assert first and second
+    for e in cache.entries():                   # the first program's entries are the older
+        age(e.path, 1000 if e.path in first else 2000)
+    assert run_source(FIRST) == 30.0            # ... until it runs again, loading each of them
+    removed, kept = cache.prune(sum(e.size for e in cache.entries() if e.path in first))
+    assert (paths(removed), paths(kept)) == (second, first)
+    assert paths(cache.entries()) == first
+    monkeypatch.setattr("dsl.Program._lower", lambda *a: pytest.fail("lowered again"))
+    assert run_source(FIRST) == 30.0
+
+
+def hex_key(i: int) -> str:
+    return hashlib.sha256(str(i).encode()).hexdigest()
+
+
+def test_stores_keep_the_cache_under_its_cap_evicting_the_least_recently_used(cache_dir, monkeypatch):
+    cap = 10 * (len(cache._head(hex_key(0))) + cache.HEADER.size + 1000)    # ten entries
+    monkeypatch.setenv("DSLC_CACHE_MAX_SIZE", str(cap))
+    keys = [hex_key(i) for i in range(30)]
+    for i, k in enumerate(keys):
+        cache.store(k, bytes(1000))
+        age(cache._path(k, "o"), 1000 + i)
+        found = cache.entries()
+        assert sum(e.size for e in found) <= cap
+        assert [e.path.stem for e in found] == keys[i + 1 - len(found): i + 1]
+    assert len(found) >= 9                      # evicted no further than a tenth below the cap
+    age(cache._path(keys[-9], "o"), 0)          # a survivor, now the least recently used ...
+    assert cache.load(keys[-9]) == bytes(1000)  # ... used again
+    cache.store(hex_key(100), bytes(2000))      # two entries' worth: three are evicted
+    found = [e.path.stem for e in cache.entries()]
+    assert found[:6] == keys[-6:] and set(found[6:]) == {keys[-9], hex_key(100)}   # (used now, both)
+
+
+def test_a_real_compilation_stays_under_a_small_cap(cache_dir, monkeypatch):
+    monkeypatch.setenv("DSLC_CACHE_MAX_SIZE", "8K")      # the two programs store about 12K
+    assert (run_source(FIRST), run_source(SECOND)) == (30.0, pytest.approx(54.59815))
+    assert 0 < sum(e.size for e in cache.entries()) <= 8 << 10
+
+
+@pytest.mark.parametrize("text, size", [("1024", 1024), ("0", 0), ("500M", 500 << 20),
+                                        ("2G", 2 << 30), ("2GiB", 2 << 30), ("3k", 3 << 10),
+                                        (" 1T ", 1 << 40)])
+def test_sizes_are_bytes_with_binary_units(text, size):
+    assert cache.parse_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["abc", "-1", "1.5G", "2X", "2GB", "G", "9" * 30])
+def test_a_bad_cap_in_the_environment_is_a_dsl_error_even_when_nothing_is_stored(
+        cache_dir, monkeypatch, text):
+    import dsl
+    run_source(FIRST)                           # a warm cache: the next run only loads
+    monkeypatch.setenv("DSLC_CACHE_MAX_SIZE", text)
+    with pytest.raises(dsl.DslError) as e:
+        run_source(FIRST)
+    assert str(e.value) == (f"error: DSLC_CACHE_MAX_SIZE: expected a size such as 1024, 500M "
+                            f"or 2G, got {text!r}")
+
+
+def test_clear_removes_dslcs_entries_and_temporaries_only(cache_dir, tmp_path_factory):
+    run_source(FIRST)
+    stored = paths(cache.entries())
+    outside = tmp_path_factory.mktemp("outside") / "precious"
+    outside.write_text("keep")
+    folder = next(iter(stored)).parent
+    (folder / ".tmp-abc123").write_bytes(b"half an entry")
+    foreign = [cache_dir / "notes.txt", folder / "README", folder / f"{'0' * 64}.txt",
+               cache_dir / "zz" / f"zz{'0' * 62}.o", cache_dir / "ab" / f"cd{'0' * 62}.o"]
+    for path in foreign:
+        path.parent.mkdir(exist_ok=True)
+        path.write_text("not dslc's")
+    (cache_dir / "ab" / f"ab{'0' * 62}.o").symlink_to(outside)
+    assert paths(cache.clear()) == stored
+    assert cache.entries() == [] and not (folder / ".tmp-abc123").exists()
+    assert all(p.read_text() == "not dslc's" for p in foreign) and outside.read_text() == "keep"
+    assert sorted(p.name for p in cache_dir.iterdir()) == sorted(["ab", folder.name, "notes.txt", "zz"])
+    assert run_source(FIRST) == 30.0 and paths(cache.entries()) == stored
+
+
+PRUNE = """
+import hashlib, os, sys, time
+from pathlib import Path
+from runtime import cache
+role, go = sys.argv[1], Path(sys.argv[2])
+print("ready", flush=True)
+while not go.exists():
+    time.sleep(0.001)
+if role == "prune":
+    for _ in range(3):
+        cache.prune(int(sys.argv[3]))
+else:
+    for _ in range(3):
+        for i in range(int(sys.argv[3])):
+            data = cache.load(hashlib.sha256(str(i).encode()).hexdigest())
+            assert data in (None, str(i).encode() * 100), data
+"""
+
+
+def test_processes_pruning_and_loading_at_once_neither_fail_nor_read_half_an_entry(cache_dir):
+    n = 2000
+    for i in range(n):
+        cache.store(hex_key(i), str(i).encode() * 100)
+    half = sum(e.size for e in cache.entries()) // 2
+    go = cache_dir / "go"
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    procs = [subprocess.Popen([sys.executable, "-c", PRUNE, *args], env=env, cwd=REPO,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for args in (["prune", str(go), str(half)], ["prune", str(go), str(half)],
+                          ["load", str(go), str(n)])]
+    assert [p.stdout.readline() for p in procs] == ["ready\n"] * 3
+    go.touch()                                  # all three start at once
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+    kept = cache.entries()                      # (how many: the reader's loads reorder them)
+    assert sum(e.size for e in kept) <= half
+    assert all(cache.load(e.path.stem) is not None for e in kept)
