@@ -234,13 +234,15 @@ DEVICE = ("where to run: auto (the GPU if one is usable, else the CPU; $DSLC_DEV
           "cpu, cuda, or reference (the NumPy interpreter)")
 
 
-def specialising(sub: argparse._SubParsersAction, name: str, summary: str,
-                 description: str) -> argparse.ArgumentParser:
-    """A command on one entry point specialised by --dims (ir, grad, compile)."""
+def specialising(sub: argparse._SubParsersAction, name: str, summary: str, description: str,
+                 sizes: str | None = None) -> argparse.ArgumentParser:
+    """A command on one entry point specialised by --dims (ir, grad, compile); with `sizes`
+    (its help), --dims is optional."""
     cmd = sub.add_parser(name, help=summary, description=description)
     cmd.add_argument("file", metavar="FILE", help=FILE)
     cmd.add_argument("--entry", required=True, help=ENTRY)
-    cmd.add_argument("--dims", type=parse_dims, required=True, metavar="NAME=INT,…", help=SIZES)
+    cmd.add_argument("--dims", type=parse_dims, required=sizes is None, metavar="NAME=INT,…",
+                     help=sizes or SIZES)
     return cmd
 
 
@@ -275,8 +277,11 @@ def parser() -> argparse.ArgumentParser:
     ir.set_defaults(run=cmd_ir)
 
     grad = specialising(sub, "grad", summary="print the gradient program as .bend source",
-                        description="Print the gradient of an entry point, specialised for --dims, "
-                        "as a .bend program that dslc check accepts.")
+                        description="Print the gradient of an entry point as a .bend program that "
+                        "dslc check accepts: specialised for the sizes --dims gives, generic in "
+                        "the dimensions it leaves out (all of them without --dims).",
+                        sizes="the sizes to specialise for: dimensions (B=4), list lengths, static "
+                        "parameters (these two always); a dimension left out stays a name")
     grad.add_argument("--wrt", required=True, metavar="PARAM",
                       help="the parameter to differentiate with respect to, or several separated "
                       "by commas (q,k)")

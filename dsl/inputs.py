@@ -404,6 +404,32 @@ class _Given:
                                  f"'{self.d.name}' takes no dimensions or static values")])
 
 
+def dimension_names(d: ast.Def, mod) -> list[str]:
+    """The dimension variables of an entry's annotations and of its records' fields (B and D
+    of x: f32[B, D]), in order of first appearance; lists are read at length 1."""
+    names = _DimensionNames(d)
+    _given_inputs(d, mod, names)
+    return list(names.dims)
+
+
+class _DimensionNames(_Given):
+    """Collects the dimension variables an entry's inputs name, giving every size as 0."""
+
+    def __init__(self, d: ast.Def):
+        super().__init__({}, d)
+        self.dims: dict[str, None] = {}           # (ordered, without repeats)
+
+    def size(self, e: ast.Expr, where: str) -> int:
+        self.dims.update(dict.fromkeys(sorted(eval_dim(e).free_vars())))
+        return 0
+
+    def length(self, t: ast.TypeExpr, where: str) -> int:
+        return 1
+
+    def static(self, t: ast.TypeExpr, kind: str, where: str) -> Any:
+        return 0
+
+
 def from_arrays(name: str, d: ast.Def, mod, arrays: dict[str, np.ndarray],
                 statics: dict[str, int]) -> dict[str, Any]:
     """The arguments of entry d (called `name`) from named arrays (`p.W1`, `xs[0]`, as `dslc run`

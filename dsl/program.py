@@ -5,16 +5,17 @@ cached per input signature) and runs it. Records come back as `Record`s, keys as
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from dsl.compiled import Compiled
 from dsl.doc import document
+from dsl.generic import NotGeneric, merge, sample_sizes
 from dsl.inputs import (COMPILED, MAX_BYTES, Inputs, abstract_inputs, bind_python, check_sizes,
-                        from_arrays, from_python, kind, memory_bytes)
+                        dimension_names, from_arrays, from_python, kind, memory_bytes)
 from dsl.values import unflatten
 from frontend import ast
 from frontend.check import Checker, deep, raise_collected
@@ -27,7 +28,7 @@ from frontend.values import KeyV, ListV, RecordV, StaticV, TensorV, TupleV
 from ir import interp
 from ir.ad import grad_function
 from ir.core import Builder, Function
-from ir.passes import for_backends, optimize
+from ir.passes import for_backends, optimize, tidy
 from ir.types import FLOAT_DTYPES
 
 
@@ -189,34 +190,91 @@ class Program:
     def source(self, name: str, grad: str | tuple[str, ...] | None = None,
                dims: dict[str, int] | None = None) -> str:
         """An entry point (or its gradient with respect to `grad`) as .bend source, specialised
-        for `dims`, or else for the inputs it was last called with."""
-        from ir import printer
+        for the sizes `dims` gives and generic in the entry's dimensions it leaves out (all of
+        them without dims: dsl/generic.py)."""
         d = self._def(name)
-        low, inputs = self._specialised(d, dims)
+        given = {} if dims is None else dims        # (abstract_inputs checks what dims is)
+        open_dims = [n for n in dimension_names(d, self._resolved.main)
+                     if isinstance(given, dict) and n not in given]
+        what = f"# {name}" + (f", differentiated with respect to {grad}," if grad else "")
+        if not open_dims:
+            low, inputs = self._specialised(d, given)
+            header = f"{what} specialised for {_describe_inputs(d, inputs)}"
+            return "\n\n".join([header, self._printed(d, low, inputs, grad, optimize)]) + "\n"
+        samples = sample_sizes(open_dims)
+        if grad is not None:
+            self._differentiable_in_every_size(d, grad, given, samples)
+        texts = [self._printed(d, *self._sample(d, {**given, **s}), grad, tidy, open_dims)
+                 for s in samples]
+        try:
+            body = merge(texts, samples)
+        except NotGeneric as e:
+            raise DslError(d.name_span, f"cannot print '{name}' generic in {', '.join(open_dims)}: "
+                                        f"{e}", [_PIN_NOTE]) from None
+        pinned = ", ".join(f"{k}={v}" for k, v in given.items())
+        header = f"{what} generic in {', '.join(open_dims)}" + \
+            (f"; specialised for {pinned}" if pinned else "")
+        return "\n\n".join([header, body]) + "\n"
+
+    def _differentiable_in_every_size(self, d: ast.Def, grad: str | tuple[str, ...],
+                                      given: dict[str, int], samples: list[dict[str, int]]) -> None:
+        """_differentiable for a program printed generic: its error names the sizes
+        (`it is i32[B]`), as the program would."""
+        wanted, messages = _wrt_names(d, grad), []
+        for s in samples:
+            try:
+                _differentiable(d, self._sample_inputs(Builder(d.name), d, {**given, **s}), wanted)
+                return
+            except DslError as e:
+                messages.append(e.message)
+        raise DslError(d.name_span, merge(messages, samples))
+
+    def _sample_inputs(self, b: Builder, d: ast.Def, dims: dict[str, int]) -> Inputs:
+        return self._inputs(b, d, bind_python(d, (), abstract_inputs(d, self._resolved.main, dims)))
+
+    def _sample(self, d: ast.Def, dims: dict[str, int]) -> tuple[Lowered, Inputs]:
+        """d lowered for these sizes with its constants unfolded (tidy), as a sample of the
+        program printed generic in its dimensions."""
+        b = Builder(d.name)
+        inputs = self._sample_inputs(b, d, dims)
+        sizes = ", ".join(f"{k}={v}" for k, v in dims.items())
+        try:
+            low = deep(lambda: self._traced(d, b, inputs))
+        except DslError as e:
+            first = e.diagnostics[0]
+            raise DslError(first.span, first.message, [*first.notes, Note(
+                f"while printing '{d.name}' generic in its dimensions, at the sample sizes "
+                f"{sizes}"), _PIN_NOTE]) from None
+        return replace(low, function=tidy(low.function)), inputs
+
+    def _printed(self, d: ast.Def, low: Lowered, inputs: Inputs,
+                 grad: str | tuple[str, ...] | None, passes: Callable[[Function], Function],
+                 reserved: list[str] = ()) -> str:
+        """The record declarations and the def of an entry (or its gradient, `passes` applied
+        to it) specialised as low is."""
+        from ir import printer
         fn = low.function
         names = [p.name for p in d.params]
-        header = f"# {name}" + (f", differentiated with respect to {grad}," if grad else "") + \
-                 f" specialised for {_describe_inputs(d, inputs)}"
         runtime = [(p.name, a) for p, a in zip(d.params, inputs.abstract) if not isinstance(a, StaticV)]
         bindings = _input_names(d, low)
         signature = ", ".join(f"{n}: {_annotation(a)}" for n, a in runtime)
         decls = _declarations([a for _, a in runtime])
         if grad is None:
-            text = printer.to_bend(fn, name, signature=signature, bindings=bindings,
-                                   returns=None)
-            return "\n\n".join([header, *decls, text]) + "\n"
+            text = printer.to_bend(fn, d.name, signature=signature, bindings=bindings,
+                                   returns=None, reserved=reserved)
+            return "\n\n".join([*decls, text])
         wanted = _wrt_names(d, grad)
         _differentiable(d, inputs, wanted)
         positions = _float_leaves(d, low, inputs, wanted)
-        gfn = optimize(grad_function(fn, positions))
+        gfn = passes(grad_function(fn, positions))
         slots = iter(range(len(positions)))
         parts = [_result_expr(inputs.abstract[names.index(w)], slots) for w in wanted]
         result = parts[0] if isinstance(grad, str) else "(" + ", ".join(parts) + ")"
         returns = _annotation(inputs.abstract[names.index(grad)]) if isinstance(grad, str) else \
             "(" + ", ".join(_annotation(inputs.abstract[names.index(w)]) for w in wanted) + ")"
-        text = printer.to_bend(gfn, f"{name}_grad", signature=signature, bindings=bindings,
-                               result=result, returns=returns)
-        return "\n\n".join([header, *decls, text]) + "\n"
+        text = printer.to_bend(gfn, f"{d.name}_grad", signature=signature, bindings=bindings,
+                               result=result, returns=returns, reserved=reserved)
+        return "\n\n".join([*decls, text])
 
     def compile_to(self, name: str, target: str, out: str, dims: dict[str, int] | None = None,
                    grad: str | tuple[str, ...] | None = None) -> dict:
@@ -376,6 +434,11 @@ class Program:
         return cache.memo(k, lambda: deep(lambda: self._lower(d, b, inputs)))
 
     def _lower(self, d: ast.Def, b: Builder, inputs: Inputs) -> Lowered:
+        low = self._traced(d, b, inputs)
+        return replace(low, function=optimize(low.function))
+
+    def _traced(self, d: ast.Def, b: Builder, inputs: Inputs) -> Lowered:
+        """d checked and lowered for these inputs, not yet optimised."""
         checker = Checker(self._resolved, builder=b)
         try:
             result = checker.specialise(d, self._resolved.main, inputs.abstract)
@@ -392,9 +455,11 @@ class Program:
         if any(v.dtype == "bf16" for v in (*fn.params, *(w for op in fn.ops for w in op.outputs))):
             raise CheckError(d.name_span, f"'{d.name}' computes in bf16, which no device runs yet "
                              "(the interpreter and the backends have no bf16 arithmetic); use f16 or f32")
-        fn = optimize(fn)
         return Lowered(fn, layout, [flatten(a)[1] for a in inputs.abstract], inputs.arg_leaves)
 
+
+_PIN_NOTE = Note("give in --dims (dims=) the sizes it needs; the dimensions --dims leaves out stay "
+                 "names")
 
 LEVELS = ("tensor", "loops", "llvm", "ptx")     # what Program.ir shows
 TARGETS = ("cpu", "ptx")                         # what Program.compile_to writes
@@ -561,8 +626,8 @@ def _result_expr(v, slots, trained: bool = True) -> str:
 
 
 def _declarations(values: list) -> list[str]:
-    """Declarations of the records the inputs hold, with this specialisation's sizes (the
-    printed program has concrete shapes throughout)."""
+    """Declarations of the records the inputs hold, with this specialisation's sizes (which a
+    program printed generic names: dsl/generic.py)."""
     found: dict[str, str] = {}
 
     def walk(v) -> None:

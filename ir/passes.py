@@ -179,9 +179,19 @@ def _literal(a: np.ndarray):
 
 def optimize(fn: Function) -> Function:
     """The passes to a fixed point (op count stops falling)."""
+    return _fixed_point(fn, lambda f: dce(cse(simplify(fold_constants(f)))))
+
+
+def tidy(fn: Function) -> Function:
+    """optimize without constant folding: a folded constant holds the sizes it was folded at
+    (arange(B) * C as [0, 3, 6]), which a program printed generic in its sizes must not."""
+    return _fixed_point(fn, lambda f: dce(cse(simplify(f))))
+
+
+def _fixed_point(fn: Function, step: Callable[[Function], Function]) -> Function:
     while True:
         before = _size(fn)
-        fn = dce(cse(simplify(fold_constants(fn))))
+        fn = step(fn)
         if _size(fn) >= before:
             return fn
 

@@ -44,7 +44,7 @@ import math
 import re
 import struct
 from types import EllipsisType
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
@@ -232,12 +232,13 @@ def _index_item(item: int | SliceSpec | EllipsisType) -> str:
 
 def to_bend(fn: Function, name: str, signature: str | None = None,
             bindings: list[str] | None = None, result: str | None = None,
-            returns: str | None = None) -> str:
+            returns: str | None = None, reserved: Iterable[str] = ()) -> str:
     """fn as a .bend def NAME; see the module docstring for the conventions.
 
     signature: the text between the parentheses (default: flat parameters a0: f32[…], …);
     bindings[i]: the expression parameter i stands for, given with signature;
-    result: a str.format template over the results' names; returns: the return annotation."""
+    result: a str.format template over the results' names; returns: the return annotation;
+    reserved: names no value may take (the dimensions of a program printed generic)."""
     if not name.isidentifier() or name in KEYWORDS:
         raise ValueError(f"'{name}' cannot name a .bend function")
     if (signature is None) != (bindings is None):
@@ -246,7 +247,7 @@ def to_bend(fn: Function, name: str, signature: str | None = None,
         raise ValueError(f"{fn.name} has {len(fn.params)} parameters but {len(bindings)} bindings "
                          "were given")
     texts = [t for t in (signature, result, returns, *(bindings or ())) if t]
-    w = _Writer(fn, {name} | {n for t in texts for n in re.findall(r"[A-Za-z_]\w*", t)})
+    w = _Writer(fn, {name, *reserved} | {n for t in texts for n in re.findall(r"[A-Za-z_]\w*", t)})
     env: dict[Value, str] = {}
     if bindings is None:
         signature = ", ".join(f"{w.define(p, 'a', sep='')}: {p.type}" for p in fn.params)

@@ -110,9 +110,13 @@ def test_lower_ir_and_source_show_what_the_program_shows(prog):
     assert str(low).startswith("def loss(%0: f32[3, 2], %1: f32[2], %2: f32[4, 3]) -> (")
     assert loss.ir() == prog.ir("loss")           # both: the inputs lower() was given
     assert loss.ir(level="loops") == prog.ir("loss", level="loops")
-    assert loss.source(grad="p") == prog.source("loss", grad="p", dims=dims)
-    assert loss.source().startswith("# loss specialised for p: P {W: f32[3, 2], b: f32[2]}; "
-                                    "x: f32[4, 3]; k=2\n")
+    assert loss.source(grad="p", dims=dims) == prog.source("loss", grad="p", dims=dims)
+    assert loss.source(dims=dims).startswith("# loss specialised for p: P {W: f32[3, 2], b: f32[2]}; "
+                                             "x: f32[4, 3]; k=2\n")
+    # without a dimension's size, the program names it (a static value is always given)
+    assert loss.source(dims={"k": 2}).startswith("# loss generic in D, C, B; specialised for k=2\n\n"
+                                                 "object P { W: f32[D, C], b: f32[C] }\n\n"
+                                                 "def loss(p: P, x: f32[B, D]) -> f32:\n")
 
 
 def test_compile_for_another_device(prog):

@@ -357,6 +357,41 @@ def test_an_unknown_entry_is_a_user_error_with_a_suggestion(tmp_path: Path, comm
 def test_grad_with_respect_to_a_non_float_or_non_parameter_is_a_user_error(wrt, message):
     assert_user_error(dslc("grad", str(MLP), "--entry", "loss", "--wrt", wrt, "--dims", "B=4,D=3,H=5,C=2"),
                       message)
+    generic = message.replace("i32[4]", "i32[B]")        # without --dims, in the sizes' names
+    assert_user_error(dslc("grad", str(MLP), "--entry", "loss", "--wrt", wrt), generic)
+
+
+def test_grad_without_dims_prints_a_program_generic_in_them_that_checks(tmp_path: Path):
+    r = dslc("grad", str(MLP), "--entry", "loss", "--wrt", "p")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("# loss, differentiated with respect to p, generic in D, H, C, B\n\n"
+                               "object Params { W1: f32[D, H], b1: f32[H], W2: f32[H, C], b2: f32[C] }\n\n"
+                               "def loss_grad(p: Params, x: f32[B, D], y: i32[B]) -> Params:\n")
+    (tmp_path / "g.bend").write_text(r.stdout)
+    assert dslc("check", str(tmp_path / "g.bend")).returncode == 0
+
+
+def test_grad_keeps_the_dimensions_dims_leaves_out():
+    r = dslc("grad", str(MLP), "--entry", "loss", "--wrt", "p", "--dims", "C=2,B=4")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("# loss, differentiated with respect to p, generic in D, H; "
+                               "specialised for C=2, B=4\n\nobject Params { W1: f32[D, H], b1: f32[H], "
+                               "W2: f32[H, 2], b2: f32[2] }\n\n"
+                               "def loss_grad(p: Params, x: f32[4, D], y: i32[4]) -> Params:\n")
+
+
+@pytest.mark.parametrize("file, dims, fragments", [
+    (MLP.parent / "attention.bend", [], [
+        "attention.bend:56:10: error: assertion failed: the number of key/value heads must divide",
+        "note: while printing 'loss' generic in its dimensions, at the sample sizes B=",
+        "note: give in --dims (dims=) the sizes it needs; the dimensions --dims leaves out stay names"]),
+    (MLP.parent / "attention.bend", ["--dims", "Hq=4,Hkv=2"], [
+        "error: cannot print 'loss' generic in B, T, D: ",
+        "is no single expression of the dimensions (line 9: constant_11 = full([], 0.",
+        "note: give in --dims (dims=) the sizes it needs"]),
+])
+def test_grad_that_cannot_be_generic_says_which_sizes_to_give(file, dims, fragments):
+    assert_user_error(dslc("grad", str(file), "--entry", "loss", "--wrt", "q", *dims), *fragments)
 
 
 @pytest.mark.parametrize("dims, message", [

@@ -86,3 +86,6 @@ def test_dslc_grad_prints_buffers_as_buffers_with_zero_gradients():
     text = prog.source("score", grad="p", dims={"V": 5, "D": 3, "B": 4})
     assert "object Frozen { buffer emb: f32[5, 3], W: f32[3] }" in text
     assert "emb: zeros([5, 3], dtype=f32)" in text
+    generic = prog.source("score", grad="p")
+    assert "object Frozen { buffer emb: f32[V, D], W: f32[D] }" in generic
+    assert "emb: zeros([V, D], dtype=f32)" in generic
