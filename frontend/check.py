@@ -287,7 +287,6 @@ class Checker(Calls, Statements):
             result = ops.REGISTRY["index"].infer(x=base.type, items=tuple(items))
             if self.builder is None:
                 return abstract(result)
-            self.builder.origin = self.site(e.span)
             return emit_primitive(self.builder, ops.REGISTRY["index"], {"x": base},
                                   {"x": base.type, "items": tuple(items)}, result)
         except OpError as err:

@@ -30,8 +30,6 @@ def evaluate(op: Op, inputs: list[np.ndarray]) -> list[np.ndarray]:
     try:
         with np.errstate(all="ignore"):          # inf and NaN are values, as in IEEE arithmetic
             out = prim.evaluate(**args)
-    except EvalError as e:
-        raise e.at(op) from None
     except (IndexError, ArithmeticError, NotImplementedError) as e:
         raise EvalError(f"'{prim.name}' failed at run time: {e}", op.origin) from None
     return list(out) if isinstance(out, (list, tuple)) else [out]

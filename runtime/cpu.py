@@ -124,16 +124,13 @@ class Executable:
 
     def host(self, op: Op, inputs: list[np.ndarray]) -> list[np.ndarray]:
         body = self.bodies.get(id(op))
-        try:
-            if op.primitive.role is Role.STRUCTURED:   # its body compiled
-                return op.primitive.run(op, inputs, body.run)
-            if isinstance(op.primitive, ScatterAdd):    # (an embedding's gradient) compiled
-                outputs = scatter.evaluate(op, inputs)
-                if outputs is not None:
-                    return outputs
-            return interp.evaluate(op, inputs)
-        except interp.EvalError as e:
-            raise e.at(op) from None
+        if op.primitive.role is Role.STRUCTURED:   # its body compiled
+            return op.primitive.run(op, inputs, body.run)
+        if isinstance(op.primitive, ScatterAdd):    # (an embedding's gradient) compiled
+            outputs = scatter.evaluate(op, inputs)
+            if outputs is not None:
+                return outputs
+        return interp.evaluate(op, inputs)
 
 
 def _planned(fn: Function, name: str) -> tuple[Plan, Memory]:

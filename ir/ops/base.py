@@ -62,12 +62,6 @@ class EvalError(Exception):
         super().__init__(message)
         self.origin = origin
 
-    def at(self, op: Any) -> EvalError:
-        """This error, located at op unless an op inside it (in a body) located it already."""
-        if self.origin is None:
-            self.origin = op.origin
-        return self
-
 
 class Role(Enum):
     """What a primitive is to the scheduler and the code generators (backend/schedule.py)."""
