@@ -122,3 +122,11 @@ def test_debug_does_not_cut_the_kernel_it_meets():
 def test_a_label_must_be_a_string():
     raises(lambda: dsl.loads("def f(x: f32[N]) -> f32[N]:\n  return debug(x, 3)\n", name="l.bend").f(X),
            "l.bend:2:19: error: 'label' of 'debug' must be a string, got int")
+
+
+def test_a_moved_expression_is_reported_where_it_now_is():
+    # the CPU plan of the same IR is cached; its copy of the IR must not keep old positions
+    bad = (np.ones(3, np.float32), np.array([5], np.int32))
+    for source, line in ((SOURCE, 24), ("# moved down\n" + SOURCE, 25)):
+        prog = dsl.loads(source, name="dbg.bend", device="cpu")
+        raises(lambda: prog.pick(*bad), f"dbg.bend:{line}:10: error: while running 'pick'")
