@@ -130,3 +130,12 @@ def test_a_moved_expression_is_reported_where_it_now_is():
     for source, line in ((SOURCE, 24), ("# moved down\n" + SOURCE, 25)):
         prog = dsl.loads(source, name="dbg.bend", device="cpu")
         raises(lambda: prog.pick(*bad), f"dbg.bend:{line}:10: error: while running 'pick'")
+
+
+def test_a_scatter_out_of_range_points_at_the_call(prog):
+    # on the CPU, the scatter kernel finds the bad index, not the interpreter
+    prog = dsl.loads("def f(x: f32[N], i: i32[K], u: f32[K]) -> f32[N]:\n"
+                     "  return scatter_add(x, i, u) * 2.0\n", name="s.bend", device=prog.device)
+    raises(lambda: prog.f(np.zeros(3, np.float32), np.array([1, 9], np.int32), np.ones(2, np.float32)),
+           "s.bend:2:10: error: while running 'f': 'scatter_add' failed at run time: index 9 is out "
+           "of bounds for axis 0 with size 3")

@@ -62,6 +62,12 @@ class EvalError(Exception):
         super().__init__(message)
         self.origin = origin
 
+    def at(self, op: Any) -> EvalError:
+        """This error, at op's origin unless it has one (from an op inside op's body)."""
+        if self.origin is None:
+            self.origin = op.origin
+        return self
+
 
 class Role(Enum):
     """What a primitive is to the scheduler and the code generators (backend/schedule.py)."""
