@@ -17,7 +17,9 @@ anything but a map kernel reads, are read from a contiguous copy a copy kernel m
 Everything else — gathers, scatters, concatenation, random numbers, integer division — is a
 host step, evaluated by the reference interpreter on NumPy arrays (exact, and mostly cheap
 data movement): each primitive says why in its `host`, and an op without such a reason that
-the kernels cannot compute is an error. Every buffer is a contiguous row-major array.
+the kernels cannot compute is an error. An effect (`debug`, `assert_finite`) is a host step
+too, but it does not cut the map or row kernel it meets: it runs, in program order among the
+effects, once that kernel has stored its inputs. Every buffer is a contiguous row-major array.
 
 What an op is to the scheduler is its primitive's `role` (ir/ops/base.py), never its name.
 
@@ -128,6 +130,7 @@ def schedule(fn: Function, name: str = "k") -> Plan:
     rows: tuple[int, ...] | None = None        # a row group's rows (it has reductions)
     back = _broadcast_back(fn)
     names = (f"{name}_{i}" for i in range(10 ** 9))
+    effects: list[Op] = []                     # effects waiting for the group to store their inputs
 
     def row_kernel(ops: list[Op], outer: tuple[int, ...], name: str = "rows") -> KernelStep | None:
         return _row_kernel(name, ops, outer, users, results, constants, views)
@@ -142,6 +145,11 @@ def schedule(fn: Function, name: str = "k") -> Plan:
             group.clear()
             in_group.clear()
         rows = space = None
+        for op in effects:                      # in program order, once their inputs are stored
+            for v in op.inputs:
+                need(v)
+            steps.append(HostStep(op))
+        effects.clear()
 
     def copy(v: Value) -> None:
         """Kernels read the view v from a contiguous copy from here on, which a copy kernel makes."""
@@ -214,6 +222,11 @@ def schedule(fn: Function, name: str = "k") -> Plan:
                 copy(x)
                 kernel = _reduction_kernel(next(names), op, [], views, constants)
             steps.append(kernel)
+        elif op.primitive.effect:
+            # the group goes on past it: it runs when the group has stored its inputs
+            effects.append(op)
+            if not group:
+                flush()
         else:
             flush()
             for v in op.inputs:

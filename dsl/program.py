@@ -137,7 +137,8 @@ class Program:
                 return interp.run(fn, arrays)
             return self.executable(fn).run(arrays)
         except interp.EvalError as e:
-            raise DslError(span, f"while running '{name}': {e}") from None
+            message = f"while running '{name}': {e}"
+            raise (e.origin.error(message) if e.origin else DslError(span, message)) from None
         except MemoryError:
             raise DslError(span, f"while running '{name}': out of memory (its arrays do not fit "
                                  "in this machine's memory together)") from None

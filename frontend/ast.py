@@ -309,8 +309,7 @@ class Fold:
     """`[target =] fold x in xs with h = e, …: body`: a scan over a tensor's leading axis or a
     static list; `return e` in the body emits one value per step."""
     result: Target | None
-    var: str
-    var_span: Span
+    var: Target                     # `x`, or `i, (w, d)` that unpacks each item
     iterable: Expr
     state: tuple[StateInit, ...]
     body: tuple[Stmt, ...]

@@ -1,11 +1,13 @@
 """The names every program starts with: primitives, function transforms, dtypes, built-in types."""
 from __future__ import annotations
 
+from frontend import structure
 from ir import ops
 from ir.types import BEND_ONLY_DTYPES, DTYPES
 
-# Function transforms and structure helpers the checker implements itself (they take functions).
-SPECIAL_FORMS = ("grad", "value_and_grad", "map", "checkpoint")
+# Function transforms and structure helpers the checker implements itself (they take functions,
+# or lists, tuples and records).
+SPECIAL_FORMS = ("grad", "value_and_grad", "map", "checkpoint") + structure.FUNCTIONS
 # A dtype's limits, static values the checker computes (frontend/introspection.py).
 DTYPE_QUERIES = ("finfo", "iinfo")
 

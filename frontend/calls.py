@@ -8,7 +8,7 @@ import numpy as np
 
 from frontend import ast
 from frontend.ast import contains_span, names_type_param, source_text
-from frontend.diagnostics import (CheckError, DslError, LimitError, Note, ShapeError, Span,
+from frontend.diagnostics import (CheckError, DslError, LimitError, Note, ShapeError, Site, Span,
                                   did_you_mean, with_note)
 from frontend.limits import MAX_RANK, MAX_STATIC_RECURSION, MAX_UNROLLED
 from frontend.lower import close_over, emit_primitive, fresh_params, leaf_values, rebuild, trained_leaves
@@ -167,6 +167,10 @@ class Calls:
         self.memo[key] = result
         return result
 
+    def site(self, span: Span) -> Site:
+        """Where an op emitted now is written, and the calls being checked that led there."""
+        return Site(span, tuple((d.name, call) for d, call in reversed(self.calls)))
+
     def unroll(self, span: Span) -> None:
         """Count one body run at compile time (of a function, lambda, bend step or step of a
         fold over a list); past MAX_UNROLLED, an error at span."""
@@ -283,7 +287,10 @@ class Calls:
             raw = {p.name: v for p, v in zip(positional, values)}
             if variadic is not None:
                 raw[variadic.name] = tuple(rest)
-            return emit_primitive(self.builder, prim, raw, prepared, result)
+            self.builder.origin = self.site(span)
+            out = emit_primitive(self.builder, prim, raw, prepared, result)
+            # an effect passes its input on: what uses the value need not wait for the effect
+            return values[0] if prim.effect else out
         except OpError as e:
             where = span if e.arg is None else where_is(e.arg)
             if "shape" in e.message or "broadcast" in e.message:
@@ -415,7 +422,11 @@ class Calls:
     def call_grad(self, g: GradV, args: list, kwargs: dict, spans: Spans):
         params = param_names(g.f)
         bound = dict(zip(params, args)) | kwargs
+        start = len(self.builder.ops) if self.builder is not None else 0
         out = self.call_value(g.f, args, kwargs, spans)
+        if self.builder is not None:
+            # this call types f; the gradient traced below runs f again, with f's effects
+            self.builder.ops[start:] = [op for op in self.builder.ops[start:] if not op.primitive.effect]
         value, aux = out, None
         if g.has_aux and not isinstance(out, UnknownV):
             if not (isinstance(out, TupleV) and len(out.items) == 2):

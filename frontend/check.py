@@ -14,7 +14,7 @@ import sys
 import threading
 from contextlib import contextmanager
 
-from frontend import ast
+from frontend import ast, structure
 from frontend.ast import source_text
 from frontend.builtins import DTYPE_QUERIES, SPECIAL_FORMS
 from frontend.calls import Calls, Frame, Spans
@@ -186,6 +186,8 @@ class Checker(Calls, Statements):
             return UNKNOWN
         if isinstance(a, StaticV) and isinstance(b, StaticV):
             return static_binary(op, a, b, op_span)
+        if op == "+" and structure.concatenable(a, b):
+            return structure.concatenated(a, b)
         if op not in ops.BINARY_OPERATORS:
             raise CheckError(op_span, f"unknown operator '{op}'")
         for v in (a, b):
@@ -229,6 +231,8 @@ class Checker(Calls, Statements):
         args = [self.eval(a, frame) for a in e.args]
         if name in DTYPE_QUERIES:
             return UNKNOWN if UNKNOWN in args else dtype_limits(name, args, e.span)
+        if name in structure.FUNCTIONS:
+            return structure.call(name, args, [a.span for a in e.args], e.span)
         if name == "checkpoint":
             if len(args) != 1 or param_names(args[0]) is None:
                 raise CheckError(e.span, "checkpoint takes one function")
@@ -240,8 +244,13 @@ class Checker(Calls, Statements):
     def index(self, e: ast.Index, frame: Frame):
         base = self.eval(e.value, frame)
         if isinstance(base, (ListV, TupleV)):
-            if len(e.items) != 1 or isinstance(e.items[0], (ast.Slice, ast.EllipsisIndex)):
-                raise CheckError(e.span, "a list or tuple is indexed by one static int")
+            if len(e.items) == 1 and isinstance(e.items[0], ast.Slice):
+                item = e.items[0]
+                bounds = [None if p is None else self.static_int(p, frame, "a slice bound")
+                          for p in (item.lo, item.hi, item.step)]
+                return structure.sliced(base, *bounds, item.span)
+            if len(e.items) != 1 or isinstance(e.items[0], ast.EllipsisIndex):
+                raise CheckError(e.span, "a list or tuple is indexed by one static int or a slice")
             i = self.eval(e.items[0], frame)
             if not (isinstance(i, StaticV) and i.kind == "int"):
                 raise CheckError(e.items[0].span, f"a list index must be a static int, got {describe(i)}")

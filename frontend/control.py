@@ -223,7 +223,7 @@ class Statements:
     def fold(self, s: ast.Fold, frame: Frame) -> None:
         seq = self.eval(s.iterable, frame)
         state = {st.name: self.eval(st.value, frame) for st in s.state}
-        if isinstance(seq, ListV) and seq.items is not None:
+        if isinstance(seq, (ListV, TupleV)) and seq.items is not None:
             emitted = []
             for item in seq.items:
                 self.unroll(s.iterable.span)
@@ -249,8 +249,9 @@ class Statements:
                 emit = self.one_emit(emits)
                 result = stack(emit[0], n) if emit is not None else None
         else:
+            hint = "; fold over leaves(r) walks a record's tensors" if isinstance(seq, RecordV) else ""
             raise CheckError(s.iterable.span, f"fold walks a tensor's leading axis or a static list; "
-                                              f"got {describe(seq)}")
+                                              f"got {describe(seq)}{hint}")
         frame.env.update(state)
         if s.result is not None:
             if result is None:
@@ -288,7 +289,7 @@ class Statements:
         outer = self.builder
         names = list(state)
         init = [self.realize(state[n], like=typed[n]) for n in names]
-        body = Builder(f"fold_{s.var}")
+        body = Builder(f"fold_{s.var.name if isinstance(s.var, ast.NameTarget) else 'items'}")
         params = [fresh_params(body, v) for v in init]
         x = body.param(seq.ir.type.with_shape(seq.ir.type.shape[1:]))
         with self.emitting(body):
@@ -324,7 +325,8 @@ class Statements:
         return v
 
     def fold_step(self, s: ast.Fold, frame: Frame, item, state: dict) -> tuple[dict, list]:
-        step = frame.child(**{s.var: item}, **state)
+        step = frame.child(**state)
+        self.assign(s.var, item, step)
         self.block(s.body, step)
         return {k: step.env.get(k, UNKNOWN) for k in state}, step.returns
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import bisect
 import difflib
+import hashlib
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -15,6 +16,10 @@ class Source:
     """A source text and the path it is reported under."""
     path: str
     text: str
+
+    @cached_property
+    def digest(self) -> str:
+        return hashlib.sha256(self.text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
     @cached_property
     def line_starts(self) -> list[int]:
@@ -55,6 +60,27 @@ class Span:
 
     def __str__(self) -> str:
         return f"{self.source.path}:{self.line}:{self.col}"
+
+
+@dataclass(frozen=True)
+class Site:
+    """Where an IR op was written, and the calls that led there (innermost first): what a
+    run-time error of the op reports, and where `debug` says it printed from."""
+    span: Span
+    calls: tuple[tuple[str, Span], ...] = ()
+
+    def error(self, message: str) -> DslError:
+        notes = [Note(f"in '{name}' called from {span}") for name, span in self.calls[:3]]
+        return DslError(self.span, message, notes)
+
+    @property
+    def identity(self) -> str:
+        """The site as text that differs for any other source text or position."""
+        spans = [self.span, *(s for _, s in self.calls)]
+        return ";".join(f"{s.source.digest}:{s.start}:{s.end}" for s in spans)
+
+    def __str__(self) -> str:
+        return str(self.span)
 
 
 @dataclass(frozen=True)

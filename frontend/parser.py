@@ -354,8 +354,19 @@ class Builder(Transformer):
 
     def fold(self, target, kw, var, iterable, state, body):
         result = None if target is None else self._target(target)
-        return ast.Fold(result, str(var), self._span(var), iterable, state or (), body,
-                        self._span(target or kw, body[-1]))
+        return ast.Fold(result, var, iterable, state or (), body, self._span(target or kw, body[-1]))
+
+    def fold_vars(self, *parts):
+        if len(parts) == 1:
+            return ast.NameTarget(str(parts[0]), self._span(parts[0]))
+        first = ast.NameTarget(str(parts[0]), self._span(parts[0]))
+        return ast.TupleTarget((first, *parts[1:]), self._span(first, parts[-1]))
+
+    def fold_var(self, *parts):
+        if len(parts) == 1:
+            return ast.NameTarget(str(parts[0]), self._span(parts[0]))
+        items = tuple(p for p in parts if not isinstance(p, Token))
+        return ast.TupleTarget(items, self._span(parts[0], parts[-1]))
 
     def adt_fold(self, kw, bind, subject, state, *cases):
         return ast.AdtFold(bind and str(bind), subject, state or (), cases,

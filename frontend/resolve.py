@@ -317,7 +317,7 @@ def bound_names(body: tuple[ast.Stmt, ...]) -> set[str]:
                 for c in s.cases:
                     out |= bound_names(c.body)
             case ast.Fold():
-                out |= {s.var} | {st.name for st in s.state} | bound_names(s.body)
+                out |= _target_names(s.var) | {st.name for st in s.state} | bound_names(s.body)
                 out |= _target_names(s.result) if s.result else set()
             case ast.Bend():
                 out |= {st.name for st in s.state}

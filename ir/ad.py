@@ -10,6 +10,8 @@ function, it can be differentiated again.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ir.core import Builder, Function, Op, Value
 from ir.dims import Dim
 from ir.ops.control import Checkpoint, Scan
@@ -102,7 +104,7 @@ def inline(b: Builder, f: Function, args: list[Value]) -> list[Value]:
     env: dict[Value, Value] = dict(zip(f.params, args))
     for op in f.ops:
         outputs = tuple(Value(v.type) for v in op.outputs)
-        b.add(Op(op.primitive, tuple(env[v] for v in op.inputs), op.params, outputs, op.body))
+        b.add(replace(op, inputs=tuple(env[v] for v in op.inputs), outputs=outputs))
         env.update(zip(op.outputs, outputs))
     return [env[v] for v in f.results]
 
@@ -140,7 +142,7 @@ def vjp_scan(b: Builder, op: Op, out_cts: tuple[Value | None, ...]) -> list[Valu
                                    if v in produced))
     stacked = [Value(TensorType(v.dtype, (Dim.const(length), *v.type.shape))) for v in residuals]
     forward = Function(op.body.name, tuple(args), tuple(fwd_ops), tuple(outs) + tuple(residuals))
-    b.ops[b.ops.index(op)] = Op(Scan(), op.inputs, op.params, op.outputs + tuple(stacked), forward)
+    b.ops[b.ops.index(op)] = replace(op, outputs=op.outputs + tuple(stacked), body=forward)
 
     consts = args[n_state + n_xs:]
     bwd = Function(step.name, tuple(carry + acc + residuals + emit_cts + consts), tuple(bwd_ops),

@@ -51,12 +51,14 @@ class Value:
 @dataclass(frozen=True, eq=False)
 class Op:
     """outputs = primitive(inputs; params), with a body Function for structured ops (scan,
-    checkpoint)."""
+    checkpoint). `origin` is where the source wrote it (a frontend.diagnostics.Site), which
+    run-time errors and `debug` report; passes that rebuild an op keep it (dataclasses.replace)."""
     primitive: Primitive
     inputs: tuple[Value, ...]
     params: tuple[tuple[str, Any], ...]
     outputs: tuple[Value, ...]
     body: Function | None = None
+    origin: Any = None
 
     @property
     def attrs(self) -> dict[str, Any]:
@@ -121,6 +123,7 @@ class Builder:
         self.name = name
         self.params: list[Value] = []
         self.ops: list[Op] = []
+        self.origin: Any = None         # the origin of the ops emitted next (the front end sets it)
 
     def param(self, type: TensorType | KeyType) -> Value:
         v = Value(type)
@@ -138,7 +141,7 @@ class Builder:
         if p.role is Role.COMPOSITE:
             return p.expand(self, **bind_inputs(p, tuple(inputs), static))
         outputs = tuple(Value(t) for t in _flat_types(result))
-        self.ops.append(Op(p, tuple(inputs), tuple(sorted(static.items())), outputs))
+        self.ops.append(Op(p, tuple(inputs), tuple(sorted(static.items())), outputs, origin=self.origin))
         return outputs[0] if not isinstance(result, (TupleType, ListType)) else outputs
 
     def add(self, op: Op) -> None:

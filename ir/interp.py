@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ir.core import Function, Op, Value, bind_inputs
-from ir.ops.base import Role
+from ir.ops.base import EvalError, Role
 
 
 def run(fn: Function, args: list[np.ndarray]) -> list[np.ndarray]:
@@ -19,19 +19,17 @@ def run(fn: Function, args: list[np.ndarray]) -> list[np.ndarray]:
     return [env[v] for v in fn.results]
 
 
-class EvalError(Exception):
-    """An op that cannot be evaluated on these values (an index out of range, a dtype the
-    reference does not have); the API reports it as a diagnostic."""
-
-
 def evaluate(op: Op, inputs: list[np.ndarray]) -> list[np.ndarray]:
     """One op's outputs."""
     prim = op.primitive
     if prim.role is Role.STRUCTURED:
         return prim.run(op, inputs, lambda arrays: run(op.body, arrays))
+    args = bind_inputs(prim, tuple(inputs), op.attrs)
+    if prim.effect:                              # what it prints or reports names the source
+        args["origin"] = op.origin
     try:
         with np.errstate(all="ignore"):          # inf and NaN are values, as in IEEE arithmetic
-            out = prim.evaluate(**bind_inputs(prim, tuple(inputs), op.attrs))
+            out = prim.evaluate(**args)
     except (IndexError, ArithmeticError, NotImplementedError) as e:
-        raise EvalError(f"'{prim.name}' failed at run time: {e}") from None
+        raise EvalError(f"'{prim.name}' failed at run time: {e}", op.origin) from None
     return list(out) if isinstance(out, (list, tuple)) else [out]

@@ -7,6 +7,7 @@ arrays of every constant evaluated so far, and CSE compares an op with all the o
 neither a pattern of the ops that make its inputs."""
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable
 
 import numpy as np
@@ -27,24 +28,25 @@ FOLD_LIMIT = 4096            # constant results larger than this many elements s
 def substitute(fn: Function, ops: list[Op], env: dict[Value, Value]) -> Function:
     """fn with the given ops, every use of a value in env replaced by its image."""
     get = lambda v: env.get(v, v)
-    new_ops = tuple(Op(op.primitive, tuple(map(get, op.inputs)), op.params, op.outputs, op.body)
+    new_ops = tuple(replace(op, inputs=tuple(map(get, op.inputs)))
                     if any(v in env for v in op.inputs) else op for op in ops)
     return Function(fn.name, fn.params, new_ops, tuple(map(get, fn.results)))
 
 
 def dce(fn: Function) -> Function:
-    """Drop ops none of whose outputs are used; scan and checkpoint bodies too."""
+    """Drop ops none of whose outputs are used (but for effects: debug, assert_finite); scan
+    and checkpoint bodies too."""
     live = set(fn.results)
     kept = []
     for op in reversed(fn.ops):
-        if any(v in live for v in op.outputs):
+        if op.primitive.effect or any(v in live for v in op.outputs):
             kept.append(op if op.body is None else _with_body(op, dce(op.body)))
             live.update(op.inputs)
     return Function(fn.name, fn.params, tuple(reversed(kept)), fn.results)
 
 
 def _with_body(op: Op, body: Function) -> Op:
-    return Op(op.primitive, op.inputs, op.params, op.outputs, body)
+    return replace(op, body=body)
 
 
 def _key(op: Op):
@@ -58,14 +60,15 @@ def _key(op: Op):
 
 def cse(fn: Function) -> Function:
     """Merge ops that compute the same thing from the same values. Parameters are never
-    merged, nor random draws (each draw site stays its own)."""
+    merged, nor random draws (each draw site stays its own), nor effects."""
     seen: dict = {}
     env: dict[Value, Value] = {}
     ops = []
     for op in fn.ops:
-        op = Op(op.primitive, tuple(env.get(v, v) for v in op.inputs), op.params, op.outputs,
-                cse(op.body) if op.body is not None else None)
-        key = None if op.primitive.random or op.body is not None else _key(op)
+        op = replace(op, inputs=tuple(env.get(v, v) for v in op.inputs),
+                     body=cse(op.body) if op.body is not None else None)
+        prim = op.primitive
+        key = None if prim.random or prim.effect or op.body is not None else _key(op)
         if key is not None and key in seen:
             env.update(zip(op.outputs, seen[key].outputs))
             continue
@@ -157,13 +160,14 @@ def _simplified(op: Op, producer: dict[Value, Op], b: Builder) -> Value | None:
 
 
 def fold_constants(fn: Function) -> Function:
-    """Evaluate ops whose inputs are all constants (small results only; never random)."""
+    """Evaluate ops whose inputs are all constants (small results only; never random draws
+    nor effects, which happen when the program runs)."""
     constant: dict[Value, np.ndarray] = {}
     ops = []
     for op in fn.ops:
         if isinstance(op.primitive, Constant):
             constant[op.outputs[0]] = interp.evaluate(op, [])[0]
-        elif (op.body is None and not op.primitive.random and len(op.outputs) == 1
+        elif (op.body is None and not op.primitive.random and not op.primitive.effect and len(op.outputs) == 1
               and all(v in constant for v in op.inputs) and not op.outputs[0].is_key
               and 0 < int(np.prod(op.outputs[0].shape)) <= FOLD_LIMIT):   # a literal has no empty shape
             value = interp.evaluate(op, [constant[v] for v in op.inputs])[0]
@@ -223,8 +227,8 @@ def _rewritten(fn: Function,
     env: dict[Value, Value] = {}
     ops = []
     for op in fn.ops:
-        op = Op(op.primitive, tuple(env.get(v, v) for v in op.inputs), op.params, op.outputs,
-                _rewritten(op.body, rewrite_op) if op.body is not None else None)
+        op = replace(op, inputs=tuple(env.get(v, v) for v in op.inputs),
+                     body=_rewritten(op.body, rewrite_op) if op.body is not None else None)
         b = Builder()
         value = rewrite_op(op, producer, b)
         if value is not None:

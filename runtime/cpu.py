@@ -123,13 +123,15 @@ class Executable:
                 for v in self.function.results]
 
     def host(self, op: Op, inputs: list[np.ndarray]) -> list[np.ndarray]:
-        body = self.bodies.get(id(op))
-        if op.primitive.role is Role.STRUCTURED:   # its body compiled
-            return op.primitive.run(op, inputs, body.run)
         if isinstance(op.primitive, ScatterAdd):    # (an embedding's gradient) compiled
-            outputs = scatter.evaluate(op, inputs)
+            try:
+                outputs = scatter.evaluate(op, inputs)
+            except interp.EvalError as e:           # an index out of range, found by the kernel
+                raise e.at(op) from None
             if outputs is not None:
                 return outputs
+        if op.primitive.role is Role.STRUCTURED:   # its body compiled
+            return op.primitive.run(op, inputs, self.bodies[id(op)].run)
         return interp.evaluate(op, inputs)
 
 
@@ -162,6 +164,8 @@ def _digest(fn: Function) -> str:
                     h.update(repr(v.type).encode())
             h.update(repr((op.primitive.name, op.params, [number[v] for v in op.inputs],
                            [types[v.type] for v in op.outputs])).encode())
+            # the plan runs its own copy of fn, whose ops' origins its diagnostics report
+            h.update(getattr(op.origin, "identity", "").encode())
             if op.body is not None:
                 walk(op.body)
             for v in op.outputs:

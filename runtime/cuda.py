@@ -552,7 +552,10 @@ class Executable:
             self.run_kernel(self.copies[id(op)], op.inputs + op.outputs, op.outputs, env)
             return
         if id(op) in self.gathers:
-            self.gather(op, env)
+            try:
+                self.gather(op, env)
+            except EvalError as e:                  # an index out of range, found on the host
+                raise e.at(op) from None
             return
         if id(op) in self.constants:
             env.update(zip(op.outputs, self.constants[id(op)]))

@@ -1,12 +1,12 @@
 """Every primitive, registered by importing its family's module; the operator tables the
 front end lowers `a + b` and `-x` with; and lookup by surface name."""
-from ir.ops import (construct, contract, control, elementwise, index, order, random, reduce,
-                    scan, shape)
+from ir.ops import (construct, contract, control, elementwise, index, observe, order, random,
+                    reduce, scan, shape)
 from ir.ops.base import REGISTRY, SURFACE, Primitive
 from ir.ops.shape import SliceSpec
 
 __all__ = ["BINARY_OPERATORS", "UNARY_OPERATORS", "REGISTRY", "SliceSpec", "lookup",
-           "construct", "contract", "control", "elementwise", "index", "order", "random",
+           "construct", "contract", "control", "elementwise", "index", "observe", "order", "random",
            "reduce", "scan", "shape"]
 
 BINARY_OPERATORS = {

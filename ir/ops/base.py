@@ -53,6 +53,22 @@ class OpError(Exception):
         self.message, self.arg = message, arg
 
 
+class EvalError(Exception):
+    """An op that cannot be evaluated on these values (an index out of range, a dtype the
+    reference does not have, a failed run-time check); the API reports it as a diagnostic at
+    `origin`, the op's (see ir.core.Op), when it has one."""
+
+    def __init__(self, message: str, origin: Any = None):
+        super().__init__(message)
+        self.origin = origin
+
+    def at(self, op: Any) -> EvalError:
+        """This error, at op's origin unless it has one (from an op inside op's body)."""
+        if self.origin is None:
+            self.origin = op.origin
+        return self
+
+
 class Role(Enum):
     """What a primitive is to the scheduler and the code generators (backend/schedule.py)."""
     ELEMENTWISE = "elementwise"   # one value per point from its operands' there: its scalar body
@@ -84,6 +100,9 @@ class Primitive:
     # many instructions a value: a row kernel stores it once; a scan gathers lines into lanes
     costly: ClassVar[bool] = False
     random: ClassVar[bool] = False       # each op is its own draw: never merged, never folded
+    # it acts when the program runs (prints, or checks and raises): kept though its result
+    # is unused, never merged nor folded, run in program order
+    effect: ClassVar[bool] = False
 
     def __eq__(self, other: object) -> bool:
         return type(other) is type(self)

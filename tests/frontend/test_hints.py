@@ -69,7 +69,8 @@ CASES = {
           fold k in split(key, L) with xs = []:
             xs = xs + [normal(k, [4])]
           return xs
-        """, 4, 13, f"'+' needs tensors or numbers, got List(?)[0]; {MAP}"),
+        """, 4, 5, "the fold state 'xs' changes type in the body: List(?)[0] before a step, "
+                   f"List(f32[4])[1] after; {MAP}"),
     "list changed by a scan": ("""
         def f(k: Key, ts: f32[T]) -> List(Key):
           fold t in ts with ks = split(k, 2):

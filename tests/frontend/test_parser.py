@@ -199,7 +199,7 @@ def test_fold_examples_of_the_language_guide():
     rnn, stack = parse_text(FOLDS).items
     scan = rnn.body[0]
     assert isinstance(scan, ast.Fold) and scan.result == ast.NameTarget("hs", scan.result.span)
-    assert (scan.var, show(scan.iterable)) == ("x", "xs")
+    assert (scan.var.name, show(scan.iterable)) == ("x", "xs")
     assert [(s.name, show(s.value)) for s in scan.state] == [("h", "zeros([B, H])")]
     assert [type(s) for s in scan.body] == [ast.Assign, ast.Return]
     unrolled = stack.body[0]
@@ -414,7 +414,7 @@ def test_tensor_fold_forms():
     assert (plain.result, plain.state) == (None, ())
     assert isinstance(tuple_result.result, ast.TupleTarget)
     assert source_of(with_state).startswith("hs = fold")
-    assert (with_state.var_span.line, with_state.var_span.col) == (2, 13)
+    assert (with_state.var.span.line, with_state.var.span.col) == (2, 13)
 
 
 def test_adt_fold_forms():

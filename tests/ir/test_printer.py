@@ -336,6 +336,8 @@ CASES = {
     # randomness, keys in and out
     "random": built(randomness, KeyArg(3), np.array(11, dtype=np.int32)),
     "stop_gradient": prim("stop_gradient", floats(2, 3)),
+    "debug": prim("debug", floats(2, 3), label="x"),
+    "assert_finite": prim("assert_finite", floats(2, 3), label="x"),
     # scans and checkpoints
     "scan_rnn": rnn(),
     "scan_rnn_reverse": rnn(reverse=True),

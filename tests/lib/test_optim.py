@@ -235,7 +235,7 @@ TRAIN = """
       s = adamw_init(p)
       losses = fold i in arange(S) with q = p, st = s:
         l, g = value_and_grad(loss, wrt=p)(q, xs[i], ys[i])   # wrt: loss's parameter
-        g, n = clip_grad_norm(g, [g.dense.W, g.dense.b, g.gain, g.scale], 0.5)
+        g, n = clip_grad_norm(g, 0.5)
         q, st = adamw(q, g, st, 0.01)
         return l
       return q, losses
@@ -274,7 +274,7 @@ def test_a_training_loop_in_the_language():
 
 CLIP = """
     def clip(g: Model, max_norm: float) -> (Model, f32):
-      return clip_grad_norm(g, [g.dense.W, g.dense.b, g.gain, g.scale], max_norm)
+      return clip_grad_norm(g, max_norm)
     """
 
 

@@ -559,3 +559,18 @@ def test_the_bindings_driver_loads_ptx_null_terminated_and_reports_errors():
     drv.upload(0x7000, array)
     assert mock.calls[-1] == ("cuMemcpyHtoD", (0x7000, array.ctypes.data, 16))
     assert drv.done(drv.record())
+
+
+def test_debug_and_assert_finite_on_the_gpu_are_the_cpus(fake, capsys):
+    """Effects run on the host on the GPU too: the same lines, the same located error."""
+    source = ('def f(x: f32[N]) -> f32[N]:\n  h = debug(x * 2.0, "h")\n'
+              '  return assert_finite(log(h), "log h")\n')
+    x = np.array([0.5, 2.0, 0.0], np.float32)
+    outputs = []
+    for device in ("cuda", "cpu"):
+        with pytest.raises(DslError) as e:
+            dsl.loads(source, name="e.bend", device=device).f(x)
+        outputs.append((capsys.readouterr().err, str(e.value)))
+    assert outputs[0] == outputs[1]
+    assert outputs[0][0] == "e.bend:2:7: h: f32[3] min=0.0 max=4.0 mean=1.6666666 nan=0\n"
+    assert outputs[0][1].startswith("e.bend:3:10: error: while running 'f': assert_finite failed")
