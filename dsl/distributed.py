@@ -95,8 +95,18 @@ class Mpi:
     def __init__(self, comm, timeout: float):
         self.comm, self.timeout = comm, timeout
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self.seconds = 0.0                   # spent in gather, waits for the others included
+        self.bytes = 0                       # received
 
     def gather(self, mine: np.ndarray, sizes: Sequence[int], step: int) -> list[np.ndarray]:
+        t0 = time.perf_counter()
+        try:
+            return self._gather(mine, sizes, step)
+        finally:
+            self.seconds += time.perf_counter() - t0
+            self.bytes += sum(sizes) - len(mine)
+
+    def _gather(self, mine: np.ndarray, sizes: Sequence[int], step: int) -> list[np.ndarray]:
         tag = step % 32768                                    # MPI promises tags up to 32767
         out = [mine if r == self.rank else np.empty(sizes[r], np.uint8) for r in range(self.size)]
         others = [r for r in range(self.size) if r != self.rank]
