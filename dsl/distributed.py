@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -166,7 +167,8 @@ def fail(team: Team, error: DslError) -> None:
     """A diagnostic on one rank of several: printed, then the whole job ended, so that no
     other rank waits for this one."""
     if isinstance(team, Mpi) and team.size > 1:
-        print(error, file=sys.stderr, flush=True)
+        sys.stderr.write(f"{error}\n")              # one write: ranks' lines do not interleave
+        sys.stderr.flush()
         team.abort()
 
 
@@ -236,7 +238,9 @@ def launch(ranks: int, argv: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="dslc-ranks-") as pids:
         child = subprocess.Popen([mpiexec, "-n", str(ranks), sys.executable, "-m", "dsl", *argv],
                                  env={**os.environ, RANK_DIR: pids}, stdout=subprocess.PIPE,
-                                 text=True, bufsize=1)
+                                 stderr=subprocess.PIPE, text=True, bufsize=1)
+        errors = threading.Thread(target=_relay_errors, args=(child.stderr,))
+        errors.start()
         try:
             _relay(child.stdout, Path(pids))
             return _status(child.wait())
@@ -245,6 +249,22 @@ def launch(ranks: int, argv: list[str]) -> int:
             _relay(child.stdout, Path(pids))
             child.wait()
             raise
+        finally:
+            errors.join()
+
+
+MPI_ABORT = re.compile(r"Abort\(\d+\) on node \d+ \(rank \d+ in comm \d+\): application called MPI_Abort")
+
+
+def _relay_errors(stream) -> None:
+    """Copy the ranks' stderr, less MPICH's line about each rank that called MPI_Abort (after
+    printing its own diagnostic)."""
+    after_abort = False
+    for line in stream:
+        if not MPI_ABORT.match(line) and not (after_abort and line == "\n"):
+            sys.stderr.write(line)
+            sys.stderr.flush()
+        after_abort = bool(MPI_ABORT.match(line))
 
 
 def _relay(stream, pids: Path) -> None:
