@@ -13,6 +13,8 @@ and may define
     init_opt(p: P) -> S                         an optimizer state (AdamW's moments); step then
                                                 takes it second and returns it second:
                                                 step(p: P, s: S, …) -> (P, S, f32)
+    update(p: P, [s: S,] g: P) -> P | (P, S)    the optimizer step given the gradient g, which
+                                                micro-batches and ranks need (docs/distributed.md)
     evaluate(p: P, <batch>) -> f32 | record     held-out metrics (a record of f32 scalars, by
                                                 field name, or one scalar), averaged per example
     sample(p: P, key: Key, <static ints>) -> T  generated examples (the loader decodes them)
