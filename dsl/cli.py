@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
@@ -146,6 +147,23 @@ def count(text: str) -> int:
     return n
 
 
+def positive(text: str) -> int:
+    n = count(text)
+    if n == 0:
+        raise argparse.ArgumentTypeError(f"expected a count of at least 1, got '{text}'")
+    return n
+
+
+def seconds(text: str) -> float:
+    try:
+        t = float(text)
+    except ValueError:
+        t = math.nan
+    if not 0 < t < math.inf:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got '{text}'")
+    return t
+
+
 def seed(text: str) -> int:
     n = count(text)
     if n >= 2 ** 64:
@@ -155,7 +173,10 @@ def seed(text: str) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from pathlib import Path
+    from dsl import distributed
     from dsl.train import train
+    if args.ranks is not None:
+        return launch_ranks(args)
     ckpt = args.checkpoint_dir if args.checkpoint_dir is not None else \
         str(Path("checkpoints") / Path(args.file).stem)
     try:
@@ -163,11 +184,31 @@ def cmd_train(args: argparse.Namespace) -> int:
                        resume=args.resume, checkpoint_dir=ckpt or None,
                        overwrite=args.overwrite, plot=args.plot,
                        dims=args.dims, hyper=args.hyper, batch_size=args.batch_size,
-                       device=args.device, progress=sys.stderr)
+                       device=args.device, progress=sys.stderr, micro_batches=args.micro_batches,
+                       rank_timeout=args.rank_timeout)
     except KeyboardInterrupt:
         interrupted()
-    print(result)
+    except DslError as e:
+        distributed.fail(distributed.world(args.rank_timeout), e)
+        raise
+    if distributed.world(args.rank_timeout).rank == 0:
+        print(result)
     return 0
+
+
+def launch_ranks(args: argparse.Namespace) -> int:
+    """--ranks R: the same command line without it, under `mpiexec -n R`."""
+    from dsl import distributed
+    if distributed.launched_size() > 1:
+        raise DslError(None, "--ranks starts mpiexec itself: give it without mpiexec, or "
+                             "mpiexec -n R without --ranks")
+    argv = sys.argv[1:] if args.argv is None else args.argv
+    rest = [a for i, a in enumerate(argv) if a != "--ranks" and not a.startswith("--ranks=")
+            and (i == 0 or argv[i - 1] != "--ranks")]
+    try:
+        return distributed.launch(args.ranks, rest)
+    except KeyboardInterrupt:
+        interrupted()
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
@@ -340,6 +381,15 @@ def parser() -> argparse.ArgumentParser:
                        help="draw the loss curves into an image (.png, .svg, .pdf …; needs dslc[plot])")
     train.add_argument("--device", choices=["auto", "reference", "cpu", "cuda"], default="auto",
                        help=DEVICE)
+    train.add_argument("--micro-batches", type=positive, metavar="M",
+                       help="cut each step's batch into M micro-batches and sum their gradients "
+                       "in a fixed tree (the model needs update); under mpiexec, default: the "
+                       "number of ranks")
+    train.add_argument("--ranks", type=positive, metavar="R",
+                       help="run on R processes: this command under mpiexec -n R")
+    train.add_argument("--rank-timeout", type=seconds, default=600.0, metavar="SECONDS",
+                       help="how long a rank waits for the others' gradients before it ends the "
+                       "job (default 600)")
     train.set_defaults(run=cmd_train)
 
     cached = sub.add_parser("cache", help="show, clear or prune the compile cache",
@@ -369,6 +419,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     try:
         args = parser().parse_args(argv)
+        args.argv = argv
         return args.run(args)
     except DslError as e:
         print(e, file=sys.stderr)

@@ -13,6 +13,8 @@ and may define
     init_opt(p: P) -> S                         an optimizer state (AdamW's moments); step then
                                                 takes it second and returns it second:
                                                 step(p: P, s: S, …) -> (P, S, f32)
+    update(p: P, [s: S,] g: P) -> P | (P, S)    the optimizer step given the gradient g, which
+                                                micro-batches and ranks need (docs/distributed.md)
     evaluate(p: P, <batch>) -> f32 | record     held-out metrics (a record of f32 scalars, by
                                                 field name, or one scalar), averaged per example
     sample(p: P, key: Key, <static ints>) -> T  generated examples (the loader decodes them)
@@ -97,7 +99,7 @@ import numpy as np
 from safetensors import SafetensorError
 from safetensors.numpy import save_file
 
-from dsl import npz, safetensors
+from dsl import distributed, npz, safetensors
 from dsl.plot import check_plot_path, plot_losses
 from dsl.program import DEVICES, Program, load
 from dsl.progress import Progress
@@ -234,7 +236,8 @@ class Model:
             self.loader.load, self.loader.origin = read_npz_data(data), data
         self.dims = {**self.loader.dims, **(dims or {})}
         self._hyper_override = dict(hyper or {})
-        self.has = {n: self._defines(n) for n in ("init", "loss", "step", "init_opt", "evaluate", "sample")}
+        self.has = {n: self._defines(n) for n in ("init", "loss", "step", "init_opt", "update",
+                                                  "evaluate", "sample")}
         missing = [n for n in self.REQUIRED if not self.has[n]]
         if missing:
             raise DslError(None, f"{self.path} defines no {' and no '.join(repr(m) for m in missing)}: "
@@ -322,9 +325,12 @@ class Model:
         return ("the parameters and the optimizer state first" if entry == "step" and self.has["init_opt"]
                 else "the parameters first")
 
-    def call(self, entry: str, args: dict, batch: dict | None = None) -> Any:
-        """Run an entry; a diagnostic about its inputs says where the batch came from."""
+    def call(self, entry: str, args: dict, batch: dict | None = None, grad: str | None = None) -> Any:
+        """Run an entry (its value and gradient with respect to `grad`, if given); a diagnostic
+        about its inputs says where the batch came from."""
         try:
+            if grad is not None:
+                return self.prog.value_and_grad(entry, grad)(**args)
             return self.prog.call(entry, **args)
         except DslError as e:
             if batch:
@@ -351,6 +357,20 @@ class Model:
                            "step must return (parameters, loss)" + " (with init_opt, step takes and "
                            "returns the optimizer state second)")
         return out[0], (out[1] if stateful else None), float(out[-1])
+
+    def gradient(self, p: Record, batch: dict, key: Key) -> tuple[np.ndarray, Record]:
+        """loss on one batch and its gradient with respect to its first parameter."""
+        wrt = self._def("loss").params[0].name
+        return self.call("loss", self.bind("loss", (p,), batch, key=key), batch, grad=wrt)
+
+    def update(self, p: Record, s: Any, g: Record, t: int) -> tuple[Record, Any]:
+        """`update`, the optimizer step given the gradient, at step t: the new (p, s)."""
+        stateful = self.has["init_opt"]
+        out = self.call("update", self.bind("update", (p, s, g) if stateful else (p, g), hyper=self.hyper(t)))
+        if not (isinstance(out, tuple) and len(out) == 2 if stateful else isinstance(out, dict)):
+            raise DslError(self._def("update").name_span, "update must return (parameters, optimizer "
+                           "state)" if stateful else "update must return the parameters")
+        return (out[0], out[1]) if stateful else (out, None)
 
     def evaluate(self, p: Record, data: dict, seed: int, batch_size: int) -> dict[str, float]:
         """Mean loss (and evaluate's metrics) over the examples of data, per example."""
@@ -643,7 +663,8 @@ def train(path: str, *, steps: int | None = None, seed: int | None = None, data:
           plot: str | None = None,
           dims: dict | None = None, hyper: dict | None = None, batch_size: int | None = None,
           device: str = "auto", progress: TextIO | None = sys.stderr,
-          on_step: Callable[[int, dict, float], None] | None = None, final_eval: bool = True) -> Result:
+          on_step: Callable[[int, dict, float], None] | None = None, final_eval: bool = True,
+          micro_batches: int | None = None, rank_timeout: float = 600.0) -> Result:
     """Train the model file `path` (see the module's documentation); returns the report.
 
     on_step(t, batch, loss) is called after each step. A checkpoint_dir that holds checkpoints
@@ -651,7 +672,8 @@ def train(path: str, *, steps: int | None = None, seed: int | None = None, data:
     deletes them before the first step. Ctrl-C (KeyboardInterrupt) saves a
     checkpoint of the last finished step, when there is a checkpoint_dir, and re-raises.
     final_eval=False leaves out the final evaluation and samples (the report then has the
-    training losses only)."""
+    training losses only). micro_batches and rank_timeout: see docs/distributed.md; under an
+    mpiexec of several ranks, only rank 0 evaluates, reports progress and writes files."""
     if device not in DEVICES:
         raise ValueError(f"device {device!r} is not one of {', '.join(DEVICES)}")
     if plot:
@@ -676,7 +698,15 @@ def train(path: str, *, steps: int | None = None, seed: int | None = None, data:
 
     train_data = model.split("train")
     n_train = len(next(iter(train_data.values())))
-    valid = model.split("valid")
+    team = distributed.world(rank_timeout)
+    m = micro_batches if micro_batches is not None or team.size == 1 else team.size
+    if m is not None:
+        distributed.check(m, team, bs if 0 < bs < n_train else n_train)
+        require_update(model)
+    if team.rank:                                     # rank 0 alone reports and writes
+        progress = checkpoint_dir = plot = None
+        final_eval = False
+    valid = model.split("valid") if not team.rank else None
     valid_subset = subset(valid, eval_n) if valid is not None else None
 
     fresh_seed = 0 if seed is None else seed
@@ -701,14 +731,20 @@ def train(path: str, *, steps: int | None = None, seed: int | None = None, data:
     bar = Progress(progress, start, max(total, start))
     if progress is not None and start < total:
         bar.log(f"training {model.path} for {total - start} steps from step {start} "
-                f"(batch {bs if 0 < bs < n_train else n_train} of {n_train} examples, seed {state.seed})")
+                f"(batch {bs if 0 < bs < n_train else n_train} of {n_train} examples, seed {state.seed}"
+                f"{sharing(m, team)})")
     train_time = eval_time = 0.0
     t0 = time.perf_counter()
     try:
         for t in range(start, total):
             idx = batch_indices(state.seed, t, n_train, bs)
-            batch = {k: a[idx] for k, a in train_data.items()}
-            p, s, loss = model.step(state.p, state.s, batch, t, state.seed)
+            if m is None:
+                batch = {k: a[idx] for k, a in train_data.items()}
+                p, s, loss = model.step(state.p, state.s, batch, t, state.seed)
+            else:
+                order = np.arange(n_train)[idx]
+                p, s, loss = micro_step(model, state, train_data, order, t, m, team)
+                batch = {k: a[share(order, m, team)] for k, a in train_data.items()} if on_step else {}
             if not math.isfinite(loss):
                 raise DslError(None, f"the loss is {loss} at step {t}: the training diverged "
                                      "(a smaller learning rate may help)")
@@ -757,6 +793,45 @@ def train(path: str, *, steps: int | None = None, seed: int | None = None, data:
         plot_losses(plot, state.losses, state.evals, title=model.path.name)
     return Result(str(model.path), state.p, state.s, start, state.step, state.seed, train_time,
                   eval_time, metrics, state.losses, state.evals, samples, last_ckpt, plot)
+
+
+# ---------------------------------------------------------------- micro-batches and ranks
+
+def require_update(model: Model) -> None:
+    if not model.has["update"]:
+        raise DslError(None, f"{model.path} defines no 'update': training on micro-batches or "
+                             "several ranks needs update(p, g, …) -> P (with init_opt, "
+                             "update(p, s, g, …) -> (P, S)), the optimizer step given the "
+                             "gradient, which step may call; see docs/distributed.md")
+
+
+def micro_step(model: Model, state: State, data: dict[str, np.ndarray], order: np.ndarray, t: int,
+               m: int, team: distributed.Team) -> tuple[Record, Any, float]:
+    """Step t on the examples `order` as m micro-batches: this rank's share of their losses and
+    gradients, the mean of all m along distributed's tree, then `update` on every rank alike."""
+    size, k = len(order) // m, step_key(state.seed, t)
+
+    def leaf(i: int) -> distributed.Partial:
+        rows = {name: a[order[i * size:(i + 1) * size]] for name, a in data.items()}
+        loss, g = model.gradient(state.p, rows, fold_in(k, i))
+        return [np.asarray(loss), *flatten_python(g, "g").values()]
+
+    loss, *leaves = distributed.reduce(leaf, m, team, t)
+    g = _rebuild(state.p, "g", dict(zip(flatten_python(state.p, "g"), leaves)))
+    p, s = model.update(state.p, state.s, g, t)
+    return p, s, float(loss)
+
+
+def share(order: np.ndarray, m: int, team: distributed.Team) -> np.ndarray:
+    """The examples of this rank's micro-batches."""
+    part = len(order) // team.size
+    return order[team.rank * part:(team.rank + 1) * part]
+
+
+def sharing(m: int | None, team: distributed.Team) -> str:
+    if m is None:
+        return ""
+    return f", {m} micro-batches" + (f" on {team.size} ranks" if team.size > 1 else "")
 
 
 def subset(data: dict[str, np.ndarray], n: int) -> dict[str, np.ndarray]:

@@ -99,3 +99,23 @@ def _ended(pid: int, fd: int, data: bytes) -> tuple[str, object]:
     if _os.WEXITSTATUS(status) != 0 or not data:
         return "crash", f"exit status {_os.WEXITSTATUS(status)}"
     return _pickle.loads(data)
+
+
+# ---------------------------------------------------------------- the command line in a child
+
+import subprocess as _subprocess
+import sys as _sys
+
+
+def dslc(*args: str, cwd=None, env: dict | None = None, timeout: float = 300) -> _subprocess.CompletedProcess:
+    """`python -m dsl ARGS` in a child process (this interpreter, the environment plus `env`)."""
+    return _subprocess.run([_sys.executable, "-m", "dsl", *args], capture_output=True, text=True,
+                           cwd=cwd, env={**_os.environ, **(env or {})}, timeout=timeout)
+
+
+def user_error(r: _subprocess.CompletedProcess, *fragments: str) -> None:
+    """r ended as dslc ends on a user error: status 1, every fragment said, no traceback."""
+    assert r.returncode == 1, (r.returncode, r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr and "internal error" not in r.stderr, r.stderr
+    for f in fragments:
+        assert f in r.stderr, r.stderr

@@ -123,6 +123,7 @@ def test_doc_of_an_example_lists_its_definitions_in_source_order():
         "def predict(p: Params, x: f32[B, 2]) -> f32[B]",
         "def loss(p: Params, x: f32[B, 2], y: f32[B]) -> f32",
         "def evaluate(p: Params, x: f32[B, 2], y: f32[B]) -> Metrics",
+        "def update(p: Params, g: Params, lr: f32) -> Params",
         "def step(p: Params, x: f32[B, 2], y: f32[B], lr: f32) -> (Params, f32)",
     ]
     assert "-> f32\n    Binary cross-entropy of the predictions.\n\n" in r.stdout

@@ -1,0 +1,300 @@
+"""Data parallelism (docs/distributed.md): a step's batch cut into M micro-batches whose
+gradients are summed along one fixed binary tree, whether one process computes them all or R
+MPI ranks share them, so that the weights are the same bits for every R that divides M."""
+from __future__ import annotations
+
+import functools
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Protocol, Sequence, TypeVar
+
+import numpy as np
+
+from frontend.diagnostics import DslError
+
+T = TypeVar("T")
+Node = tuple[int, int]                 # the micro-batches lo … hi-1 that a node of the tree sums
+Partial = list[np.ndarray]             # a node's sum: the loss, then the gradient's leaves
+
+INSTALL = "pip install 'dslc[distributed]' (mpi4py and MPICH)"
+RANK_DIR = "DSLC_RANK_DIR"             # where `--ranks` asks each rank to write its process id
+
+
+# ---------------------------------------------------------------- the tree
+
+def cut(lo: int, hi: int) -> int:
+    """Where the tree splits [lo, hi): after the largest power of two below its length, which
+    makes it the pairwise tree (0+1, 2+3, …, then pairs of pairs), an odd node moving up as is."""
+    return lo + (1 << ((hi - lo - 1).bit_length() - 1))
+
+
+def tree_sum(leaf: Callable[[int], T], add: Callable[[T, T], T], lo: int, hi: int,
+             known: dict[Node, T] | None = None) -> T:
+    """The sum of leaf(lo) … leaf(hi-1) along the tree, taking the nodes in `known` as given."""
+    if known and (lo, hi) in known:
+        return known[(lo, hi)]
+    if hi - lo == 1:
+        return leaf(lo)
+    mid = cut(lo, hi)
+    return add(tree_sum(leaf, add, lo, mid, known), tree_sum(leaf, add, mid, hi, known))
+
+
+def frontier(lo: int, hi: int, m: int) -> list[Node]:
+    """The largest nodes of the tree over [0, m) inside [lo, hi), left to right: the sums a
+    rank that holds micro-batches lo … hi-1 computes alone."""
+    nodes: list[Node] = []
+
+    def walk(a: int, b: int) -> None:
+        if lo <= a and b <= hi:
+            nodes.append((a, b))
+        elif a < hi and lo < b:
+            walk(a, cut(a, b))
+            walk(cut(a, b), b)
+
+    walk(0, m)
+    return nodes
+
+
+def add(a: Partial, b: Partial) -> Partial:
+    return [x + y for x, y in zip(a, b)]
+
+
+# ---------------------------------------------------------------- the ranks
+
+class Team(Protocol):
+    """The processes that train together; rank 0 writes checkpoints, logs and plots."""
+    rank: int
+    size: int
+
+    def gather(self, mine: np.ndarray, sizes: Sequence[int], step: int) -> list[np.ndarray]:
+        """Every rank's bytes (`sizes[r]` of them from rank r), on every rank."""
+
+
+@dataclass(frozen=True)
+class Solo:
+    """One process: no one to exchange with."""
+    rank: int = 0
+    size: int = 1
+
+    def gather(self, mine: np.ndarray, sizes: Sequence[int], step: int) -> list[np.ndarray]:
+        return [mine]
+
+
+class Mpi:
+    """The ranks of MPI_COMM_WORLD. A rank that waits longer than `timeout` seconds for
+    another's gradients ends the job with a diagnostic that names the ranks it waits for."""
+
+    def __init__(self, comm, timeout: float):
+        self.comm, self.timeout = comm, timeout
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self.seconds = 0.0                   # spent in gather, waits for the others included
+        self.bytes = 0                       # received
+
+    def gather(self, mine: np.ndarray, sizes: Sequence[int], step: int) -> list[np.ndarray]:
+        t0 = time.perf_counter()
+        try:
+            return self._gather(mine, sizes, step)
+        finally:
+            self.seconds += time.perf_counter() - t0
+            self.bytes += sum(sizes) - len(mine)
+
+    def _gather(self, mine: np.ndarray, sizes: Sequence[int], step: int) -> list[np.ndarray]:
+        tag = step % 32768                                    # MPI promises tags up to 32767
+        out = [mine if r == self.rank else np.empty(sizes[r], np.uint8) for r in range(self.size)]
+        others = [r for r in range(self.size) if r != self.rank]
+        receiving = {r: self.comm.Irecv(out[r], source=r, tag=tag) for r in others}
+        sending = {r: self.comm.Isend(mine, dest=r, tag=tag) for r in others}
+        deadline, pause = time.monotonic() + self.timeout, 1e-5
+        while receiving or sending:
+            # polled with growing pauses, not waited on: a blocked MPI wait spins on a core the
+            # ranks on this machine need, and never gives up on a rank that died or hangs
+            receiving = {r: q for r, q in receiving.items() if not q.Test()}
+            sending = {r: q for r, q in sending.items() if not q.Test()}
+            if (receiving or sending) and time.monotonic() > deadline:
+                silent = sorted(set(receiving) | set(sending))
+                raise DslError(None, f"rank {self.rank}: {_ranks(silent)} exchanged no gradients "
+                                     f"for step {step} within {self.timeout:g} s: "
+                                     f"{'it' if len(silent) == 1 else 'they'} died or hang "
+                                     "(--rank-timeout sets the wait)")
+            time.sleep(pause)
+            pause = min(2 * pause, 0.005)
+        return out
+
+    def abort(self) -> None:
+        self.comm.Abort(1)
+        os._exit(1)                      # MPICH's Abort may return before mpiexec kills us
+
+
+def _ranks(ranks: list[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+
+
+def launched_size() -> int:
+    """How many ranks the mpiexec that started this process started (1 without one)."""
+    for var in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"):
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    return 1
+
+
+@functools.cache
+def world(timeout: float) -> Team:
+    """The team of this process: Mpi under an mpiexec of several ranks, else Solo."""
+    n = launched_size()
+    if n <= 1:
+        return Solo()
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        raise DslError(None, f"this process is one of {n} ranks that mpiexec started, but "
+                             f"mpi4py is not installed: {INSTALL}") from None
+    team = Mpi(MPI.COMM_WORLD, timeout)
+    if os.environ.get(RANK_DIR):                              # for `--ranks`' report of a death
+        (Path(os.environ[RANK_DIR]) / str(os.getpid())).write_text(str(team.rank))
+    return team
+
+
+def fail(team: Team, error: DslError) -> None:
+    """A diagnostic on one rank of several: printed, then the whole job ended, so that no
+    other rank waits for this one."""
+    if isinstance(team, Mpi) and team.size > 1:
+        sys.stderr.write(f"{error}\n")              # one write: ranks' lines do not interleave
+        sys.stderr.flush()
+        team.abort()
+
+
+# ---------------------------------------------------------------- a step
+
+def reduce(leaf: Callable[[int], Partial], m: int, team: Team, step: int) -> Partial:
+    """The mean over micro-batches 0 … m-1 of leaf(i), summed along the tree: this rank
+    computes the leaves of its share (m / R consecutive micro-batches) and its frontier's
+    sums, the ranks gather every frontier, and every rank sums the rest of the tree alike."""
+    share = m // team.size
+    lo, hi = team.rank * share, (team.rank + 1) * share
+    mine = [tree_sum(leaf, add, a, b) for a, b in frontier(lo, hi, m)]
+    known = dict(zip(frontier(lo, hi, m), mine))
+    if team.size > 1:
+        like = mine[0]
+        nbytes = sum(a.nbytes for a in like)
+        fronts = [frontier(r * share, (r + 1) * share, m) for r in range(team.size)]
+        got = team.gather(_pack(mine), [nbytes * len(f) for f in fronts], step)
+        for nodes, data in zip(fronts, got):
+            known.update(zip(nodes, _unpack(data, like, len(nodes))))
+    total = tree_sum(leaf, add, 0, m, known)
+    return [x / np.asarray(m, x.dtype) for x in total]
+
+
+def _pack(partials: list[Partial]) -> np.ndarray:
+    return np.concatenate([np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+                           for p in partials for a in p])
+
+
+def _unpack(data: np.ndarray, like: Partial, count: int) -> list[Partial]:
+    out, at = [], 0
+    for _ in range(count):
+        part = []
+        for a in like:
+            part.append(np.frombuffer(data, a.dtype, a.size, at).reshape(a.shape))
+            at += a.nbytes
+        out.append(part)
+    return out
+
+
+def check(micro_batches: int, team: Team, batch: int) -> None:
+    """The configurations a run of `micro_batches` on `team` cannot take, as diagnostics."""
+    if micro_batches < 1:
+        raise DslError(None, f"--micro-batches must be at least 1, got {micro_batches}")
+    if micro_batches % team.size:
+        raise DslError(None, f"{micro_batches} micro-batches do not share out over {team.size} "
+                             f"ranks: give --micro-batches a multiple of {team.size}")
+    if batch % micro_batches:
+        raise DslError(None, f"the batch of {batch} examples does not split into {micro_batches} "
+                             f"equal micro-batches: give a --batch-size that {micro_batches} divides")
+
+
+# ---------------------------------------------------------------- `dslc train --ranks R`
+
+def launch(ranks: int, argv: list[str]) -> int:
+    """`mpiexec -n ranks python -m dsl ARGV`, its exit status; a rank that dies is reported by
+    its rank (MPICH names only its process id)."""
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        raise DslError(None, f"--ranks needs mpi4py and an MPI implementation: {INSTALL}") from None
+    here = str(Path(sys.executable).parent)
+    mpiexec = shutil.which("mpiexec", path=here + os.pathsep + os.environ.get("PATH", ""))
+    if mpiexec is None:
+        raise DslError(None, f"--ranks needs an mpiexec (none beside {sys.executable} or on "
+                             f"PATH): {INSTALL}")
+    with tempfile.TemporaryDirectory(prefix="dslc-ranks-") as pids:
+        child = subprocess.Popen([mpiexec, "-n", str(ranks), sys.executable, "-m", "dsl", *argv],
+                                 env={**os.environ, RANK_DIR: pids}, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True, bufsize=1)
+        errors = threading.Thread(target=_relay_errors, args=(child.stderr,))
+        errors.start()
+        try:
+            _relay(child.stdout, Path(pids))
+            return _status(child.wait())
+        except KeyboardInterrupt:
+            child.send_signal(signal.SIGINT)               # mpiexec passes it on to the ranks
+            _relay(child.stdout, Path(pids))
+            child.wait()
+            raise
+        finally:
+            errors.join()
+
+
+MPI_ABORT = re.compile(r"Abort\(\d+\) on node \d+ \(rank \d+ in comm \d+\): application called MPI_Abort")
+
+
+def _relay_errors(stream) -> None:
+    """Copy the ranks' stderr, less MPICH's line about each rank that called MPI_Abort (after
+    printing its own diagnostic)."""
+    after_abort = False
+    for line in stream:
+        if not MPI_ABORT.match(line) and not (after_abort and line == "\n"):
+            sys.stderr.write(line)
+            sys.stderr.flush()
+        after_abort = bool(MPI_ABORT.match(line))
+
+
+def _relay(stream, pids: Path) -> None:
+    """Copy the ranks' stdout, replacing the banner MPICH prints there about a process that
+    ended badly with a diagnostic on stderr that names its rank."""
+    banner: list[str] = []
+    for line in stream:
+        if line.startswith("=====") or banner:
+            banner.append(line)
+            if line.startswith("Please see the FAQ"):
+                print(_death(banner, pids) or "".join(banner), file=sys.stderr, flush=True)
+                banner = []
+        else:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+    if banner:
+        sys.stderr.write("".join(banner))
+
+
+def _death(banner: list[str], pids: Path) -> str | None:
+    text = "".join(banner)
+    pid, why = re.search(r"PID (\d+)", text), re.search(r"EXIT STRING: (.*)", text)
+    where = pids / pid.group(1) if pid else None
+    if where is None or not where.exists():
+        return None
+    cause = why.group(1).strip() if why else "an error"
+    return (f"dslc: rank {where.read_text()} (process {pid.group(1)}) ended with {cause}; "
+            "mpiexec stopped the other ranks")
+
+
+def _status(code: int) -> int:
+    """mpiexec's status as dslc's: 0, 130 for Ctrl-C, else 1 (a rank's diagnostic said why)."""
+    return code if code in (0, 130) else 1

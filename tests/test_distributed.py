@@ -1,0 +1,227 @@
+"""Data parallelism as a user relies on it (docs/distributed.md): M micro-batches summed in one
+fixed tree, so that a run on R = 1, 2 or 4 MPI ranks ends with the same bits; and every bad
+configuration, a rank that dies and a rank that hangs end with a diagnostic, in bounded time."""
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import dsl
+from conftest import dslc, raises, user_error
+from dsl import distributed, safetensors
+
+ROOT = Path(__file__).resolve().parents[1]
+XOR = ROOT / "examples" / "xor.bend"
+NAMES = ROOT / "examples" / "names_mlp.bend"
+
+
+# ---------------------------------------------------------------- the tree
+
+def test_the_tree_is_pairwise_with_an_odd_node_moving_up():
+    def show(lo: int, hi: int) -> str:
+        return distributed.tree_sum(str, lambda a, b: f"({a}+{b})", lo, hi)
+    assert show(0, 1) == "0"
+    assert show(0, 4) == "((0+1)+(2+3))"
+    assert show(0, 6) == "(((0+1)+(2+3))+(4+5))"
+    assert show(0, 7) == "(((0+1)+(2+3))+((4+5)+6))"
+
+
+def test_a_share_sums_the_largest_nodes_inside_it():
+    assert distributed.frontier(0, 8, 8) == [(0, 8)]
+    assert distributed.frontier(4, 8, 8) == [(4, 8)]
+    assert distributed.frontier(3, 6, 6) == [(3, 4), (4, 6)]
+    assert distributed.frontier(2, 4, 6) == [(2, 4)]
+
+
+class Threads:
+    """R ranks as threads of this process, gathering through a shared table: the schedule of
+    distributed.reduce without MPI."""
+
+    def __init__(self, size: int):
+        self.size, self.table, self.barrier = size, {}, threading.Barrier(size)
+
+    def rank(self, r: int):
+        team = self
+
+        class Rank:
+            rank, size = r, team.size
+
+            def gather(self, mine, sizes, step):
+                team.table[r] = mine
+                team.barrier.wait()
+                assert [len(team.table[q]) for q in range(team.size)] == list(sizes)
+                got = [team.table[q] for q in range(team.size)]
+                team.barrier.wait()
+                return got
+        return Rank()
+
+
+def reduce_on(ranks: int, leaves: list[list[np.ndarray]]) -> list[list[np.ndarray]]:
+    """Every rank's result of distributed.reduce over the leaves, R ranks at once."""
+    team, out = Threads(ranks), [None] * ranks
+
+    def run(r: int) -> None:
+        out[r] = distributed.reduce(lambda i: leaves[i], len(leaves), team.rank(r), step=0)
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(ranks)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+@pytest.mark.parametrize("m, ranks", [(6, 2), (6, 3), (6, 6), (8, 4), (12, 3)])
+def test_every_rank_count_reduces_to_the_bits_of_one_process(m, ranks):
+    rng = np.random.default_rng(m * ranks)
+    leaves = [[np.float32(rng.standard_normal()), rng.standard_normal((3, 5)).astype(np.float32)]
+              for _ in range(m)]
+    want = distributed.reduce(lambda i: leaves[i], m, distributed.Solo(), step=0)
+    exact = np.sum([np.float64(leaf[0]) for leaf in leaves]) / m
+    assert abs(want[0] - exact) < 1e-6 * max(1.0, abs(exact))
+    for got in reduce_on(ranks, leaves):
+        assert all(g.dtype == w.dtype and g.tobytes() == w.tobytes() for g, w in zip(got, want))
+
+
+# ---------------------------------------------------------------- micro-batches on one process
+
+def same_bits(a, b) -> bool:
+    fa, fb = dsl.values.flatten_python(a, "v"), dsl.values.flatten_python(b, "v")
+    return fa.keys() == fb.keys() and all(fa[k].tobytes() == fb[k].tobytes() for k in fa)
+
+
+def test_one_micro_batch_is_the_models_own_step():
+    for path in (XOR, NAMES):
+        a = dsl.train(str(path), steps=3, progress=None, final_eval=False)
+        b = dsl.train(str(path), steps=3, progress=None, final_eval=False, micro_batches=1)
+        assert same_bits(a.params, b.params) and same_bits(a.opt_state, b.opt_state)
+        assert a.losses == b.losses
+
+
+def test_micro_batches_average_the_batchs_gradient():
+    """xor's full batch of 4 as 4 micro-batches of one example: the same descent to ~1 ulp a
+    step (the sum's order differs), not the same bits."""
+    whole = dsl.train(str(XOR), steps=5, progress=None, final_eval=False)
+    micro = dsl.train(str(XOR), steps=5, progress=None, final_eval=False, micro_batches=4)
+    for k in whole.params:
+        np.testing.assert_allclose(micro.params[k], whole.params[k], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(micro.losses, whole.losses, rtol=1e-5)
+
+
+def test_micro_batches_need_update(tmp_path):
+    src = XOR.read_text()
+    no_update = src.replace("return update(p, g, lr), l", "return map(lambda w, d: w - lr * d, p, g), l")
+    no_update = no_update.split("#{ The optimizer step given")[0] + "def step(" + no_update.split("def step(")[1]
+    (tmp_path / "m.bend").write_text(no_update)
+    (tmp_path / "m.py").write_text((XOR.with_suffix(".py")).read_text())
+    raises(lambda: dsl.train(str(tmp_path / "m.bend"), steps=1, progress=None, micro_batches=2),
+           "defines no 'update'", "update(p, g, …) -> P")
+
+
+def test_a_batch_that_does_not_split_is_an_error():
+    raises(lambda: dsl.train(str(XOR), steps=1, progress=None, micro_batches=3),
+           "the batch of 4 examples does not split into 3 equal micro-batches")
+    user_error(dslc("train", str(XOR), "--steps", "1", "--micro-batches", "3", "--checkpoint-dir", ""),
+               "does not split into 3 equal micro-batches")
+
+
+# ---------------------------------------------------------------- ranks
+
+
+
+def trained(path: Path, tmp: Path, *args: str) -> dict[str, np.ndarray]:
+    """The weights, optimizer state and losses of `dslc train path --steps 3 ARGS` on the CPU
+    backend, from its final checkpoint."""
+    out = tmp / "_".join(args).replace("/", "_")
+    r = dslc("train", str(path), "--steps", "3", "--device", "cpu", "--checkpoint-dir", str(out),
+             *args, timeout=120)
+    assert r.returncode == 0, r.stderr
+    tensors = safetensors.read(out / "step0000003.safetensors")
+    return {k: a for k, a in tensors.items() if k.startswith(("p.", "opt")) or k == "loss"}
+
+
+def quick(tmp: Path, example: Path) -> Path:
+    """A copy of an example whose evaluations take 64 examples and that draws no samples."""
+    (tmp / "m.bend").write_text(example.read_text())
+    (tmp / "extra.py").write_text((example.parent / "extra.py").read_text())   # (loaders import it)
+    (tmp / "m.py").write_text(example.with_suffix(".py").read_text() +
+                              '\nSETTINGS = {**SETTINGS, "eval_examples": 64, "samples": False}\n')
+    return tmp / "m.bend"
+
+
+@pytest.mark.parametrize("example", [XOR, NAMES], ids=["xor", "names_mlp"])
+def test_one_two_and_four_ranks_train_the_same_bits(example, tmp_path):
+    path = quick(tmp_path, example)
+    one = trained(path, tmp_path, "--micro-batches", "4")
+    for ranks in ("2", "4"):
+        many = trained(path, tmp_path, "--micro-batches", "4", "--ranks", ranks)
+        assert many.keys() == one.keys()
+        for k in one:
+            assert many[k].tobytes() == one[k].tobytes(), (ranks, k)
+
+
+def test_rank_0_alone_writes_and_a_run_resumes_on_another_rank_count(tmp_path):
+    path = quick(tmp_path, NAMES)
+    straight = trained(path, tmp_path, "--micro-batches", "4")
+    half = tmp_path / "half"
+    r = dslc("train", str(path), "--steps", "1", "--micro-batches", "4", "--ranks", "2",
+             "--device", "cpu", "--checkpoint-dir", str(half), "--plot", str(tmp_path / "loss.png"),
+             timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("trained") == 1 and r.stderr.count("training ") == 1
+    assert "4 micro-batches on 2 ranks" in r.stderr
+    assert sorted(p.name for p in half.iterdir()) == ["step0000001.safetensors"]
+    assert (tmp_path / "loss.png").read_bytes().startswith(b"\x89PNG")
+    resumed = trained(path, tmp_path, "--micro-batches", "4", "--ranks", "4",
+                      "--resume", str(half / "step0000001.safetensors"))
+    for k in straight:
+        assert resumed[k].tobytes() == straight[k].tobytes(), k
+
+
+def test_ranks_that_do_not_divide_the_micro_batches_are_an_error():
+    r = dslc("train", str(XOR), "--steps", "1", "--micro-batches", "3", "--ranks", "2",
+             "--checkpoint-dir", "", timeout=120)
+    user_error(r, "error: 3 micro-batches do not share out over 2 ranks: give --micro-batches a "
+                  "multiple of 2\n")
+    assert "MPI_Abort" not in r.stderr
+
+
+def dying(tmp_path: Path, how: str) -> Path:
+    """xor, with a loader whose hyper() at step 2 on rank 1 runs `how`."""
+    loader = XOR.with_suffix(".py").read_text().replace("HYPER = {\"lr\": 0.5}", f"""
+import os, signal
+
+
+def hyper(t):
+    if t == 2 and os.environ.get("PMI_RANK") == "1":
+        {how}
+    return {{"lr": 0.5}}
+""")
+    (tmp_path / "m.py").write_text(loader)
+    (tmp_path / "m.bend").write_text(XOR.read_text())
+    return tmp_path / "m.bend"
+
+
+def test_a_rank_that_dies_ends_the_job_naming_it(tmp_path):
+    path = dying(tmp_path, "os.kill(os.getpid(), signal.SIGKILL)")
+    r = dslc("train", str(path), "--steps", "50", "--ranks", "2", "--checkpoint-dir", "", timeout=120)
+    user_error(r, "rank 1 (process ", "ended with Killed (signal 9)")
+
+
+def test_a_rank_that_hangs_ends_the_job_naming_it(tmp_path):
+    path = dying(tmp_path, "os.kill(os.getpid(), signal.SIGSTOP)")
+    r = dslc("train", str(path), "--steps", "50", "--ranks", "2", "--checkpoint-dir", "",
+             "--rank-timeout", "3", timeout=120)
+    user_error(r, "rank 0: rank 1 exchanged no gradients for step 3 within 3 s: it died or hang")
+
+
+def test_without_mpi4py_ranks_are_an_error(tmp_path):
+    (tmp_path / "mpi4py").mkdir()
+    (tmp_path / "mpi4py" / "__init__.py").write_text("raise ImportError('no MPI here')\n")
+    env = {"PYTHONPATH": f"{tmp_path}:{ROOT}"}
+    user_error(dslc("train", str(XOR), "--ranks", "2", env=env), "--ranks needs mpi4py",
+               "pip install 'dslc[distributed]'")
+    user_error(dslc("train", str(XOR), "--steps", "1", env={**env, "PMI_SIZE": "2"}),
+               "one of 2 ranks that mpiexec started, but mpi4py is not installed")
