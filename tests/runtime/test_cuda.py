@@ -608,15 +608,19 @@ def retag(capsule, device: tuple[int, int]):
 class OnGpu:
     """A CUDA tensor as its framework exports it by DLPack (torch's capsule, retagged)."""
 
-    def __init__(self, tensor: torch.Tensor, device=(2, 0)):
-        self.tensor, self.device, self.streams = tensor, device, []
+    def __init__(self, tensor: torch.Tensor, device=(2, 0), byte_offset=0):
+        self.tensor, self.device, self.streams, self.offset = tensor, device, [], byte_offset
 
     def __dlpack_device__(self):
         return self.device
 
     def __dlpack__(self, stream=None):
         self.streams.append(stream)
-        return retag(self.tensor.__dlpack__(), self.device)
+        capsule = retag(self.tensor.__dlpack__(), self.device)
+        address = _capsule_pointer(capsule, b"dltensor")     # data and byte_offset (dlpack.h)
+        ctypes.c_uint64.from_address(address).value -= self.offset
+        ctypes.c_uint64.from_address(address + 40).value += self.offset
+        return capsule
 
 
 class Interface:
@@ -633,8 +637,8 @@ SCALE = "def scale(x: f32[N, M], k: f32) -> f32[N, M]:\n  return x * k\n"
 
 def test_a_dlpack_cuda_tensor_reaches_the_kernel_in_place(fake):
     prog = dsl.loads(SCALE, device="cuda")
-    x = torch.arange(12, dtype=torch.float32).reshape(3, 4)[1:]      # an offset view
-    producer = OnGpu(x)
+    x = torch.arange(12, dtype=torch.float32).reshape(3, 4)[1:]
+    producer = OnGpu(x, byte_offset=16)              # its start as a base and an offset
     out = prog.scale(producer, np.float32(2.0))
     assert producer.streams == [1]                  # the legacy default stream dslc launches on
     assert fake.pointers[0][0] == x.data_ptr()
