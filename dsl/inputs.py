@@ -127,13 +127,15 @@ def literal_default(p: ast.Param) -> Any:
 DTYPE_NAMES = {np.dtype(v): k for k, v in NUMPY_DTYPES.items()}     # (one name each)
 
 
-def from_python(b: Builder, value: Any, t: ast.TypeExpr, mod, where: str, arrays: list):
-    """The abstract value of a Python input for a parameter annotated t; arrays become
-    parameters of b and are appended to `arrays` in the same order."""
+def from_python(b: Builder, value: Any, t: ast.TypeExpr, mod, where: str, arrays: list,
+                device: str = "cpu"):
+    """The abstract value of a Python input for a parameter annotated t, for a program on
+    `device`; arrays become parameters of b and are appended to `arrays` in the same order."""
     name = "/".join(t.name) if isinstance(t, ast.NamedType) else None
     if isinstance(t, ast.TensorTypeExpr) or name in NUMPY_DTYPES and name != "bool":
         dtype = t.dtype if isinstance(t, ast.TensorTypeExpr) else name
         arr = value if isinstance(value, (np.ndarray, Spec)) or _on_device(value) else \
+            _borrowed(value, t, where) if device == "cuda" and _in_gpu_memory(value) else \
             _foreign_array(value, t, where) if _is_foreign_array(value) else \
             _array_from_python(value, dtype, t, where)
         dt = arr.dtype if isinstance(arr, Spec) else DTYPE_NAMES.get(arr.dtype)
@@ -165,7 +167,7 @@ def from_python(b: Builder, value: Any, t: ast.TypeExpr, mod, where: str, arrays
             raise DslError(t.span, f"'{where}' must be a {'tuple' if items else 'list'}, got {kind(value)}")
         if items is not None and len(items) != len(value):
             raise DslError(t.span, f"'{where}' must be a tuple of {len(items)} items, got {len(value)}")
-        parts = [from_python(b, v, items[i] if items else t.args[0], mod, f"{where}[{i}]", arrays)
+        parts = [from_python(b, v, items[i] if items else t.args[0], mod, f"{where}[{i}]", arrays, device)
                  for i, v in enumerate(value)]
         return TupleV(tuple(parts)) if items is not None else ListV.of(parts)
     entity = lookup_type(t.name, mod)
@@ -187,7 +189,7 @@ def from_python(b: Builder, value: Any, t: ast.TypeExpr, mod, where: str, arrays
                 raise DslError(t.span, f"'{where}' lacks the field '{f.name}' of {record}",
                                [Note(f"the fields of {record} are {', '.join(names)}", entity.node.span)])
             fields.append((f.name, from_python(b, given[f.name], f.type, entity.module,
-                                               f"{where}.{f.name}", arrays)))
+                                               f"{where}.{f.name}", arrays, device)))
         return RecordV(record, tuple(fields), entity)
     raise DslError(t.span, f"a value of type '{name}' cannot be passed from Python")
 
@@ -273,13 +275,36 @@ def _is_foreign_array(value: Any) -> bool:
                                                   or hasattr(value, "__array_interface__"))
 
 
+def _refuse_grad(value: Any, t: ast.TypeExpr, where: str) -> None:
+    if getattr(value, "requires_grad", False) is True:        # PyTorch refuses to export it
+        raise DslError(t.span, f"'{where}' is a tensor that requires grad: pass {where}.detach() "
+                               "(dslc reads its values, not its autograd graph)")
+
+
+def _in_gpu_memory(value: Any) -> bool:
+    """A CUDA tensor of another framework: its DLPack device is CUDA, or it has the CUDA array
+    interface (CuPy, Numba, PyTorch)."""
+    if hasattr(value, "__dlpack_device__") and hasattr(value, "__dlpack__"):
+        return int(value.__dlpack_device__()[0]) == 2                # kDLCUDA
+    return hasattr(value, "__cuda_array_interface__")
+
+
+def _borrowed(value: Any, t: ast.TypeExpr, where: str):
+    """A CUDA tensor of another framework as a device array of the same memory (no copy), or
+    a DslError naming `where` when it cannot be one (runtime/cuda.py says why)."""
+    from runtime import cuda
+    _refuse_grad(value, t, where)
+    try:
+        return cuda.borrow(value)
+    except cuda.NotShareable as e:
+        raise DslError(t.span, f"'{where}' {e}") from None
+
+
 def _foreign_array(value: Any, t: ast.TypeExpr, where: str) -> np.ndarray:
     """Another framework's array as a NumPy array of the same memory (no copy), or a DslError
     naming `where` when it cannot be one: it requires grad, lies in a GPU's memory, or has a
     dtype NumPy cannot hold (bfloat16)."""
-    if getattr(value, "requires_grad", False) is True:        # PyTorch refuses to export it
-        raise DslError(t.span, f"'{where}' is a tensor that requires grad: pass {where}.detach() "
-                               "(dslc reads its values, not its autograd graph)")
+    _refuse_grad(value, t, where)
     exported = hasattr(value, "__dlpack__")       # else NumPy's array interface
     device_type, index = value.__dlpack_device__() if exported else (1, 0)
     if device_type not in _HOST_MEMORY:

@@ -421,7 +421,8 @@ class Program:
         abstract, arrays, arg_leaves = [], [], []
         for p in d.params:
             start = len(arrays)
-            abstract.append(from_python(b, bound[p.name], p.type, self._resolved.main, p.name, arrays))
+            abstract.append(from_python(b, bound[p.name], p.type, self._resolved.main, p.name, arrays,
+                                        self.device))
             arg_leaves.append(list(range(start, len(arrays))))
         return Inputs(abstract, arrays, arg_leaves)
 

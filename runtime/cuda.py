@@ -5,7 +5,9 @@ The PTX is loaded through pycuda (`module_from_buffer`) where it is installed, e
 NVIDIA's `cuda.bindings`; both sit behind one small driver interface. Tensors stay on the
 GPU between the steps of a program, and a call returns `DeviceArray`s, which stay there
 until `np.asarray(x)` or `x.numpy()` copies them to the host; passing one back in (the
-parameters of a training loop) copies nothing. Kernel steps and contractions run on the GPU.
+parameters of a training loop) copies nothing. Other frameworks' CUDA tensors come in and
+DeviceArrays go out by DLPack or the CUDA array interface, sharing device memory (`borrow`,
+`DeviceArray.__dlpack__`). Kernel steps and contractions run on the GPU.
 Transposes, broadcasts, indexing and slices run as strided-copy kernels, reshapes only
 re-label the device buffer. `take` and `scatter_add` run as gather kernels: only their
 integer indices come to the host, to be checked there as the interpreter checks them and
@@ -34,16 +36,19 @@ from frontend.diagnostics import DslError
 from ir import interp
 from ir.core import Function, Op, Value
 from ir.interp import EvalError
-from ir.ops.base import Primitive, Role, np_dtype
+from ir.ops.base import NUMPY_DTYPES, Primitive, Role, np_dtype
 from ir.ops.control import Checkpoint
 from ir.ops.index import ScatterAdd, Take
 from ir.ops.shape import Rearrange
 from ir.passes import for_backends
-from runtime import cache
+from runtime import cache, dlpack
 
 
 class DriverError(Exception):
     """A CUDA driver call that failed: which call, and the driver's words for why."""
+
+
+DEVICE = 0          # the ordinal of the GPU the runtime opens, and whose memory it shares
 
 
 # ---------------------------------------------------------------------------------------------
@@ -60,7 +65,7 @@ class BindingsDriver:
         self._call("cuInit", 0)
         if self._call("cuDeviceGetCount") < 1:
             raise DriverError("the CUDA driver sees no GPU")
-        self.device = self._call("cuDeviceGet", 0)
+        self.device = self._call("cuDeviceGet", DEVICE)
         self.context = self._call("cuDevicePrimaryCtxRetain", self.device)
         self._call("cuCtxSetCurrent", self.context)
         attr = cu.CUdevice_attribute
@@ -100,6 +105,9 @@ class BindingsDriver:
         params = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
         self._call("cuLaunchKernel", fn, *grid, block, 1, 1, 0, 0, ctypes.addressof(params), 0)
 
+    def synchronize(self) -> None:
+        self._call("cuCtxSynchronize")
+
     def record(self) -> Any:
         event = self._call("cuEventCreate", 2)            # CU_EVENT_DISABLE_TIMING
         self._call("cuEventRecord", event, 0)
@@ -127,7 +135,7 @@ class PycudaDriver:
             drv.init()
             if drv.Device.count() < 1:
                 raise DriverError("the CUDA driver sees no GPU")
-            dev = drv.Device(0)
+            dev = drv.Device(DEVICE)
             self.context = dev.retain_primary_context()
             self.context.push()
             self.capability = dev.compute_capability()
@@ -166,6 +174,9 @@ class PycudaDriver:
                integers: list[int]) -> None:
         args = [np.uintp(p) for p in pointers] + [np.int64(i) for i in integers]
         self._guard("launch", fn, *args, grid=grid, block=(block, 1, 1))
+
+    def synchronize(self) -> None:
+        self._guard("Context.synchronize", self.drv.Context.synchronize)
 
     def record(self) -> Any:
         event = self._guard("Event", self.drv.Event)
@@ -275,10 +286,19 @@ class _Buffer:
             pass
 
 
-class DeviceArray:
-    """A tensor in GPU memory. `np.asarray(x)` or `x.numpy()` copies it to the host."""
+class _Borrowed:
+    """Device memory another framework owns, lent for as long as an array uses it: `owner`
+    (the producer's array, or the DLPack tensor whose deleter gives it back) is kept alive."""
 
-    def __init__(self, buffer: _Buffer, shape: tuple[int, ...], dtype: np.dtype):
+    def __init__(self, memory: Memory, nbytes: int, ptr: int, owner: Any):
+        self.memory, self.nbytes, self.ptr, self.owner = memory, nbytes, ptr, owner
+
+
+class DeviceArray:
+    """A tensor in GPU memory. `np.asarray(x)` or `x.numpy()` copies it to the host;
+    `torch.from_dlpack(x)` or `cupy.asarray(x)` shares it."""
+
+    def __init__(self, buffer: _Buffer | _Borrowed, shape: tuple[int, ...], dtype: np.dtype):
         self.buffer, self.shape, self.dtype = buffer, tuple(shape), np.dtype(dtype)
 
     @property
@@ -311,6 +331,22 @@ class DeviceArray:
         out = self.numpy()
         return out if dtype is None else out.astype(dtype)
 
+    def __dlpack__(self, *, stream: int | None = None, max_version=None, dl_device=None,
+                   copy: bool | None = None) -> Any:
+        """A DLPack capsule of this array's device memory, kept alive until the consumer is
+        done with it. No stream is waited on: a call has finished its kernels when it returns."""
+        if dl_device is not None and tuple(dl_device) != self.__dlpack_device__() or copy is True:
+            raise BufferError(f"a DeviceArray is exported in place, on cuda:{DEVICE} only")
+        return dlpack.export(self.ptr, self.shape, self.dtype, (_CUDA, DEVICE), owner=self)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return _CUDA, DEVICE
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        return {"shape": self.shape, "typestr": self.dtype.str, "data": (self.ptr, False),
+                "strides": None, "version": 3, "stream": None}
+
     def view(self, shape: tuple[int, ...]) -> DeviceArray:
         """The same bytes with another shape of as many elements (a reshape)."""
         assert math.prod(shape) == self.size, (shape, self.shape)
@@ -333,6 +369,51 @@ class DeviceArray:
 
     def __repr__(self) -> str:
         return f"DeviceArray({self.numpy()!r})"
+
+
+_CUDA = 2                     # DLPack's kDLCUDA
+
+
+class NotShareable(Exception):
+    """Why another framework's CUDA array cannot be used in place (inputs.py names the argument)."""
+
+
+def borrow(value: Any) -> DeviceArray:
+    """A CUDA-resident array of another framework (DLPack with a CUDA device, else the CUDA
+    array interface) as a DeviceArray of the same device memory; NotShareable where it
+    cannot be one: on another GPU, of a dtype NumPy lacks, not C-contiguous, or misaligned."""
+    memory = _memory(driver())
+    if hasattr(value, "__dlpack__"):
+        # stream 1 is the legacy default stream the runtime launches on: the producer orders
+        # its pending work before it (DLPack's stream contract)
+        owner = dlpack.Imported(value.__dlpack__(stream=1))
+        device, ptr, shape, strides, dtype = owner.device, owner.ptr, owner.shape, owner.strides, owner.dtype
+    else:
+        owner, face = value, value.__cuda_array_interface__
+        if face.get("mask") is not None:
+            raise NotShareable("is a masked array (its __cuda_array_interface__ has a mask), which dslc "
+                               "cannot read")
+        device = value.__dlpack_device__() if hasattr(value, "__dlpack_device__") else (_CUDA, DEVICE)
+        dtype, shape, ptr = np.dtype(face["typestr"]), tuple(face["shape"]), face["data"][0] or 0
+        strides = None if face.get("strides") is None else tuple(s // dtype.itemsize for s in face["strides"])
+        if face.get("stream") not in (None, 1):       # its work is on a stream not ordered with ours
+            try:
+                memory.drv.synchronize()
+            except DriverError as e:
+                raise DslError(None, f"waiting for another framework's GPU work failed: {e}") from None
+    if tuple(device) != (_CUDA, DEVICE):
+        raise NotShareable(f"is in the memory of cuda:{device[1]}, and dslc runs on cuda:{DEVICE}: "
+                           f"copy it there first (.to('cuda:{DEVICE}') in PyTorch)")
+    if isinstance(dtype, str):
+        raise NotShareable(f"must be an array of a dslc dtype ({', '.join(NUMPY_DTYPES)}), got {dtype}")
+    if strides is not None and any(n > 1 and s != c for n, s, c in
+                                   zip(shape, strides, dlpack.row_major(shape))):
+        raise NotShareable(f"is not contiguous (strides of {[s * dtype.itemsize for s in strides]} "
+                           f"bytes for shape {list(shape)}), and dslc uses GPU tensors in place: "
+                           "pass a contiguous copy (.contiguous() in PyTorch)")
+    if ptr % dtype.itemsize:
+        raise NotShareable(f"starts at an address that is not a multiple of its {dtype.itemsize}-byte items")
+    return DeviceArray(_Borrowed(memory, math.prod(shape) * dtype.itemsize, ptr, owner), shape, dtype)
 
 
 def wait(drv, after: str, timeout: float | None = None) -> None:

@@ -252,3 +252,22 @@ def test_a_failing_launch_names_the_kernel():
     exe.launched = []
     with pytest.raises(DslError, match=f"GPU kernel {entry} failed to launch"):
         exe._launch(entry, (1, 1, 1), 4096, [0, 0])          # 4096 threads: more than a block holds
+
+
+# ---------------------------------------------------------------- other frameworks' CUDA tensors
+
+
+def test_torch_cuda_tensors_go_in_and_out_without_a_copy():
+    """A torch CUDA tensor is the kernel's buffer, and torch.from_dlpack shares the result's."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("this torch has no CUDA")
+    prog = dsl.loads("def scale(x: f32[N, M], k: f32) -> f32[N, M]:\n  return x * k\n", device="cuda")
+    x = torch.arange(12, dtype=torch.float32, device="cuda").reshape(3, 4)[1:]
+    out = prog.scale(x, 2.0)
+    back = torch.from_dlpack(out)
+    assert back.device == torch.device("cuda", 0) and back.data_ptr() == out.ptr
+    assert torch.equal(back, x * 2)
+    assert prog.scale(back, 0.5).numpy().tolist() == x.cpu().tolist()      # back in, in place
+    with pytest.raises(DslError, match="'x' is not contiguous"):
+        prog.scale(x.T, 1.0)

@@ -37,7 +37,8 @@ class FakeDriver:
     def __init__(self):
         self.blocks: dict[int, np.ndarray] = {}
         self.pending: tuple = ()
-        self.uploads = self.allocs = self.launches = 0
+        self.uploads = self.allocs = self.launches = self.synchronized = 0
+        self.pointers: list[list[int]] = []          # each launch's device pointers
         self.downloaded: list[np.dtype] = []
         self.fail_launch: str | None = None
         self.fail_alloc_over: int | None = None
@@ -84,6 +85,7 @@ class FakeDriver:
         if block > 1024:
             raise cuda.DriverError("cuLaunchKernel: invalid argument")
         self.launches += 1
+        self.pointers.append(list(pointers))
         if entry.startswith("dslc_matmul_"):
             return self.matmul(entry.split("_")[2], grid, pointers, integers)
         prim, _, dtype = entry.removeprefix("dslc_").rpartition("_")
@@ -119,6 +121,9 @@ class FakeDriver:
         for r in range(size):
             for s in order[bounds[r]:bounds[r + 1]]:
                 out[:, r] += updates[:, s]
+
+    def synchronize(self):
+        self.synchronized += 1
 
     def record(self):
         return object()
@@ -574,3 +579,159 @@ def test_debug_and_assert_finite_on_the_gpu_are_the_cpus(fake, capsys):
     assert outputs[0] == outputs[1]
     assert outputs[0][0] == "e.bend:2:7: h: f32[3] min=0.0 max=4.0 mean=1.6666666 nan=0\n"
     assert outputs[0][1].startswith("e.bend:3:10: error: while running 'f': assert_finite failed")
+
+
+# ---------------------------------------------------------------- other frameworks' device memory
+# The fake driver's device memory is host memory, so a CPU tensor's own DLPack capsule, its
+# device retagged kDLCUDA, is what a CUDA producer hands over; and a DeviceArray's capsule,
+# retagged kDLCPU, is read by torch itself. What a real GPU adds (torch's CUDA capsules, the
+# stream handshake) is tests/gpu/test_gpu.py's.
+
+import gc  # noqa: E402
+import weakref  # noqa: E402
+
+import torch  # noqa: E402
+
+from conftest import raises  # noqa: E402
+
+_capsule_pointer = ctypes.pythonapi["PyCapsule_GetPointer"]
+_capsule_pointer.restype, _capsule_pointer.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+
+
+def retag(capsule, device: tuple[int, int]):
+    """The capsule with its DLTensor.device (dlpack.h: after the 8-byte data pointer) replaced."""
+    address = _capsule_pointer(capsule, b"dltensor")
+    (ctypes.c_int32 * 2).from_address(address + 8)[:] = device
+    return capsule
+
+
+class OnGpu:
+    """A CUDA tensor as its framework exports it by DLPack (torch's capsule, retagged)."""
+
+    def __init__(self, tensor: torch.Tensor, device=(2, 0), byte_offset=0):
+        self.tensor, self.device, self.streams, self.offset = tensor, device, [], byte_offset
+
+    def __dlpack_device__(self):
+        return self.device
+
+    def __dlpack__(self, stream=None):
+        self.streams.append(stream)
+        capsule = retag(self.tensor.__dlpack__(), self.device)
+        address = _capsule_pointer(capsule, b"dltensor")     # data and byte_offset (dlpack.h)
+        ctypes.c_uint64.from_address(address).value -= self.offset
+        ctypes.c_uint64.from_address(address + 40).value += self.offset
+        return capsule
+
+
+class Interface:
+    """A CUDA array exporting only the CUDA array interface (as Numba's do)."""
+
+    def __init__(self, a: np.ndarray, stream=None, strides=None):
+        self.a = a
+        self.__cuda_array_interface__ = {"shape": a.shape, "typestr": a.dtype.str, "strides": strides,
+                                         "data": (a.ctypes.data, False), "version": 3, "stream": stream}
+
+
+SCALE = "def scale(x: f32[N, M], k: f32) -> f32[N, M]:\n  return x * k\n"
+
+
+def test_a_dlpack_cuda_tensor_reaches_the_kernel_in_place(fake):
+    prog = dsl.loads(SCALE, device="cuda")
+    x = torch.arange(12, dtype=torch.float32).reshape(3, 4)[1:]
+    producer = OnGpu(x, byte_offset=16)              # its start as a base and an offset
+    out = prog.scale(producer, np.float32(2.0))
+    assert producer.streams == [1]                  # the legacy default stream dslc launches on
+    assert fake.pointers[0][0] == x.data_ptr()
+    assert fake.uploads == 1                        # k only
+    assert out.numpy().tolist() == (x * 2).tolist()
+
+
+@pytest.mark.parametrize("stream, waits", [(None, 0), (1, 0), (2, 1), (0x7f00, 1)])
+def test_a_cuda_array_interface_reaches_the_kernel_in_place(fake, stream, waits):
+    prog = dsl.loads(SCALE, device="cuda")
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    out = prog.scale(Interface(x, stream), np.float32(3.0))
+    assert fake.pointers[0][0] == x.ctypes.data and fake.uploads == 1
+    assert fake.synchronized == waits               # work on another stream is waited for
+    assert np.array_equal(out.numpy(), x * 3)
+
+
+def test_a_cpu_array_is_still_copied_to_the_gpu(fake):
+    out = dsl.loads(SCALE, device="cuda").scale(torch.ones(2, 2), 1.0)
+    assert fake.uploads == 2 and np.array_equal(out.numpy(), np.ones((2, 2), np.float32))
+
+
+def test_a_borrowed_tensor_is_given_back_when_dslc_is_done_with_it(fake):
+    prog = dsl.loads(SCALE, device="cuda")
+    first = prog.scale(np.ones((2, 3), np.float32), 1.0)
+    alive = weakref.ref(first)
+
+    class Producer:                                  # first, shared through its own capsule
+        __dlpack_device__ = first.__dlpack_device__
+        __dlpack__ = first.__dlpack__
+    out = prog.scale(Producer(), 2.0)
+    assert fake.pointers[-1][0] == first.ptr
+    del first, Producer
+    prog.scale(np.ones((1, 1), np.float32), 1.0)    # (the program keeps its last inputs)
+    gc.collect()
+    assert alive() is None and np.array_equal(out.numpy(), np.full((2, 3), 2, np.float32))
+
+
+@pytest.mark.parametrize("x, message", [
+    (OnGpu(torch.zeros(2, 3), (2, 1)), "'x' is in the memory of cuda:1, and dslc runs on cuda:0: "
+                                       "copy it there first (.to('cuda:0') in PyTorch)"),
+    (OnGpu(torch.zeros(3, 2).T), "'x' is not contiguous (strides of [4, 8] bytes for shape [2, 3]), "
+                                 "and dslc uses GPU tensors in place"),
+    (Interface(np.zeros((3, 2), np.float32).T, strides=(4, 8)), "'x' is not contiguous"),
+    (OnGpu(torch.zeros(2, 3, dtype=torch.bfloat16)), "'x' must be an array of a dslc dtype "
+                                                     "(f32, f16, f64, i32, i64, u32, bool), got bfloat16"),
+    (OnGpu(torch.zeros(2, 3, dtype=torch.int8)), "'x' must be an array of a dslc dtype"),
+    (OnGpu(torch.zeros(2, 3, dtype=torch.float64)), "f64[2, 3]"),
+])
+def test_a_cuda_tensor_that_cannot_be_used_in_place_is_refused(fake, x, message):
+    raises(lambda: dsl.loads(SCALE, device="cuda").scale(x, 1.0), message)
+
+
+def test_a_cuda_tensor_that_requires_grad_is_refused(fake):
+    w = OnGpu(torch.zeros(2, 3))
+    w.requires_grad = True
+    raises(lambda: dsl.loads(SCALE, device="cuda").scale(w, 1.0), "'x' is a tensor that requires grad")
+
+
+def test_a_cuda_tensor_given_to_a_cpu_program_is_refused():
+    raises(lambda: dsl.loads(SCALE, device="cpu").scale(OnGpu(torch.zeros(2, 3)), 1.0),
+           "'x' is in the memory of cuda:0", "x.cpu()")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64, torch.uint32,
+                                   torch.bool, torch.float16])
+def test_a_results_capsule_is_its_device_memory(fake, dtype):
+    prog = dsl.loads("def f(x: f32[2, 3]) -> f32[2, 3]:\n  return x\n", device="cuda")
+    want = torch.arange(6).reshape(2, 3).to(dtype)
+    out = cuda.DeviceArray(cuda._Buffer(cuda._memory(fake), 6 * want.element_size(), "a test"),
+                           (2, 3), want.numpy().dtype)
+    fake.upload(out.ptr, want.numpy())
+    assert prog.device == "cuda" and out.__dlpack_device__() == (2, 0)
+    got = torch.from_dlpack(retag(out.__dlpack__(stream=1), (1, 0)))   # torch reads our DLTensor
+    assert (got.data_ptr(), got.shape, got.stride(), got.dtype) == (out.ptr, (2, 3), (3, 1), dtype)
+    assert torch.equal(got, want)
+    assert out.__cuda_array_interface__ == {"shape": (2, 3), "typestr": want.numpy().dtype.str,
+                                            "data": (out.ptr, False), "strides": None,
+                                            "version": 3, "stream": None}
+
+
+def test_a_result_stays_alive_while_a_consumer_holds_its_capsule(fake):
+    prog = dsl.loads(SCALE, device="cuda")
+    out = prog.scale(np.ones((2, 3), np.float32), 5.0)
+    ptr, alive = out.ptr, weakref.ref(out)
+    shared = torch.from_dlpack(retag(out.__dlpack__(), (1, 0)))
+    unconsumed = out.__dlpack__()
+    del out
+    gc.collect()
+    assert alive() is not None and ptr not in cuda._memory(fake).free_lists.get(24, [])
+    del shared
+    gc.collect()
+    assert alive() is not None                       # the capsule never consumed holds it too
+    del unconsumed
+    gc.collect()
+    assert alive() is None and ptr in cuda._memory(fake).free_lists[24]
