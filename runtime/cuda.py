@@ -311,6 +311,10 @@ class DeviceArray:
         out = self.numpy()
         return out if dtype is None else out.astype(dtype)
 
+    def blank(self, purpose: str) -> DeviceArray:
+        """A new array of this one's shape and dtype in the same memory, its contents undefined."""
+        return DeviceArray(_Buffer(self.buffer.memory, self.nbytes, purpose), self.shape, self.dtype)
+
     def view(self, shape: tuple[int, ...]) -> DeviceArray:
         """The same bytes with another shape of as many elements (a reshape)."""
         assert math.prod(shape) == self.size, (shape, self.shape)
