@@ -1,6 +1,8 @@
 """Data parallelism (docs/distributed.md): a step's batch cut into M micro-batches whose
 gradients are summed along one fixed binary tree, whether one process computes them all or R
-MPI ranks share them, so that the weights are the same bits for every R that divides M."""
+ranks share them, so that the weights are the same bits for every R that divides M. The ranks
+exchange their sums through MPI on the host, or through NCCL from GPU to GPU: two
+communicators under one schedule, `reduce`."""
 from __future__ import annotations
 
 import functools
@@ -15,17 +17,20 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Protocol, Sequence, TypeVar
+from typing import Any, Callable, Protocol, Sequence, TypeVar
 
 import numpy as np
 
+from dsl import device_sums
 from frontend.diagnostics import DslError
 
 T = TypeVar("T")
 Node = tuple[int, int]                 # the micro-batches lo … hi-1 that a node of the tree sums
-Partial = list[np.ndarray]             # a node's sum: the loss, then the gradient's leaves
+Partial = list                        # a node's sum: the loss, then the gradient's leaves
+                                       # (NumPy arrays, or DeviceArrays under NCCL)
 
 INSTALL = "pip install 'dslc[distributed]' (mpi4py and MPICH)"
+NCCL_INSTALL = "pip install 'dslc[nccl]' (CuPy and NCCL for CUDA 12)"
 RANK_DIR = "DSLC_RANK_DIR"             # where `--ranks` asks each rank to write its process id
 
 
@@ -65,18 +70,33 @@ def frontier(lo: int, hi: int, m: int) -> list[Node]:
 
 
 def add(a: Partial, b: Partial) -> Partial:
-    return [x + y for x, y in zip(a, b)]
+    """a + b, leaf by leaf, where the leaves are: on the device or on the host."""
+    return [device_sums.add(x, y) if _on_device(x) else x + y for x, y in zip(a, b)]
+
+
+def mean(total: Partial, m: int) -> Partial:
+    return [device_sums.divide(x, m) if _on_device(x) else x / np.asarray(m, x.dtype) for x in total]
+
+
+def _on_device(x) -> bool:
+    cuda = sys.modules.get("runtime.cuda")            # not loaded: no DeviceArray exists
+    return cuda is not None and isinstance(x, cuda.DeviceArray)
 
 
 # ---------------------------------------------------------------- the ranks
 
 class Team(Protocol):
-    """The processes that train together; rank 0 writes checkpoints, logs and plots."""
+    """The processes that train together, and how they exchange sums; rank 0 writes
+    checkpoints, logs and plots."""
     rank: int
     size: int
 
-    def gather(self, mine: np.ndarray, sizes: Sequence[int], step: int) -> list[np.ndarray]:
-        """Every rank's bytes (`sizes[r]` of them from rank r), on every rank."""
+    def keep(self, x) -> Any:
+        """A result of the model where this team sums and exchanges it (host or device)."""
+
+    def gather(self, mine: list[Partial], counts: Sequence[int], step: int) -> list[list[Partial]]:
+        """Every rank's node sums (`counts[r]` of them from rank r, each leaf shaped like
+        mine[0]'s), on every rank."""
 
 
 @dataclass(frozen=True)
@@ -85,7 +105,10 @@ class Solo:
     rank: int = 0
     size: int = 1
 
-    def gather(self, mine: np.ndarray, sizes: Sequence[int], step: int) -> list[np.ndarray]:
+    def keep(self, x) -> np.ndarray:
+        return np.asarray(x)
+
+    def gather(self, mine: list[Partial], counts: Sequence[int], step: int) -> list[list[Partial]]:
         return [mine]
 
 
@@ -99,15 +122,21 @@ class Mpi:
         self.seconds = 0.0                   # spent in gather, waits for the others included
         self.bytes = 0                       # received
 
-    def gather(self, mine: np.ndarray, sizes: Sequence[int], step: int) -> list[np.ndarray]:
+    def keep(self, x) -> np.ndarray:
+        return np.asarray(x)
+
+    def gather(self, mine: list[Partial], counts: Sequence[int], step: int) -> list[list[Partial]]:
+        """The nodes as one array of bytes a rank, exchanged point to point."""
+        node = sum(a.nbytes for a in mine[0])
         t0 = time.perf_counter()
         try:
-            return self._gather(mine, sizes, step)
+            got = self._exchange(_pack(mine), [node * c for c in counts], step)
         finally:
             self.seconds += time.perf_counter() - t0
-            self.bytes += sum(sizes) - len(mine)
+            self.bytes += node * (sum(counts) - len(mine))
+        return [_unpack(data, mine[0], c) for data, c in zip(got, counts)]
 
-    def _gather(self, mine: np.ndarray, sizes: Sequence[int], step: int) -> list[np.ndarray]:
+    def _exchange(self, mine: np.ndarray, sizes: Sequence[int], step: int) -> list[np.ndarray]:
         tag = step % 32768                                    # MPI promises tags up to 32767
         out = [mine if r == self.rank else np.empty(sizes[r], np.uint8) for r in range(self.size)]
         others = [r for r in range(self.size) if r != self.rank]
@@ -121,10 +150,7 @@ class Mpi:
             sending = {r: q for r, q in sending.items() if not q.Test()}
             if (receiving or sending) and time.monotonic() > deadline:
                 silent = sorted(set(receiving) | set(sending))
-                raise DslError(None, f"rank {self.rank}: {_ranks(silent)} exchanged no gradients "
-                                     f"for step {step} within {self.timeout:g} s: "
-                                     f"{'it' if len(silent) == 1 else 'they'} died or hang "
-                                     "(--rank-timeout sets the wait)")
+                raise silence(self.rank, silent, step, self.timeout)
             time.sleep(pause)
             pause = min(2 * pause, 0.005)
         return out
@@ -132,6 +158,57 @@ class Mpi:
     def abort(self) -> None:
         self.comm.Abort(1)
         os._exit(1)                      # MPICH's Abort may return before mpiexec kills us
+
+
+class Nccl:
+    """The ranks of an MPI job, each on its GPU, exchanging their sums from device to device
+    through NCCL (`lib`: cupy.cuda.nccl): grouped sends and receives, on the stream the
+    runtime computes on. MPI still starts the job, introduces the ranks and aborts it."""
+
+    def __init__(self, job: Mpi, lib, comm):
+        self.job, self.lib, self.comm = job, lib, comm
+        self.rank, self.size, self.timeout = job.rank, job.size, job.timeout
+        self.seconds, self.bytes = 0.0, 0
+
+    def keep(self, x):
+        return x                                        # a DeviceArray: it stays on the GPU
+
+    def gather(self, mine: list[Partial], counts: Sequence[int], step: int) -> list[list[Partial]]:
+        t0 = time.perf_counter()
+        out = [mine if r == self.rank else [[a.blank("a rank's gradient") for a in mine[0]]
+                                             for _ in range(counts[r])] for r in range(self.size)]
+        byte = self.lib.NCCL_UINT8
+        self.lib.groupStart()
+        for r in range(self.size):
+            if r != self.rank:
+                for a in (a for node in mine for a in node):
+                    self.comm.send(a.ptr, a.nbytes, byte, r, 0)
+                for a in (a for node in out[r] for a in node):
+                    self.comm.recv(a.ptr, a.nbytes, byte, r, 0)
+        self.lib.groupEnd()
+        self._wait(mine[0][0].buffer.memory.drv, step)
+        self.seconds += time.perf_counter() - t0
+        self.bytes += sum(a.nbytes for a in mine[0]) * (sum(counts) - len(mine))
+        return out
+
+    def _wait(self, drv, step: int) -> None:
+        """Until the exchange is done: a peer that never sends would block NCCL for ever."""
+        event, deadline, pause = drv.record(), time.monotonic() + self.timeout, 1e-5
+        while not drv.done(event):
+            if time.monotonic() > deadline:
+                raise silence(self.rank, [r for r in range(self.size) if r != self.rank], step,
+                              self.timeout)
+            time.sleep(pause)
+            pause = min(2 * pause, 0.005)
+
+    def abort(self) -> None:
+        self.job.abort()
+
+
+def silence(rank: int, silent: list[int], step: int, timeout: float) -> DslError:
+    return DslError(None, f"rank {rank}: {_ranks(silent)} exchanged no gradients for step {step} "
+                          f"within {timeout:g} s: {'it' if len(silent) == 1 else 'they'} died or "
+                          "hang (--rank-timeout sets the wait)")
 
 
 def _ranks(ranks: list[int]) -> str:
@@ -163,10 +240,29 @@ def world(timeout: float) -> Team:
     return team
 
 
+@functools.cache
+def on_device(team: Team, device: str) -> Team:
+    """The team that exchanges a run's sums: through NCCL where the ranks compute on GPUs."""
+    if device != "cuda" or not isinstance(team, Mpi):
+        return team
+    try:
+        from cupy.cuda import nccl
+    except ImportError:
+        raise DslError(None, f"--device cuda on {team.size} ranks combines the gradients with "
+                             f"NCCL, but CuPy is not installed: {NCCL_INSTALL}") from None
+    unique = team.comm.bcast(nccl.get_unique_id() if team.rank == 0 else None, root=0)
+    try:
+        comm = nccl.NcclCommunicator(team.size, unique, team.rank)
+    except nccl.NcclError as e:
+        raise DslError(None, f"rank {team.rank}: NCCL could not join the ranks' GPUs ({e}); "
+                             "each rank needs a GPU of its own (CUDA_VISIBLE_DEVICES)") from None
+    return Nccl(team, nccl, comm)
+
+
 def fail(team: Team, error: DslError) -> None:
     """A diagnostic on one rank of several: printed, then the whole job ended, so that no
     other rank waits for this one."""
-    if isinstance(team, Mpi) and team.size > 1:
+    if isinstance(team, (Mpi, Nccl)) and team.size > 1:
         sys.stderr.write(f"{error}\n")              # one write: ranks' lines do not interleave
         sys.stderr.flush()
         team.abort()
@@ -183,14 +279,10 @@ def reduce(leaf: Callable[[int], Partial], m: int, team: Team, step: int) -> Par
     mine = [tree_sum(leaf, add, a, b) for a, b in frontier(lo, hi, m)]
     known = dict(zip(frontier(lo, hi, m), mine))
     if team.size > 1:
-        like = mine[0]
-        nbytes = sum(a.nbytes for a in like)
         fronts = [frontier(r * share, (r + 1) * share, m) for r in range(team.size)]
-        got = team.gather(_pack(mine), [nbytes * len(f) for f in fronts], step)
-        for nodes, data in zip(fronts, got):
-            known.update(zip(nodes, _unpack(data, like, len(nodes))))
-    total = tree_sum(leaf, add, 0, m, known)
-    return [x / np.asarray(m, x.dtype) for x in total]
+        for nodes, sums in zip(fronts, team.gather(mine, [len(f) for f in fronts], step)):
+            known.update(zip(nodes, sums))
+    return mean(tree_sum(leaf, add, 0, m, known), m)
 
 
 def _pack(partials: list[Partial]) -> np.ndarray:

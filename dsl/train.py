@@ -698,7 +698,7 @@ def train(path: str, *, steps: int | None = None, seed: int | None = None, data:
 
     train_data = model.split("train")
     n_train = len(next(iter(train_data.values())))
-    team = distributed.world(rank_timeout)
+    team = distributed.on_device(distributed.world(rank_timeout), model.prog.device)
     m = micro_batches if micro_batches is not None or team.size == 1 else team.size
     if m is not None:
         distributed.check(m, team, bs if 0 < bs < n_train else n_train)
@@ -814,7 +814,7 @@ def micro_step(model: Model, state: State, data: dict[str, np.ndarray], order: n
     def leaf(i: int) -> distributed.Partial:
         rows = {name: a[order[i * size:(i + 1) * size]] for name, a in data.items()}
         loss, g = model.gradient(state.p, rows, fold_in(k, i))
-        return [np.asarray(loss), *flatten_python(g, "g").values()]
+        return [team.keep(loss), *flatten_python(g, "g", team.keep).values()]
 
     loss, *leaves = distributed.reduce(leaf, m, team, t)
     g = _rebuild(state.p, "g", dict(zip(flatten_python(state.p, "g"), leaves)))

@@ -3,7 +3,7 @@ name (as `dslc run` and checkpoints write them), and numbers as dslc prints them
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 from numpy.typing import DTypeLike
@@ -50,15 +50,16 @@ def key(seed: int) -> Key:
     return Key(np.array([seed & 0xFFFFFFFF, seed >> 32], dtype=np.uint32))
 
 
-def flatten_python(value: Any, path: str) -> dict[str, np.ndarray]:
-    """A result as named arrays (`out`, `out[0]`, `out.W1`), as `dslc run` writes them."""
+def flatten_python(value: Any, path: str, array: Callable[[Any], Any] = np.asarray) -> dict[str, Any]:
+    """A result as named arrays (`out`, `out[0]`, `out.W1`), as `dslc run` writes them; each
+    leaf made an array by `array` (a copy to the host, by default)."""
     if isinstance(value, dict):
-        return {k: a for f, v in value.items() for k, a in flatten_python(v, f"{path}.{f}").items()}
+        return {k: a for f, v in value.items() for k, a in flatten_python(v, f"{path}.{f}", array).items()}
     if isinstance(value, (list, tuple)):
-        return {k: a for i, v in enumerate(value) for k, a in flatten_python(v, f"{path}[{i}]").items()}
+        return {k: a for i, v in enumerate(value) for k, a in flatten_python(v, f"{path}[{i}]", array).items()}
     if isinstance(value, Key):
         return {path: value.words}
-    return {path: np.asarray(value)}
+    return {path: array(value)}
 
 
 def unflatten(layout: Layout, arrays: list[np.ndarray]) -> Any:

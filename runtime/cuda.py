@@ -347,6 +347,10 @@ class DeviceArray:
         return {"shape": self.shape, "typestr": self.dtype.str, "data": (self.ptr, False),
                 "strides": None, "version": 3, "stream": None}
 
+    def blank(self, purpose: str) -> DeviceArray:
+        """A new array of this one's shape and dtype in the same memory, its contents undefined."""
+        return DeviceArray(_Buffer(self.buffer.memory, self.nbytes, purpose), self.shape, self.dtype)
+
     def view(self, shape: tuple[int, ...]) -> DeviceArray:
         """The same bytes with another shape of as many elements (a reshape)."""
         assert math.prod(shape) == self.size, (shape, self.shape)

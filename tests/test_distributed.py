@@ -3,8 +3,12 @@ fixed tree, so that a run on R = 1, 2 or 4 MPI ranks ends with the same bits; an
 configuration, a rank that dies and a rank that hangs end with a diagnostic, in bounded time."""
 from __future__ import annotations
 
+import ctypes
+import queue
+import sys
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -38,7 +42,7 @@ def test_a_share_sums_the_largest_nodes_inside_it():
 
 class Threads:
     """R ranks as threads of this process, gathering through a shared table: the schedule of
-    distributed.reduce without MPI."""
+    distributed.reduce without a communicator."""
 
     def __init__(self, size: int):
         self.size, self.table, self.barrier = size, {}, threading.Barrier(size)
@@ -48,24 +52,25 @@ class Threads:
 
         class Rank:
             rank, size = r, team.size
+            keep = staticmethod(np.asarray)
 
-            def gather(self, mine, sizes, step):
+            def gather(self, mine, counts, step):
                 team.table[r] = mine
                 team.barrier.wait()
-                assert [len(team.table[q]) for q in range(team.size)] == list(sizes)
+                assert [len(team.table[q]) for q in range(team.size)] == list(counts)
                 got = [team.table[q] for q in range(team.size)]
                 team.barrier.wait()
                 return got
         return Rank()
 
 
-def reduce_on(ranks: int, leaves: list[list[np.ndarray]]) -> list[list[np.ndarray]]:
-    """Every rank's result of distributed.reduce over the leaves, R ranks at once."""
-    team, out = Threads(ranks), [None] * ranks
+def on_threads(ranks: int, run) -> list:
+    """run(r) for r = 0 … ranks-1, each in a thread of its own, all at once: their results."""
+    out = [None] * ranks
 
-    def run(r: int) -> None:
-        out[r] = distributed.reduce(lambda i: leaves[i], len(leaves), team.rank(r), step=0)
-    threads = [threading.Thread(target=run, args=(r,)) for r in range(ranks)]
+    def one(r: int) -> None:
+        out[r] = run(r)
+    threads = [threading.Thread(target=one, args=(r,)) for r in range(ranks)]
     for t in threads:
         t.start()
     for t in threads:
@@ -73,16 +78,118 @@ def reduce_on(ranks: int, leaves: list[list[np.ndarray]]) -> list[list[np.ndarra
     return out
 
 
+def reduce_on(ranks: int, leaves: list[list[np.ndarray]]) -> list[list[np.ndarray]]:
+    """Every rank's result of distributed.reduce over the leaves, R ranks at once."""
+    team = Threads(ranks)
+    return on_threads(ranks, lambda r: distributed.reduce(lambda i: leaves[i], len(leaves),
+                                                          team.rank(r), step=0))
+
+
+def random_leaves(m: int, seed: int) -> list[list[np.ndarray]]:
+    """m micro-batches' [loss, gradient] of f32 random numbers."""
+    rng = np.random.default_rng(seed)
+    return [[np.float32(rng.standard_normal()), rng.standard_normal((3, 5)).astype(np.float32)]
+            for _ in range(m)]
+
+
 @pytest.mark.parametrize("m, ranks", [(6, 2), (6, 3), (6, 6), (8, 4), (12, 3)])
 def test_every_rank_count_reduces_to_the_bits_of_one_process(m, ranks):
-    rng = np.random.default_rng(m * ranks)
-    leaves = [[np.float32(rng.standard_normal()), rng.standard_normal((3, 5)).astype(np.float32)]
-              for _ in range(m)]
+    leaves = random_leaves(m, m * ranks)
     want = distributed.reduce(lambda i: leaves[i], m, distributed.Solo(), step=0)
     exact = np.sum([np.float64(leaf[0]) for leaf in leaves]) / m
     assert abs(want[0] - exact) < 1e-6 * max(1.0, abs(exact))
     for got in reduce_on(ranks, leaves):
         assert all(g.dtype == w.dtype and g.tobytes() == w.tobytes() for g, w in zip(got, want))
+
+
+# ---------------------------------------------------------------- the same schedule through NCCL
+
+class FakeNccl:
+    """cupy.cuda.nccl's grouped send and receive between threads that share the fake GPU
+    driver's memory (host memory): a send is posted at once, a receive waits for its send at
+    the group's end, as NCCL completes a group's calls together."""
+    NCCL_UINT8 = 7
+
+    def __init__(self, size: int):
+        self.mail = {(a, b): queue.Queue() for a in range(size) for b in range(size)}
+        self.group = threading.local()
+        self.sent = 0
+
+    def groupStart(self) -> None:
+        self.group.receives = []
+
+    def groupEnd(self) -> None:
+        for ptr, count, src, dst in self.group.receives:
+            data = self.mail[(src, dst)].get(timeout=30)
+            assert len(data) == count
+            ctypes.memmove(ptr, data, count)
+        del self.group.receives
+
+    def comm(self, rank: int):
+        lib = self
+
+        class Comm:
+            def send(self, ptr, count, dtype, peer, stream):
+                assert dtype == lib.NCCL_UINT8 and stream == 0
+                lib.sent += count
+                lib.mail[(rank, peer)].put(ctypes.string_at(ptr, count))
+
+            def recv(self, ptr, count, dtype, peer, stream):
+                assert dtype == lib.NCCL_UINT8 and stream == 0
+                lib.group.receives.append((ptr, count, peer, rank))     # outside a group: fails
+        return Comm()
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    sys.path.insert(0, str(ROOT / "tests" / "runtime"))
+    from test_cuda import FakeDriver, install
+    return install(monkeypatch, FakeDriver())
+
+
+def on_gpu(leaves: list[list[np.ndarray]]) -> list[list]:
+    """The leaves as DeviceArrays, as the model's gradient on the GPU gives them."""
+    copy = dsl.loads("def f(l: f32, g: f32[3, 5]) -> (f32, f32[3, 5]):\n  return l + 0.0, g + 0.0\n",
+                     device="cuda").f
+    return [list(copy(*leaf)) for leaf in leaves]
+
+
+@pytest.mark.parametrize("m, ranks", [(6, 2), (8, 4), (6, 3)])
+def test_nccl_ranks_sum_on_the_gpus_to_the_bits_of_one_process(fake_gpu, m, ranks):
+    from runtime.cuda import DeviceArray
+    leaves = random_leaves(m, m + ranks)
+    want = distributed.reduce(lambda i: leaves[i], m, distributed.Solo(), step=0)
+    device, lib = on_gpu(leaves), FakeNccl(ranks)
+
+    def rank(r: int):
+        team = distributed.Nccl(SimpleNamespace(rank=r, size=ranks, timeout=30.0), lib, lib.comm(r))
+        return team, distributed.reduce(lambda i: device[i], m, team, step=0)
+    nodes = [len(distributed.frontier(r * m // ranks, (r + 1) * m // ranks, m)) for r in range(ranks)]
+    node = 4 + 15 * 4                                               # bytes: the loss, the gradient
+    for r, (team, got) in enumerate(on_threads(ranks, rank)):
+        assert all(isinstance(g, DeviceArray) for g in got)          # summed on the device
+        assert all(np.asarray(g).tobytes() == w.tobytes() for g, w in zip(got, want))
+        assert team.bytes == node * (sum(nodes) - nodes[r])
+    assert lib.sent == node * sum(nodes) * (ranks - 1)
+
+
+def test_an_nccl_peer_that_never_sends_ends_the_wait(fake_gpu):
+    lib = FakeNccl(2)
+    team = distributed.Nccl(SimpleNamespace(rank=0, size=2, timeout=0.2), lib, lib.comm(0))
+    mine = on_gpu(random_leaves(1, 0))
+    lib.groupEnd = lambda: None                      # the receive is posted, and never completes
+    fake_gpu.never_done = True
+    raises(lambda: team.gather(mine, [1, 1], step=7),
+           "rank 0: rank 1 exchanged no gradients for step 7 within 0.2 s: it died or hang")
+
+
+def test_gpu_ranks_without_cupy_are_an_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "cupy", None)                  # import cupy: ImportError
+    comm = SimpleNamespace(Get_rank=lambda: 0, Get_size=lambda: 2)
+    mpi = distributed.Mpi(comm, 1.0)
+    assert distributed.on_device(mpi, "cpu") is mpi
+    raises(lambda: distributed.on_device(mpi, "cuda"), "--device cuda on 2 ranks combines the "
+           "gradients with NCCL, but CuPy is not installed: pip install 'dslc[nccl]'")
 
 
 # ---------------------------------------------------------------- micro-batches on one process
