@@ -755,10 +755,10 @@ def train(path: str, *, steps: int | None = None, seed: int | None = None, data:
             evaluation = None
             if state.step % eval_every == 0 and state.step < total and valid_subset is not None:
                 e0 = time.perf_counter()
-                m = model.evaluate(state.p, valid_subset, state.seed, eval_bs)
+                scores = model.evaluate(state.p, valid_subset, state.seed, eval_bs)
                 eval_time += time.perf_counter() - e0
-                state.evals.append((state.step, m["loss"]))
-                evaluation = " ".join(f"valid {k} {shortest(v, F32)}" for k, v in m.items())
+                state.evals.append((state.step, scores["loss"]))
+                evaluation = " ".join(f"valid {k} {shortest(v, F32)}" for k, v in scores.items())
             bar.update(state.step, loss, evaluation, eval_time)
             if state.step % ckpt_every == 0 and state.step < total:
                 checkpoint()

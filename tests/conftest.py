@@ -104,6 +104,7 @@ def _ended(pid: int, fd: int, data: bytes) -> tuple[str, object]:
 # ---------------------------------------------------------------- the command line in a child
 
 import subprocess as _subprocess
+from pathlib import Path as _Path
 import sys as _sys
 
 
@@ -119,3 +120,14 @@ def user_error(r: _subprocess.CompletedProcess, *fragments: str) -> None:
     assert "Traceback" not in r.stderr and "internal error" not in r.stderr, r.stderr
     for f in fragments:
         assert f in r.stderr, r.stderr
+
+
+def quick(tmp: _Path, example: _Path, **settings) -> _Path:
+    """A copy of an example in tmp whose evaluations take 64 examples, that draws no samples,
+    and whose other SETTINGS are overridden by `settings`."""
+    (tmp / "m.bend").write_text(example.read_text())
+    (tmp / "extra.py").write_text((example.parent / "extra.py").read_text())   # (loaders import it)
+    override = {"eval_examples": 64, "samples": False, **settings}
+    (tmp / "m.py").write_text(example.with_suffix(".py").read_text() +
+                              f"\nSETTINGS = {{**SETTINGS, **{override!r}}}\n")
+    return tmp / "m.bend"

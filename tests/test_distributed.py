@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import dsl
-from conftest import dslc, raises, user_error
+from conftest import dslc, quick, raises, user_error
 from dsl import distributed, safetensors
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -247,15 +247,6 @@ def trained(path: Path, tmp: Path, *args: str) -> dict[str, np.ndarray]:
     assert r.returncode == 0, r.stderr
     tensors = safetensors.read(out / "step0000003.safetensors")
     return {k: a for k, a in tensors.items() if k.startswith(("p.", "opt")) or k == "loss"}
-
-
-def quick(tmp: Path, example: Path) -> Path:
-    """A copy of an example whose evaluations take 64 examples and that draws no samples."""
-    (tmp / "m.bend").write_text(example.read_text())
-    (tmp / "extra.py").write_text((example.parent / "extra.py").read_text())   # (loaders import it)
-    (tmp / "m.py").write_text(example.with_suffix(".py").read_text() +
-                              '\nSETTINGS = {**SETTINGS, "eval_examples": 64, "samples": False}\n')
-    return tmp / "m.bend"
 
 
 @pytest.mark.parametrize("example", [XOR, NAMES], ids=["xor", "names_mlp"])

@@ -30,6 +30,7 @@ from safetensors import SafetensorError
 from safetensors.numpy import save_file
 
 import dsl
+from conftest import quick
 from dsl.progress import Progress
 from dsl.safetensors import read_with_metadata
 from dsl.train import Model, State, batch_indices, checksum, load_checkpoint, read_npz_data, save_checkpoint
@@ -267,6 +268,14 @@ def test_another_runs_checkpoints_are_kept_unless_resumed_or_overwritten(tmp_pat
     assert sorted(p.name for p in ck.iterdir()) == ["step0000002.safetensors", "step0000004.safetensors"]
     assert dslc("train", str(XOR), "--steps", "3", "--checkpoint-dir", str(ck), "--overwrite").returncode == 0
     assert sorted(p.name for p in ck.iterdir()) == ["step0000003.safetensors"]
+
+
+def test_training_goes_on_after_an_evaluation(tmp_path):
+    """The evaluations in the loop once took the name of the micro-batch count, so the step
+    after the first one crashed (the README's first command)."""
+    result = dsl.train(str(quick(tmp_path, EXAMPLES / "names_mlp.bend", eval_every=1)), steps=3,
+                       device="cpu", checkpoint_dir=None, progress=None, final_eval=False)
+    assert [s for s, _ in result.evals] == [1, 2] and len(result.losses) == 3
 
 
 class Terminal(io.StringIO):
