@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from dsl.atomic import replacing
 from frontend.diagnostics import DslError
 
 INSTALL = "pip install 'dslc[plot]'"
@@ -97,16 +98,10 @@ def plot_losses(path: str, losses: list[float], evals: list[tuple[int, float]], 
 
 
 def _save(fig: Any, path: str) -> None:
-    """fig into a temporary file beside path, then renamed over it: never half a plot."""
+    """fig written whole or not at all (dsl/atomic.py)."""
     where = Path(path)
     try:
-        fd, tmp = tempfile.mkstemp(dir=where.parent, prefix=f".{where.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                fig.savefig(f, format=where.suffix[1:].lower())
-            os.replace(tmp, where)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        with replacing(where) as tmp:
+            fig.savefig(tmp, format=where.suffix[1:].lower())
     except (OSError, ValueError) as e:
         raise DslError(None, f"cannot write the plot {path}: {getattr(e, 'strerror', None) or e}") from None

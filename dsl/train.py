@@ -84,11 +84,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import os
 import re
 import reprlib
 import sys
-import tempfile
 import time
 import zlib
 from dataclasses import dataclass, field, replace
@@ -100,6 +98,7 @@ from safetensors import SafetensorError
 from safetensors.numpy import save_file
 
 from dsl import distributed, npz, safetensors
+from dsl.atomic import replacing
 from dsl.plot import check_plot_path, plot_losses
 from dsl.program import DEVICES, Program, load
 from dsl.progress import Progress
@@ -470,22 +469,9 @@ def save_checkpoint(path: Path, state: State, model: Model) -> None:
 
 
 def _write_whole(path: Path, tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> None:
-    """save_file into a temporary file beside path, synced to disk, then renamed over path: a
-    reader never sees half a checkpoint, and a failed write leaves no temporary behind."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
+    with replacing(path) as tmp:
         # the package writes each array's memory as it lies: a strided view must be copied
         save_file({k: np.asarray(a, order="C") for k, a in tensors.items()}, tmp, metadata=metadata)
-        fd = os.open(tmp, os.O_RDONLY)        # fsync syncs the file, whichever descriptor
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:                 # a full disk, a vanished directory, Ctrl-C: clean up
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def load_checkpoint(path: str, model: Model, fresh: State) -> State:
