@@ -384,14 +384,16 @@ class Field:
 
 @dataclass(frozen=True)
 class ObjectDef:
-    """`object Name[I, O] { field: Type, … }`: dims are its dimension parameters, which each
-    use may give (`Name[D, 4 * D]`); its other free dimension names make it generic too."""
+    """`object Name(T)[I, O] { field: Type, … }`: params are its type parameters and dims its
+    dimension parameters, which each use may give (`Name(Params)[D, 4 * D]`); its other free
+    dimension names make it generic too."""
     name: str
     fields: tuple[Field, ...]
     doc: str | None
     name_span: Span
     span: Span
     dims: tuple[str, ...] = ()
+    params: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

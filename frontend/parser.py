@@ -247,9 +247,10 @@ class Builder(Transformer):
     def param(self, name, type_, default):
         return ast.Param(str(name), type_, default, self._span(name, default or type_ or name))
 
-    def object_def(self, kw, name, dims, fields, rbrace):
+    def object_def(self, kw, name, params, dims, fields, rbrace):
         return ast.ObjectDef(str(name), fields or (), self.docs.get(kw.line), self._span(name),
-                             self._span(kw, rbrace), tuple(map(str, dims or ())))
+                             self._span(kw, rbrace), tuple(map(str, dims or ())),
+                             tuple(map(str, params or ())))
 
     def field(self, modifier, name, type_):
         if modifier is not None and modifier != "buffer":
@@ -297,6 +298,10 @@ class Builder(Transformer):
 
     def qual_name(self, *names):
         return tuple(str(n) for n in names), self._span(names[0], names[-1])
+
+    def generic_type(self, name, args, dims, rsqb):
+        (parts, span) = name
+        return ast.NamedType(parts, args, span.to(self._span(rsqb)), dims or ())
 
     def named_type(self, name, args, rpar):
         parts, span = name

@@ -250,8 +250,8 @@ def check_names(mod: ModuleInfo) -> list[DslError]:
         elif isinstance(item, ast.ObjectDef):
             checker.unique([f.name for f in item.fields], [f.span for f in item.fields], "field")
             for f in item.fields:
-                checker.type_expr(f.type)
-            checker.dimension_parameters(item)
+                checker.type_expr(f.type, params=frozenset(item.params))
+            checker.record_parameters(item)
         elif isinstance(item, ast.TypeDef):
             checker.unique([c.name for c in item.ctors], [c.span for c in item.ctors], "constructor")
             for c in item.ctors:
@@ -295,6 +295,15 @@ def lookup_type(name: tuple[str, ...], mod: ModuleInfo) -> Entity | None:
             return None
         entity = entity.module.names.get(part)
     return entity if entity is not None and entity.kind in ("object", "type") else None
+
+
+def _type_names(t: ast.TypeExpr) -> set[str]:
+    """The one-part type names an annotation mentions (`P` and `List` in `List(P)`)."""
+    if isinstance(t, ast.TupleTypeExpr):
+        return set().union(*(_type_names(i) for i in t.items))
+    if isinstance(t, ast.NamedType):
+        return set(t.name[:1] if len(t.name) == 1 else ()).union(*(_type_names(a) for a in t.args))
+    return set()
 
 
 def walk_names(e: ast.Expr):
@@ -394,6 +403,19 @@ class _Names:
                 self.type_expr(a, params)
             if t.dims:
                 self.dimension_arguments(t)
+            if t.args:
+                self.type_arguments(t)
+
+    def type_arguments(self, t: ast.NamedType) -> None:
+        """`AdamW(Params)`: a record given as many types as it declares type parameters."""
+        entity = lookup_type(t.name, self.mod)
+        if entity is None or entity.kind != "object":
+            return                                   # List(T), an ADT's, or unknown (reported)
+        name, params = "/".join(t.name), entity.node.params
+        if len(t.args) != len(params):
+            self.error(t.span, f"{name} takes {len(params)} type argument{'s' * (len(params) != 1)}"
+                               f"{' (' + ', '.join(params) + ')' if params else ''}, got {len(t.args)}",
+                       [Note(f"{name} is declared here", entity.node.name_span)])
 
     def dimension_arguments(self, t: ast.NamedType) -> None:
         """`Conv1D[D, 3 * D]`: a record declared with as many dimension parameters, given sizes."""
@@ -431,9 +453,14 @@ class _Names:
                 return self.not_a_dimension(e.left) or self.not_a_dimension(e.right)
         return e
 
-    def dimension_parameters(self, d: ast.ObjectDef) -> None:
-        """An object's dimension parameters: distinct, each used by a field, and the object
-        capitalised (a use `conv[D]` would read as a tensor type of the dtype 'conv')."""
+    def record_parameters(self, d: ast.ObjectDef) -> None:
+        """An object's type and dimension parameters: distinct, each used by a field, and the
+        object capitalised when it has dimensions (`conv[D]` would read as a tensor type)."""
+        self.unique(list(d.params), [d.name_span] * len(d.params), "type parameter")
+        named = set().union(*(_type_names(f.type) for f in d.fields))
+        for p in d.params:
+            if p not in named:
+                self.error(d.name_span, f"type parameter '{p}' of {d.name} is used by none of its fields")
         if not d.dims:
             return
         self.unique(list(d.dims), [d.name_span] * len(d.dims), "dimension parameter")

@@ -16,7 +16,7 @@ from frontend.builtins import unsupported_dtype
 from frontend.diagnostics import LIST_BY_MAP, CheckError
 from frontend.lower import materialize
 from frontend.resolve import ModuleInfo, lookup_type, walk_names
-from frontend.values import (AdtV, KeyV, ListV, RecordV, StaticV, TensorV, TupleV, literal_shape,
+from frontend.values import (UNKNOWN, AdtV, KeyV, ListV, RecordV, StaticV, TensorV, TupleV, literal_shape,
                              UnknownV, describe)
 from ir.dims import Dim, solve
 from ir.types import DTYPES, FLOAT_DTYPES, TensorType
@@ -28,11 +28,37 @@ class Mismatch(Exception):
 
 _DIMS: dict[int, tuple[ast.Expr, Dim]] = {}     # id(node) -> (node, its Dim), bounded below
 
-Params = Mapping[str, Dim]     # a record's dimension parameters, as one use of it gives them
-NO_PARAMS: Params = {}
 
 
-def eval_dim(e: ast.Expr, params: Params = NO_PARAMS) -> Dim:
+@dataclass(frozen=True)
+class Params:
+    """What one use of a record gives its parameters: dimensions (`Conv1D[D, 3 * D]`), and types
+    (`AdamW(Params)`: each an annotation with the module and Params it is read in). A dimension
+    the use does not give is absent (a name of the function); a type not given is None (any
+    value fits it)."""
+    dims: Mapping[str, Dim] = field(default_factory=dict)
+    types: Mapping[str, tuple[ast.TypeExpr, ModuleInfo, Params] | None] = field(default_factory=dict)
+
+    def type_argument(self, t: ast.TypeExpr) -> tuple[bool, tuple | None]:
+        """(whether t names a type parameter, what the use gives it)."""
+        if isinstance(t, ast.NamedType) and len(t.name) == 1 and t.name[0] in self.types:
+            return True, self.types[t.name[0]]
+        return False, None
+
+
+NO_PARAMS = Params()
+
+
+def record_params(t: ast.NamedType | None, decl: ast.ObjectDef, mod: ModuleInfo,
+                  outer: Params = NO_PARAMS) -> Params:
+    """What a use of a record (t, read in mod and outer; None for a record literal) gives its
+    parameters; a bare use gives none."""
+    dims, args = (t.dims, t.args) if t is not None else ((), ())
+    return Params({p: eval_dim(d, outer.dims) for p, d in zip(decl.dims, dims)},
+                  {p: (args[i], mod, outer) if i < len(args) else None for i, p in enumerate(decl.params)})
+
+
+def eval_dim(e: ast.Expr, params: Mapping[str, Dim] = NO_PARAMS.dims) -> Dim:
     """A dimension expression of an annotation, over its (unbound) dimension names; `params`
     replaces a record's dimension parameters by the dimensions its use gives."""
     if params and not params.keys().isdisjoint(n.id for n in walk_names(e)):
@@ -48,7 +74,7 @@ def eval_dim(e: ast.Expr, params: Params = NO_PARAMS) -> Dim:
     return cached[1]
 
 
-def _eval_dim(e: ast.Expr, params: Params = NO_PARAMS) -> Dim:
+def _eval_dim(e: ast.Expr, params: Mapping[str, Dim] = NO_PARAMS.dims) -> Dim:
     match e:
         case ast.Int(value=v):
             return Dim.const(v)
@@ -102,9 +128,13 @@ class Binder:
 
     def match(self, t: ast.TypeExpr, v, mod: ModuleInfo, params: Params = NO_PARAMS):
         """v checked against annotation t (dimensions recorded, solved by `finish`); returns v
-        with weak literals converted to the declared dtype. `params`: as in eval_dim."""
+        with weak literals converted to the declared dtype. `params`: those of the record
+        whose field t is."""
         if isinstance(v, UnknownV):
             return v
+        is_param, arg = params.type_argument(t)
+        if is_param:
+            return v if arg is None else self.match(arg[0], v, arg[1], arg[2])
         match t:
             case ast.TensorTypeExpr():
                 return self.tensor(t, t.dtype, t.dims, v, params)
@@ -138,7 +168,7 @@ class Binder:
         if entity.kind == "object":
             if not isinstance(v, RecordV) or v.decl is not entity:
                 raise Mismatch(f"expected {name}, got {describe(v)}")
-            fields, given = [], dimension_arguments(t, entity.node, params)
+            fields, given = [], record_params(t, entity.node, mod, params)
             for f in entity.node.fields:
                 try:
                     fields.append((f.name, self.match(f.type, v.get(f.name), entity.module, given)))
@@ -155,7 +185,7 @@ class Binder:
         if dtype not in DTYPES:
             raise CheckError(t.span, f"unknown dtype '{dtype}'")
         got = as_tensor(v)
-        declared = TensorType(dtype, tuple(eval_dim(d, params) for d in dims))
+        declared = TensorType(dtype, tuple(eval_dim(d, params.dims) for d in dims))
         if got is None or got.rank != len(dims):
             raise Mismatch(f"expected {self.shown(declared)}, got {describe(v)}")
         try:
@@ -212,10 +242,14 @@ class Binder:
         return str(TensorType(declared.dtype, tuple(d.subst(self.env) for d in declared.shape)))
 
     def instantiate(self, t: ast.TypeExpr, mod: ModuleInfo, hint: str = "_", params: Params = NO_PARAMS):
-        """The abstract value an annotation describes, unbound dimensions left symbolic."""
+        """The abstract value an annotation describes, unbound dimensions left symbolic, and
+        unknown where a type parameter is not given."""
+        is_param, arg = params.type_argument(t)
+        if is_param:
+            return UNKNOWN if arg is None else self.instantiate(arg[0], arg[1], hint, arg[2])
         match t:
             case ast.TensorTypeExpr():
-                return TensorV(TensorType(t.dtype, tuple(eval_dim(d, params).subst(self.env) for d in t.dims)))
+                return TensorV(TensorType(t.dtype, tuple(eval_dim(d, params.dims).subst(self.env) for d in t.dims)))
             case ast.TupleTypeExpr():
                 return TupleV(tuple(self.instantiate(i, mod, f"{hint}[{k}]", params)
                                     for k, i in enumerate(t.items)))
@@ -234,15 +268,9 @@ class Binder:
         if entity is None:
             raise CheckError(t.span, unsupported_dtype(name) or f"unknown type '{name}'")
         if entity.kind == "object":
-            given = dimension_arguments(t, entity.node, params)
+            given = record_params(t, entity.node, mod, params)
             return RecordV(entity.node.name, tuple(
                 (f.name, self.instantiate(f.type, entity.module, f"{hint}.{f.name}", given))
                 for f in entity.node.fields), entity)
         return AdtV(entity.node.name, None, (), entity)
-
-
-def dimension_arguments(t: ast.NamedType, decl: ast.ObjectDef, params: Params = NO_PARAMS) -> Params:
-    """What a use of a record (`Conv1D[D, 3 * D]`) gives its dimension parameters; a bare use
-    gives none, leaving them names of the function's."""
-    return {p: eval_dim(d, params) for p, d in zip(decl.dims, t.dims)}
 

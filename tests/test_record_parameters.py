@@ -1,6 +1,8 @@
-"""Records with dimension parameters (`object Conv1D[I, O]` used as `Conv1D[D, 4 * D]`): one
-record type at two shapes in one parameter computes and differentiates as PyTorch does, and
-passes through every way inputs arrive (Python, named arrays, --dims) and through `dslc grad`."""
+"""Records with parameters. Dimension parameters (`object Conv1D[I, O]` used as
+`Conv1D[D, 4 * D]`): one record type at two shapes in one parameter computes and differentiates
+as PyTorch does, and passes through every way inputs arrive (Python, named arrays, --dims) and
+through `dslc grad`. Type parameters (`object Moments(P)` used as `Moments(Params)`): an
+optimizer's state as a record of any parameter record."""
 import sys
 from pathlib import Path
 
@@ -120,3 +122,52 @@ def test_fixed_sizes_given_by_a_use_are_checked_when_arrays_are_read(tmp_path):
                                       "c.bias": np.ones(8, np.float32), "x": np.ones((2, 4), np.float32)})
     user_error(dslc("run", str(src), "--entry", "main", "--inputs", str(tmp_path / "in.npz")),
                "the input array 'c.weight' is f32[4, 7], but 'c.weight' is f32[4, 8]")
+
+
+OPTIMIZER = """
+object Params { W: f32[D, D], b: f32[D] }
+object Moments(P) { step: i32, m: P, v: P }
+
+def zeros_like(x):
+  return x * 0.0
+
+def init(p: Params) -> Moments(Params):
+  z = map(zeros_like, p)
+  return Moments { step: zeros([], dtype=i32), m: z, v: z }
+
+def update(p: Params, s: Moments(Params), g: Params) -> (Params, Moments(Params)):
+  m = map(lambda a, d: 0.9 * a + 0.1 * d, s.m, g)
+  v = map(lambda a, d: 0.99 * a + 0.01 * d * d, s.v, g)
+  p = map(lambda w, a, b: w - 0.5 * a / (sqrt(b) + 1e-8), p, m, v)
+  return p, s with { step: s.step + 1, m: m, v: v }
+
+def steps(s: Moments) -> i32:
+  return s.step
+"""
+
+
+@pytest.mark.parametrize("device", ("reference", "cpu"))
+def test_a_state_generic_in_its_parameters_type_updates_as_written(device):
+    prog = dsl.loads(OPTIMIZER, name="moments.bend", device=device)
+    rng = np.random.default_rng(3)
+    p = {"W": rng.standard_normal((2, 2)).astype(np.float32), "b": rng.standard_normal(2).astype(np.float32)}
+    g = {k: rng.standard_normal(a.shape).astype(np.float32) for k, a in p.items()}
+    s = prog.init(p)
+    assert int(s["step"]) == 0 and list(s["m"]) == ["W", "b"]
+    p2, s2 = prog.update(p, s, g)
+    assert int(s2["step"]) == 1
+    for k in p:
+        m, v = np.float32(0.1) * g[k], np.float32(0.01) * g[k] * g[k]
+        np.testing.assert_allclose(s2["m"][k], m, rtol=1e-6)
+        np.testing.assert_allclose(s2["v"][k], v, rtol=1e-6)
+        np.testing.assert_allclose(p2[k], p[k] - 0.5 * m / (np.sqrt(v) + 1e-8), rtol=1e-5)
+
+
+def test_a_given_type_is_checked_and_an_entry_must_give_it():
+    prog = dsl.loads(OPTIMIZER, name="moments.bend")
+    p = {"W": np.ones((2, 2), np.float32), "b": np.ones(2, np.float32)}
+    s = prog.init(p)
+    wrong = {"step": s["step"], "m": s["m"], "v": {"W": np.ones((3, 3), np.float32), "b": p["b"]}}
+    raises(lambda: prog.update(p, wrong, p),
+           "argument 's' of 'update': field 'v' of Moments: field 'W' of Params: expected f32[2, 2], got f32[3, 3]")
+    raises(lambda: prog.steps(s), "'s.m' has the type parameter P, which an entry's input must give")
