@@ -20,7 +20,8 @@ def declaration(item: ast.Def | ast.ObjectDef | ast.TypeDef) -> str:
             params = ", ".join(text(p) for p in item.params)
             return f"def {item.name}({params})" + (f" -> {text(item.ret)}" if item.ret else "")
         case ast.ObjectDef():
-            return f"object {item.name} {{ {', '.join(text(f) for f in item.fields)} }}"
+            dims = f"[{', '.join(item.dims)}]" if item.dims else ""
+            return f"object {item.name}{dims} {{ {', '.join(text(f) for f in item.fields)} }}"
         case ast.TypeDef():
             params = f"({', '.join(item.params)})" if item.params else ""
             return "\n  ".join([f"type {item.name}{params}:", *(text(c) for c in item.ctors)])

@@ -16,12 +16,12 @@ from dsl.values import Key, key
 from frontend import ast
 from frontend.diagnostics import DslError, Note, did_you_mean
 from frontend.resolve import lookup_type
-from frontend.unify import eval_dim
+from frontend.unify import NO_PARAMS, Params, eval_dim, record_params
 from frontend.values import KeyV, ListV, RecordV, StaticV, TensorV, TupleV
 from ir.core import Builder, Function, tensor_type
 from ir.dims import Dim
 from ir.ops.base import NUMPY_DTYPES
-from ir.types import KeyType
+from ir.types import KeyType, TensorType
 
 
 @dataclass(frozen=True)
@@ -128,9 +128,12 @@ DTYPE_NAMES = {np.dtype(v): k for k, v in NUMPY_DTYPES.items()}     # (one name 
 
 
 def from_python(b: Builder, value: Any, t: ast.TypeExpr, mod, where: str, arrays: list,
-                device: str = "cpu"):
-    """The abstract value of a Python input for a parameter annotated t, for a program on
-    `device`; arrays become parameters of b and are appended to `arrays` in the same order."""
+                device: str = "cpu", params: Params = NO_PARAMS):
+    """The abstract value of a Python input for a parameter annotated t (a field of a record
+    whose use gives `params`), for a program on `device`; arrays become parameters of b and are
+    appended to `arrays` in the same order."""
+    if (arg := type_argument(t, params, where)) is not None:
+        return from_python(b, value, arg[0], arg[1], where, arrays, device, arg[2])
     name = "/".join(t.name) if isinstance(t, ast.NamedType) else None
     if isinstance(t, ast.TensorTypeExpr) or name in NUMPY_DTYPES and name != "bool":
         dtype = t.dtype if isinstance(t, ast.TensorTypeExpr) else name
@@ -167,7 +170,7 @@ def from_python(b: Builder, value: Any, t: ast.TypeExpr, mod, where: str, arrays
             raise DslError(t.span, f"'{where}' must be a {'tuple' if items else 'list'}, got {kind(value)}")
         if items is not None and len(items) != len(value):
             raise DslError(t.span, f"'{where}' must be a tuple of {len(items)} items, got {len(value)}")
-        parts = [from_python(b, v, items[i] if items else t.args[0], mod, f"{where}[{i}]", arrays, device)
+        parts = [from_python(b, v, items[i] if items else t.args[0], mod, f"{where}[{i}]", arrays, device, params)
                  for i, v in enumerate(value)]
         return TupleV(tuple(parts)) if items is not None else ListV.of(parts)
     entity = lookup_type(t.name, mod)
@@ -183,15 +186,25 @@ def from_python(b: Builder, value: Any, t: ast.TypeExpr, mod, where: str, arrays
             raise DslError(t.span, f"'{where}' has a field {extra[0]!r} that {record} does not have"
                                    f"{did_you_mean(extra[0], [n for n in names if n not in given])}",
                            [Note(f"the fields of {record} are {', '.join(names)}", entity.node.span)])
-        fields = []
+        fields, inner = [], record_params(t, entity.node, mod, params)
         for f in entity.node.fields:
             if f.name not in given:
                 raise DslError(t.span, f"'{where}' lacks the field '{f.name}' of {record}",
                                [Note(f"the fields of {record} are {', '.join(names)}", entity.node.span)])
             fields.append((f.name, from_python(b, given[f.name], f.type, entity.module,
-                                               f"{where}.{f.name}", arrays, device)))
+                                               f"{where}.{f.name}", arrays, device, inner)))
         return RecordV(record, tuple(fields), entity)
     raise DslError(t.span, f"a value of type '{name}' cannot be passed from Python")
+
+
+def type_argument(t: ast.TypeExpr, params: Params, where: str) -> tuple | None:
+    """What a record's use gives the type parameter t names (None when t names none); an
+    entry's input must have every type parameter given."""
+    is_param, arg = params.type_argument(t)
+    if is_param and arg is None:
+        raise DslError(t.span, f"'{where}' has the type parameter {t.name[0]}, which an entry's "
+                               f"input must give: name the record with its types, as AdamW(Params)")
+    return arg
 
 
 def _fields_of(value: Any) -> Mapping | None:
@@ -353,24 +366,27 @@ def example_inputs(d: ast.Def, mod, dims: dict[str, int]) -> dict[str, Any]:
 
 def _given_inputs(d: ast.Def, mod, given: _Given) -> dict[str, Any]:
 
-    def make(t: ast.TypeExpr, where: str, module) -> Any:
+    def make(t: ast.TypeExpr, where: str, module, params: Params = NO_PARAMS) -> Any:
+        if (arg := type_argument(t, params, where)) is not None:
+            return make(arg[0], where, arg[1], arg[2])
         name = "/".join(t.name) if isinstance(t, ast.NamedType) else None
         if isinstance(t, ast.TensorTypeExpr) or name in NUMPY_DTYPES and name != "bool":
             dtype = t.dtype if isinstance(t, ast.TensorTypeExpr) else name
             dims_ = t.dims if isinstance(t, ast.TensorTypeExpr) else ()
-            return Spec(dtype, tuple(given.size(e, where) for e in dims_))
+            return Spec(dtype, tuple(given.size(e, where, params.dims) for e in dims_))
         if name in ("int", "float", "bool"):
             return given.static(t, name, where)
         if name == "Key":
             return key(0)
         if isinstance(t, ast.TupleTypeExpr):
-            return tuple(make(i, f"{where}[{k}]", module) for k, i in enumerate(t.items))
+            return tuple(make(i, f"{where}[{k}]", module, params) for k, i in enumerate(t.items))
         if name == "List":
-            return [make(t.args[0], where, module) for _ in range(given.length(t, where))]
+            return [make(t.args[0], where, module, params) for _ in range(given.length(t, where))]
         entity = lookup_type(t.name, module)
         if entity is None or entity.kind != "object":
             raise DslError(t.span, f"a value of type '{name}' cannot be an entry point's input")
-        return {f.name: make(f.type, f"{where}.{f.name}", entity.module) for f in entity.node.fields}
+        inner = record_params(t, entity.node, module, params)
+        return {f.name: make(f.type, f"{where}.{f.name}", entity.module, inner) for f in entity.node.fields}
 
     for p in d.params:
         if p.type is None:
@@ -400,8 +416,8 @@ class _Given:
             raise DslError(span, f"--dims gives {what} '{name}' the value {v}, outside [{lo}, {hi}]")
         return v
 
-    def size(self, e: ast.Expr, where: str) -> int:
-        dim = eval_dim(e)
+    def size(self, e: ast.Expr, where: str, params: Mapping[str, Dim]) -> int:
+        dim = eval_dim(e, params)
         env = {v: Dim.const(self._get(e.span, v, "the dimension", 0, MAX_DIM))
                for v in sorted(dim.free_vars())}
         n = dim.subst(env).value
@@ -444,8 +460,8 @@ class _DimensionNames(_Given):
         super().__init__({}, d)
         self.dims: dict[str, None] = {}           # (ordered, without repeats)
 
-    def size(self, e: ast.Expr, where: str) -> int:
-        self.dims.update(dict.fromkeys(sorted(eval_dim(e).free_vars())))
+    def size(self, e: ast.Expr, where: str, params: Mapping[str, Dim]) -> int:
+        self.dims.update(dict.fromkeys(sorted(eval_dim(e, params).free_vars())))
         return 0
 
     def length(self, t: ast.TypeExpr, where: str) -> int:
@@ -463,27 +479,30 @@ def from_arrays(name: str, d: ast.Def, mod, arrays: dict[str, np.ndarray],
     used: set[str] = set()
     given = _Given(statics, d)
 
-    def make(t: ast.TypeExpr, path: str, module) -> Any:
+    def make(t: ast.TypeExpr, path: str, module, params: Params = NO_PARAMS) -> Any:
+        if (arg := type_argument(t, params, path)) is not None:
+            return make(arg[0], path, arg[1], arg[2])
         tname = "/".join(t.name) if isinstance(t, ast.NamedType) else None
         if tname in ("int", "float", "bool"):
             return given.static(t, tname, path)
         if isinstance(t, ast.TupleTypeExpr):
-            return tuple(make(i, f"{path}[{k}]", module) for k, i in enumerate(t.items))
+            return tuple(make(i, f"{path}[{k}]", module, params) for k, i in enumerate(t.items))
         if tname == "List":
             n = 0
             while any(k == f"{path}[{n}]" or k.startswith((f"{path}[{n}].", f"{path}[{n}]["))
                       for k in arrays):
                 n += 1
-            return [make(t.args[0], f"{path}[{i}]", module) for i in range(n)]
+            return [make(t.args[0], f"{path}[{i}]", module, params) for i in range(n)]
         entity = lookup_type(t.name, module) if isinstance(t, ast.NamedType) else None
         if entity is not None and entity.kind == "object":
-            return {f.name: make(f.type, f"{path}.{f.name}", entity.module) for f in entity.node.fields}
+            inner = record_params(t, entity.node, module, params)
+            return {f.name: make(f.type, f"{path}.{f.name}", entity.module, inner) for f in entity.node.fields}
         if path not in arrays:
             unused = [k for k in arrays if k not in used]
             raise DslError(t.span, f"the inputs have no array '{path}' for '{name}'"
                                    f"{did_you_mean(path, unused)}")
         used.add(path)
-        return _array_input(arrays[path], t, tname, path)
+        return _array_input(arrays[path], t, tname, path, params)
 
     for p in d.params:
         if p.type is None:
@@ -498,7 +517,7 @@ def from_arrays(name: str, d: ast.Def, mod, arrays: dict[str, np.ndarray],
     return out
 
 
-def _array_input(arr: np.ndarray, t: ast.TypeExpr, tname: str | None, path: str) -> Any:
+def _array_input(arr: np.ndarray, t: ast.TypeExpr, tname: str | None, path: str, params: Params) -> Any:
     """An array read for the input `path` (annotated t), checked against its annotation: a key's
     two 32-bit words, a tensor's dtype and rank (its sizes are the checker's)."""
     if tname == "Key":
@@ -508,9 +527,10 @@ def _array_input(arr: np.ndarray, t: ast.TypeExpr, tname: str | None, path: str)
         return Key(arr.astype(np.uint32))
     dtype = t.dtype if isinstance(t, ast.TensorTypeExpr) else tname
     dims = t.dims if isinstance(t, ast.TensorTypeExpr) else ()
-    want = t.span.source.text[t.span.start:t.span.end]
+    declared = [eval_dim(e, params.dims) for e in dims]
+    want = str(TensorType(dtype, tuple(declared))) if params.dims else t.span.source.text[t.span.start:t.span.end]
     got = f"{DTYPE_NAMES.get(arr.dtype, arr.dtype)}{list(arr.shape)}"
-    sizes = [eval_dim(e).value for e in dims]
+    sizes = [d.value for d in declared]
     if DTYPE_NAMES.get(arr.dtype) != dtype or arr.ndim != len(dims) or \
             any(n is not None and n != m for n, m in zip(sizes, arr.shape)):
         raise DslError(t.span, f"the input array {path!r} is {got}, but '{path}' is {want}")

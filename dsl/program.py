@@ -258,8 +258,9 @@ class Program:
         names = [p.name for p in d.params]
         runtime = [(p.name, a) for p, a in zip(d.params, inputs.abstract) if not isinstance(a, StaticV)]
         bindings = _input_names(d, low)
-        signature = ", ".join(f"{n}: {_annotation(a)}" for n, a in runtime)
-        decls = _declarations([a for _, a in runtime])
+        records = _Records([a for _, a in runtime])
+        signature = ", ".join(f"{n}: {_annotation(a, records.name)}" for n, a in runtime)
+        decls = records.declarations
         if grad is None:
             text = printer.to_bend(fn, d.name, signature=signature, bindings=bindings,
                                    returns=None, reserved=reserved)
@@ -269,10 +270,10 @@ class Program:
         positions = _float_leaves(d, low, inputs, wanted)
         gfn = passes(grad_function(fn, positions))
         slots = iter(range(len(positions)))
-        parts = [_result_expr(inputs.abstract[names.index(w)], slots) for w in wanted]
+        parts = [_result_expr(inputs.abstract[names.index(w)], slots, records.name) for w in wanted]
         result = parts[0] if isinstance(grad, str) else "(" + ", ".join(parts) + ")"
-        returns = _annotation(inputs.abstract[names.index(grad)]) if isinstance(grad, str) else \
-            "(" + ", ".join(_annotation(inputs.abstract[names.index(w)]) for w in wanted) + ")"
+        returns = _annotation(inputs.abstract[names.index(grad)], records.name) if isinstance(grad, str) else \
+            "(" + ", ".join(_annotation(inputs.abstract[names.index(w)], records.name) for w in wanted) + ")"
         text = printer.to_bend(gfn, f"{d.name}_grad", signature=signature, bindings=bindings,
                                result=result, returns=returns, reserved=reserved)
         return "\n\n".join([*decls, text])
@@ -573,20 +574,21 @@ def _describe_inputs(d: ast.Def, inputs: Inputs) -> str:
     return "; ".join(parts)
 
 
-def _annotation(v, concrete: bool = False) -> str:
-    """A type annotation for an abstract input: records by name, tensors with their shapes."""
+def _annotation(v, name: Callable[[RecordV], str] = lambda r: r.name, concrete: bool = False) -> str:
+    """A type annotation for an abstract input: records by `name`, tensors with their shapes;
+    concrete, records with their fields' types."""
     match v:
         case TensorV():
             return str(v.type)
         case KeyV():
             return "Key"
         case TupleV():
-            return "(" + ", ".join(_annotation(i, concrete) for i in v.items) + ")"
+            return "(" + ", ".join(_annotation(i, name, concrete) for i in v.items) + ")"
         case ListV():
-            return f"List({_annotation(v.items[0], concrete) if v.items else 'f32'})"
+            return f"List({_annotation(v.items[0], name, concrete) if v.items else 'f32'})"
         case RecordV():
-            return v.name if not concrete else v.name + " {" + ", ".join(
-                f"{n}: {_annotation(f, True)}" for n, f in v.fields) + "}"
+            return name(v) if not concrete else v.name + " {" + ", ".join(
+                f"{n}: {_annotation(f, name, True)}" for n, f in v.fields) + "}"
     return "?"
 
 
@@ -608,7 +610,7 @@ def _leaf_paths(layout: Layout, path: str) -> list[str]:
     return []
 
 
-def _result_expr(v, slots, trained: bool = True) -> str:
+def _result_expr(v, slots, name: Callable[[RecordV], str], trained: bool = True) -> str:
     """The gradient of an input as an expression over the printed results ({0}, {1}, …):
     trained float leaves take the next result, others (buffers too) are zeros of their type."""
     match v:
@@ -618,34 +620,46 @@ def _result_expr(v, slots, trained: bool = True) -> str:
             shape = ", ".join(str(d) for d in v.type.shape)
             return f"zeros([{shape}], dtype={v.type.dtype})"
         case TupleV():
-            return "(" + ", ".join(_result_expr(i, slots, trained) for i in v.items) + ",)"
+            return "(" + ", ".join(_result_expr(i, slots, name, trained) for i in v.items) + ",)"
         case ListV():
-            return "[" + ", ".join(_result_expr(i, slots, trained) for i in v.items) + "]"
+            return "[" + ", ".join(_result_expr(i, slots, name, trained) for i in v.items) + "]"
         case RecordV():
-            return v.name + " {{ " + ", ".join(f"{n}: {_result_expr(f, slots, trained and n not in v.buffers)}"
-                                               for n, f in v.fields) + " }}"
+            return name(v) + " {{ " + ", ".join(f"{n}: {_result_expr(f, slots, name, trained and n not in v.buffers)}"
+                                                for n, f in v.fields) + " }}"
     raise DslError(None, f"cannot differentiate with respect to a value of type {_annotation(v)}")
 
 
-def _declarations(values: list) -> list[str]:
+class _Records:
     """Declarations of the records the inputs hold, with this specialisation's sizes (which a
-    program printed generic names: dsl/generic.py)."""
-    found: dict[str, str] = {}
+    program printed generic names: dsl/generic.py). A record type held at several sizes
+    (`Conv1D[D, 3 * D]` and `Conv1D[D, D]`) is declared once per size: Conv1D, Conv1D_2, …"""
 
-    def walk(v) -> None:
-        if isinstance(v, RecordV) and v.name not in found:
-            found[v.name] = ""
-            for _, f in v.fields:
-                walk(f)
-            fields = ", ".join(f"{'buffer ' * (n in v.buffers)}{n}: {_annotation(f)}" for n, f in v.fields)
-            found[v.name] = f"object {v.name} {{ {fields} }}"
-        elif isinstance(v, (TupleV, ListV)):
-            for i in v.items:
-                walk(i)
+    def __init__(self, values: list):
+        self.names: dict[str, str] = {}           # a record's concrete annotation -> its name
+        found: dict[str, str] = {}
+        sizes: dict[str, int] = {}                # a record type -> how many sizes of it so far
 
-    for v in values:
-        walk(v)
-    return list(found.values())
+        def walk(v) -> None:
+            key = _annotation(v, concrete=True)
+            if isinstance(v, RecordV) and key not in self.names:
+                sizes[v.name] = sizes.get(v.name, 0) + 1
+                self.names[key] = v.name if sizes[v.name] == 1 else f"{v.name}_{sizes[v.name]}"
+                found[key] = ""
+                for _, f in v.fields:
+                    walk(f)
+                fields = ", ".join(f"{'buffer ' * (n in v.buffers)}{n}: {_annotation(f, self.name)}"
+                                   for n, f in v.fields)
+                found[key] = f"object {self.names[key]} {{ {fields} }}"
+            elif isinstance(v, (TupleV, ListV)):
+                for i in v.items:
+                    walk(i)
+
+        for v in values:
+            walk(v)
+        self.declarations = list(found.values())
+
+    def name(self, v: RecordV) -> str:
+        return self.names[_annotation(v, concrete=True)]
 
 
 def llvm_module(module) -> Any:

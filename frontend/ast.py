@@ -177,10 +177,12 @@ class TensorTypeExpr:
 
 @dataclass(frozen=True)
 class NamedType:
-    """`int`, `f32` (a scalar), `Key`, `Params`, `Shape/Rect`-style qualified names, `List(Block)`."""
+    """`int`, `f32` (a scalar), `Key`, `Params`, `Shape/Rect`-style qualified names, `List(Block)`,
+    and a record at given dimensions, `Conv1D[D, 3 * D]` (dims: its dimension arguments)."""
     name: tuple[str, ...]
     args: tuple[TypeExpr, ...]
     span: Span
+    dims: tuple[Expr, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -382,12 +384,16 @@ class Field:
 
 @dataclass(frozen=True)
 class ObjectDef:
-    """`object Name { field: Type, … }`; its free dimension names make it generic."""
+    """`object Name(T)[I, O] { field: Type, … }`: params are its type parameters and dims its
+    dimension parameters, which each use may give (`Name(Params)[D, 4 * D]`); its other free
+    dimension names make it generic too."""
     name: str
     fields: tuple[Field, ...]
     doc: str | None
     name_span: Span
     span: Span
+    dims: tuple[str, ...] = ()
+    params: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from frontend.diagnostics import (CheckError, DslError, LimitError, Note, ShapeE
 from frontend.limits import MAX_RANK, MAX_STATIC_RECURSION, MAX_UNROLLED
 from frontend.lower import close_over, emit_primitive, fresh_params, leaf_values, rebuild, trained_leaves
 from frontend.resolve import Entity, ModuleInfo, dim_names, lookup_type
-from frontend.unify import Binder, Mismatch, as_tensor, eval_dim
+from frontend.unify import Binder, Mismatch, as_tensor, eval_dim, record_params
 from frontend.values import (UNKNOWN, AdtV, CheckpointV, CtorV, DTypeV, ForkV, FuncV, GradV, KeyV,
                              LambdaV, ListV, Origin, PrimV, RecordV, SpecialV, StaticV, TensorV,
                              TupleV, TypeV, UnknownV, abstract, describe, merge_all, param_names,
@@ -525,12 +525,12 @@ class Calls:
         type in the declaration's order, the fields kept (None) first: they fix the dimensions
         that the new values must have."""
         decl = entity.node
-        binder = self.binder()
+        binder, params = self.binder(), record_params(None, decl, entity.module)
         fields = {}
         for df in sorted(decl.fields, key=lambda df: given[df.name][1] is not None):
             name, (v, f) = df.name, given[df.name]
             try:
-                fields[name] = strip_origin(binder.match(df.type, v, entity.module))
+                fields[name] = strip_origin(binder.match(df.type, v, entity.module, params))
             except Mismatch as m:
                 raise ShapeError(f.value.span, f"field '{name}' of {decl.name}: {m}",
                                  [Note(f"'{name}' is declared {source_text(df.type)} here", df.span)]) from None

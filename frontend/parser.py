@@ -247,9 +247,10 @@ class Builder(Transformer):
     def param(self, name, type_, default):
         return ast.Param(str(name), type_, default, self._span(name, default or type_ or name))
 
-    def object_def(self, kw, name, fields, rbrace):
+    def object_def(self, kw, name, params, dims, fields, rbrace):
         return ast.ObjectDef(str(name), fields or (), self.docs.get(kw.line), self._span(name),
-                             self._span(kw, rbrace))
+                             self._span(kw, rbrace), tuple(map(str, dims or ())),
+                             tuple(map(str, params or ())))
 
     def field(self, modifier, name, type_):
         if modifier is not None and modifier != "buffer":
@@ -286,14 +287,21 @@ class Builder(Transformer):
 
     # ---------------------------------------------------------------- types
 
-    def tensor_type(self, dtype, dims, rsqb):
-        if dims and len(dims) > MAX_RANK:
+    def tensor_type(self, name, dims, rsqb):
+        (parts, span), dims = name, dims or ()
+        if len(parts) > 1 or parts[0][:1].isupper():      # a record at given dimensions
+            return ast.NamedType(parts, (), span.to(self._span(rsqb)), dims)
+        if len(dims) > MAX_RANK:
             raise ParseError(self._span(dims[MAX_RANK]), f"a tensor type of {len(dims)} dimensions: "
                                                          f"a tensor has at most {MAX_RANK}")
-        return ast.TensorTypeExpr(str(dtype), dims or (), self._span(dtype, rsqb))
+        return ast.TensorTypeExpr(parts[0], dims, span.to(self._span(rsqb)))
 
     def qual_name(self, *names):
         return tuple(str(n) for n in names), self._span(names[0], names[-1])
+
+    def generic_type(self, name, args, dims, rsqb):
+        (parts, span) = name
+        return ast.NamedType(parts, args, span.to(self._span(rsqb)), dims or ())
 
     def named_type(self, name, args, rpar):
         parts, span = name

@@ -15,6 +15,7 @@ from typing import Callable
 from pathlib import Path
 
 from frontend import ast
+from frontend.ast import source_text
 from frontend.builtins import BUILTIN_TYPES, builtin_value_names, is_builtin_value, unsupported_dtype
 from frontend.diagnostics import DslError, Note, ResolveError, Source, Span
 from frontend.limits import MAX_SOURCE_BYTES
@@ -249,7 +250,8 @@ def check_names(mod: ModuleInfo) -> list[DslError]:
         elif isinstance(item, ast.ObjectDef):
             checker.unique([f.name for f in item.fields], [f.span for f in item.fields], "field")
             for f in item.fields:
-                checker.type_expr(f.type)
+                checker.type_expr(f.type, params=frozenset(item.params))
+            checker.record_parameters(item)
         elif isinstance(item, ast.TypeDef):
             checker.unique([c.name for c in item.ctors], [c.span for c in item.ctors], "constructor")
             for c in item.ctors:
@@ -263,17 +265,26 @@ def check_names(mod: ModuleInfo) -> list[DslError]:
 def dim_names(t: ast.TypeExpr | None, mod: ModuleInfo) -> set[str]:
     """The dimension variables an annotation binds, including those of the records it names."""
     if isinstance(t, ast.TensorTypeExpr):
-        return {n.id for d in t.dims for n in _walk_names(d)}
+        return set().union(*(_dim_expr_names(d) for d in t.dims))
     if isinstance(t, ast.TupleTypeExpr):
         return set().union(*(dim_names(i, mod) for i in t.items))
     if isinstance(t, ast.NamedType):
-        out = set().union(*(dim_names(a, mod) for a in t.args))
+        out = set().union(*(dim_names(a, mod) for a in t.args), *(_dim_expr_names(d) for d in t.dims))
         entity = lookup_type(t.name, mod)
         if entity is not None and entity.kind == "object":
-            for f in entity.node.fields:
-                out |= dim_names(f.type, entity.module)
+            given = set(entity.node.dims) if t.dims else set()      # bare, they are the function's
+            out |= record_dim_names(entity) - given
         return out
     return set()
+
+
+def record_dim_names(entity: Entity) -> set[str]:
+    """The dimension names of a record's fields, its dimension parameters included."""
+    return set().union(*(dim_names(f.type, entity.module) for f in entity.node.fields))
+
+
+def _dim_expr_names(e: ast.Expr) -> set[str]:
+    return {n.id for n in walk_names(e)}
 
 
 def lookup_type(name: tuple[str, ...], mod: ModuleInfo) -> Entity | None:
@@ -286,14 +297,23 @@ def lookup_type(name: tuple[str, ...], mod: ModuleInfo) -> Entity | None:
     return entity if entity is not None and entity.kind in ("object", "type") else None
 
 
-def _walk_names(e: ast.Expr):
+def _type_names(t: ast.TypeExpr) -> set[str]:
+    """The one-part type names an annotation mentions (`P` and `List` in `List(P)`)."""
+    if isinstance(t, ast.TupleTypeExpr):
+        return set().union(*(_type_names(i) for i in t.items))
+    if isinstance(t, ast.NamedType):
+        return set(t.name[:1] if len(t.name) == 1 else ()).union(*(_type_names(a) for a in t.args))
+    return set()
+
+
+def walk_names(e: ast.Expr):
     if isinstance(e, ast.Name):
         yield e
     elif isinstance(e, ast.BinOp):
-        yield from _walk_names(e.left)
-        yield from _walk_names(e.right)
+        yield from walk_names(e.left)
+        yield from walk_names(e.right)
     elif isinstance(e, ast.UnaryOp):
-        yield from _walk_names(e.operand)
+        yield from walk_names(e.operand)
     elif isinstance(e, ast.QualName):
         yield from (ast.Name(p, e.span) for p in e.parts)
 
@@ -381,6 +401,77 @@ class _Names:
                 self.error(t.span, f"unknown type '{name}'")
             for a in t.args:
                 self.type_expr(a, params)
+            if t.dims:
+                self.dimension_arguments(t)
+            if t.args:
+                self.type_arguments(t)
+
+    def type_arguments(self, t: ast.NamedType) -> None:
+        """`AdamW(Params)`: a record given as many types as it declares type parameters."""
+        entity = lookup_type(t.name, self.mod)
+        if entity is None or entity.kind != "object":
+            return                                   # List(T), an ADT's, or unknown (reported)
+        name, params = "/".join(t.name), entity.node.params
+        if len(t.args) != len(params):
+            self.error(t.span, f"{name} takes {len(params)} type argument{'s' * (len(params) != 1)}"
+                               f"{' (' + ', '.join(params) + ')' if params else ''}, got {len(t.args)}",
+                       [Note(f"{name} is declared here", entity.node.name_span)])
+
+    def dimension_arguments(self, t: ast.NamedType) -> None:
+        """`Conv1D[D, 3 * D]`: a record declared with as many dimension parameters, given sizes."""
+        name = "/".join(t.name)
+        entity = lookup_type(t.name, self.mod)
+        if entity is None and name not in BUILTIN_TYPES:
+            return                                   # unknown, reported
+        if entity is None or entity.kind != "object":
+            self.error(t.span, f"'{name}' takes no dimension arguments")
+        elif not entity.node.dims:
+            self.error(t.span, f"'{name}' takes no dimension arguments: its declaration names no "
+                               f"dimension parameters (object {t.name[-1]}[I, …] {{ … }})",
+                       [Note(f"{name} is declared here", entity.node.name_span)])
+        elif len(t.dims) != len(entity.node.dims):
+            params = ", ".join(entity.node.dims)
+            self.error(t.span, f"{name} takes {len(entity.node.dims)} dimension argument"
+                               f"{'s' if len(entity.node.dims) > 1 else ''} [{params}], got {len(t.dims)}",
+                       [Note(f"{name} is declared here", entity.node.name_span)])
+        for d in t.dims:
+            if (bad := self.not_a_dimension(d)) is not None:
+                self.error(bad.span, f"a dimension argument of {name} is a size: an integer or a "
+                                     f"dimension name, combined with + - * //; got {source_text(bad)}")
+
+    def not_a_dimension(self, e: ast.Expr) -> ast.Expr | None:
+        """The part of a dimension expression that is not one: a float, a call, a type's name."""
+        match e:
+            case ast.Int():
+                return None
+            case ast.Name(id=n):
+                named = n in BUILTIN_TYPES or lookup_type((n,), self.mod) is not None
+                return e if named else None
+            case ast.UnaryOp(op="-"):
+                return self.not_a_dimension(e.operand)
+            case ast.BinOp(op="+" | "-" | "*" | "//"):
+                return self.not_a_dimension(e.left) or self.not_a_dimension(e.right)
+        return e
+
+    def record_parameters(self, d: ast.ObjectDef) -> None:
+        """An object's type and dimension parameters: distinct, each used by a field, and the
+        object capitalised when it has dimensions (`conv[D]` would read as a tensor type)."""
+        self.unique(list(d.params), [d.name_span] * len(d.params), "type parameter")
+        named = set().union(*(_type_names(f.type) for f in d.fields))
+        for p in d.params:
+            if p not in named:
+                self.error(d.name_span, f"type parameter '{p}' of {d.name} is used by none of its fields")
+        if not d.dims:
+            return
+        self.unique(list(d.dims), [d.name_span] * len(d.dims), "dimension parameter")
+        if not d.name[:1].isupper():
+            self.error(d.name_span, f"a record with dimension parameters is named with a capital "
+                                    f"letter ({d.name[:1].upper()}{d.name[1:]}), since "
+                                    f"'{d.name}[…]' reads as a tensor type")
+        used = record_dim_names(Entity("object", d, self.mod))
+        for p in d.dims:
+            if p not in used:
+                self.error(d.name_span, f"dimension parameter '{p}' of {d.name} is used by none of its fields")
 
     def block(self, body: tuple[ast.Stmt, ...], scope: frozenset[str], in_bend: bool) -> None:
         for s in body:

@@ -7,14 +7,16 @@ solved at once (`T * E` before E is known) wait until the others have bound what
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Any
 
 from frontend import ast
+from frontend.ast import source_text
 from frontend.builtins import unsupported_dtype
 from frontend.diagnostics import LIST_BY_MAP, CheckError
 from frontend.lower import materialize
-from frontend.resolve import ModuleInfo, lookup_type
-from frontend.values import (AdtV, KeyV, ListV, RecordV, StaticV, TensorV, TupleV, literal_shape,
+from frontend.resolve import ModuleInfo, lookup_type, walk_names
+from frontend.values import (UNKNOWN, AdtV, KeyV, ListV, RecordV, StaticV, TensorV, TupleV, literal_shape,
                              UnknownV, describe)
 from ir.dims import Dim, solve
 from ir.types import DTYPES, FLOAT_DTYPES, TensorType
@@ -27,8 +29,40 @@ class Mismatch(Exception):
 _DIMS: dict[int, tuple[ast.Expr, Dim]] = {}     # id(node) -> (node, its Dim), bounded below
 
 
-def eval_dim(e: ast.Expr) -> Dim:
-    """A dimension expression of an annotation, over its (unbound) dimension names."""
+
+@dataclass(frozen=True)
+class Params:
+    """What one use of a record gives its parameters: dimensions (`Conv1D[D, 3 * D]`), and types
+    (`AdamW(Params)`: each an annotation with the module and Params it is read in). A dimension
+    the use does not give is absent (a name of the function); a type not given is None (any
+    value fits it)."""
+    dims: Mapping[str, Dim] = field(default_factory=dict)
+    types: Mapping[str, tuple[ast.TypeExpr, ModuleInfo, Params] | None] = field(default_factory=dict)
+
+    def type_argument(self, t: ast.TypeExpr) -> tuple[bool, tuple | None]:
+        """(whether t names a type parameter, what the use gives it)."""
+        if isinstance(t, ast.NamedType) and len(t.name) == 1 and t.name[0] in self.types:
+            return True, self.types[t.name[0]]
+        return False, None
+
+
+NO_PARAMS = Params()
+
+
+def record_params(t: ast.NamedType | None, decl: ast.ObjectDef, mod: ModuleInfo,
+                  outer: Params = NO_PARAMS) -> Params:
+    """What a use of a record (t, read in mod and outer; None for a record literal) gives its
+    parameters; a bare use gives none."""
+    dims, args = (t.dims, t.args) if t is not None else ((), ())
+    return Params({p: eval_dim(d, outer.dims) for p, d in zip(decl.dims, dims)},
+                  {p: (args[i], mod, outer) if i < len(args) else None for i, p in enumerate(decl.params)})
+
+
+def eval_dim(e: ast.Expr, params: Mapping[str, Dim] = NO_PARAMS.dims) -> Dim:
+    """A dimension expression of an annotation, over its (unbound) dimension names; `params`
+    replaces a record's dimension parameters by the dimensions its use gives."""
+    if params and not params.keys().isdisjoint(n.id for n in walk_names(e)):
+        return _eval_dim(e, params)
     cached = _DIMS.get(id(e))
     if cached is None or cached[0] is not e:
         if len(_DIMS) > 100_000:
@@ -40,23 +74,23 @@ def eval_dim(e: ast.Expr) -> Dim:
     return cached[1]
 
 
-def _eval_dim(e: ast.Expr) -> Dim:
+def _eval_dim(e: ast.Expr, params: Mapping[str, Dim] = NO_PARAMS.dims) -> Dim:
     match e:
         case ast.Int(value=v):
             return Dim.const(v)
         case ast.Name(id=n):
-            return Dim.var(n)
+            return params.get(n, Dim.var(n))
         case ast.UnaryOp(op="-"):
-            return -eval_dim(e.operand)
+            return -eval_dim(e.operand, params)
         case ast.BinOp(op="+" | "-" | "*" | "//" as op):
-            a, b = eval_dim(e.left), eval_dim(e.right)
+            a, b = eval_dim(e.left, params), eval_dim(e.right, params)
             if op == "//" and b.value == 0:
                 raise CheckError(e.right.span, "division by zero in a dimension")
             return {"+": a.__add__, "-": a.__sub__, "*": a.__mul__, "//": a.__floordiv__}[op](b)
         case ast.QualName(parts=parts):
-            out = Dim.var(parts[0])
+            out = params.get(parts[0], Dim.var(parts[0]))
             for p in parts[1:]:
-                out = out // Dim.var(p)
+                out = out // params.get(p, Dim.var(p))
             return out
     raise CheckError(e.span, "a dimension is an integer or a name, combined with + - * //")
 
@@ -88,24 +122,29 @@ def adopt_dtype(t: TensorType, dtype: str) -> TensorType:
 @dataclass
 class Binder:
     env: dict[str, Dim] = field(default_factory=dict)
-    pending: list[tuple[Dim, Dim, ast.TensorTypeExpr, TensorType]] = field(default_factory=list)
+    # (a declared dimension, the actual one, the declared type it is part of, the actual type)
+    pending: list[tuple[Dim, Dim, TensorType, TensorType]] = field(default_factory=list)
     builder: Any = None        # when lowering: literals given for tensors become constants here
 
-    def match(self, t: ast.TypeExpr, v, mod: ModuleInfo):
+    def match(self, t: ast.TypeExpr, v, mod: ModuleInfo, params: Params = NO_PARAMS):
         """v checked against annotation t (dimensions recorded, solved by `finish`); returns v
-        with weak literals converted to the declared dtype."""
+        with weak literals converted to the declared dtype. `params`: those of the record
+        whose field t is."""
         if isinstance(v, UnknownV):
             return v
+        is_param, arg = params.type_argument(t)
+        if is_param:
+            return v if arg is None else self.match(arg[0], v, arg[1], arg[2])
         match t:
             case ast.TensorTypeExpr():
-                return self.tensor(t, t.dtype, t.dims, v)
+                return self.tensor(t, t.dtype, t.dims, v, params)
             case ast.TupleTypeExpr():
                 if not isinstance(v, TupleV) or len(v.items) != len(t.items):
                     raise Mismatch(f"expected a tuple of {len(t.items)}, got {describe(v)}")
-                return TupleV(tuple(self.match(a, b, mod) for a, b in zip(t.items, v.items)))
+                return TupleV(tuple(self.match(a, b, mod, params) for a, b in zip(t.items, v.items)))
         name = "/".join(t.name)
         if name in DTYPES and name != "bool":
-            return self.tensor(t, name, (), v)
+            return self.tensor(t, name, (), v, params)
         if name in ("int", "float", "bool"):
             if isinstance(v, StaticV) and (v.kind == name or name == "float" and v.kind == "int"):
                 if name == "float" and v.kind == "int":
@@ -121,18 +160,18 @@ class Binder:
                 stacked = f" (a fold stacks what it emits; {LIST_BY_MAP})" if isinstance(v, (RecordV, TensorV)) else ""
                 raise Mismatch(f"expected a List, got {describe(v)}{stacked}")
             if v.items is None:
-                return ListV(None, self.match(t.args[0], v.elem, mod), v.length)
-            return ListV.of(self.match(t.args[0], i, mod) for i in v.items)
+                return ListV(None, self.match(t.args[0], v.elem, mod, params), v.length)
+            return ListV.of(self.match(t.args[0], i, mod, params) for i in v.items)
         entity = lookup_type(t.name, mod)
         if entity is None:
             raise CheckError(t.span, unsupported_dtype(name) or f"unknown type '{name}'")
         if entity.kind == "object":
             if not isinstance(v, RecordV) or v.decl is not entity:
                 raise Mismatch(f"expected {name}, got {describe(v)}")
-            fields = []
+            fields, given = [], record_params(t, entity.node, mod, params)
             for f in entity.node.fields:
                 try:
-                    fields.append((f.name, self.match(f.type, v.get(f.name), entity.module)))
+                    fields.append((f.name, self.match(f.type, v.get(f.name), entity.module, given)))
                 except Mismatch as m:
                     raise Mismatch(f"field '{f.name}' of {name}: {m}") from None
             return RecordV(v.name, tuple(fields), entity)
@@ -140,21 +179,21 @@ class Binder:
             raise Mismatch(f"expected {name}, got {describe(v)}")
         return v
 
-    def tensor(self, t: ast.TypeExpr, dtype: str, dims: tuple[ast.Expr, ...], v):
+    def tensor(self, t: ast.TypeExpr, dtype: str, dims: tuple[ast.Expr, ...], v, params: Params):
         if msg := unsupported_dtype(dtype):
             raise CheckError(t.span, msg)
         if dtype not in DTYPES:
             raise CheckError(t.span, f"unknown dtype '{dtype}'")
         got = as_tensor(v)
-        declared = [eval_dim(d) for d in dims]
+        declared = TensorType(dtype, tuple(eval_dim(d, params.dims) for d in dims))
         if got is None or got.rank != len(dims):
-            raise Mismatch(f"expected {self.show(t)}, got {describe(v)}")
+            raise Mismatch(f"expected {self.shown(declared)}, got {describe(v)}")
         try:
             got = adopt_dtype(got, dtype)
         except Mismatch:
-            raise Mismatch(f"expected {self.show(t)}, got {got}") from None
-        for d, actual in zip(declared, got.shape):
-            self.pending.append((d, actual, t, got))
+            raise Mismatch(f"expected {self.shown(declared)}, got {got}") from None
+        for d, actual in zip(declared.shape, got.shape):
+            self.pending.append((d, actual, declared, got))
         self.solve()
         if isinstance(v, TensorV):
             return TensorV(got, v.origin, v.ir)
@@ -173,7 +212,7 @@ class Binder:
         while progress:
             progress = False
             for c in list(self.pending):
-                declared, actual, t, got = c
+                declared, actual, whole, got = c
                 found = solve(declared, actual, self.env)
                 if found is None:
                     continue
@@ -181,7 +220,7 @@ class Binder:
                 progress = progress or bool(found)
                 self.env.update(found)
                 if not declared.subst(self.env).agrees(actual):
-                    raise Mismatch(f"expected {self.show(t)}, got {got}")
+                    raise Mismatch(f"expected {self.shown(whole)}, got {got}")
 
     def finish(self) -> None:
         """Give every dimension no constraint could determine an unknown value."""
@@ -193,18 +232,27 @@ class Binder:
     def show(self, t: ast.TypeExpr) -> str:
         """An annotation with the dimensions bound so far substituted."""
         if isinstance(t, ast.TensorTypeExpr):
-            return str(TensorType(t.dtype, tuple(eval_dim(d).subst(self.env) for d in t.dims)))
+            return self.shown(TensorType(t.dtype, tuple(eval_dim(d) for d in t.dims)))
         if isinstance(t, ast.TupleTypeExpr):
             return "(" + ", ".join(self.show(i) for i in t.items) + ")"
-        return "/".join(t.name)
+        return source_text(t) if t.dims else "/".join(t.name)
 
-    def instantiate(self, t: ast.TypeExpr, mod: ModuleInfo, hint: str = "_"):
-        """The abstract value an annotation describes, unbound dimensions left symbolic."""
+    def shown(self, declared: TensorType) -> str:
+        """A declared tensor type with the dimensions bound so far substituted."""
+        return str(TensorType(declared.dtype, tuple(d.subst(self.env) for d in declared.shape)))
+
+    def instantiate(self, t: ast.TypeExpr, mod: ModuleInfo, hint: str = "_", params: Params = NO_PARAMS):
+        """The abstract value an annotation describes, unbound dimensions left symbolic, and
+        unknown where a type parameter is not given."""
+        is_param, arg = params.type_argument(t)
+        if is_param:
+            return UNKNOWN if arg is None else self.instantiate(arg[0], arg[1], hint, arg[2])
         match t:
             case ast.TensorTypeExpr():
-                return TensorV(TensorType(t.dtype, tuple(eval_dim(d).subst(self.env) for d in t.dims)))
+                return TensorV(TensorType(t.dtype, tuple(eval_dim(d, params.dims).subst(self.env) for d in t.dims)))
             case ast.TupleTypeExpr():
-                return TupleV(tuple(self.instantiate(i, mod, f"{hint}[{k}]") for k, i in enumerate(t.items)))
+                return TupleV(tuple(self.instantiate(i, mod, f"{hint}[{k}]", params)
+                                    for k, i in enumerate(t.items)))
         name = "/".join(t.name)
         if name in DTYPES and name != "bool":
             return TensorV(TensorType(name, ()))
@@ -215,13 +263,14 @@ class Binder:
         if name == "Key":
             return KeyV()
         if name == "List" and len(t.args) == 1:
-            return ListV(None, self.instantiate(t.args[0], mod, f"{hint}[i]"), Dim.var(f"len({hint})"))
+            return ListV(None, self.instantiate(t.args[0], mod, f"{hint}[i]", params), Dim.var(f"len({hint})"))
         entity = lookup_type(t.name, mod)
         if entity is None:
             raise CheckError(t.span, unsupported_dtype(name) or f"unknown type '{name}'")
         if entity.kind == "object":
+            given = record_params(t, entity.node, mod, params)
             return RecordV(entity.node.name, tuple(
-                (f.name, self.instantiate(f.type, entity.module, f"{hint}.{f.name}"))
+                (f.name, self.instantiate(f.type, entity.module, f"{hint}.{f.name}", given))
                 for f in entity.node.fields), entity)
         return AdtV(entity.node.name, None, (), entity)
 
