@@ -16,6 +16,7 @@ import pytest
 import dsl
 from conftest import dslc, quick, raises, user_error
 from dsl import distributed, safetensors
+from dsl.train import batch_indices
 
 ROOT = Path(__file__).resolve().parents[1]
 XOR = ROOT / "examples" / "xor.bend"
@@ -358,3 +359,73 @@ def test_without_mpi4py_ranks_are_an_error(tmp_path):
                "pip install 'dslc[distributed]'")
     user_error(dslc("train", str(XOR), "--steps", "1", env={**env, "PMI_SIZE": "2"}),
                "one of 2 ranks that mpiexec started, but mpi4py is not installed")
+
+
+# ---------------------------------------------------------------- examples on demand
+
+ON_DEMAND = """
+import os
+
+import numpy as np
+
+X = np.array([[0, 0], [0, 1], [1, 0], [1, 1]] * 4, np.float32)
+Y = np.array([0, 1, 1, 0] * 4, np.float32)
+DIMS = {"H": 8}
+SETTINGS = {"batch_size": 8, "samples": False}
+HYPER = {"lr": 0.5}
+
+
+def size(split):
+    return SIZE if split == "train" else None
+
+
+def rows(split, index, rank, ranks):
+    with open(os.path.join(os.path.dirname(__file__), f"asked{rank}"), "a") as f:
+        f.write(f"{ranks} {' '.join(map(str, index))}\\n")
+    return ROWS(index)
+
+
+SIZE, ROWS = 16, lambda index: {"x": X[index], "y": Y[index]}
+"""
+
+
+def on_demand(tmp_path: Path, tail: str = "") -> Path:
+    """xor on 16 examples fetched by size and rows, which note each rank's positions;
+    `tail` redefines what they give."""
+    (tmp_path / "m.bend").write_text(XOR.read_text())
+    (tmp_path / "m.py").write_text(ON_DEMAND + tail)
+    return tmp_path / "m.bend"
+
+
+def test_each_rank_asks_the_loader_for_its_own_micro_batches_only(tmp_path):
+    r = dslc("train", str(on_demand(tmp_path)), "--steps", "2", "--micro-batches", "4",
+             "--ranks", "2", "--device", "reference", "--checkpoint-dir", "", timeout=120)
+    assert r.returncode == 0, r.stderr
+    for rank in (0, 1):
+        asked = (tmp_path / f"asked{rank}").read_text().splitlines()
+        want = [batch_indices(0, t, 16, 8)[4 * rank:4 * rank + 4] for t in (0, 1)]
+        assert asked[:2] == ["2 " + " ".join(map(str, w)) for w in want]
+    assert len(asked) == 2                  # rank 1 does not evaluate: rank 0 asks for those
+
+
+def test_examples_on_demand_train_as_the_same_arrays_loaded(tmp_path):
+    (tmp_path / "whole").mkdir()
+    whole = on_demand(tmp_path / "whole", "del size, rows\n\n\ndef load(split):\n"
+                                          "    return {'x': X, 'y': Y} if split == 'train' else None\n")
+    a, b = (dsl.train(str(path), steps=3, progress=None, checkpoint_dir=None, final_eval=False,
+                      micro_batches=2) for path in (whole, on_demand(tmp_path)))
+    assert same_bits(a.params, b.params) and a.losses == b.losses
+
+
+@pytest.mark.parametrize("tail, message", [
+    ("del size\n", "m.py defines rows but not size: examples on demand need size(split)"),
+    ("SIZE = 0\n", "m.py: size('train') must be a number of examples (at least 1) or None, got 0"),
+    ("SIZE = 2.5\n", "size('train') must be a number of examples (at least 1) or None, got 2.5"),
+    ("ROWS = lambda index: {'x': X[:3], 'y': Y[:3]}\n",
+     "m.py: rows('train', …, 0, 1) gave 3 examples for 8 positions: x: f32[3, 2], y: f32[3]"),
+    ("ROWS = lambda index: [X[index]]\n", "rows('train', …, 0, 1) must return a dict of named arrays"),
+    ("ROWS = lambda index: 1 / 0\n", "rows('train', …, 0, 1) failed at line"),
+])
+def test_a_loader_on_demand_that_misbehaves_is_an_error(tmp_path, tail, message):
+    raises(lambda: dsl.train(str(on_demand(tmp_path, tail)), steps=1, progress=None,
+                             checkpoint_dir=None), message)
