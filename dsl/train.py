@@ -36,13 +36,21 @@ The loader
     load(split) -> dict[str, ndarray] | None    the examples of split "train" (required), "valid"
                                                 or "test" (None: no such split): named arrays
                                                 whose leading axes all count the examples
+    size(split) -> int | None                   instead of load, examples fetched on demand:
+    rows(split, index, rank, ranks) -> dict     how many a split has (None: no such split), and
+                                                the arrays of the examples `index` (positions
+                                                in the split), asked for by rank `rank` of
+                                                `ranks` (0 of 1 on one process)
     DIMS = {"H": 200, …}                        static values for the entries, by parameter name
     SETTINGS = {"steps": 1000, …}               the trainer's defaults (keys below)
     hyper(t) -> dict  or  HYPER = {…}           step's runtime values (a learning rate) at step t
     decode(tokens) -> list[str]                 sample's result as text, one string per example
 
-Code that runs the file as a script belongs under `if __name__ == "__main__":`. With
-`--data DATA.npz` the arrays come from the file instead of `load`: `train.x`, `valid.x`,
+With `size` and `rows` (both or neither), the trainer never calls `load`: each step, each
+rank asks `rows` for the examples of its own micro-batches only, in the batch's order (a
+position may come twice), and the evaluations ask for theirs. Code that runs the file as a
+script belongs under `if __name__ == "__main__":`. With
+`--data DATA.npz` the arrays come from the file instead of the loader's: `train.x`, `valid.x`,
 `test.x` for the arrays named `x` of each split (names without a split prefix are "train").
 
 SETTINGS: `steps` (1000), `batch_size` (32; 0 or at least the split's size: the whole split,
@@ -144,6 +152,19 @@ class Loader:
     settings: dict[str, Any] = field(default_factory=dict)
     hyper: Callable[[int], dict] = lambda t: {}
     decode: Callable[[np.ndarray], list[str]] | None = None
+    size: Callable[[str], Any] | None = None          # size and rows: examples on demand
+    rows: Callable[[str, np.ndarray, int, int], Any] | None = None
+
+
+@dataclass(frozen=True)
+class Split:
+    """A split's examples by position: `size` of them, and `fetch(index)`, the named arrays of
+    the examples at the positions `index`, in its order."""
+    size: int
+    fetch: Callable[[np.ndarray], dict[str, np.ndarray]]
+
+    def all(self) -> dict[str, np.ndarray]:
+        return self.fetch(np.arange(self.size))
 
 
 def _user_error(file: str, what: str, e: BaseException) -> DslError:
@@ -179,13 +200,18 @@ def import_loader(model: Path) -> Loader:
             raise DslError(None, f"{path}: {name} must be a {kind.__name__}, got {type(v).__name__}")
         return v
 
+    size, rows = getattr(module, "size", None), getattr(module, "rows", None)
+    if (size is None) != (rows is None):
+        raise DslError(None, f"{path} defines {'rows' if size is None else 'size'} but not "
+                             f"{'size' if size is None else 'rows'}: examples on demand need "
+                             "size(split), how many, and rows(split, index, rank, ranks), which")
     hyper = getattr(module, "hyper", None)
     if hyper is None:
         constant = value("HYPER", dict, {})
         hyper = lambda t: constant                     # noqa: E731
     return Loader(origin=str(path), load=getattr(module, "load", None),
                   dims=dict(value("DIMS", dict, {})), settings=dict(value("SETTINGS", dict, {})),
-                  hyper=hyper, decode=getattr(module, "decode", None))
+                  hyper=hyper, decode=getattr(module, "decode", None), size=size, rows=rows)
 
 
 def read_npz_data(path: str) -> Callable[[str], dict | None]:
@@ -232,7 +258,7 @@ class Model:
         self.prog: Program = load(str(self.path), device=device)
         self.loader = import_loader(self.path)
         if data is not None:
-            self.loader.load, self.loader.origin = read_npz_data(data), data
+            self.loader = replace(self.loader, origin=data, load=read_npz_data(data), size=None, rows=None)
         self.dims = {**self.loader.dims, **(dims or {})}
         self._hyper_override = dict(hyper or {})
         self.has = {n: self._defines(n) for n in ("init", "loss", "step", "init_opt", "update",
@@ -242,10 +268,10 @@ class Model:
             raise DslError(None, f"{self.path} defines no {' and no '.join(repr(m) for m in missing)}: "
                                  "dslc train needs init (the parameters), loss (the objective) "
                                  "and step (the optimizer step); see dsl/train.py")
-        if self.loader.load is None:
+        if self.loader.load is None and self.loader.rows is None:
             raise DslError(None, f"{self.path} has no data: write a loader {self.loader.origin} "
                                  "with load(split) -> dict of arrays, or give --data DATA.npz")
-        self._splits: dict[str, dict | None] = {}
+        self._splits: dict[str, Split | None] = {}
 
     def _defines(self, name: str) -> bool:
         entity = self.prog._resolved.main.names.get(name)
@@ -256,20 +282,48 @@ class Model:
 
     # ---- data
 
-    def split(self, name: str) -> dict[str, np.ndarray] | None:
-        """A split's arrays, checked (and cached)."""
+    def split(self, name: str, team: distributed.Team = distributed.Solo()) -> Split | None:
+        """A split (cached): from `load`, or fetched on demand for `team`'s rank from `rows`."""
         if name not in self._splits:
-            try:
-                raw = self.loader.load(name)
-            except Exception as e:                    # the user's code
-                raise _user_error(self.loader.origin, f"{self.loader.origin} load({name!r})", e) from None
-            self._splits[name] = None if raw is None else self._check_split(name, raw)
+            self._splits[name] = (self._loaded if self.loader.rows is None else self._on_demand)(name, team)
         if name == "train" and self._splits[name] is None:
-            raise DslError(None, f"{self.loader.origin}: load('train') gave no data")
+            hook = "load('train')" if self.loader.rows is None else "size('train')"
+            raise DslError(None, f"{self.loader.origin}: {hook} gave no data")
         return self._splits[name]
 
-    def _check_split(self, split: str, raw: Any) -> dict[str, np.ndarray]:
-        where = f"{self.loader.origin}: load({split!r})"
+    def _user(self, hook: Callable, call: str, *args: Any) -> Any:
+        try:
+            return hook(*args)
+        except Exception as e:                        # the user's code
+            raise _user_error(self.loader.origin, f"{self.loader.origin} {call}", e) from None
+
+    def _loaded(self, name: str, team: distributed.Team) -> Split | None:
+        raw = self._user(self.loader.load, f"load({name!r})", name)
+        if raw is None:
+            return None
+        arrays = self._check_split(f"load({name!r})", raw)
+        return Split(len(next(iter(arrays.values()))), lambda index: {k: a[index] for k, a in arrays.items()})
+
+    def _on_demand(self, name: str, team: distributed.Team) -> Split | None:
+        n = self._user(self.loader.size, f"size({name!r})", name)
+        if n is None:
+            return None
+        if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1:
+            raise DslError(None, f"{self.loader.origin}: size({name!r}) must be a number of "
+                                 f"examples (at least 1) or None, got {reprlib.repr(n)}")
+
+        def fetch(index: np.ndarray) -> dict[str, np.ndarray]:
+            call = f"rows({name!r}, …, {team.rank}, {team.size})"
+            arrays = self._check_split(call, self._user(self.loader.rows, call, name, index, team.rank, team.size))
+            got = len(next(iter(arrays.values())))
+            if got != len(index):
+                raise DslError(None, f"{self.loader.origin}: {call} gave {got} examples for "
+                                     f"{len(index)} positions: {_describe(arrays)}")
+            return arrays
+        return Split(int(n), fetch)
+
+    def _check_split(self, call: str, raw: Any) -> dict[str, np.ndarray]:
+        where = f"{self.loader.origin}: {call}"
         if not isinstance(raw, dict) or not raw:
             raise DslError(None, f"{where} must return a dict of named arrays (or None), "
                                  f"got {type(raw).__name__}")
@@ -682,9 +736,9 @@ def train(path: str, *, steps: int | None = None, seed: int | None = None, data:
     ckpt_every = int(cfg["checkpoint_every"] or eval_every)
     eval_n, eval_bs = int(cfg["eval_examples"]), int(cfg["eval_batch_size"])
 
-    train_data = model.split("train")
-    n_train = len(next(iter(train_data.values())))
     team = distributed.on_device(distributed.world(rank_timeout), model.prog.device)
+    train_split = model.split("train", team)
+    n_train = train_split.size
     m = micro_batches if micro_batches is not None or team.size == 1 else team.size
     if m is not None:
         distributed.check(m, team, bs if 0 < bs < n_train else n_train)
@@ -692,8 +746,8 @@ def train(path: str, *, steps: int | None = None, seed: int | None = None, data:
     if team.rank:                                     # rank 0 alone reports and writes
         progress = checkpoint_dir = plot = None
         final_eval = False
-    valid = model.split("valid") if not team.rank else None
-    valid_subset = subset(valid, eval_n) if valid is not None else None
+    valid = model.split("valid", team) if not team.rank else None
+    valid_subset = valid.fetch(subset(valid.size, eval_n)) if valid is not None else None
 
     fresh_seed = 0 if seed is None else seed
     p, s = model.init(fresh_seed)
@@ -723,14 +777,13 @@ def train(path: str, *, steps: int | None = None, seed: int | None = None, data:
     t0 = time.perf_counter()
     try:
         for t in range(start, total):
-            idx = batch_indices(state.seed, t, n_train, bs)
+            order = np.arange(n_train)[batch_indices(state.seed, t, n_train, bs)]
             if m is None:
-                batch = {k: a[idx] for k, a in train_data.items()}
+                batch = train_split.fetch(order)
                 p, s, loss = model.step(state.p, state.s, batch, t, state.seed)
             else:
-                order = np.arange(n_train)[idx]
-                p, s, loss = micro_step(model, state, train_data, order, t, m, team)
-                batch = {k: a[share(order, m, team)] for k, a in train_data.items()} if on_step else {}
+                batch = train_split.fetch(share(order, team))      # this rank's examples only
+                p, s, loss = micro_step(model, state, batch, t, m, team)
             if not math.isfinite(loss):
                 raise DslError(None, f"the loss is {loss} at step {t}: the training diverged "
                                      "(a smaller learning rate may help)")
@@ -763,11 +816,12 @@ def train(path: str, *, steps: int | None = None, seed: int | None = None, data:
     metrics: dict[str, dict[str, float]] = {}
     samples: list[str] = []
     if final_eval:
-        metrics["train"] = model.evaluate(state.p, subset(train_data, eval_n), state.seed, eval_bs)
+        metrics["train"] = model.evaluate(state.p, train_split.fetch(subset(n_train, eval_n)),
+                                          state.seed, eval_bs)
         for name in ("valid", "test"):
-            d = model.split(name)
+            d = model.split(name, team)
             if d is not None:
-                metrics[name] = model.evaluate(state.p, d, state.seed, eval_bs)
+                metrics[name] = model.evaluate(state.p, d.all(), state.seed, eval_bs)
         if "valid" in metrics and (not state.evals or state.evals[-1][0] != state.step):
             state.evals.append((state.step, metrics["valid"]["loss"]))
         if model.has["sample"] and cfg["samples"]:
@@ -791,14 +845,15 @@ def require_update(model: Model) -> None:
                              "gradient, which step may call; see docs/distributed.md")
 
 
-def micro_step(model: Model, state: State, data: dict[str, np.ndarray], order: np.ndarray, t: int,
-               m: int, team: distributed.Team) -> tuple[Record, Any, float]:
-    """Step t on the examples `order` as m micro-batches: this rank's share of their losses and
+def micro_step(model: Model, state: State, mine: dict[str, np.ndarray], t: int, m: int,
+               team: distributed.Team) -> tuple[Record, Any, float]:
+    """Step t as m micro-batches, of which `mine` holds this rank's examples: their losses and
     gradients, the mean of all m along distributed's tree, then `update` on every rank alike."""
-    size, k = len(order) // m, step_key(state.seed, t)
+    first = team.rank * (m // team.size)              # this rank's first micro-batch
+    size, k = len(next(iter(mine.values()))) * team.size // m, step_key(state.seed, t)
 
     def leaf(i: int) -> distributed.Partial:
-        rows = {name: a[order[i * size:(i + 1) * size]] for name, a in data.items()}
+        rows = {name: a[(i - first) * size:(i - first + 1) * size] for name, a in mine.items()}
         loss, g = model.gradient(state.p, rows, fold_in(k, i))
         return [team.keep(loss), *flatten_python(g, "g", team.keep).values()]
 
@@ -808,7 +863,7 @@ def micro_step(model: Model, state: State, data: dict[str, np.ndarray], order: n
     return p, s, float(loss)
 
 
-def share(order: np.ndarray, m: int, team: distributed.Team) -> np.ndarray:
+def share(order: np.ndarray, team: distributed.Team) -> np.ndarray:
     """The examples of this rank's micro-batches."""
     part = len(order) // team.size
     return order[team.rank * part:(team.rank + 1) * part]
@@ -820,10 +875,9 @@ def sharing(m: int | None, team: distributed.Team) -> str:
     return f", {m} micro-batches" + (f" on {team.size} ranks" if team.size > 1 else "")
 
 
-def subset(data: dict[str, np.ndarray], n: int) -> dict[str, np.ndarray]:
-    """At most n examples of a split: a fixed random choice, in the split's order."""
-    size = len(next(iter(data.values())))
+def subset(size: int, n: int) -> np.ndarray:
+    """The positions of at most n examples of a split of `size`: a fixed random choice, in the
+    split's order."""
     if n <= 0 or size <= n:
-        return data
-    idx = np.sort(np.random.Generator(np.random.PCG64(0)).choice(size, n, replace=False))
-    return {k: a[idx] for k, a in data.items()}
+        return np.arange(size)
+    return np.sort(np.random.Generator(np.random.PCG64(0)).choice(size, n, replace=False))

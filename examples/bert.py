@@ -19,12 +19,24 @@ SETTINGS = {"steps": 1250, "batch_size": 32, "eval_every": 250, "eval_examples":
             "eval_batch_size": 32}
 
 
-def load(split: str) -> dict[str, np.ndarray] | None:
+def split_windows(split: str) -> np.ndarray | None:
+    """Every window of a split (views of its text): one at each position to train, every T-th
+    to validate."""
     if split == "test":
         return None
     T = DIMS["T"]
     w = np.lib.stride_tricks.sliding_window_view(tokens(split), T)
-    return {"x": w if split == "train" else w[::T]}
+    return w if split == "train" else w[::T]
+
+
+def size(split: str) -> int | None:
+    w = split_windows(split)
+    return None if w is None else len(w)
+
+
+def rows(split: str, index: np.ndarray, rank: int, ranks: int) -> dict[str, np.ndarray]:
+    """The windows asked for (a rank's micro-batches), copied out of the text."""
+    return {"x": split_windows(split)[index]}
 
 
 if __name__ == "__main__":

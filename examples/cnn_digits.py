@@ -29,8 +29,12 @@ def splits() -> dict[str, dict[str, np.ndarray]]:
             "test": {"x": x[b:], "y": y[b:]}}
 
 
-def load(split: str) -> dict[str, np.ndarray]:
-    return splits()[split]
+def size(split: str) -> int:
+    return len(splits()[split]["y"])
+
+
+def rows(split: str, index: np.ndarray, rank: int, ranks: int) -> dict[str, np.ndarray]:
+    return {k: a[index] for k, a in splits()[split].items()}
 
 
 if __name__ == "__main__":

@@ -8,8 +8,8 @@ vocabulary is the characters present, sorted (103; '\\n' is token 0, where sampl
 
 A training example is the window x = text[i : i + T] and its targets y = text[i + 1 : i + T + 1];
 every position i starts one, so a batch draws windows at random positions, as nanoGPT's
-get_batch. The windows are views of the text, not copies. The validation windows do not
-overlap, so each held-out character is scored once.
+get_batch: `rows` cuts only the windows asked for, those of the calling rank's micro-batches.
+The validation windows do not overlap, so each held-out character is scored once.
 
     dslc train examples/gpt.bend            # or: python examples/gpt.py
 """
@@ -51,16 +51,27 @@ def tokens(split: str) -> np.ndarray:
 
 
 def windows(t: np.ndarray, T: int, stride: int) -> dict[str, np.ndarray]:
-    """x: windows of T tokens every `stride` positions, and y: each shifted by one."""
+    """x: windows of T tokens every `stride` positions, and y: each shifted by one (views of
+    t, not copies)."""
     w = np.lib.stride_tricks.sliding_window_view(t, T + 1)[::stride]
     return {"x": w[:, :-1], "y": w[:, 1:]}
 
 
-def load(split: str) -> dict[str, np.ndarray] | None:
+def split_windows(split: str) -> dict[str, np.ndarray] | None:
+    """Every window of a split: one at each position to train, every T-th to validate."""
     if split == "test":
         return None
     T = DIMS["T"]
     return windows(tokens(split), T, 1 if split == "train" else T)
+
+
+def size(split: str) -> int | None:
+    w = split_windows(split)
+    return None if w is None else len(w["x"])
+
+
+def rows(split: str, index: np.ndarray, rank: int, ranks: int) -> dict[str, np.ndarray]:
+    return {k: a[index] for k, a in split_windows(split).items()}
 
 
 def decode(tokens: np.ndarray) -> list[str]:

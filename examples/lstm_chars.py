@@ -2,7 +2,8 @@
 same split, as whole sequences.
 
 A name of k characters becomes x = '.' c1 … ck and y = c1 … ck '.', padded to the longest
-name plus one (14) with '.' in x and -100 in y, the target cross_entropy ignores.
+name plus one (14) with '.' in x and -100 in y, the target cross_entropy ignores. `rows`
+encodes only the names asked for: those of the calling rank's micro-batches.
 
     dslc train examples/lstm_chars.bend            # or: python examples/lstm_chars.py
 """
@@ -28,11 +29,16 @@ def sequences(words: list[str]) -> dict[str, np.ndarray]:
     return {"x": x, "y": y}
 
 
-def load(split: str) -> dict[str, np.ndarray]:
-    return sequences(splits()[split])
+def size(split: str) -> int:
+    return len(splits()[split])
 
 
-__all__ = ["DIMS", "SETTINGS", "HYPER", "load", "decode"]
+def rows(split: str, index: np.ndarray, rank: int, ranks: int) -> dict[str, np.ndarray]:
+    words = splits()[split]
+    return sequences([words[i] for i in index])
+
+
+__all__ = ["DIMS", "SETTINGS", "HYPER", "size", "rows", "decode"]
 
 if __name__ == "__main__":
     import sys

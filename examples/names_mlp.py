@@ -67,8 +67,17 @@ def contexts(words: list[str], T: int) -> dict[str, np.ndarray]:
     return {"x": np.ascontiguousarray(windows[at - T]), "y": tokens[at]}
 
 
-def load(split: str) -> dict[str, np.ndarray]:
-    return contexts(splits()[split], DIMS["T"])
+@functools.cache
+def examples(split: str, T: int) -> dict[str, np.ndarray]:
+    return contexts(splits()[split], T)
+
+
+def size(split: str) -> int:
+    return len(examples(split, DIMS["T"])["y"])
+
+
+def rows(split: str, index: np.ndarray, rank: int, ranks: int) -> dict[str, np.ndarray]:
+    return {k: a[index] for k, a in examples(split, DIMS["T"]).items()}
 
 
 def decode(tokens: np.ndarray) -> list[str]:

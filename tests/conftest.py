@@ -122,12 +122,14 @@ def user_error(r: _subprocess.CompletedProcess, *fragments: str) -> None:
         assert f in r.stderr, r.stderr
 
 
-def quick(tmp: _Path, example: _Path, **settings) -> _Path:
+def quick(tmp: _Path, example: _Path, dims: dict | None = None, **settings) -> _Path:
     """A copy of an example in tmp whose evaluations take 64 examples, that draws no samples,
-    and whose other SETTINGS are overridden by `settings`."""
+    and whose other SETTINGS are overridden by `settings`, and DIMS by `dims`."""
+    for sibling in (*example.parent.glob("*.py"), *example.parent.glob("*.bend")):
+        (tmp / sibling.name).write_text(sibling.read_text())   # (what loaders and models import)
     (tmp / "m.bend").write_text(example.read_text())
-    (tmp / "extra.py").write_text((example.parent / "extra.py").read_text())   # (loaders import it)
     override = {"eval_examples": 64, "samples": False, **settings}
     (tmp / "m.py").write_text(example.with_suffix(".py").read_text() +
-                              f"\nSETTINGS = {{**SETTINGS, **{override!r}}}\n")
+                              f"\nSETTINGS = {{**SETTINGS, **{override!r}}}\n" +
+                              (f"DIMS = {{**DIMS, **{dims!r}}}\n" if dims else ""))
     return tmp / "m.bend"

@@ -16,6 +16,7 @@ import pytest
 import dsl
 from conftest import dslc, quick, raises, user_error
 from dsl import distributed, safetensors
+from dsl.train import batch_indices
 
 ROOT = Path(__file__).resolve().parents[1]
 XOR = ROOT / "examples" / "xor.bend"
@@ -239,19 +240,54 @@ def test_a_batch_that_does_not_split_is_an_error():
 
 
 def trained(path: Path, tmp: Path, *args: str) -> dict[str, np.ndarray]:
-    """The weights, optimizer state and losses of `dslc train path --steps 3 ARGS` on the CPU
-    backend, from its final checkpoint."""
+    """The weights, optimizer state and losses of `dslc train path --steps 3 ARGS` on the
+    interpreter (tiny models train faster there than they compile), from its final checkpoint."""
     out = tmp / "_".join(args).replace("/", "_")
-    r = dslc("train", str(path), "--steps", "3", "--device", "cpu", "--checkpoint-dir", str(out),
+    r = dslc("train", str(path), "--steps", "3", "--device", "reference", "--checkpoint-dir", str(out),
              *args, timeout=120)
     assert r.returncode == 0, r.stderr
     tensors = safetensors.read(out / "step0000003.safetensors")
     return {k: a for k, a in tensors.items() if k.startswith(("p.", "opt")) or k == "loss"}
 
 
-@pytest.mark.parametrize("example", [XOR, NAMES], ids=["xor", "names_mlp"])
+def trainable() -> list[Path]:
+    """The examples that `dslc train` trains: a model that defines step, and a loader."""
+    return sorted(b for b in (ROOT / "examples").glob("*.bend")
+                  if "\ndef step(" in b.read_text() and b.with_suffix(".py").exists())
+
+
+# each example at sizes that compile and train in seconds; one not listed trains as it is
+TINY = {"gpt": {"D": 16, "L": 1, "H": 2, "G": 1, "T": 8}, "bert": {"D": 16, "L": 1, "H": 2, "G": 2, "T": 32},
+        "names_mlp": {"E": 4, "H": 16}, "lstm_chars": {"H": 8}, "cnn_digits": {"C1": 4, "C2": 4}}
+
+TRAIN_ONLY = """
+def _train_only(hook):
+    return lambda split, *args: hook(split, *args) if split == "train" else None
+
+
+if "size" in globals():
+    size = _train_only(size)
+else:
+    load = _train_only(load)
+"""
+
+
+def tiny(tmp: Path, example: Path) -> Path:
+    """A copy of the example at TINY's sizes, with batches of 8, and no split but the training
+    one: rank 0's final evaluation is no part of the promise, and the longest part of a run."""
+    path = quick(tmp, example, TINY.get(example.stem), batch_size=8, eval_examples=8)
+    with (tmp / "m.py").open("a") as f:
+        f.write(TRAIN_ONLY)
+    return path
+
+
+def test_every_trainable_example_is_found():
+    assert {"xor", "names_mlp", "cnn_digits", "lstm_chars", "gpt", "bert"} <= {b.stem for b in trainable()}
+
+
+@pytest.mark.parametrize("example", trainable(), ids=lambda b: b.stem)
 def test_one_two_and_four_ranks_train_the_same_bits(example, tmp_path):
-    path = quick(tmp_path, example)
+    path = tiny(tmp_path, example)
     one = trained(path, tmp_path, "--micro-batches", "4")
     for ranks in ("2", "4"):
         many = trained(path, tmp_path, "--micro-batches", "4", "--ranks", ranks)
@@ -261,11 +297,11 @@ def test_one_two_and_four_ranks_train_the_same_bits(example, tmp_path):
 
 
 def test_rank_0_alone_writes_and_a_run_resumes_on_another_rank_count(tmp_path):
-    path = quick(tmp_path, NAMES)
+    path = tiny(tmp_path, NAMES)
     straight = trained(path, tmp_path, "--micro-batches", "4")
     half = tmp_path / "half"
     r = dslc("train", str(path), "--steps", "1", "--micro-batches", "4", "--ranks", "2",
-             "--device", "cpu", "--checkpoint-dir", str(half), "--plot", str(tmp_path / "loss.png"),
+             "--device", "reference", "--checkpoint-dir", str(half), "--plot", str(tmp_path / "loss.png"),
              timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.count("trained") == 1 and r.stderr.count("training ") == 1
@@ -323,3 +359,73 @@ def test_without_mpi4py_ranks_are_an_error(tmp_path):
                "pip install 'dslc[distributed]'")
     user_error(dslc("train", str(XOR), "--steps", "1", env={**env, "PMI_SIZE": "2"}),
                "one of 2 ranks that mpiexec started, but mpi4py is not installed")
+
+
+# ---------------------------------------------------------------- examples on demand
+
+ON_DEMAND = """
+import os
+
+import numpy as np
+
+X = np.array([[0, 0], [0, 1], [1, 0], [1, 1]] * 4, np.float32)
+Y = np.array([0, 1, 1, 0] * 4, np.float32)
+DIMS = {"H": 8}
+SETTINGS = {"batch_size": 8, "samples": False}
+HYPER = {"lr": 0.5}
+
+
+def size(split):
+    return SIZE if split == "train" else None
+
+
+def rows(split, index, rank, ranks):
+    with open(os.path.join(os.path.dirname(__file__), f"asked{rank}"), "a") as f:
+        f.write(f"{ranks} {' '.join(map(str, index))}\\n")
+    return ROWS(index)
+
+
+SIZE, ROWS = 16, lambda index: {"x": X[index], "y": Y[index]}
+"""
+
+
+def on_demand(tmp_path: Path, tail: str = "") -> Path:
+    """xor on 16 examples fetched by size and rows, which note each rank's positions;
+    `tail` redefines what they give."""
+    (tmp_path / "m.bend").write_text(XOR.read_text())
+    (tmp_path / "m.py").write_text(ON_DEMAND + tail)
+    return tmp_path / "m.bend"
+
+
+def test_each_rank_asks_the_loader_for_its_own_micro_batches_only(tmp_path):
+    r = dslc("train", str(on_demand(tmp_path)), "--steps", "2", "--micro-batches", "4",
+             "--ranks", "2", "--device", "reference", "--checkpoint-dir", "", timeout=120)
+    assert r.returncode == 0, r.stderr
+    for rank in (0, 1):
+        asked = (tmp_path / f"asked{rank}").read_text().splitlines()
+        want = [batch_indices(0, t, 16, 8)[4 * rank:4 * rank + 4] for t in (0, 1)]
+        assert asked[:2] == ["2 " + " ".join(map(str, w)) for w in want]
+    assert len(asked) == 2                  # rank 1 does not evaluate: rank 0 asks for those
+
+
+def test_examples_on_demand_train_as_the_same_arrays_loaded(tmp_path):
+    (tmp_path / "whole").mkdir()
+    whole = on_demand(tmp_path / "whole", "del size, rows\n\n\ndef load(split):\n"
+                                          "    return {'x': X, 'y': Y} if split == 'train' else None\n")
+    a, b = (dsl.train(str(path), steps=3, progress=None, checkpoint_dir=None, final_eval=False,
+                      micro_batches=2) for path in (whole, on_demand(tmp_path)))
+    assert same_bits(a.params, b.params) and a.losses == b.losses
+
+
+@pytest.mark.parametrize("tail, message", [
+    ("del size\n", "m.py defines rows but not size: examples on demand need size(split)"),
+    ("SIZE = 0\n", "m.py: size('train') must be a number of examples (at least 1) or None, got 0"),
+    ("SIZE = 2.5\n", "size('train') must be a number of examples (at least 1) or None, got 2.5"),
+    ("ROWS = lambda index: {'x': X[:3], 'y': Y[:3]}\n",
+     "m.py: rows('train', …, 0, 1) gave 3 examples for 8 positions: x: f32[3, 2], y: f32[3]"),
+    ("ROWS = lambda index: [X[index]]\n", "rows('train', …, 0, 1) must return a dict of named arrays"),
+    ("ROWS = lambda index: 1 / 0\n", "rows('train', …, 0, 1) failed at line"),
+])
+def test_a_loader_on_demand_that_misbehaves_is_an_error(tmp_path, tail, message):
+    raises(lambda: dsl.train(str(on_demand(tmp_path, tail)), steps=1, progress=None,
+                             checkpoint_dir=None), message)

@@ -369,7 +369,7 @@ def test_an_example_without_its_extra_says_how_to_install_it(tmp_path, example, 
     r = subprocess.run([sys.executable, "-m", "dsl", "train", str(EXAMPLES / f"{example}.bend"), "--steps", "1",
                         "--checkpoint-dir", ""], capture_output=True, text=True, timeout=300,
                        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])})
-    user_error(r, f"examples/{example}.py load('train') failed at line ",
+    user_error(r, f"examples/{example}.py size('train') failed at line ",
                f": ImportError: this example needs the PyPI package '{package}': pip install 'dslc[examples]' "
                f"(or pip install {package})")
 
@@ -710,7 +710,7 @@ def test_full_names_mlp_matches_its_twin_within_0_02_nats(mlp_run):
     sys.path.insert(0, str(EXAMPLES))
     import names_mlp
     with torch.no_grad():
-        twin = mlp_loss(w, names_mlp.load("valid")).item()
+        twin = mlp_loss(w, names_mlp.examples("valid", names_mlp.DIMS["T"])).item()
     print(f"names_mlp valid loss: dslc {result.metrics['valid']['loss']:.4f}, PyTorch twin {twin:.4f}")
     assert abs(result.metrics["valid"]["loss"] - twin) < 0.02
 

@@ -174,7 +174,7 @@ def test_bert_corruption_is_15_percent_80_10_10():
 def test_bert_accuracy_is_the_fraction_of_masked_tokens_guessed():
     model = Model(str(BERT), dims=TINY_BERT)
     p, _ = model.init(0)
-    x = np.asarray(model.split("valid")["x"][:8])
+    x = np.asarray(model.split("valid").all()["x"][:8])
     V = p["wte"].shape[0]
     inputs, targets = model.prog.corrupt(dsl.key(1), x, V=V)
     with torch.no_grad():
@@ -199,7 +199,7 @@ def test_full_gpt_run_matches_its_twin_within_0_02_nats():
     p0, _ = Model(str(GPT)).init(0)
     w, _ = scheduled_adamw_twin(lambda w, b, t: gpt_loss(w, b, dims["rope"]), p0, batches, dims)
     with torch.no_grad():                             # the mean over every held-out window
-        valid = gpt_loader.load("valid")
+        valid = gpt_loader.split_windows("valid")
         twin = gpt_loss(w, valid, dims["rope"]).item()
     twin_time = time.perf_counter() - t0
     got = result.metrics["valid"]["loss"]
