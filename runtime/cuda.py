@@ -227,8 +227,9 @@ def usable() -> bool:
 
 
 def arch(drv) -> str:
-    """The PTX target for the device: sm_90 from Hopper on, sm_80 for Ampere and Ada."""
-    return "sm_90" if drv.capability >= (9, 0) else "sm_80"
+    """The PTX target for the device: its own architecture (sm_86 on an RTX 3090, sm_90 on an
+    H100), or the newest one nvptx.ARCHES has before it."""
+    return nvptx.arch_for(drv.capability)
 
 
 # ---------------------------------------------------------------------------------------------
