@@ -207,8 +207,10 @@ def _open_driver():
                            "dslc needs sm_80 or newer")
             continue
         return drv
+    installed = not reasons or any(not r.endswith("is not installed") for r in reasons)
     raise DslError(None, "device 'cuda' is not usable: " + ("; ".join(reasons) or
-                                                           f"unknown loader {wanted!r}"))
+                                                           f"unknown loader {wanted!r}") +
+                   ("" if installed else " (pip install cuda-bindings, or 'dslc[cuda]' for pycuda)"))
 
 
 @functools.cache
