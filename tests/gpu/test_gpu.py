@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import dsl
+from backend import nvptx
 from frontend.diagnostics import DslError
 from ir.numerics import CHUNK
 from runtime import cuda
@@ -191,6 +192,21 @@ def test_test_programs_are_bit_identical(name, seed):
     for wrt in [k for k, v in inputs.items() if any(np.asarray(a).dtype.kind == "f" for _, a in leaves(v))]:
         assert_same(gpu.value_and_grad("loss", wrt=wrt)(**inputs),
                     cpu.value_and_grad("loss", wrt=wrt)(**inputs))
+
+
+@pytest.mark.parametrize("arch", nvptx.ARCHES)
+def test_the_ptx_of_every_architecture_the_device_runs_gives_the_cpus_bits(arch, monkeypatch):
+    """The driver loads the PTX built for the device's own architecture and for each older one
+    (compiling it for the device), and each gives the CPU's bits: attention, forward and back."""
+    drv = cuda.driver()
+    if nvptx.capability_of(arch) > drv.capability:
+        pytest.skip(f"{drv.device_name} is sm_{drv.capability[0]}{drv.capability[1]}, older than {arch}")
+    monkeypatch.setattr(cuda, "arch", lambda _: arch)
+    inputs = programs.attention_inputs(0)
+    path = str(programs.PROGRAMS / "attention.bend")
+    gpu, cpu = dsl.load(path, device="cuda"), dsl.load(path, device="cpu")
+    wrt = next(iter(inputs))
+    assert_same(gpu.value_and_grad("loss", wrt=wrt)(**inputs), cpu.value_and_grad("loss", wrt=wrt)(**inputs))
 
 
 @pytest.mark.parametrize("name", EXAMPLES)
