@@ -49,13 +49,16 @@ from ir.ops.index import Take
 from ir.numerics import CHUNK, LANES
 
 TRIPLE = "nvptx64-nvidia-cuda"
-ARCHES = {"sm_80": "+ptx70", "sm_90": "+ptx80"}
+# The architectures PTX is built for, each with the first PTX ISA version that has it (the
+# oldest driver that can load it); a GPU between two of them runs the older one's PTX.
+ARCHES = {"sm_80": "+ptx70", "sm_86": "+ptx71", "sm_89": "+ptx78", "sm_90": "+ptx78",
+          "sm_100": "+ptx86", "sm_120": "+ptx87"}
 BLOCK = 256                                  # threads per block, every kernel
 WARP = 32
 MAX_BLOCKS = 65535 * 32                      # grids are grid-stride loops: more blocks add nothing
 MAX_GRID_X = 2 ** 31 - 1
 MAX_GRID_YZ = 65535
-SHARED_LIMIT = 48 * 1024                     # static shared memory per block (sm_80, sm_90)
+SHARED_LIMIT = 48 * 1024                     # static shared memory per block, every arch
 MAX_SECOND_LEVEL = 1024                      # chunk-of-chunk results one block keeps
 _lock = threading.Lock()
 
@@ -817,20 +820,42 @@ def module_ir(kernels: list[LoopKernel], matmuls: tuple[str, ...] = (), target: 
 
 def ptx(kernels: list[LoopKernel], arch: str = "sm_90", matmuls: tuple[str, ...] = (),
         gathers: tuple[tuple[str, str], ...] = ()) -> str:
-    """The PTX of the kernels (and contraction and gather kernels) for an architecture (sm_80
-    or sm_90)."""
+    """The PTX of the kernels (and contraction and gather kernels) for an architecture of
+    ARCHES."""
+    return assemble(str(module_ir(kernels, matmuls, gathers=gathers)), arch)
+
+
+def assemble(module: str, arch: str) -> str:
+    """An NVPTX module's LLVM IR (module_ir's text), optimised, as PTX for an architecture of
+    ARCHES: the same IR gives each architecture its PTX."""
+    if arch not in ARCHES:
+        raise ValueError(f"unknown GPU architecture {arch!r}: one of {', '.join(ARCHES)}")
     with _lock:
         llvm.initialize_all_targets()
         llvm.initialize_all_asmprinters()
-    text = str(module_ir(kernels, matmuls, gathers=gathers))
     machine = llvm.Target.from_triple(TRIPLE).create_target_machine(cpu=arch, features=ARCHES[arch],
                                                                     opt=3)
-    mod = llvm.parse_assembly(text)
+    mod = llvm.parse_assembly(module)
     mod.verify()
     pto = llvm.create_pipeline_tuning_options(speed_level=3)
     pb = llvm.create_pass_builder(machine, pto)
     pb.getModulePassManager().run(mod, pb)
     return machine.emit_assembly(mod)
+
+
+def arch_for(capability: tuple[int, int]) -> str:
+    """The architecture a device of this compute capability runs: its own where ARCHES has it,
+    else the newest one before it (the driver compiles PTX for any later GPU)."""
+    older = [a for a in ARCHES if capability_of(a) <= capability]
+    if not older:
+        raise ValueError(f"sm_{capability[0]}{capability[1]} is older than {next(iter(ARCHES))}")
+    return max(older, key=capability_of)
+
+
+def capability_of(arch: str) -> tuple[int, int]:
+    """sm_86 → (8, 6), sm_120 → (12, 0)."""
+    digits = arch.removeprefix("sm_")
+    return int(digits[:-1]), int(digits[-1])
 
 
 def ptxas(text: str, arch: str = "sm_90") -> str:

@@ -87,7 +87,9 @@ def cmd_doc(args: argparse.Namespace) -> int:
 
 
 def cmd_ir(args: argparse.Namespace) -> int:
-    print(dsl.load(args.file).ir(args.entry, args.dims, args.level), end="")
+    if args.arch and args.level != "ptx":
+        args.usage("--arch is for --level ptx")
+    print(dsl.load(args.file).ir(args.entry, args.dims, args.level, args.arch), end="")
     return 0
 
 
@@ -212,10 +214,21 @@ def launch_ranks(args: argparse.Namespace) -> int:
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
+    if args.arch and args.target != "ptx":
+        args.usage("--arch is for --target ptx")
     wrt = None if args.grad is None else parse_wrt(args.grad)
-    manifest = dsl.load(args.file).compile_to(args.entry, args.target, args.output, args.dims, wrt)
+    manifest = dsl.load(args.file).compile_to(args.entry, args.target, args.output, args.dims, wrt,
+                                              args.arch)
     print(f"{args.output}: {len(manifest['kernels'])} kernels, {len(manifest['steps'])} steps")
     return 0
+
+
+def gpu_arch(text: str) -> str:
+    """--arch sm_86: one of the architectures backend/nvptx.py builds PTX for."""
+    from backend.nvptx import ARCHES               # (llvmlite loads only when it is needed)
+    if text not in ARCHES:
+        raise argparse.ArgumentTypeError(f"expected one of {', '.join(ARCHES)}, got '{text}'")
+    return text
 
 
 def byte_size(text: str) -> int:
@@ -271,6 +284,8 @@ def cache_prune(args: argparse.Namespace) -> None:
 FILE = "a .bend file"
 ENTRY = "the entry point: a function of FILE with annotated parameters"
 SIZES = "every size the entry's types leave open: dimensions (B=4), list lengths, static parameters"
+ARCH = ("the GPU architecture to build the PTX for: sm_80, sm_86, sm_89, sm_90 (the default), "
+        "sm_100 or sm_120")
 DEVICE = ("where to run: auto (the GPU if one is usable, else the CPU; $DSLC_DEVICE overrides), "
           "cpu, cuda, or reference (the NumPy interpreter)")
 
@@ -315,7 +330,8 @@ def parser() -> argparse.ArgumentParser:
     ir.add_argument("--level", choices=["tensor", "loops", "llvm", "ptx"], default="tensor",
                     help="tensor (the tensor IR, the default), loops (the CPU kernels' loop IR and "
                     "host steps), llvm (their LLVM IR) or ptx (the GPU kernels)")
-    ir.set_defaults(run=cmd_ir)
+    ir.add_argument("--arch", type=gpu_arch, metavar="SM", help=ARCH)
+    ir.set_defaults(run=cmd_ir, usage=ir.error)
 
     grad = specialising(sub, "grad", summary="print the gradient program as .bend source",
                         description="Print the gradient of an entry point as a .bend program that "
@@ -337,9 +353,10 @@ def parser() -> argparse.ArgumentParser:
     comp.add_argument("--grad", metavar="PARAM",
                       help="compile the entry's value and its gradient with respect to this "
                       "parameter, or several separated by commas (q,k)")
+    comp.add_argument("--arch", type=gpu_arch, metavar="SM", help=ARCH + " (with --target ptx)")
     comp.add_argument("-o", "--output", required=True, metavar="OUT",
                       help="the folder to write into (made if missing)")
-    comp.set_defaults(run=cmd_compile)
+    comp.set_defaults(run=cmd_compile, usage=comp.error)
 
     run = sub.add_parser("run", help="run an entry point on arrays from a file",
                          description="Run an entry point on named arrays and print its result, or "

@@ -41,10 +41,12 @@ class Compiled:
         it for its tensor IR."""
         return self._program.lower(self.__name__, args, kwargs)[0]
 
-    def ir(self, level: str = "tensor", dims: dict[str, int] | None = None) -> str:
+    def ir(self, level: str = "tensor", dims: dict[str, int] | None = None,
+           arch: str | None = None) -> str:
         """What `prog.ir` and `dslc ir` print: a stage of compilation ('tensor', 'loops', 'llvm',
-        'ptx'), for `dims` or else for the inputs of the last call or lower()."""
-        return self._program.ir(self.__name__, dims, level)
+        'ptx', for the GPU architecture `arch`), for `dims` or else for the inputs of the last
+        call or lower()."""
+        return self._program.ir(self.__name__, dims, level, arch)
 
     def source(self, grad: str | tuple[str, ...] | None = None,
                dims: dict[str, int] | None = None) -> str:

@@ -279,15 +279,17 @@ class Program:
         return "\n\n".join([*decls, text])
 
     def compile_to(self, name: str, target: str, out: str, dims: dict[str, int] | None = None,
-                   grad: str | tuple[str, ...] | None = None) -> dict:
+                   grad: str | tuple[str, ...] | None = None, arch: str | None = None) -> dict:
         """Write an entry point's kernels into the folder `out` (object code for 'cpu', PTX for
-        'ptx') with manifest.json: parameters, results, kernels with their buffers and launch
-        shapes, and the steps that run them. Returns the manifest."""
+        'ptx', for the GPU architecture `arch`, default sm_90) with manifest.json: parameters,
+        results, kernels with their buffers and launch shapes, and the steps that run them.
+        Returns the manifest."""
         import json
         from backend import cpu, nvptx, schedule
         from runtime.cuda import gpu_kernels
         if target not in TARGETS:
             raise DslError(None, f"target= is one of {', '.join(TARGETS)}, got {target!r}")
+        arch = gpu_arch(arch, target == "ptx", "target='ptx'")
         d = self._def(name)
         low, inputs = self._specialised(d, dims)
         fn = low.function
@@ -323,8 +325,8 @@ class Program:
                                    "block": shape.block, "grid": shape.grid}
             kernels.append(entry)
         if gpu:
-            (folder / "kernels.ptx").write_text(nvptx.ptx(gpu.kernels, matmuls=gpu.matmuls,
-                                                          gathers=gpu.gather_kernels))
+            (folder / "kernels.ptx").write_text(nvptx.ptx(gpu.kernels, arch, gpu.matmuls,
+                                                          gpu.gather_kernels))
         else:
             mod = llvm_module(cpu.module_ir(plan.kernels))
             (folder / "kernels.o").write_bytes(cpu.target_machine().emit_object(mod))
@@ -356,6 +358,7 @@ class Program:
             "steps": [step_entry(s) for s in plan.steps],
         }
         if gpu:
+            manifest["arch"] = arch
             manifest["matmul_entries"] = [e for e in gpu.entries if e.startswith("dslc_matmul_")]
             manifest["gather_entries"] = [nvptx.gather_entry(*g) for g in gpu.gather_kernels]
         (folder / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
@@ -367,12 +370,15 @@ class Program:
         and static values (dsl/inputs.py checks them)."""
         return from_arrays(name, self._def(name), self._resolved.main, arrays, statics)
 
-    def ir(self, name: str, dims: dict[str, int] | None = None, level: str = "tensor") -> str:
+    def ir(self, name: str, dims: dict[str, int] | None = None, level: str = "tensor",
+           arch: str | None = None) -> str:
         """An entry point at a stage of compilation, as text: 'tensor' (the IR), 'loops' (the
-        CPU kernels' loop IR and host steps) or 'llvm' (their LLVM IR)."""
+        CPU kernels' loop IR and host steps), 'llvm' (their LLVM IR) or 'ptx' (the GPU kernels
+        for the architecture `arch`, default sm_90)."""
         from ir import printer
         if level not in LEVELS:
             raise DslError(None, f"level= is one of {', '.join(LEVELS)}, got {level!r}")
+        arch = gpu_arch(arch, level == "ptx", "level='ptx'")
         low, _ = self._specialised(self._def(name), dims)
         if level == "tensor":
             return printer.to_text(low.function)
@@ -385,7 +391,7 @@ class Program:
             from backend import nvptx
             from runtime.cuda import gpu_kernels
             gpu = gpu_kernels(plan, name)
-            return nvptx.ptx(gpu.kernels, matmuls=gpu.matmuls, gathers=gpu.gather_kernels)
+            return nvptx.ptx(gpu.kernels, arch, gpu.matmuls, gpu.gather_kernels)
         def text(s) -> str:
             if isinstance(s, schedule.KernelStep):
                 return loops.to_text(s.kernel)
@@ -468,6 +474,19 @@ LEVELS = ("tensor", "loops", "llvm", "ptx")     # what Program.ir shows
 TARGETS = ("cpu", "ptx")                         # what Program.compile_to writes
 NUMERICS = ("exact", "fast")                    # what Program.compile takes; 'fast' is not built
 DEVICES = ("auto", "cpu", "cuda", "reference")   # auto: $DSLC_DEVICE, else the GPU if usable, else the CPU
+
+
+def gpu_arch(arch: str | None, ptx: bool, needs: str) -> str | None:
+    """The GPU architecture PTX is built for (sm_90 unless `arch` names another of
+    nvptx.ARCHES); an arch given where no PTX is built is an error saying what it `needs`."""
+    from backend.nvptx import ARCHES
+    if arch is None:
+        return "sm_90" if ptx else None
+    if not ptx:
+        raise DslError(None, f"arch= is for PTX: it needs {needs}")
+    if arch not in ARCHES:
+        raise DslError(None, f"arch= is one of {', '.join(ARCHES)}, got {arch!r}")
+    return arch
 
 
 def pick_device(device: str) -> str:

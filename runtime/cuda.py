@@ -207,8 +207,10 @@ def _open_driver():
                            "dslc needs sm_80 or newer")
             continue
         return drv
+    installed = not reasons or any(not r.endswith("is not installed") for r in reasons)
     raise DslError(None, "device 'cuda' is not usable: " + ("; ".join(reasons) or
-                                                           f"unknown loader {wanted!r}"))
+                                                           f"unknown loader {wanted!r}") +
+                   ("" if installed else " (pip install cuda-bindings, or 'dslc[cuda]' for pycuda)"))
 
 
 @functools.cache
@@ -227,8 +229,9 @@ def usable() -> bool:
 
 
 def arch(drv) -> str:
-    """The PTX target for the device: sm_90 from Hopper on, sm_80 for Ampere and Ada."""
-    return "sm_90" if drv.capability >= (9, 0) else "sm_80"
+    """The PTX target for the device: its own architecture (sm_86 on an RTX 3090, sm_90 on an
+    H100), or the newest one nvptx.ARCHES has before it."""
+    return nvptx.arch_for(drv.capability)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -133,3 +133,34 @@ def quick(tmp: _Path, example: _Path, dims: dict | None = None, **settings) -> _
                               f"\nSETTINGS = {{**SETTINGS, **{override!r}}}\n" +
                               (f"DIMS = {{**DIMS, **{dims!r}}}\n" if dims else ""))
     return tmp / "m.bend"
+
+
+# ---------------------------------------------------------------- the examples, small
+
+# Small sizes for every example's dimension names (one letter means one thing per example).
+EXAMPLE_DIMS = {"B": 4, "N": 2, "T": 8, "L": 2, "V": 11, "D": 16, "H": 2, "G": 1, "E": 4,
+                "C1": 4, "C2": 8, "P": 8, "rope": True, "p.blocks": 2}
+EXAMPLES = sorted(p.stem for p in (_Path(__file__).parents[1] / "examples").glob("*.bend")
+                  if "def init(" in p.read_text() and "def loss(" in p.read_text())
+
+
+def example_case(name: str, device: str):
+    """An example program on `device`, its parameters from its own init, and random inputs
+    for loss: (program, loss's arguments, the name of its parameters)."""
+    import dataclasses
+    import numpy as np
+    import dsl
+    from dsl.inputs import example_inputs
+    prog = dsl.load(str(_Path(__file__).parents[1] / "examples" / f"{name}.bend"), device=device)
+    init = prog._def("init")
+    statics = {p.name: EXAMPLE_DIMS[p.name] for p in init.params if p.name != "key"}
+    params = prog.init(dsl.key(0), **statics)
+    d = prog._def("loss")
+    first, *rest = d.params                 # the parameters, then the data
+    args = example_inputs(dataclasses.replace(d, params=rest), prog._resolved.main, EXAMPLE_DIMS)
+    rng = np.random.default_rng(0)
+    for arg, a in args.items():
+        if isinstance(a, np.ndarray):       # indices 0 and 1 are in range for every example
+            args[arg] = (rng.standard_normal(a.shape).astype(a.dtype) if a.dtype.kind == "f"
+                          else rng.integers(0, 2, a.shape).astype(a.dtype))
+    return prog, {first.name: params, **args}, first.name

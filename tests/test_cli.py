@@ -599,3 +599,61 @@ def test_a_bad_cap_in_the_environment_is_a_user_error(cache_root: Path, monkeypa
     monkeypatch.setenv("DSLC_CACHE_MAX_SIZE", "2 gigs")
     assert_user_error(dslc(*command), "error: DSLC_CACHE_MAX_SIZE: expected a size such as 1024, "
                                       "500M or 2G, got '2 gigs'")
+
+
+# ---------------------------------------------------------------- GPU architectures
+
+@pytest.mark.parametrize("arch, version", [(None, "7.8"), ("sm_80", "7.0"), ("sm_86", "7.1"),
+                                           ("sm_120", "8.7")])
+def test_compile_and_ir_build_ptx_for_the_architecture_asked_for(tmp_path: Path, arch, version):
+    """--arch (default sm_90) is the PTX's target, with that target's first PTX ISA version, in
+    kernels.ptx, in the manifest and in `ir --level ptx`."""
+    import json
+    import shutil
+    given = ["--arch", arch] if arch else []
+    out = tmp_path / "out"
+    r = dslc("compile", str(MLP), "--entry", "loss", "--dims", "B=4,D=3,H=5,C=2", "--target", "ptx",
+             "-o", str(out), *given)
+    assert r.returncode == 0, r.stderr
+    header = f"\n.version {version}\n.target {arch or 'sm_90'}\n"
+    assert header in (out / "kernels.ptx").read_text()
+    assert json.loads((out / "manifest.json").read_text())["arch"] == (arch or "sm_90")
+    r = dslc("ir", str(MLP), "--entry", "loss", "--dims", "B=4,D=3,H=5,C=2", "--level", "ptx", *given)
+    assert r.returncode == 0 and header in r.stdout, r.stderr
+    if shutil.which("ptxas"):
+        from backend import nvptx
+        nvptx.ptxas((out / "kernels.ptx").read_text(), arch or "sm_90")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["compile", "--target", "ptx", "--arch", "sm_75"],
+     "argument --arch: expected one of sm_80, sm_86, sm_89, sm_90, sm_100, sm_120, got 'sm_75'"),
+    (["compile", "--arch", "sm_86"], "--arch is for --target ptx"),
+    (["ir", "--level", "llvm", "--arch", "sm_86"], "--arch is for --level ptx"),
+])
+def test_an_arch_that_is_not_built_or_not_for_ptx_is_a_usage_error(tmp_path: Path, args, message):
+    command, *rest = args
+    r = dslc(command, str(MLP), "--entry", "loss", "--dims", "B=4,D=3,H=5,C=2", *rest,
+             *(["-o", str(tmp_path)] if command == "compile" else []))
+    assert r.returncode == 2 and r.stderr.endswith(f"error: {message}\n"), r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_the_help_of_arch_names_every_architecture():
+    from backend.nvptx import ARCHES
+    from dsl.cli import ARCH
+    assert [a for a in ARCHES if a not in ARCH] == []
+
+
+def test_the_api_builds_ptx_for_an_architecture_and_refuses_others(tmp_path: Path):
+    import dsl
+    from conftest import raises
+    prog = dsl.load(str(MLP))
+    dims = {"B": 4, "D": 3, "H": 5, "C": 2}
+    assert "\n.target sm_89\n" in prog.ir("loss", dims, "ptx", arch="sm_89")
+    assert prog.compile_to("loss", "ptx", str(tmp_path), dims, arch="sm_100")["arch"] == "sm_100"
+    raises(lambda: prog.ir("loss", dims, "ptx", arch="sm_70"),
+           "arch= is one of sm_80, sm_86, sm_89, sm_90, sm_100, sm_120, got 'sm_70'")
+    raises(lambda: prog.compile_to("loss", "cpu", str(tmp_path), dims, arch="sm_80"),
+           "arch= is for PTX: it needs target='ptx'")
+    raises(lambda: prog.compile("loss").ir("llvm", dims, arch="sm_80"), "it needs level='ptx'")

@@ -3,6 +3,7 @@ sm_80 and sm_90 and accepted by ptxas; launch shapes within the chips' limits; n
 that LLVM cannot select on NVPTX (math functions are the math library's own code)."""
 from __future__ import annotations
 
+import functools
 import re
 import shutil
 import sys
@@ -19,25 +20,16 @@ from ir.ad import grad_function
 from ir.core import Builder, tensor_type
 from ir.numerics import CHUNK
 from ir.ops.index import ScatterAdd, Take
-from runtime.cuda import copy_kernel
+from runtime.cuda import GpuKernels, gpu_kernels
 from ir.ops.shape import SliceSpec
-from ir.passes import optimize
+from ir.passes import for_backends, optimize
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 import test_programs as programs  # noqa: E402
+from conftest import EXAMPLES, example_case  # noqa: E402
 
 needs_ptxas = pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas is not on the PATH")
-
-CASES = {
-    "mlp": lambda: (programs.load("mlp"), programs.mlp_inputs(0)),
-    "layer_norm": lambda: (programs.load("layer_norm"), programs.layer_norm_inputs(0)),
-    "attention": lambda: (programs.load("attention"), programs.attention_inputs(0)),
-    "lstm": lambda: (programs.load("lstm"), programs.lstm_inputs(0)),
-    "conv2d": lambda: (programs.load("conv2d"), programs.conv_inputs(0)),
-    "gpt": lambda: gpt(),
-    "xor": lambda: xor(),
-}
 
 
 def gpt():
@@ -47,43 +39,74 @@ def gpt():
                                 {"B": 2, "T": 8, "D": 16, "V": 11, "H": 2, "p.blocks": 2})
 
 
-def xor():
-    import numpy as np
-    prog = dsl.load(str(ROOT / "examples" / "xor.bend"))
-    p = prog.init(dsl.key(0), H=4)
-    return prog, {"p": p, "x": np.zeros((4, 2), np.float32), "y": np.zeros(4, np.float32)}
+def example(name: str):
+    prog, args, _ = example_case(name, "cpu")
+    return prog, args
 
 
-def kernels(fn, name):
-    """The kernels of fn and of the scan and checkpoint bodies it holds, and the GPU
-    runtime's strided copies for its transposes and broadcasts."""
+CASES = {
+    "mlp": lambda: (programs.load("mlp"), programs.mlp_inputs(0)),
+    "layer_norm": lambda: (programs.load("layer_norm"), programs.layer_norm_inputs(0)),
+    "attention": lambda: (programs.load("attention"), programs.attention_inputs(0)),
+    "lstm": lambda: (programs.load("lstm"), programs.lstm_inputs(0)),
+    "conv2d": lambda: (programs.load("conv2d"), programs.conv_inputs(0)),
+    "gpt_benchmark": lambda: gpt(),
+    **{name: functools.partial(example, name) for name in EXAMPLES},
+}
+CI_ARCHES = ("sm_80", "sm_90")          # every program for these; every kernel class for all
+REGISTERS = 64 * 1024                   # 32-bit registers per block, sm_80 to sm_120
+MATMULS = ("f32", "f64")                # the contraction kernels' dtypes
+# each architecture's first PTX ISA version (NVIDIA's PTX ISA, "PTX ISA notes" per target)
+ARCH_PTX = {"sm_80": "7.0", "sm_86": "7.1", "sm_89": "7.8", "sm_90": "7.8", "sm_100": "8.6",
+            "sm_120": "8.7"}
+
+
+def gpu_parts(fn, name) -> list[GpuKernels]:
+    """What the GPU runtime compiles for fn: its plan's kernels, contractions and gathers, and
+    those of each scan and checkpoint body it holds."""
+    fn = for_backends(fn)
     plan = schedule.schedule(fn, name)
-    out = list(plan.kernels) + [k for i, s in enumerate(plan.steps)
-                                if not isinstance(s, (schedule.KernelStep, schedule.ContractStep))
-                                and (k := copy_kernel(f"{name}_copy{i}", s.op)) is not None]
-    for i, op in enumerate(fn.ops):
-        if op.body is not None:
-            out += kernels(op.body, f"{name}_b{i}")
+    out = [gpu_kernels(plan, name)]
+    for i, step in enumerate(plan.steps):
+        if isinstance(step, schedule.HostStep) and step.op.body is not None:
+            out += gpu_parts(step.op.body, f"{name}_b{i}")
     return out
 
 
+def within_limits(text: str, report: str, launches: list) -> None:
+    """Each launch's entry is in the PTX, and its block, grid, registers (ptxas's count) and
+    static shared memory fit every architecture's limits."""
+    used = dict(re.findall(r"Compiling entry function '(\w+)'.*?Used (\d+) registers", report, re.S))
+    for shape in launches:
+        grid = shape.grid if isinstance(shape.grid, tuple) else (shape.grid, 1, 1)
+        assert f".entry {shape.entry}(" in text
+        assert shape.block <= 1024 and grid[0] <= nvptx.MAX_GRID_X and max(grid[1:]) <= nvptx.MAX_GRID_YZ
+        assert shape.shared <= nvptx.SHARED_LIMIT
+        assert int(used[shape.entry]) * shape.block <= REGISTERS, (shape.entry, used[shape.entry])
+
+
 @needs_ptxas
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 @pytest.mark.parametrize("name", CASES)
-def test_every_kernel_assembles(name, arch):
+def test_every_kernel_assembles(name):
+    """The forward and backward kernels of a program, as the runtime compiles them: the LLVM
+    IR built once, its PTX for each architecture of CI_ARCHES through ptxas. (The contraction
+    kernels, the same for every program, are test_reductions_and_contractions_….)"""
     prog, args = CASES[name]()
     low, _ = prog.lower("loss", (), args)
     grad = optimize(grad_function(low.function, list(range(len(low.function.params)))[:1] or [0]))
-    ks = kernels(low.function, f"{name}_f") + kernels(grad, f"{name}_g")
+    parts = gpu_parts(low.function, f"{name}_f") + gpu_parts(grad, f"{name}_g")
+    ks = [k for p in parts for k in p.kernels]
+    gathers = tuple(sorted({g for p in parts for g in p.gather_kernels}, key=lambda g: (g[0].name, g[1])))
     assert ks, "nothing to compile"
-    text = nvptx.ptx(ks, arch)
-    assert not re.search(r"\bcall(\.uni)?\s", text), "a call reached the PTX"
-    nvptx.ptxas(text, arch)
-    for k in ks:
-        shape = nvptx.launch(k)
-        assert shape.block <= 1024 and shape.grid <= nvptx.MAX_GRID_X
-        assert shape.shared <= nvptx.SHARED_LIMIT
-        assert f".entry {shape.entry}(" in text
+    assert {d for p in parts for d in p.matmuls} <= set(MATMULS), "a contraction kernel no test assembles"
+    module = str(nvptx.module_ir(ks, gathers=gathers))
+    launches = [s for p in parts for s in p.launches.values()] + \
+        [nvptx.gather_launch(*g, 10 ** 9) for g in gathers]
+    for arch in CI_ARCHES:
+        text = nvptx.assemble(module, arch)
+        assert f"\n.target {arch}\n" in text
+        assert not re.search(r"\bcall(\.uni)?\s", text), "a call reached the PTX"
+        within_limits(text, nvptx.ptxas(text, arch), launches)
 
 
 def reduction(name, dtype, outer, n, combine="add", columns=False, count=None):
@@ -137,30 +160,36 @@ REDUCTIONS = [
 ]
 
 
+@functools.cache
+def kernel_classes() -> str:
+    """The LLVM IR of every reduction shape class and both contraction kernels, built once."""
+    return str(nvptx.module_ir(REDUCTIONS, MATMULS))
+
+
 @needs_ptxas
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("arch", nvptx.ARCHES)
 def test_reductions_and_contractions_assemble_within_the_limits(arch):
-    """Every reduction shape class and both contraction kernels pass ptxas, with the shared
-    memory the launch shape declares, no spills in f32, and the canonical tree as shuffles."""
-    text = nvptx.ptx(REDUCTIONS, arch, matmuls=("f32", "f64"))
+    """For every architecture: every reduction shape class and both contraction kernels pass
+    ptxas, with the shared memory the launch shape declares, registers for a whole block, no
+    spills in f32, and the canonical tree as shuffles."""
+    text = nvptx.assemble(kernel_classes(), arch)
+    assert re.search(rf"^\.version {ARCH_PTX[arch]}\n\.target {arch}\n", text, re.M)
     report = nvptx.ptxas(text, arch)
+    within_limits(text, report, [nvptx.launch(k) for k in REDUCTIONS] +
+                  [nvptx.matmul_launch(d, 1, m, m) for d in MATMULS for m in (4096, 64)])
     usage = dict(re.findall(r"Compiling entry function '(\w+)'.*?Used \d+ registers.*?(\d+ bytes smem|\n)",
                             report, re.S))
     for k in REDUCTIONS:
         shape = nvptx.launch(k)
-        assert shape.block <= 1024 and 1 <= shape.grid <= nvptx.MAX_GRID_X
-        assert shape.shared <= nvptx.SHARED_LIMIT
         smem = usage[shape.entry]
         assert (int(smem.split()[0]) if "smem" in smem else 0) >= shape.shared
         body = text.split(f".entry {shape.entry}(")[1].split("\n}\n")[0]
         assert body.count("shfl.sync.down") >= 5, "the halving tree is five shuffles"
-    for dtype in ("f32", "f64"):
+    for dtype in MATMULS:
         for batch, m, n, tiles in ((3, 4096, 4096, "large"), (8, 64, 64, "small")):
             shape = nvptx.matmul_launch(dtype, batch, m, n)
             assert shape.entry == f"dslc_matmul_{dtype}_{tiles}"
-            assert shape.block <= 1024 and max(shape.grid[1:]) <= nvptx.MAX_GRID_YZ
-            assert shape.shared <= nvptx.SHARED_LIMIT
-            assert f".entry {shape.entry}(" in text
+            assert max(shape.grid[1:]) <= nvptx.MAX_GRID_YZ
             assert int(usage[shape.entry].split()[0]) == shape.shared
     for tiles in nvptx.TILES:
         entry = nvptx.matmul_entry("f32", tiles)
@@ -263,3 +292,18 @@ def test_the_manifest_lists_gathers_as_gpu_kernels(tmp_path):
     text = (tmp_path / "kernels.ptx").read_text()
     assert manifest["gather_entries"] and all(f".entry {e}(" in text for e in manifest["gather_entries"])
     nvptx.ptxas(text)
+
+
+@pytest.mark.parametrize("capability, arch", [((8, 0), "sm_80"), ((8, 6), "sm_86"), ((8, 7), "sm_86"),
+                                              ((8, 9), "sm_89"), ((9, 0), "sm_90"), ((10, 0), "sm_100"),
+                                              ((10, 3), "sm_100"), ((11, 0), "sm_100"),
+                                              ((12, 0), "sm_120"), ((12, 1), "sm_120"), ((13, 0), "sm_120")])
+def test_a_device_runs_its_own_architecture_or_the_newest_before_it(capability, arch):
+    assert nvptx.arch_for(capability) == arch
+
+
+def test_an_architecture_older_than_sm_80_is_refused():
+    with pytest.raises(ValueError, match="sm_75 is older than sm_80"):
+        nvptx.arch_for((7, 5))
+    with pytest.raises(ValueError, match="unknown GPU architecture 'sm_75': one of sm_80, sm_86"):
+        nvptx.assemble("", "sm_75")

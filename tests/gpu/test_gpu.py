@@ -3,7 +3,6 @@ bits (docs/numerics.md), outputs and gradients; the runtime's failures are DslEr
 where no GPU is usable; scripts/gpu-check runs these on a machine that has one."""
 from __future__ import annotations
 
-import dataclasses
 import sys
 from pathlib import Path
 
@@ -11,7 +10,7 @@ import numpy as np
 import pytest
 
 import dsl
-from dsl.inputs import example_inputs
+from backend import nvptx
 from frontend.diagnostics import DslError
 from ir.numerics import CHUNK
 from runtime import cuda
@@ -19,6 +18,7 @@ from runtime import cuda
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 import test_programs as programs  # noqa: E402
+from conftest import EXAMPLES, example_case  # noqa: E402
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not cuda.usable(), reason="no usable NVIDIA GPU")]
@@ -194,28 +194,19 @@ def test_test_programs_are_bit_identical(name, seed):
                     cpu.value_and_grad("loss", wrt=wrt)(**inputs))
 
 
-# Small sizes for every example's dimension names (one letter means one thing per example).
-EXAMPLE_DIMS = {"B": 4, "N": 2, "T": 8, "L": 2, "V": 11, "D": 16, "H": 2, "G": 1, "E": 4,
-                "C1": 4, "C2": 8, "P": 8, "rope": True, "p.blocks": 2}
-EXAMPLES = sorted(p.stem for p in (ROOT / "examples").glob("*.bend")
-                  if "def init(" in p.read_text() and "def loss(" in p.read_text())
-
-
-def example_case(name: str, device: str):
-    """An example program, its parameters from its own init, and random inputs for loss."""
-    prog = dsl.load(str(ROOT / "examples" / f"{name}.bend"), device=device)
-    init = prog._def("init")
-    statics = {p.name: EXAMPLE_DIMS[p.name] for p in init.params if p.name != "key"}
-    params = prog.init(dsl.key(0), **statics)
-    d = prog._def("loss")
-    first, *rest = d.params                 # the parameters, then the data
-    args = example_inputs(dataclasses.replace(d, params=rest), prog._resolved.main, EXAMPLE_DIMS)
-    rng = np.random.default_rng(0)
-    for arg, a in args.items():
-        if isinstance(a, np.ndarray):       # indices 0 and 1 are in range for every example
-            args[arg] = (rng.standard_normal(a.shape).astype(a.dtype) if a.dtype.kind == "f"
-                          else rng.integers(0, 2, a.shape).astype(a.dtype))
-    return prog, {first.name: params, **args}, first.name
+@pytest.mark.parametrize("arch", nvptx.ARCHES)
+def test_the_ptx_of_every_architecture_the_device_runs_gives_the_cpus_bits(arch, monkeypatch):
+    """The driver loads the PTX built for the device's own architecture and for each older one
+    (compiling it for the device), and each gives the CPU's bits: attention, forward and back."""
+    drv = cuda.driver()
+    if nvptx.capability_of(arch) > drv.capability:
+        pytest.skip(f"{drv.device_name} is sm_{drv.capability[0]}{drv.capability[1]}, older than {arch}")
+    monkeypatch.setattr(cuda, "arch", lambda _: arch)
+    inputs = programs.attention_inputs(0)
+    path = str(programs.PROGRAMS / "attention.bend")
+    gpu, cpu = dsl.load(path, device="cuda"), dsl.load(path, device="cpu")
+    wrt = next(iter(inputs))
+    assert_same(gpu.value_and_grad("loss", wrt=wrt)(**inputs), cpu.value_and_grad("loss", wrt=wrt)(**inputs))
 
 
 @pytest.mark.parametrize("name", EXAMPLES)

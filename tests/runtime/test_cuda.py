@@ -40,6 +40,7 @@ class FakeDriver:
         self.uploads = self.allocs = self.launches = self.synchronized = 0
         self.pointers: list[list[int]] = []          # each launch's device pointers
         self.downloaded: list[np.dtype] = []
+        self.uploaded: list[tuple[str, tuple[int, ...]]] = []    # each upload's dtype and shape
         self.fail_launch: str | None = None
         self.fail_alloc_over: int | None = None
         self.never_done = False
@@ -72,6 +73,7 @@ class FakeDriver:
 
     def upload(self, ptr, array):
         self.uploads += 1
+        self.uploaded.append((array.dtype.name, array.shape))
         ctypes.memmove(ptr, array.ctypes.data, array.nbytes)
 
     def download(self, array, ptr):
@@ -735,3 +737,72 @@ def test_a_result_stays_alive_while_a_consumer_holds_its_capsule(fake):
     del unconsumed
     gc.collect()
     assert alive() is None and ptr in cuda._memory(fake).free_lists[24]
+
+
+# ---------------------------------------------------------------- the command line on a fake GPU
+
+from conftest import dslc, quick, user_error  # noqa: E402
+from dsl import cli, values  # noqa: E402
+from dsl.safetensors import read_with_metadata  # noqa: E402
+
+EXAMPLES = ROOT / "examples"
+
+
+def test_dslc_run_on_the_gpu_writes_the_cpus_bits(fake, tmp_path):
+    inputs = programs.mlp_inputs(0)
+    np.savez(tmp_path / "in.npz", **{k: a for name, v in inputs.items()
+                                     for k, a in values.flatten_python(v, name).items()})
+    for device in ("cuda", "cpu"):
+        assert cli.main(["run", str(programs.PROGRAMS / "mlp.bend"), "--entry", "loss", "--inputs",
+                         str(tmp_path / "in.npz"), "--device", device, "-o", str(tmp_path / f"{device}.npz")]) == 0
+    assert fake.launches > 0
+    with np.load(tmp_path / "cuda.npz") as got, np.load(tmp_path / "cpu.npz") as want:
+        assert_same(dict(got), dict(want))
+
+
+@pytest.mark.parametrize("example", ["xor", "names_mlp"])
+def test_dslc_train_on_the_gpu_writes_the_cpus_checkpoint(fake, tmp_path, capsys, example):
+    """Three steps, an evaluation between them and the final report, on the GPU and on the
+    CPU: the same weights, optimizer state and losses, bit for bit, in the checkpoint."""
+    model = quick(tmp_path, EXAMPLES / f"{example}.bend", eval_every=2, batch_size=16)
+    small = ["--dims", "H=16"] if example == "names_mlp" else []
+    for device in ("cuda", "cpu"):
+        assert cli.main(["train", str(model), "--steps", "3", "--device", device, *small,
+                         "--checkpoint-dir", str(tmp_path / device)]) == 0
+    reports = capsys.readouterr().out.split(f"trained {model}")
+    assert fake.launches > 0 and reports[1].split("  time")[0] == reports[2].split("  time")[0]
+    got, got_meta = read_with_metadata(str(tmp_path / "cuda" / "step0000003.safetensors"))
+    want, want_meta = read_with_metadata(str(tmp_path / "cpu" / "step0000003.safetensors"))
+    assert got_meta == want_meta and list(got) == list(want)
+    assert_same(got, want)
+
+
+def test_training_keeps_parameters_and_optimizer_state_on_the_gpu(fake, tmp_path):
+    """After the first step, a step uploads its batch (x, y), its learning rate and the int64
+    indices of its gathers only: the parameters and AdamW's state go from step to step as
+    DeviceArrays."""
+    counts = []
+    result = dsl.train(str(quick(tmp_path, EXAMPLES / "names_mlp.bend")), steps=4, device="cuda",
+                       checkpoint_dir=None, progress=None, final_eval=False,
+                       on_step=lambda t, batch, loss: counts.append(fake.uploads))
+    for first, last in zip(counts[1:], counts[2:]):
+        step = fake.uploaded[first:last]
+        assert step[:3] == [("int32", (64, 3)), ("int32", (64,)), ("float32", ())]
+        assert step[3:] and all(dtype == "int64" for dtype, _ in step[3:]), step
+    state = {**values.flatten_python(result.params, "p", lambda a: a),
+             **values.flatten_python(result.opt_state, "opt", lambda a: a)}
+    assert len(state) == 16 and all(isinstance(a, cuda.DeviceArray) for a in state.values())
+
+
+@pytest.mark.skipif(cuda.usable(), reason="this machine has a usable GPU")
+@pytest.mark.parametrize("command", ["run", "train"])
+def test_dslc_on_a_missing_gpu_says_what_is_missing(tmp_path, command):
+    np.savez(tmp_path / "in.npz", x=np.ones(3, np.float32))
+    (tmp_path / "f.bend").write_text("def f(x: f32[N]) -> f32[N]:\n  return exp(x)\n")
+    args = (["run", str(tmp_path / "f.bend"), "--entry", "f", "--inputs", str(tmp_path / "in.npz")]
+            if command == "run" else ["train", str(EXAMPLES / "xor.bend"), "--checkpoint-dir", ""])
+    r = dslc(*args, "--device", "cuda", env={"DSLC_CUDA_LOADER": ""})
+    user_error(r, "error: device 'cuda' is not usable: ")
+    assert r.stdout == ""
+    if "pycuda is not installed; cuda.bindings is not installed" in r.stderr:    # (here, neither is)
+        assert r.stderr.endswith(" (pip install cuda-bindings, or 'dslc[cuda]' for pycuda)\n")
