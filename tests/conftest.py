@@ -131,3 +131,16 @@ def quick(tmp: _Path, example: _Path, **settings) -> _Path:
     (tmp / "m.py").write_text(example.with_suffix(".py").read_text() +
                               f"\nSETTINGS = {{**SETTINGS, **{override!r}}}\n")
     return tmp / "m.bend"
+
+
+# ---------------------------------------------------------------- the examples' PyTorch twins
+
+import math as _math
+
+
+def warmup_cosine(t: int, lr: float, warmup: int, total: int) -> float:
+    """optim.warmup_cosine with min_lr = lr / 10, as the examples' step uses it."""
+    if t < warmup:
+        return lr * t / warmup
+    p = min(max((t - warmup) / max(total - warmup, 1), 0.0), 1.0)
+    return lr / 10 + (lr - lr / 10) * 0.5 * (1 + _math.cos(_math.pi * p))
