@@ -164,3 +164,16 @@ def example_case(name: str, device: str):
             args[arg] = (rng.standard_normal(a.shape).astype(a.dtype) if a.dtype.kind == "f"
                           else rng.integers(0, 2, a.shape).astype(a.dtype))
     return prog, {first.name: params, **args}, first.name
+
+
+# ---------------------------------------------------------------- the examples' PyTorch twins
+
+import math as _math
+
+
+def warmup_cosine(t: int, lr: float, warmup: int, total: int) -> float:
+    """optim.warmup_cosine with min_lr = lr / 10, as the examples' step uses it."""
+    if t < warmup:
+        return lr * t / warmup
+    p = min(max((t - warmup) / max(total - warmup, 1), 0.0), 1.0)
+    return lr / 10 + (lr - lr / 10) * 0.5 * (1 + _math.cos(_math.pi * p))

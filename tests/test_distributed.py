@@ -258,7 +258,8 @@ def trainable() -> list[Path]:
 
 # each example at sizes that compile and train in seconds; one not listed trains as it is
 TINY = {"gpt": {"D": 16, "L": 1, "H": 2, "G": 1, "T": 8}, "bert": {"D": 16, "L": 1, "H": 2, "G": 2, "T": 32},
-        "names_mlp": {"E": 4, "H": 16}, "lstm_chars": {"H": 8}, "cnn_digits": {"C1": 4, "C2": 4}}
+        "names_mlp": {"E": 4, "H": 16}, "lstm_chars": {"H": 8}, "cnn_digits": {"C1": 4, "C2": 4},
+        "resnet_digits": {"C": 4}}
 
 TRAIN_ONLY = """
 def _train_only(hook):
