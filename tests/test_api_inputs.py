@@ -256,7 +256,7 @@ def test_loading_and_keys_refuse_bad_arguments(call, fragment):
 
 def test_a_bad_dslc_device_variable_is_a_dsl_error(monkeypatch):
     monkeypatch.setenv("DSLC_DEVICE", "bogus")
-    raises(lambda: dsl.loads(ONE), "DSLC_DEVICE must be one of cpu, cuda, reference, got 'bogus'")
+    raises(lambda: dsl.loads(ONE), "DSLC_DEVICE must be one of cpu, cuda, reference, iree, got 'bogus'")
 
 
 def test_has_aux_is_a_bool(prog):
