@@ -385,7 +385,8 @@ class Program:
             try:
                 return to_mlir(low.function, name, _input_names(self._def(name), low))
             except NotExpressible as e:
-                raise (e.origin.error(str(e)) if e.origin else DslError(None, str(e))) from None
+                span = self._def(name).name_span       # an op a pass made has no origin
+                raise (e.origin.error(str(e)) if e.origin else DslError(span, str(e))) from None
         from backend import cpu, loops, schedule
         check_sizes(self._def(name).name_span, name, low.function, MAX_BYTES, COMPILED)
         plan = schedule.schedule(for_backends(low.function), name)

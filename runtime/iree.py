@@ -71,7 +71,7 @@ class Executable:
 
 
 def _argument(a: Any, dtype: str) -> np.ndarray:
-    a = np.ascontiguousarray(a, dtype=np_dtype(dtype))
+    a = np.asarray(a, dtype=np_dtype(dtype), order="C")      # (ascontiguousarray makes 0-d 1-d)
     return a.view(np.int32) if dtype == "u32" else a          # MLIR's integers are signless
 
 
