@@ -245,7 +245,7 @@ ONE = "def f(x: f32) -> f32:\n  return x\n"
     (lambda: dsl.loads(None), "got None"),
     (lambda: dsl.loads(ONE, name="\ud800"), "dsl.loads's name must be a path"),
     (lambda: dsl.loads(ONE + "# \ud800\n"), "not valid Unicode: a lone surrogate '\\ud800' at offset"),
-    (lambda: dsl.loads(ONE, device="gpu"), "device must be one of auto, cpu, cuda, reference, got 'gpu'"),
+    (lambda: dsl.loads(ONE, device="gpu"), "device must be one of auto, cpu, cuda, reference, iree, got 'gpu'"),
     (lambda: dsl.key(-1), "a seed is an integer in [0, 2**64), got -1"),
     (lambda: dsl.key(2 ** 64), "got 18446744073709551616"), (lambda: dsl.key("1"), "got '1'"),
     (lambda: dsl.key(1.5), "got 1.5"), (lambda: dsl.key(True), "got True"),
