@@ -287,7 +287,8 @@ SIZES = "every size the entry's types leave open: dimensions (B=4), list lengths
 ARCH = ("the GPU architecture to build the PTX for: sm_80, sm_86, sm_89, sm_90 (the default), "
         "sm_100 or sm_120")
 DEVICE = ("where to run: auto (the GPU if one is usable, else the CPU; $DSLC_DEVICE overrides), "
-          "cpu, cuda, or reference (the NumPy interpreter)")
+          "cpu, cuda, reference (the NumPy interpreter), or iree (IREE's CPU backend, "
+          "needs dslc[iree])")
 
 
 def specialising(sub: argparse._SubParsersAction, name: str, summary: str, description: str,
@@ -327,9 +328,10 @@ def parser() -> argparse.ArgumentParser:
     ir = specialising(sub, "ir", summary="print a stage's output for an entry point",
                       description="Print an entry point, specialised for --dims, at a stage of "
                       "compilation.")
-    ir.add_argument("--level", choices=["tensor", "loops", "llvm", "ptx"], default="tensor",
+    ir.add_argument("--level", choices=["tensor", "loops", "llvm", "ptx", "mlir"], default="tensor",
                     help="tensor (the tensor IR, the default), loops (the CPU kernels' loop IR and "
-                    "host steps), llvm (their LLVM IR) or ptx (the GPU kernels)")
+                    "host steps), llvm (their LLVM IR), ptx (the GPU kernels) or mlir (the tensor "
+                    "IR in MLIR's upstream dialects)")
     ir.add_argument("--arch", type=gpu_arch, metavar="SM", help=ARCH)
     ir.set_defaults(run=cmd_ir, usage=ir.error)
 
@@ -371,7 +373,7 @@ def parser() -> argparse.ArgumentParser:
                      "printing it")
     run.add_argument("--dims", type=parse_dims, metavar="NAME=INT,…",
                      help="the entry's static parameters (k=2); the arrays give the sizes")
-    run.add_argument("--device", choices=["auto", "reference", "cpu", "cuda"], default="auto",
+    run.add_argument("--device", choices=["auto", "reference", "cpu", "cuda", "iree"], default="auto",
                      help=DEVICE)
     run.set_defaults(run=cmd_run)
 
@@ -396,7 +398,7 @@ def parser() -> argparse.ArgumentParser:
                        help="delete the checkpoints already in the checkpoint directory and start afresh")
     train.add_argument("--plot", metavar="LOSS.png",
                        help="draw the loss curves into an image (.png, .svg, .pdf …; needs dslc[plot])")
-    train.add_argument("--device", choices=["auto", "reference", "cpu", "cuda"], default="auto",
+    train.add_argument("--device", choices=["auto", "reference", "cpu", "cuda", "iree"], default="auto",
                        help=DEVICE)
     train.add_argument("--micro-batches", type=positive, metavar="M",
                        help="cut each step's batch into M micro-batches and sum their gradients "

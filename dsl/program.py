@@ -28,6 +28,7 @@ from frontend.values import KeyV, ListV, RecordV, StaticV, TensorV, TupleV
 from ir import interp
 from ir.ad import grad_function
 from ir.core import Builder, Function
+from ir.mlir import NotExpressible, to_mlir
 from ir.passes import for_backends, optimize, tidy
 from ir.types import FLOAT_DTYPES
 
@@ -139,6 +140,8 @@ class Program:
         except interp.EvalError as e:
             message = f"while running '{name}': {e}"
             raise (e.origin.error(message) if e.origin else DslError(span, message)) from None
+        except NotExpressible as e:                 # device="iree": an op MLIR cannot say yet
+            raise (e.origin.error(str(e)) if e.origin else DslError(span, str(e))) from None
         except MemoryError:
             raise DslError(span, f"while running '{name}': out of memory (its arrays do not fit "
                                  "in this machine's memory together)") from None
@@ -148,6 +151,8 @@ class Program:
         if id(fn) not in self._executables:
             if self.device == "cuda":
                 from runtime.cuda import Executable
+            elif self.device == "iree":
+                from runtime.iree import Executable
             else:
                 from runtime.cpu import Executable
             self._executables[id(fn)] = (fn, Executable(fn, fn.name))
@@ -373,8 +378,9 @@ class Program:
     def ir(self, name: str, dims: dict[str, int] | None = None, level: str = "tensor",
            arch: str | None = None) -> str:
         """An entry point at a stage of compilation, as text: 'tensor' (the IR), 'loops' (the
-        CPU kernels' loop IR and host steps), 'llvm' (their LLVM IR) or 'ptx' (the GPU kernels
-        for the architecture `arch`, default sm_90)."""
+        CPU kernels' loop IR and host steps), 'llvm' (their LLVM IR), 'ptx' (the GPU kernels
+        for the architecture `arch`, default sm_90) or 'mlir' (the tensor IR in MLIR's upstream
+        dialects)."""
         from ir import printer
         if level not in LEVELS:
             raise DslError(None, f"level= is one of {', '.join(LEVELS)}, got {level!r}")
@@ -382,6 +388,12 @@ class Program:
         low, _ = self._specialised(self._def(name), dims)
         if level == "tensor":
             return printer.to_text(low.function)
+        if level == "mlir":
+            try:
+                return to_mlir(low.function, name, _input_names(self._def(name), low))
+            except NotExpressible as e:
+                span = self._def(name).name_span       # an op a pass made has no origin
+                raise (e.origin.error(str(e)) if e.origin else DslError(span, str(e))) from None
         from backend import cpu, loops, schedule
         check_sizes(self._def(name).name_span, name, low.function, MAX_BYTES, COMPILED)
         plan = schedule.schedule(for_backends(low.function), name)
@@ -470,10 +482,10 @@ class Program:
 _PIN_NOTE = Note("give in --dims (dims=) the sizes it needs; the dimensions --dims leaves out stay "
                  "names")
 
-LEVELS = ("tensor", "loops", "llvm", "ptx")     # what Program.ir shows
+LEVELS = ("tensor", "loops", "llvm", "ptx", "mlir")     # what Program.ir shows
 TARGETS = ("cpu", "ptx")                         # what Program.compile_to writes
 NUMERICS = ("exact", "fast")                    # what Program.compile takes; 'fast' is not built
-DEVICES = ("auto", "cpu", "cuda", "reference")   # auto: $DSLC_DEVICE, else the GPU if usable, else the CPU
+DEVICES = ("auto", "cpu", "cuda", "reference", "iree")   # auto: $DSLC_DEVICE, else the GPU if usable, else the CPU
 
 
 def gpu_arch(arch: str | None, ptx: bool, needs: str) -> str | None:
@@ -497,10 +509,13 @@ def pick_device(device: str) -> str:
             from runtime import cuda
             return "cuda" if cuda.usable() else "cpu"
         if device not in DEVICES or device == "auto":
-            raise DslError(None, f"DSLC_DEVICE must be one of cpu, cuda, reference, got {device!r}")
+            raise DslError(None, f"DSLC_DEVICE must be one of cpu, cuda, reference, iree, got {device!r}")
     if device == "cuda":
         from runtime import cuda
         cuda.driver()                     # raises DslError saying why no GPU is usable
+    if device == "iree":
+        from runtime import iree
+        iree.version()                    # raises DslError saying how to install IREE
     return device
 
 

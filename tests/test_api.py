@@ -128,7 +128,7 @@ def test_compile_for_another_device(prog):
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"device": "gpu"}, "device must be one of auto, cpu, cuda, reference, got 'gpu'"),
+    ({"device": "gpu"}, "device must be one of auto, cpu, cuda, reference, iree, got 'gpu'"),
     ({"numerics": "fast"}, "numerics='fast' (tensor cores, with bf16 or tf32 inputs) is not built "
                            "yet; 'exact' is the only mode"),
     ({"numerics": "bogus"}, "numerics= is 'exact' (or 'fast', not built yet), got 'bogus'"),

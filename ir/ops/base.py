@@ -131,6 +131,12 @@ class Primitive:
         """Whether `scalar` has a body for operands of these dtypes and a result of dtype."""
         return False
 
+    def mlir(self, w: Any, op: Any) -> list[str] | None:
+        """op written in MLIR by the ir.mlir.Writer w: the SSA names of its results (None: a
+        scalar literal, which w writes where it is used)."""
+        from ir.mlir import NotExpressible
+        raise NotExpressible(f"'{self.name}'")
+
     def scalar(self, e: Any, args: list, dtypes: list[str], dtype: str, attrs: dict) -> Any:
         """The result at one point (or one vector of lanes) from the operands' values there,
         built with a target's scalar emitter e (backend/llvm.py's Emitter: LLVM operations and
