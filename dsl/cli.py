@@ -106,7 +106,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     flat = values.flatten_python(result, "out")
     if args.output:
         try:
-            np.savez(args.output, **flat)
+            np.savez(args.output, **{k: npz.storable(v) for k, v in flat.items()})
         except (OSError, ValueError) as e:          # a missing folder, a NUL in the name
             raise DslError(None, f"cannot write the result to {args.output}: {e}") from None
     else:

@@ -473,9 +473,6 @@ class Program:
         except LoweringError as e:
             raise CheckError(d.name_span, str(e)) from None
         fn = b.finish([leaf.ir for leaf in leaves])
-        if any(v.dtype == "bf16" for v in (*fn.params, *(w for op in fn.ops for w in op.outputs))):
-            raise CheckError(d.name_span, f"'{d.name}' computes in bf16, which no device runs yet "
-                             "(the interpreter and the backends have no bf16 arithmetic); use f16 or f32")
         return Lowered(fn, layout, [flatten(a)[1] for a in inputs.abstract], inputs.arg_leaves)
 
 

@@ -11,7 +11,7 @@ import numpy as np
 from ir import numerics
 from ir.dims import Dim
 from ir.ops.base import (NUMERIC, Kind, OpError, Param, Primitive, Role, broadcast_shapes,
-                         common_dtype, merge_dims, np_dtype, primitive, type_of, unbroadcast)
+                         common_dtype, is_float, merge_dims, np_dtype, primitive, type_of, unbroadcast)
 from ir.types import TensorType
 
 
@@ -63,7 +63,7 @@ class MatMul(Primitive):
         """In the canonical order: acc = fma(a[…, i, k], b[…, k, j], acc) for k = 0, 1, …"""
         out = self.infer(type_of(a), type_of(b))
         dtype = np_dtype(out.dtype)
-        if dtype.kind != "f":
+        if not is_float(dtype):
             return np.asarray(np.matmul(a, b), dtype=dtype)
         a2 = a[None, :] if a.ndim == 1 else a
         b2 = b[:, None] if b.ndim == 1 else b
@@ -167,7 +167,7 @@ class Einsum(Primitive):
         contracted letters, in row-major order of their first appearance."""
         out = self.infer(spec, tuple(map(type_of, operands)))
         dtype = np_dtype(out.dtype)
-        if dtype.kind != "f":
+        if not is_float(dtype):
             return np.asarray(np.einsum(spec, *operands), dtype=dtype)
         lhs, arrow, rhs = spec.replace(" ", "").partition("->")
         terms = lhs.split(",")

@@ -22,8 +22,8 @@ import numpy as np
 
 from ir import numerics
 from ir.dims import Dim
-from ir.ops.base import (NUMERIC, Kind, OpError, Param, Primitive, Role, need, normalize_axes,
-                         np_dtype, primitive, statics, type_of, REGISTRY)
+from ir.ops.base import (NUMERIC, REGISTRY, Kind, OpError, Param, Primitive, Role, is_float, need,
+                         normalize_axes, np_dtype, primitive, statics, type_of)
 from ir.types import DTYPES, FLOAT_DTYPES, TensorType
 
 Axes = None | int | tuple[int, ...]
@@ -71,7 +71,7 @@ class Reduction(Primitive):
     def evaluate(self, x: Any, axis: Axes = None, keepdims: bool = False) -> np.ndarray:
         out = self.infer(type_of(x), axis, keepdims)
         dtype = np_dtype(out.dtype)
-        if self.canonical is None or x.dtype.kind != "f":        # exact: any order will do
+        if self.canonical is None or not is_float(x.dtype):        # exact: any order will do
             return np.asarray(self.numpy(x, axis=axis, keepdims=keepdims), dtype=dtype)
         axes = normalize_axes(axis, x.ndim, "x")
         result = self.finish(numerics.reduce(x, axes, *self.canonical), x, axes)
