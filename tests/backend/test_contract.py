@@ -315,3 +315,18 @@ def test_back_to_back_calls_on_spinning_helpers(kernels):
     for i in range(60):
         (a, b), want = cases[i % len(cases)], wants[i % len(cases)]
         assert bits(kernel(a, b, threads=1 + i % 3)) == want, i
+
+
+def test_a_layout_seen_before_reads_the_new_operands(kernels):
+    """A call whose operands have the shapes and dtypes of an earlier one, but other strides,
+    other data or another `out`, gives the reference's bits for its own operands."""
+    kernel = kernels["f32"]
+    a, b = operands((2, 9, 20, 13), random_f32)
+    b_t = random_f32((2, 20, 13)).transpose(0, 2, 1)        # b's shape, other strides
+    a_new, b_new = operands((2, 9, 20, 13), random_f32)
+    a_64 = a.astype(np.float64)                              # a's shape and strides, f64
+    for x, y in [(a, b), (a, b_t), (a_new, b_new), (a_new[1], b_t), (a_64, b), (a, b)]:
+        want = bits(reference(np.ascontiguousarray(x, np.float32), np.ascontiguousarray(y)))
+        assert bits(kernel(x, y)) == want
+        out = np.full((2, 9, 20), np.nan, np.float32)
+        assert bits(kernel(x, y, out=out)) == want and bits(out) == want
