@@ -840,8 +840,8 @@ class Matmul:
             raise ValueError(f"threads must be at least 1, not {threads}")
         # A call like one before reuses its checked sizes and strides: at 64³ the checks
         # cost as much as the product.
-        key = (a.shape, a.strides, a.dtype, b.shape, b.strides, b.dtype,
-               None if out is None else (out.shape, out.strides, out.dtype))
+        key = (type(a), a.shape, a.strides, a.dtype, type(b), b.shape, b.strides, b.dtype,
+               None if out is None else (type(out), out.shape, out.strides, out.dtype))
         layout = self._layouts.get(key)
         if layout is None:
             return self._first_call(key, a, b, threads, out, epilogue)
@@ -873,7 +873,8 @@ class Matmul:
         c = np.empty(c_shape, dtype=NUMPY[self.dtype]) if out is None else out.reshape(c_shape)
         words = self.arguments(a3, b3, c)
         result_shape = shape + (a.shape[-2], b.shape[-1])
-        if _data(a3) == _data(a_in) and _data(b3) == _data(b_in):     # read in place
+        arrays = all(isinstance(x, np.ndarray) for x in (a_in, b_in, c))
+        if arrays and _data(a3) == _data(a_in) and _data(b3) == _data(b_in):   # read in place
             if len(self._layouts) >= LAYOUTS:
                 self._layouts.clear()
             self._layouts[key] = _Layout(words[3:], c_shape, result_shape)
