@@ -555,19 +555,22 @@ def _blocks_in_place(e: _Emitter, in_place_tiles, a, b_, c_base, mj, nj, K, N,
     contiguous) where they lie: a product that fits in cache gains nothing from packing."""
     b, t = e.b, e.tiles
     (a_base, a_row, a_col), (b_base, b_row, _) = a, b_
-    # ORDER: as in _packed_blocks, the K blocks in increasing order, each once per element
-    with e.loop(0, K, t.kc, "ipc") as pc:
-        kc = e.min(t.kc, b.sub(K, pc))
-        first = b.icmp_signed("==", pc, _i64(0))
-        with e.loop(0, nj, t.nr, "ijr") as jr, e.loop(0, mj, t.mr, "iir") as ir_:
-            n = e.min(t.nr, b.sub(nj, jr))
-            _call_narrowest(e, in_place_tiles, n,
-                            [e.at(a_base, b.mul(ir_, a_row), b.mul(pc, a_col)), a_row, a_col,
-                             e.at(b_base, b.mul(pc, b_row), jr), b_row, kc,
-                             e.at(c_base, b.mul(ir_, N), jr), N, first,
-                             e.min(t.mr, b.sub(mj, ir_)), n])
-    with b.if_then(b.icmp_signed(">", K, _i64(0))):
-        finished(_i64(0), mj)
+    # ORDER: as in _packed_blocks, the K blocks in increasing order, each once per element; the
+    # blocks of mc rows, one after another, hand their rows to the epilogue while in L2
+    with e.loop(0, mj, t.mc, "iic") as ic:
+        mb = e.min(t.mc, b.sub(mj, ic))
+        with e.loop(0, K, t.kc, "ipc") as pc:
+            kc = e.min(t.kc, b.sub(K, pc))
+            first = b.icmp_signed("==", pc, _i64(0))
+            with e.loop(0, nj, t.nr, "ijr") as jr, e.loop(ic, b.add(ic, mb), t.mr, "iir") as ir_:
+                n = e.min(t.nr, b.sub(nj, jr))
+                _call_narrowest(e, in_place_tiles, n,
+                                [e.at(a_base, b.mul(ir_, a_row), b.mul(pc, a_col)), a_row, a_col,
+                                 e.at(b_base, b.mul(pc, b_row), jr), b_row, kc,
+                                 e.at(c_base, b.mul(ir_, N), jr), N, first,
+                                 e.min(t.mr, b.sub(mj, ir_)), n])
+        with b.if_then(b.icmp_signed(">", K, _i64(0))):
+            finished(ic, mb)
 
 
 def _packed_blocks(e: _Emitter, tiles_by_width, a, b_, c_base, mj, nj, K, N, a_pack, b_pack,
