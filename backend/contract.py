@@ -226,8 +226,8 @@ def _build_tile(module: ir.Module, name: str, dtype: str, t: Tiles, nv: int,
     block of C at c (row stride ldc) gains kc steps from A (A[r, k] at a[r·a_row + k·a_k]: a
     packed panel or A itself) and B; with `first` it starts from -0.0 instead of c's
     contents. mr is the tiles' unless given. B (b_form) is the packed panel ("packed": B[k, j]
-    at b[k·nr + j]), or B itself read in place ("rows": B[k, j] at b[k·b_k + j], through the
-    column masks, as lanes past n are past B's rows), or by a tile of mr rows from a transposed B
+    at b[k·nr + j]), or B itself read in place ("rows": B[k, j] at b[k·b_k + j], the last
+    vector through the column mask, as lanes past n are past B's rows), or from a transposed B
     ("columns": B[k, j] at b[j·b_k + k], width k of width columns loaded along k and
     transposed in registers)."""
     p = SCALAR[dtype].as_pointer()
