@@ -15,6 +15,11 @@ and may define
                                                 step(p: P, s: S, …) -> (P, S, f32)
     update(p: P, [s: S,] g: P) -> P | (P, S)    the optimizer step given the gradient g, which
                                                 micro-batches and ranks need (docs/distributed.md)
+    train_loss(p: P, <batch>) -> (f32, P)       the loss and p with its buffers moved by the
+                                                batch (batch norm's running statistics), which
+                                                micro-batches and ranks need when P has buffers:
+                                                they differentiate it instead of loss, average
+                                                its buffers and give them to update
     evaluate(p: P, <batch>) -> f32 | record     held-out metrics (a record of f32 scalars, by
                                                 field name, or one scalar), averaged per example
     sample(p: P, key: Key, <static ints>) -> T  generated examples (the loader decodes them)
@@ -869,6 +874,12 @@ def require_train_loss(model: Model, p: Record) -> list[str]:
                              "train_loss(p, <batch>) -> (f32, P), the loss and p with its "
                              "buffers moved by the batch, which step may call; see "
                              "docs/distributed.md")
+    leaves = flatten_python(p, "p")
+    counts = [b for b in buffers if leaves[b].dtype.kind != "f"]
+    if counts:
+        raise DslError(None, f"{model.path}: the buffer {counts[0]} is {_typename(leaves[counts[0]])}: "
+                             "training on micro-batches or several ranks averages buffers, "
+                             "which must be floats")
     return buffers
 
 

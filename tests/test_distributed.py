@@ -265,6 +265,18 @@ def test_buffers_without_train_loss_are_an_error(tmp_path):
                   "-> (f32, P)")
 
 
+def test_buffers_of_integers_are_an_error(tmp_path):
+    """A count of batches cannot be averaged in its dtype."""
+    src = XOR.read_text().replace("b2: f32[1] }", "b2: f32[1], buffer n: i32[1] }")
+    src = src.replace("b2: zeros([1]),", "b2: zeros([1]), n: zeros([1], dtype=i32),")
+    (tmp_path / "m.bend").write_text(src + "\ndef train_loss(p: Params, x: f32[B, 2], y: f32[B]) -> "
+                                     "(f32, Params):\n  return loss(p, x, y), p with { n: p.n + 1 }\n")
+    (tmp_path / "m.py").write_text(XOR.with_suffix(".py").read_text())
+    raises(lambda: dsl.train(str(tmp_path / "m.bend"), steps=1, progress=None, micro_batches=2),
+           "the buffer p.n is i32[1]: training on micro-batches or several ranks averages "
+           "buffers, which must be floats")
+
+
 # ---------------------------------------------------------------- ranks
 
 
