@@ -193,6 +193,17 @@ class Program:
             return (value, g) if with_value else (g, value[1])
         return (value, g) if with_value else g
 
+    def buffers(self, name: str, param: str, value: Any) -> list[str]:
+        """The leaves of `value`, passed as parameter `param` of entry `name`, that are buffers
+        (held by a record field declared `buffer`), named as `dslc run` names arrays: p.bn.mean."""
+        d = self._def(name)
+        p = next((q for q in d.params if q.name == param), None)
+        if p is None or p.type is None:
+            raise DslError(d.name_span, f"'{name}' has no annotated parameter {param!r}")
+        v = from_python(Builder(name), value, p.type, self._resolved.main, param, [], self.device)
+        return [path for path, trained in zip(_leaf_paths(flatten(v)[1], param), trained_leaves(v))
+                if not trained]
+
     def source(self, name: str, grad: str | tuple[str, ...] | None = None,
                dims: dict[str, int] | None = None) -> str:
         """An entry point (or its gradient with respect to `grad`) as .bend source, specialised

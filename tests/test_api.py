@@ -150,3 +150,15 @@ def test_doc_lists_every_definition_in_source_order(prog):
         "      B examples of D features, C classes.\n\n"
         "def shift(x: f32[N], s: f32 = 0.5, t: f32)\n\n"
         "def helper(x)\n")
+
+
+def test_buffers_names_the_leaves_of_buffer_fields_at_any_depth():
+    prog = dsl.loads("object Norm { w: f32[2], buffer mean: f32[2] }\n"
+                     "object Net { norms: (Norm, Norm), buffer frozen: Norm, b: f32[1] }\n"
+                     "def f(net: Net) -> f32:\n  return sum(net.b)\n")
+    norm = {"w": np.zeros(2, np.float32), "mean": np.zeros(2, np.float32)}
+    net = {"norms": (norm, norm), "frozen": norm, "b": np.zeros(1, np.float32)}
+    assert prog.buffers("f", "net", net) == ["net.norms[0].mean", "net.norms[1].mean",
+                                             "net.frozen.w", "net.frozen.mean"]
+    with pytest.raises(dsl.DslError, match="'f' has no annotated parameter 'p'"):
+        prog.buffers("f", "p", net)
