@@ -6,6 +6,7 @@ this one (llvmlite holds one lock over every call into LLVM: threads would take 
 linked in one MCJIT engine."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import os
@@ -155,24 +156,29 @@ def object_code(p: Piece) -> bytes:
 
 # A worker is `python -c` running serve(): pieces in (pickled: they come from this process),
 # object code out. Not multiprocessing, whose children import the parent's main script.
-def _start(share: list[Piece]) -> subprocess.Popen:
+def _start(share: list[Piece]) -> subprocess.Popen | None:
+    """A worker compiling share, or None where none could be started."""
     path = [str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
-    worker = subprocess.Popen([sys.executable, "-c", "from backend.objects import serve; serve()"],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
-    worker.stdin.write(pickle.dumps(share))
-    worker.stdin.close()
+    try:
+        worker = subprocess.Popen([sys.executable, "-c", "from backend.objects import serve; serve()"],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+    except OSError:
+        return None
+    with contextlib.suppress(OSError), worker.stdin:      # (if it died at once, _finish sees that)
+        worker.stdin.write(pickle.dumps(share))
     return worker
 
 
-def _finish(worker: subprocess.Popen, share: list[Piece]) -> list[bytes]:
+def _finish(worker: subprocess.Popen | None, share: list[Piece]) -> list[bytes]:
     """The worker's object code; where it failed, this process compiles its share (and meets
     whatever made it fail)."""
-    data = worker.stdout.read()
-    worker.stdout.close()
-    if worker.wait() != 0:
-        return [object_code(p) for p in share]
-    return pickle.loads(data)
+    if worker is not None:
+        with worker.stdout:
+            data = worker.stdout.read()
+        if worker.wait() == 0:
+            return pickle.loads(data)
+    return [object_code(p) for p in share]
 
 
 def serve() -> None:
