@@ -158,11 +158,11 @@ def object_code(p: Piece) -> bytes:
 # object code out. Not multiprocessing, whose children import the parent's main script.
 def _start(share: list[Piece]) -> subprocess.Popen | None:
     """A worker compiling share, or None where none could be started."""
-    path = [str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+    # dslc's folder in place of the current one, where another `backend` may be
+    command = f"import sys; sys.path[0] = {str(ROOT)!r}; from backend.objects import serve; serve()"
     try:
-        worker = subprocess.Popen([sys.executable, "-c", "from backend.objects import serve; serve()"],
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+        worker = subprocess.Popen([sys.executable, "-c", command], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE)
     except OSError:
         return None
     with contextlib.suppress(OSError), worker.stdin:      # (if it died at once, _finish sees that)

@@ -134,6 +134,9 @@ def by_workers(case: str) -> tuple[list[bytes], int]:
 @pytest.mark.parametrize("case, here", [("workers", 1), ("failing", 3)])
 def test_workers_make_the_object_code_this_process_makes(case, here, tmp_path, monkeypatch):
     monkeypatch.setenv("DSLC_CACHE_DIR", str(tmp_path))
+    (tmp_path / "backend").mkdir()                    # another `backend` in the current folder
+    (tmp_path / "backend" / "__init__.py").write_text("")
+    monkeypatch.chdir(tmp_path)
     (alone, all_here), (got, got_here) = in_child(by_workers, "alone", case)
     assert len(alone) == all_here == 3
     assert got == alone and got_here == here
