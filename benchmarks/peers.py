@@ -4,8 +4,9 @@ for the products, printed as dslc's time over each peer's (below 1 is faster). S
 of --repeat wall-clock calls after a warm-up, dslc and PyTorch on --threads threads each
 (default 2), JAX and NumPy on as many as they take (every core; 2 where issue 15 measured). The
 compile cases run in new processes, timed from their imports done to their first call's end:
-the GPT step into an empty compile cache (cold) and from it (warm), beside JAX's first call;
-and a new batch size of an already compiled GPT loss."""
+the GPT step into an empty compile cache (cold), into one that holds the kernels every program
+shares (program only), and from it (warm), beside JAX's first call; and a new batch size of an
+already compiled GPT loss."""
 from __future__ import annotations
 
 import argparse
@@ -197,9 +198,26 @@ def products(repeat: int, compiled: bool) -> list[tuple[str, dict]]:
     return rows
 
 
+# The kernels every program shares, compiled once per machine (backend/contract.py's product,
+# backend/scatter.py's embedding gradient, the thread team), as jaxlib's are when installed: a
+# program that uses them all, compiled first for the "program only" cold compile.
+RUNTIME = """
+def f(w: f32[V, D], i: i32[N], x: f32[D, D]) -> f32:
+  return sum(w[i] @ x)
+
+def g(w: f32[V, D], i: i32[N], x: f32[D, D]) -> f32[V, D]:
+  return grad(f, wrt=w)(w, i, x)
+"""
+
+
 # Each first call runs in a new process (python peers.py --first SIDE): its imports and inputs
 # made before the clock starts; it prints the seconds to its first call's end.
 def first_call(side: str) -> float:
+    import dsl
+    if side == "runtime":
+        w, x = np.ones((5, 8), np.float32), np.ones((8, 8), np.float32)
+        dsl.loads(RUNTIME, name=str(ts.MODELS / "runtime.bend"), device="cpu").g(w, np.arange(3, dtype=np.int32), x)
+        return 0.0
     p, idx, tgt = ts.gpt_inputs()
     s = ts.state_like(p)
     if side == "jax":
@@ -207,7 +225,6 @@ def first_call(side: str) -> float:
         start = time.perf_counter()
         ready(lambda: step(p, s, idx, tgt))()
         return time.perf_counter() - start
-    import dsl
     start = time.perf_counter()
     dsl.loads(ts.GPT_STEP, name=str(ts.MODELS / "gpt_step.bend"), device="cpu").step(p, s, idx, tgt, 4)
     return time.perf_counter() - start
@@ -247,11 +264,15 @@ def torch_loss(p, idx, tgt):
 
 
 def compiles(repeat: int) -> list[tuple[str, dict]]:
-    with tempfile.TemporaryDirectory(prefix="dslc-peers-") as cache:
-        jax_first = min(in_new_process("jax", cache) for _ in range(2))
-        cold = in_new_process("dslc", cache)
-        warm = min(in_new_process("dslc", cache) for _ in range(3))
+    with tempfile.TemporaryDirectory(prefix="dslc-peers-") as empty, \
+            tempfile.TemporaryDirectory(prefix="dslc-peers-") as cache:
+        jax_first = min(in_new_process("jax", empty) for _ in range(2))
+        cold = in_new_process("dslc", empty)
+        warm = min(in_new_process("dslc", empty) for _ in range(3))
+        in_new_process("runtime", cache)
+        program = in_new_process("dslc", cache)
     return [("GPT step, cold compile / first call", {"dslc": cold, "jax": jax_first}),
+            ("  the same, program only (runtime kernels cached)", {"dslc": program, "jax": jax_first}),
             ("GPT step, warm cached load (target < 0.2 s)", {"dslc": warm, "jax": jax_first}),
             ("a new batch size (GPT loss, B 16 -> 3)", new_batch_size())]
 
@@ -276,7 +297,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--no-torch-compile", action="store_true", help="leave torch.compile out")
-    ap.add_argument("--first", choices=["dslc", "jax"], help=argparse.SUPPRESS)
+    ap.add_argument("--first", choices=["dslc", "jax", "runtime"], help=argparse.SUPPRESS)
     args = ap.parse_args()
     os.environ.setdefault("DSLC_THREADS", str(args.threads))
     import torch
