@@ -126,11 +126,17 @@ def compile_all(pieces: list[Piece]) -> list[bytes]:
         loads[j] += _size(pieces[i])
     started = [_start([pieces[i] for i in share]) for share in shares[1:]]
     out: list[bytes] = [b""] * len(pieces)
-    for i in shares[0]:
-        out[i] = object_code(pieces[i])
-    for share, worker in zip(shares[1:], started):
-        for i, data in zip(share, _finish(worker, [pieces[i] for i in share])):
-            out[i] = data
+    try:
+        for i in shares[0]:
+            out[i] = object_code(pieces[i])
+        for share, worker in zip(shares[1:], started):
+            for i, data in zip(share, _finish(worker, [pieces[i] for i in share])):
+                out[i] = data
+    finally:                        # an interrupt, or an error here: no worker outlives the call
+        for worker in started:
+            if worker is not None and worker.poll() is None:
+                worker.kill()
+                worker.wait()
     return out
 
 
