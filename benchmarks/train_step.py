@@ -74,16 +74,25 @@ def torch_step(params, loss_fn, *inputs):
     return run
 
 
-def mlp_case(repeat, clock=time.perf_counter):
-    import torch
-    import dsl
-    B, T, E, H, V = 32, 3, 10, 200, 27
+MLP_SIZES = {"B": 32, "T": 3, "E": 10, "H": 200, "V": 27}
+
+
+def mlp_inputs():
+    B, T, E, H, V = MLP_SIZES.values()
     rng = np.random.default_rng(0)
     p = {"C": rng.standard_normal((V, E), np.float32), "W1": rng.standard_normal((T * E, H), np.float32) * 0.1,
          "b1": np.zeros(H, np.float32), "W2": rng.standard_normal((H, V), np.float32) * 0.01,
          "b2": np.zeros(V, np.float32)}
     x = rng.integers(0, V, (B, T)).astype(np.int32)
     y = rng.integers(0, V, B).astype(np.int32)
+    return p, x, y
+
+
+def mlp_case(repeat, clock=time.perf_counter):
+    import torch
+    import dsl
+    B, T, E, H, V = MLP_SIZES.values()
+    p, x, y = mlp_inputs()
     prog = dsl.loads(MLP, name=str(MODELS / "mlp_step.bend"), device="cpu")
     s = state_like(p)
     dslc = best(lambda: prog.step(p, s, x, y), repeat, clock)
@@ -147,6 +156,12 @@ def warm_in_new_process() -> float:
 
 
 def torch_gpt(p, idx, tgt, repeat, clock=time.perf_counter):
+    params, loss = torch_gpt_loss(p, idx, tgt)
+    return best(torch_step(params, loss), repeat, clock)
+
+
+def torch_gpt_loss(p, idx, tgt):
+    """The GPT's parameters as PyTorch tensors, and its loss on these inputs (a function)."""
     import torch
     import torch.nn.functional as F
     H = 4
@@ -172,8 +187,7 @@ def torch_gpt(p, idx, tgt, repeat, clock=time.perf_counter):
             x = x + h @ blk["W2"] + blk["b2"]
         z = ln(x, tp["lnf_g"], tp["lnf_b"]) @ tp["wte"].T
         return F.cross_entropy(z.reshape(B * T, -1), tt.reshape(-1))
-    params = list(tp.values()) + [t for b in blocks for t in b.values()]
-    return best(torch_step(params, loss), repeat, clock)
+    return list(tp.values()) + [t for b in blocks for t in b.values()], loss
 
 
 def main() -> None:

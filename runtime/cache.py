@@ -39,7 +39,10 @@ ENTRY = re.compile(r"[0-9a-f]{64}\.(?:o|val|vmfb)") # what key() and store() nam
 TEMPORARY = re.compile(r"\.tmp-[0-9a-z_]+")          # what store() names the file it writes
 
 
+@functools.cache
 def versions() -> str:
+    """dslc's, llvmlite's and LLVM's versions (read once: dslc's from its metadata costs 5 ms,
+    and a program's kernels each take a key)."""
     import llvmlite
     import llvmlite.binding as llvm
     try:
