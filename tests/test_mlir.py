@@ -139,6 +139,7 @@ def magnitudes(fn: Function, arrays: list[np.ndarray]) -> list[np.ndarray]:
     """For each result, a bound on the sum of |terms| it was computed from: the interpreter run
     on magnitudes (|x| for a float input, a - b as |a| + |b|; a product and a quotient carry
     their operands' relative bounds, to first order), never below the result's |value|.
+    (A bound that magnitudes make NaN, inf - inf, is the |value|.)
     A sum that cancels to near 0 is only known to a few ulp of its terms, whatever the order."""
     values = dict(zip(fn.params, arrays))
     size = {v: np.abs(a) if a.dtype.kind == "f" else a for v, a in zip(fn.params, arrays)}
@@ -151,7 +152,7 @@ def magnitudes(fn: Function, arrays: list[np.ndarray]) -> list[np.ndarray]:
             bounds = outs
         for v, out, bound in zip(op.outputs, outs, bounds, strict=True):
             values[v] = out
-            size[v] = np.maximum(np.abs(out), np.abs(bound)) if out.dtype.kind == "f" else out
+            size[v] = np.fmax(np.abs(out), np.abs(bound)) if out.dtype.kind == "f" else out
     return [size[v] for v in fn.results]
 
 
