@@ -147,7 +147,8 @@ def magnitudes(fn: Function, arrays: list[np.ndarray]) -> list[np.ndarray]:
         outs = interp.evaluate(op, [values[v] for v in op.inputs])
         sizes = [size[v] for v in op.inputs]
         try:
-            bounds = _magnitude(op, [values[v] for v in op.inputs], sizes)
+            with np.errstate(all="ignore"):             # (inf · 0 is a NaN bound, not an error)
+                bounds = _magnitude(op, [values[v] for v in op.inputs], sizes)
         except EvalError:
             bounds = outs
         for v, out, bound in zip(op.outputs, outs, bounds, strict=True):
