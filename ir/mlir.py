@@ -57,7 +57,9 @@ def literal(value: Any, dtype: str) -> str:
         return "true" if value else "false"
     if dtype not in FLOAT_DTYPES:
         return str(int(value))
-    x = np.array(value, dtype={"f16": np.float16, "f32": np.float32, "f64": np.float64}[dtype])
+    # (NumPy has no bf16: its literal is the f32 decimal, which MLIR rounds to bf16)
+    x = np.array(value, dtype={"f16": np.float16, "bf16": np.float32, "f32": np.float32,
+                               "f64": np.float64}[dtype])
     if not np.isfinite(x):
         return "0x" + x.tobytes()[::-1].hex().upper()
     return repr(float(x))
@@ -103,7 +105,13 @@ class Body:
         return self._arith("subf", "subi", x, y)
 
     def mul(self, x: S, y: S) -> S:
-        return self._arith("mulf", "muli", x, y)
+        """x * y rounded once. A float product is math.fma(x, y, -0.0), the same bits: IREE's
+        llvm-cpu marks every arith.mulf and addf contractable, and LLVM would fuse a product
+        and the sum that uses it into one fma where dslc rounds twice."""
+        if not x.is_float:
+            return self._arith("mulf", "muli", x, y)
+        zero = self.const(-0.0, x.dtype)
+        return self._op(f"math.fma {x.name}, {y.name}, {zero.name} : {x.type}", x.dtype)
 
     def div(self, x: S, y: S) -> S:
         return self._arith("divf", "divsi", x, y)

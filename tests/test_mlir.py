@@ -6,8 +6,9 @@ examples; DSLC_SLOW=1: every file).
 Bounds (docs/numerics.md): a result computed only by exact operations (arithmetic, comparisons,
 casts, gathers, copies; no reduction, contraction or math-library function on its way) must
 agree bit for bit. Others may differ by the order IREE reduces in and by its math library:
-|got - want| ≤ 2e-5·|want| + 2e-6·max|want| (the largest finite |want|). A disagreement
-names the op that made the result.
+|got - want| ≤ ε·(168·m + 17·max|want|), ε the dtype's (2e-5·m + 2e-6·max|want| in f32), m a
+bound on the sum of |terms| behind the result (`magnitudes`) and max|want| the largest finite
+|want|. A disagreement names the op that made the result.
 An entry with an op the exporter cannot write yet must say so, at that op's line where the
 source wrote it."""
 from __future__ import annotations
@@ -24,12 +25,13 @@ import dsl
 from conftest import dslc, user_error
 from dsl.inputs import dimension_names
 from frontend.diagnostics import DslError
+from ir import interp
 from ir.ad import grad_function
-from ir.core import Function, Value
+from ir.core import Function, Op, Value
 from ir.mlir import NotExpressible, function, module
-from ir.ops.base import Role, np_dtype
+from ir.ops.base import EvalError, Role, np_dtype
 from ir.ops.contract import Einsum
-from ir.ops.elementwise import MathFunction
+from ir.ops.elementwise import Div, MathFunction, Mul, Sub
 from ir.passes import optimize
 from runtime import cpu
 
@@ -133,30 +135,44 @@ def inexact(fn: Function) -> set[Value]:
     return found
 
 
+def magnitudes(fn: Function, arrays: list[np.ndarray]) -> list[np.ndarray]:
+    """For each result, a bound on the sum of |terms| it was computed from: the interpreter run
+    on magnitudes (|x| for a float input, a - b as |a| + |b|; a product and a quotient carry
+    their operands' relative bounds, to first order), never below the result's |value|.
+    (A bound that magnitudes make NaN, inf - inf, is the |value|.)
+    A sum that cancels to near 0 is only known to a few ulp of its terms, whatever the order."""
+    values = dict(zip(fn.params, arrays))
+    size = {v: np.abs(a) if a.dtype.kind == "f" else a for v, a in zip(fn.params, arrays)}
+    for op in fn.ops:
+        outs = interp.evaluate(op, [values[v] for v in op.inputs])
+        sizes = [size[v] for v in op.inputs]
+        try:
+            with np.errstate(all="ignore"):             # (inf · 0 is a NaN bound, not an error)
+                bounds = _magnitude(op, [values[v] for v in op.inputs], sizes)
+        except EvalError:
+            bounds = outs
+        for v, out, bound in zip(op.outputs, outs, bounds, strict=True):
+            values[v] = out
+            size[v] = np.fmax(np.abs(out), np.abs(bound)) if out.dtype.kind == "f" else out
+    return [size[v] for v in fn.results]
+
+
+def _magnitude(op: Op, args: list[np.ndarray], sizes: list[np.ndarray]) -> list[np.ndarray]:
+    p = op.primitive
+    if isinstance(p, Sub):
+        return [sizes[0] + sizes[1]]
+    if isinstance(p, Mul):
+        return [sizes[0] * np.abs(args[1]) + np.abs(args[0]) * sizes[1]]
+    if isinstance(p, Div) and args[0].dtype.kind == "f":
+        return [sizes[0] / np.abs(args[1]) + np.abs(args[0]) * sizes[1] / np.square(args[1])]
+    return interp.evaluate(op, sizes)
+
+
 def maker(fn: Function, v: Value) -> str:
     op = next((op for op in fn.ops if v in op.outputs), None)
     if op is None:
         return "an input"
     return f"'{op.primitive.name}' at {op.origin.span if op.origin else '?'}"
-
-
-# Disagreements found and not yet resolved (docs/mlir.md): strict, so a fixed one fails here.
-FMA = "IREE contracts a * b ± c of two ops into one fma where dslc rounds twice: an exact op's bits differ"
-CANCEL = "a sum that cancels to near 0 differs beyond the bound by IREE's order of summation"
-KNOWN = {
-    "03_number_literals.literals": FMA, "03_number_literals.literals.grad": FMA,
-    "33_map_lambda.sgd": FMA, "58_lists_leaves_and_debug.pairwise": FMA,
-    "58_lists_leaves_and_debug.pairwise.grad": FMA, "cnn_digits.update": FMA,
-    "cnn_digits.update.grad": FMA, "lstm_chars.update": FMA, "lstm_chars.update.grad": FMA,
-    "xor.update": FMA, "xor.update.grad": FMA,
-    "17_assign_destructure.standardize.grad": CANCEL, "54_fold_state_is_an_existing_value.dloss.grad": CANCEL,
-    "56_buffers.loss.grad": CANCEL, "56_buffers.step.grad": CANCEL, "lstm_chars.step": CANCEL,
-    "lstm_chars.step.grad": CANCEL, "names_mlp.step": CANCEL, "names_mlp.step.grad": CANCEL,
-    "names_mlp.update": CANCEL, "names_mlp.update.grad": CANCEL, "xor.step.grad": CANCEL,
-    "47_unannotated_helpers.model_f16": "an f16 product differs from dslc's by an ulp of f16",
-    "47_unannotated_helpers.model_f16.grad": "an f16 product differs from dslc's by an ulp of f16",
-    "33_map_lambda.sgd.grad": "IREE's runtime fails the call: 'transient buffer has not been committed'",
-}
 
 
 def test_every_entry_exports_or_says_which_op_it_cannot():
@@ -168,12 +184,8 @@ def test_every_entry_exports_or_says_which_op_it_cannot():
     assert located >= len(refused) - 4, "an op written in the source is refused at its line"
 
 
-def marks(case: str) -> list[pytest.MarkDecorator]:
-    return ([pytest.mark.xfail(reason=KNOWN[case], strict=True)] if case in KNOWN else []) + \
-        ([] if case.split(".")[0] in QUICK else [needs_slow])
-
-
-@pytest.mark.parametrize("case", [pytest.param(c, marks=marks(c)) for c in sorted(exported()[0])])
+@pytest.mark.parametrize("case", [pytest.param(c, marks=[] if c.split(".")[0] in QUICK else [needs_slow])
+                                  for c in sorted(exported()[0])])
 def test_iree_agrees_with_the_cpu_backend(case):
     fn = cases()[case]
     arrays = inputs(fn)
@@ -184,13 +196,15 @@ def test_iree_agrees_with_the_cpu_backend(case):
     got = [_result(o, v.dtype, v.shape) for o, v in zip(out if isinstance(out, (tuple, list)) else (out,),
                                                          fn.results, strict=True)]
     loose = inexact(fn)
-    for k, (g, w, v) in enumerate(zip(got, want, fn.results, strict=True)):
+    scale = magnitudes(fn, arrays)
+    for k, (g, w, m, v) in enumerate(zip(got, want, scale, fn.results, strict=True)):
         assert g.dtype == w.dtype and g.shape == w.shape
         if v not in loose or w.dtype.kind not in "f":
             assert g.tobytes() == w.tobytes(), f"result {k}, made by {maker(fn, v)}, differs in its bits"
             continue
         finite = np.abs(w[np.isfinite(w)])              # (random inputs make NaNs: sqrt(v < 0))
-        bound = 2e-5 * np.abs(w) + 2e-6 * (finite.max() if finite.size else 0)
+        eps = np.finfo(w.dtype).eps                     # (168 and 17 ε: 2e-5 and 2e-6 in f32)
+        bound = eps * (168 * m + 17 * (finite.max() if finite.size else 0))
         bad = ~(np.abs(g - w) <= bound) & ~(np.isnan(g) & np.isnan(w)) & (g != w)
         assert not bad.any(), (f"result {k}, made by {maker(fn, v)}, differs beyond the bound: "
                                f"{g[bad][:3]} against {w[bad][:3]}")
@@ -222,3 +236,21 @@ def test_device_iree_runs_an_entry_as_the_cpu_backend_does():
     got = dsl.load(str(MLP), device="iree").loss(**args)
     want = dsl.load(str(MLP), device="cpu").loss(**args)
     assert abs(got - want) <= 2e-5 * abs(want)
+
+
+def test_dslc_run_device_iree_gives_the_cpu_backends_bits_for_exact_ops(tmp_path: Path):
+    """xor's update is p - lr * g: exact, so IREE must not fuse the product into the difference."""
+    rng = np.random.default_rng(1)
+    shapes = {"W1": (2, 4), "b1": (4,), "W2": (4, 1), "b2": (1,)}
+    arrays = {f"{r}.{k}": rng.standard_normal(s).astype(np.float32) for r in "pg" for k, s in shapes.items()}
+    np.savez(tmp_path / "in.npz", **arrays, lr=np.float32(0.1))
+    out = {}
+    for device in ("cpu", "iree"):
+        r = dslc("run", str(ROOT / "examples" / "xor.bend"), "--entry", "update", "--inputs",
+                 str(tmp_path / "in.npz"), "-o", str(tmp_path / f"{device}.npz"), "--device", device)
+        assert r.returncode == 0, r.stderr
+        with np.load(tmp_path / f"{device}.npz") as f:
+            out[device] = {k: f[k] for k in f.files}
+    assert sorted(out["iree"]) == ["out.W1", "out.W2", "out.b1", "out.b2"]
+    for k, want in out["cpu"].items():
+        assert out["iree"][k].tobytes() == want.tobytes(), k
