@@ -74,10 +74,13 @@ def launch(dtype: str, batch: int, m: int, n: int) -> MatmulLaunch:
     return MatmulLaunch(entry(dtype), (-(-n // BN), rows, min(batch, MAX_GRID_YZ)), THREADS, shared_bytes(dtype))
 
 
-def module_ir(dtypes: tuple[str, ...] = DTYPES, target: Target = GPU) -> ir.Module:
-    """A module of the tensor-core kernels for these input dtypes."""
-    module = ir.Module(name="dslc_mma")
-    module.triple = target.triple
+def module_ir(dtypes: tuple[str, ...] = DTYPES, target: Target = GPU,
+              module: ir.Module | None = None) -> ir.Module:
+    """A module of the tensor-core kernels for these input dtypes: `module` with them added
+    (a program's kernels: one module to load), else a new one."""
+    if module is None:
+        module = ir.Module(name="dslc_mma")
+        module.triple = target.triple
     annotations = module.add_named_metadata("nvvm.annotations")
     for dtype in dtypes:
         _mma_entry(module, dtype, annotations, target)

@@ -90,7 +90,8 @@ checkpoint) or with `--overwrite`, which deletes them before the first step. `st
 of the run, so a resumed run goes on from the checkpoint's step to `steps`.
 
 Training runs where `device` says: "auto" (the GPU where one is usable, else the CPU backend),
-"cpu", "cuda" or "reference" (the interpreter).
+"cpu", "cuda" or "reference" (the interpreter), in `numerics` ("exact", or "fast": the GPU's
+products on tensor cores).
 """
 from __future__ import annotations
 
@@ -255,12 +256,12 @@ class Model:
     REQUIRED = ("init", "loss", "step")
 
     def __init__(self, path: str, data: str | None = None, dims: dict | None = None,
-                 hyper: dict | None = None, device: str = "auto"):
+                 hyper: dict | None = None, device: str = "auto", numerics: str = "exact"):
         self.path = Path(path)
         if self.path.suffix != ".bend":
             raise DslError(None, f"{path}: a model file ends in .bend")
         check_file(str(self.path))                    # every diagnostic of the file at once
-        self.prog: Program = load(str(self.path), device=device)
+        self.prog: Program = load(str(self.path), device=device, numerics=numerics)
         self.loader = import_loader(self.path)
         if data is not None:
             self.loader = replace(self.loader, origin=data, load=read_npz_data(data), size=None, rows=None)
@@ -721,7 +722,7 @@ def train(path: str, *, steps: int | None = None, seed: int | None = None, data:
           resume: str | None = None, checkpoint_dir: str | None = None, overwrite: bool = False,
           plot: str | None = None,
           dims: dict | None = None, hyper: dict | None = None, batch_size: int | None = None,
-          device: str = "auto", progress: TextIO | None = sys.stderr,
+          device: str = "auto", numerics: str = "exact", progress: TextIO | None = sys.stderr,
           on_step: Callable[[int, dict, float], None] | None = None, final_eval: bool = True,
           micro_batches: int | None = None, rank_timeout: float = 600.0) -> Result:
     """Train the model file `path` (see the module's documentation); returns the report.
@@ -743,7 +744,7 @@ def train(path: str, *, steps: int | None = None, seed: int | None = None, data:
         raise DslError(None, f"{ckpt_dir} already holds another run's checkpoints (the last is "
                              f"{earlier[-1].name}): give --resume {earlier[-1]} to go on from it, "
                              "or --overwrite to delete them and start afresh")
-    model = Model(path, data=data, dims=dims, hyper=hyper, device=device)
+    model = Model(path, data=data, dims=dims, hyper=hyper, device=device, numerics=numerics)
     cfg = {**DEFAULTS, **model.loader.settings}
     unknown = sorted(set(cfg) - set(DEFAULTS))
     if unknown:

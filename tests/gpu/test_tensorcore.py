@@ -5,6 +5,7 @@ products within the bound of docs/numerics.md; ptxas accepts it for sm_80 and sm
 from __future__ import annotations
 
 import functools
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -37,9 +38,12 @@ def product(dtype: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return c
 
 
-# (batch, m, k, n, B broadcast): a single mma tile, tiles cut on every side, K below one
-# shared tile and across several, a batch with B shared by its products
-SHAPES = [(1, 16, 16, 8, False), (1, 70, 40, 37, False), (2, 65, 9, 66, True)]
+# (batch, m, k, n, B broadcast): warp and mma tiles cut, K across two shared tiles, a batch
+# with B shared by its products; with DSLC_SLOW=1 also a single mma tile, and block tiles cut
+# on every side (several blocks: about 10 s a dtype in the emulator)
+slow = pytest.mark.skipif(not os.environ.get("DSLC_SLOW"), reason="set DSLC_SLOW=1 for more shapes")
+SHAPES = [(2, 17, 20, 9, True), pytest.param(1, 16, 16, 8, False, marks=slow),
+          pytest.param(1, 70, 40, 37, False, marks=slow), pytest.param(2, 65, 9, 66, True, marks=slow)]
 
 
 @pytest.mark.parametrize("dtype", tensorcore.DTYPES)
@@ -68,10 +72,11 @@ def bound(dtype: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize("dtype", tensorcore.DTYPES)
-def test_random_products_are_within_the_documented_bound(dtype):
+@pytest.mark.parametrize("m, k, n", [(20, 24, 12), pytest.param(70, 48, 40, marks=slow)])
+def test_random_products_are_within_the_documented_bound(dtype, m, k, n):
     rng = np.random.default_rng(16)
-    a = rng.standard_normal((1, 70, 48)).astype(NUMPY[dtype])
-    b = rng.standard_normal((1, 48, 40)).astype(NUMPY[dtype])
+    a = rng.standard_normal((1, m, k)).astype(NUMPY[dtype])
+    b = rng.standard_normal((1, k, n)).astype(NUMPY[dtype])
     got = product(dtype, a, b).astype(np.float64)
     exact = a.astype(np.float64) @ b.astype(np.float64)
     error = np.abs(got - exact)

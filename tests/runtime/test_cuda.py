@@ -45,12 +45,12 @@ class FakeDriver:
         self.fail_alloc_over: int | None = None
         self.never_done = False
 
-    def compile_ptx(self, kernels, matmuls, gathers, target):
-        self.pending = (list(kernels), matmuls, gathers)
+    def compile_ptx(self, kernels, matmuls, gathers, target, mmas=()):
+        self.pending = (list(kernels), matmuls, gathers, mmas)
         return "fake ptx"
 
     def load(self, ptx):
-        kernels, _, _ = self.pending
+        kernels, *_ = self.pending
         return {"compiled": Compiled(kernels) if kernels else None,
                 "kernels": {nvptx.launch(k).entry: k for k in kernels}}
 
