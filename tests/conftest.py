@@ -139,7 +139,7 @@ def quick(tmp: _Path, example: _Path, dims: dict | None = None, **settings) -> _
 
 # Small sizes for every example's dimension names (one letter means one thing per example).
 EXAMPLE_DIMS = {"B": 4, "N": 2, "T": 8, "L": 2, "V": 11, "D": 16, "H": 2, "G": 1, "E": 4,
-                "C1": 4, "C2": 8, "P": 8, "rope": True, "p.blocks": 2}
+                "C": 4, "C1": 4, "C2": 8, "P": 8, "rope": True, "p.blocks": 2}
 EXAMPLES = sorted(p.stem for p in (_Path(__file__).parents[1] / "examples").glob("*.bend")
                   if "def init(" in p.read_text() and "def loss(" in p.read_text())
 
