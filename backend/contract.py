@@ -742,7 +742,7 @@ class Matmul:
         if self._scratch.size < threads * self.tiles.scratch_elements + 64:
             self._scratch = np.empty(threads * self.tiles.scratch_elements + 64,
                                      dtype=NUMPY[self.dtype])
-            self._arguments[ARGUMENTS - 4] = _aligned(self._scratch)
+            self._arguments[ARGUMENTS - 4] = aligned(self._scratch)
         return self._scratch
 
     def call(self, a: np.ndarray, b: np.ndarray, c: np.ndarray, scratch: np.ndarray,
@@ -757,7 +757,7 @@ class Matmul:
                 or scratch.size < thread_count * self.tiles.scratch_elements + 64:
             raise ValueError(f"thread {thread_index} of {thread_count}, next_job {next_job}, "
                              f"scratch {scratch.dtype} [{scratch.size}]")
-        self.fn(*self.arguments(a, b, c), _aligned(scratch), address(next_job), *epilogue,
+        self.fn(*self.arguments(a, b, c), aligned(scratch), address(next_job), *epilogue,
                 thread_index, thread_count)
 
     def arguments(self, a: np.ndarray, b: np.ndarray, c: np.ndarray) -> tuple:
@@ -781,6 +781,22 @@ class Matmul:
         by `threads` threads (this one and the team's helpers), into `out` (C-contiguous, of
         the result's shape) when given; `epilogue` (a kernel's address and its table's) runs
         on each job's rows where the jobs cover whole rows (`fuses`)."""
+        a3, b3, c, shape = self.operands(a, b, out)
+        if threads < 1:
+            raise ValueError(f"threads must be at least 1, not {threads}")
+        with self._lock:                                   # one scratch buffer, one call
+            self.scratch(threads)
+            # (struct writes the words in a third of the time NumPy's slice assignment takes)
+            struct.pack_into(f"{ARGUMENTS - 4}q", self._arguments, 0, *self.arguments(a3, b3, c))
+            struct.pack_into("2q", self._arguments, 8 * (ARGUMENTS - 2), *epilogue)
+            self._next_job[0] = 0
+            team().run(self.task, self._arguments_address, threads)
+        return c.reshape(shape + (a.shape[-2], b.shape[-1]))
+
+    def operands(self, a: np.ndarray, b: np.ndarray, out: np.ndarray | None
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[int, ...]]:
+        """a, b and C as the kernel takes them ([batch|1, rows, columns], in place where their
+        strides allow), and the batch axes of the result."""
         dtype = NUMPY[self.dtype]
         a, b = a.astype(dtype, copy=False), b.astype(dtype, copy=False)
         if a.ndim == b.ndim == 2:
@@ -798,16 +814,7 @@ class Matmul:
                                     and out.size == math.prod(c_shape)):
             raise ValueError(f"out must be a C-contiguous {self.dtype} array of {c_shape}")
         c = np.empty(c_shape, dtype=NUMPY[self.dtype]) if out is None else out.reshape(c_shape)
-        if threads < 1:
-            raise ValueError(f"threads must be at least 1, not {threads}")
-        with self._lock:                                   # one scratch buffer, one call
-            self.scratch(threads)
-            # (struct writes the words in a third of the time NumPy's slice assignment takes)
-            struct.pack_into(f"{ARGUMENTS - 4}q", self._arguments, 0, *self.arguments(a3, b3, c))
-            struct.pack_into("2q", self._arguments, 8 * (ARGUMENTS - 2), *epilogue)
-            self._next_job[0] = 0
-            team().run(self.task, self._arguments_address, threads)
-        return c.reshape(shape + (a.shape[-2], b.shape[-1]))
+        return a3, b3, c, shape
 
 
     def fuses(self, n: int) -> bool:
@@ -816,7 +823,7 @@ class Matmul:
         return n <= self.tiles.nc
 
 
-def _aligned(scratch: np.ndarray) -> int:
+def aligned(scratch: np.ndarray) -> int:
     """The address of scratch's first element on a cache line (64 elements are spare)."""
     base = address(scratch)
     return base + (-base % 64)
