@@ -22,10 +22,11 @@ from backend.team import MAX_THREADS, team
 from ir.core import Value
 from ir.ops.base import np_dtype
 from ir.ops.index import ScatterAdd
-from runtime.cpu import (MIN_RUN_WORK, Executable, _Arena, _buffer, _copy, _empty, _made_once,
+from runtime import cpu
+from runtime.cpu import (Executable, _Arena, _buffer, _copy, _empty, _made_once,
                          _RunLaunch, _View, product, threads)
 
-Segment = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64)
+SegmentFn = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64)
 ARENA = HEADER                      # the frame word of the arena's (aligned) base
 
 
@@ -36,15 +37,16 @@ class _Placed:
 
 
 @dataclass(frozen=True)
-class _Native:
+class Native:
     """A segment: the views Python reads that it makes (NumPy's, cheap), then its call."""
     function: Callable | None
+    calls: tuple[Call, ...]
     views: tuple[int, ...]          # steps
     team: bool                      # whether any call in it may share work among threads
 
 
 @dataclass(frozen=True)
-class _Python:
+class InPython:
     """A step run by Python as the step-by-step walk runs it; the bases it makes written to
     the frame after it."""
     step: int
@@ -68,11 +70,11 @@ class NativeStep:
             self.places[v] = (Ref(self._static(lambda arena, frame, a=a: address(a))), a)
         for v, offset in exe.memory.offsets.items():
             self.places[v] = (Ref(ARENA, offset), _stand_in(v))
-        items: list[_Python | list[Call | _Placed]] = [[]]
+        items: list[InPython | list[Call | _Placed]] = [[]]
         for i, step in enumerate(exe.plan.steps):
             native = self._native(i, step)
             if native is None:
-                items += [_Python(i, tuple((self._base(v), v) for v in _written(step)
+                items += [InPython(i, tuple((self._base(v), v) for v in _written(step)
                                            if v not in self.places)), []]
             else:
                 items[-1] += native
@@ -128,7 +130,7 @@ class NativeStep:
                        self._static(lambda arena, frame: arena.pointers[i].address),
                        self._static(lambda arena, frame: arena.pointers[i].words.ctypes.data),
                        sync_words(launch.kernels), tuple((slot, self._ref(v)) for slot, v in launch.patches),
-                       launch.work >= MIN_RUN_WORK)
+                       launch.work >= cpu.MIN_RUN_WORK)    # (read now: tests lower it)
 
     def _view(self, view: _View) -> bool:
         """Whether NumPy's view of the source's stand-in is a view (it is placed) or a copy."""
@@ -189,35 +191,37 @@ class NativeStep:
         makes too, NumPy's way."""
         steps = self.exe.plan.steps
         read = set(self.exe.function.results)
-        read.update(v for x in items if isinstance(x, _Python) for v in steps[x.step].op.inputs)
+        read.update(v for x in items if isinstance(x, InPython) for v in steps[x.step].op.inputs)
         views = set()
-        for x in reversed([c for x in items if not isinstance(x, _Python) for c in x]):
+        for x in reversed([c for x in items if not isinstance(x, InPython) for c in x]):
             if isinstance(x, _Placed) and steps[x.step].op.outputs[0] in read:
                 views.add(x.step)
                 read.update(steps[x.step].op.inputs)
         return views
 
     def _read_by_python(self, items: list, views: set[int]) -> set[Value]:
+        """The values Python steps read or write (and the results)."""
         steps = self.exe.plan.steps
-        return {v for i in [x.step for x in items if isinstance(x, _Python)] + sorted(views)
-                for v in steps[i].op.inputs}
+        python = [x.step for x in items if isinstance(x, InPython)]
+        return ({v for i in python + sorted(views) for v in steps[i].op.inputs}
+                | {v for i in python for v in _written(steps[i])} | set(self.exe.function.results))
 
-    def _segments(self, items: list, views: set[int]) -> list[_Native | _Python]:
+    def _segments(self, items: list, views: set[int]) -> list[Native | InPython]:
         """The native calls between Python steps compiled, one function each, with the views
         Python makes before each."""
-        runs = [[c for c in x if not isinstance(c, _Placed)] for x in items if not isinstance(x, _Python)]
+        runs = [[c for c in x if not isinstance(c, _Placed)] for x in items if not isinstance(x, InPython)]
         self.engine, addresses = compile_segments([tuple(r) for r in runs if r]) if any(runs) else (None, [])
         functions = iter(addresses)
-        made: list[_Native | _Python] = []
+        made: list[Native | InPython] = []
         for x in items:
-            if isinstance(x, _Python):
+            if isinstance(x, InPython):
                 made.append(x)
                 continue
             calls = [c for c in x if not isinstance(c, _Placed)]
-            made.append(_Native(Segment(next(functions)) if calls else None,
+            made.append(Native(SegmentFn(next(functions)) if calls else None, tuple(calls),
                                 tuple(c.step for c in x if isinstance(c, _Placed) and c.step in views),
                                 any(_shares(c) for c in calls)))
-        return [x for x in made if isinstance(x, _Python) or x.function or x.views]
+        return [x for x in made if isinstance(x, InPython) or x.function or x.views]
 
     # -- calling -----------------------------------------------------------------------------
 
@@ -237,7 +241,7 @@ class NativeStep:
             env[v] = a = _empty(v)
             words[word] = address(a)
         for item in self.items:
-            if isinstance(item, _Python):
+            if isinstance(item, InPython):
                 exe.step(item.step, env, arena, n)
                 for word, v in item.bases:
                     words[word] = address(env[v])
