@@ -303,6 +303,10 @@ class _RunLaunch:
         filled."""
         for v in self.fresh:
             env[v] = _empty(v)
+        self.patch(env, pointers)
+
+    def patch(self, env: dict[Value, np.ndarray], pointers: _RunTable) -> None:
+        """The table's slots the arena does not fix filled."""
         table = pointers.table
         for i, v in self.patches:
             table[i] = address(env[v])
@@ -401,9 +405,14 @@ def product(a: np.ndarray, b: np.ndarray, out: np.ndarray, threads: int
 def _empty(v: Value) -> np.ndarray:
     """A new array for v at an address that is a multiple of ALIGN (64) bytes: a result there
     is one that jax.dlpack.from_dlpack takes without a copy (it copies any other)."""
-    raw = np.empty(nbytes(v) + ALIGN, np.uint8)
-    start = -raw.ctypes.data % ALIGN
-    return raw[start:start + nbytes(v)].view(np_dtype(v.dtype)).reshape(v.shape)
+    return empty_aligned(nbytes(v), np_dtype(v.dtype), v.shape)
+
+
+def empty_aligned(size: int, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    """_empty with v's bytes, dtype and shape found once (a native step's results)."""
+    raw = np.empty(size + ALIGN, np.uint8)
+    start = -address(raw) % ALIGN
+    return raw[start:start + size].view(dtype).reshape(shape)
 
 
 def _copy(a: np.ndarray, v: Value) -> np.ndarray:

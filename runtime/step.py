@@ -15,7 +15,7 @@ import numpy as np
 from backend import scatter
 from backend.contract import ARGUMENTS, NUMPY, Matmul, aligned
 from backend.cpu import address, sync_words
-from backend.schedule import ALIGN, ContractStep, HostStep, KernelStep, ViewStep
+from backend.schedule import ContractStep, KernelStep, ViewStep, nbytes
 from backend.step import (HEADER, TEAM_BOX, TEAM_RUN, Call, ProductCall, Ref, RunCall,
                           ScatterCall, compile_segments)
 from backend.team import MAX_THREADS, team
@@ -23,7 +23,7 @@ from ir.core import Value
 from ir.ops.base import np_dtype
 from ir.ops.index import ScatterAdd
 from runtime import cpu
-from runtime.cpu import (Executable, _Arena, _buffer, _copy, _empty, _made_once,
+from runtime.cpu import (Executable, _Arena, _copy, _made_once, empty_aligned,
                          _RunLaunch, _View, product, threads)
 
 SegmentFn = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64)
@@ -43,6 +43,7 @@ class Native:
     calls: tuple[Call, ...]
     views: tuple[int, ...]          # steps
     team: bool                      # whether any call in it may share work among threads
+    alone: int | None               # the step of a lone run, called as the walk calls it
 
 
 @dataclass(frozen=True)
@@ -63,8 +64,12 @@ class NativeStep:
         self.statics: list[tuple[int, Callable[[_Arena, _Frame], int]]] = [
             (ARENA, lambda arena, frame: aligned(arena.memory))]
         self.places: dict[Value, tuple[Ref, np.ndarray]] = {}   # with a stand-in array
-        self.params = [self._base(p) for p in exe.function.params]
-        self.fresh: list[tuple[int, Value]] = []                # made each call, before any segment
+        self._runs: dict[RunCall, int] = {}                      # the step of each
+        self.params = [(self._base(p), p, np_dtype(p.dtype)) for p in exe.function.params]
+        # made each call before any segment: (word, value, bytes, dtype, shape)
+        self.fresh: list[tuple[int, Value, int, np.dtype, tuple[int, ...]]] = []
+        # a result never shares memory with a value made once, nor is a strided view
+        self.results = [(v, v in exe.made or v in exe.views) for v in exe.function.results]
         self.products: list[tuple[int, np.ndarray, Matmul, int]] = []   # (word, words, kernel, step)
         for v, a in exe.made.items():
             self.places[v] = (Ref(self._static(lambda arena, frame, a=a: address(a))), a)
@@ -122,15 +127,18 @@ class NativeStep:
     def _fresh(self, values) -> None:
         for v in values:
             if v not in self.places:
-                self.fresh.append((self._base(v), v))
+                self.fresh.append((self._base(v), v, nbytes(v), np_dtype(v.dtype), tuple(v.shape)))
 
     def _run(self, launch: _RunLaunch, i: int) -> RunCall:
         self._fresh(launch.fresh)
-        return RunCall(self._static(lambda arena, frame: launch.address),
+        call = RunCall(self._static(lambda arena, frame: launch.address),
                        self._static(lambda arena, frame: arena.pointers[i].address),
                        self._static(lambda arena, frame: arena.pointers[i].words.ctypes.data),
-                       sync_words(launch.kernels), tuple((slot, self._ref(v)) for slot, v in launch.patches),
-                       launch.work >= cpu.MIN_RUN_WORK)    # (read now: tests lower it)
+                       sync_words(launch.kernels),
+                       tuple((slot, self._ref(v)) for slot, v in launch.patches),
+                       launch.work >= cpu.MIN_RUN_WORK)          # (read now: tests lower it)
+        self._runs[call] = i
+        return call
 
     def _view(self, view: _View) -> bool:
         """Whether NumPy's view of the source's stand-in is a view (it is placed) or a copy."""
@@ -209,19 +217,22 @@ class NativeStep:
     def _segments(self, items: list, views: set[int]) -> list[Native | InPython]:
         """The native calls between Python steps compiled, one function each, with the views
         Python makes before each."""
-        runs = [[c for c in x if not isinstance(c, _Placed)] for x in items if not isinstance(x, InPython)]
-        self.engine, addresses = compile_segments([tuple(r) for r in runs if r]) if any(runs) else (None, [])
-        functions = iter(addresses)
+        native = [c for x in items if not isinstance(x, InPython)
+                  if len(c := tuple(c for c in x if not isinstance(c, _Placed))) > 1
+                  or c and not isinstance(c[0], RunCall)]
+        self.engine, addresses = compile_segments(native) if native else (None, [])
+        functions = dict(zip(native, map(SegmentFn, addresses)))
         made: list[Native | InPython] = []
         for x in items:
             if isinstance(x, InPython):
                 made.append(x)
                 continue
-            calls = [c for c in x if not isinstance(c, _Placed)]
-            made.append(Native(SegmentFn(next(functions)) if calls else None, tuple(calls),
-                                tuple(c.step for c in x if isinstance(c, _Placed) and c.step in views),
-                                any(_shares(c) for c in calls)))
-        return [x for x in made if isinstance(x, InPython) or x.function or x.views]
+            calls = tuple(c for c in x if not isinstance(c, _Placed))
+            made.append(Native(functions.get(calls), calls,
+                               tuple(c.step for c in x if isinstance(c, _Placed) and c.step in views),
+                               any(_shares(c) for c in calls),
+                               self._runs[calls[0]] if calls and calls not in functions else None))
+        return [x for x in made if isinstance(x, InPython) or x.calls or x.views]
 
     # -- calling -----------------------------------------------------------------------------
 
@@ -232,13 +243,12 @@ class NativeStep:
         n = threads()
         if n > frame.threads:
             frame.scratch(n)
-        env: dict[Value, np.ndarray] = {v: arena.views[v] if v in arena.views else exe.made[v]
-                                        for v in self.needed}
-        for word, p, a in zip(self.params, exe.function.params, arrays):
-            env[p] = a = _buffer(a, p)
+        env = dict(frame.seen)
+        for (word, p, dtype), a in zip(self.params, arrays):
+            env[p] = a = np.asarray(a, dtype, order="C")        # (runtime/cpu.py's _buffer)
             words[word] = address(a)
-        for word, v in self.fresh:
-            env[v] = a = _empty(v)
+        for word, v, size, dtype, shape in self.fresh:
+            env[v] = a = empty_aligned(size, dtype, shape)
             words[word] = address(a)
         for item in self.items:
             if isinstance(item, InPython):
@@ -248,6 +258,10 @@ class NativeStep:
                 continue
             for i in item.views:
                 exe.launches[i](env, None, n)
+            if item.alone is not None:          # (a module for one call would not pay)
+                exe.launches[item.alone].patch(env, arena.pointers[item.alone])
+                exe.launches[item.alone].run(arena.pointers[item.alone], n)
+                continue
             if item.function is None:
                 continue
             held = team().hold(n) if item.team else 1
@@ -258,13 +272,13 @@ class NativeStep:
                     team().release()
             if failed:                  # an index out of range: the walk finds and reports it
                 return exe.walk(arrays)
-        return [_copy(env[v], v) if v in exe.made or v in exe.views else env[v]
-                for v in exe.function.results]
+        return [_copy(env[v], v) if copied else env[v] for v, copied in self.results]
 
     def _frame(self, arena: _Arena) -> _Frame:
         frame = arena.frame = _Frame(self.size, self.products)
         words = frame.words
-        words[TEAM_RUN], words[TEAM_BOX] = team().run_address, team().address
+        if any(isinstance(x, Native) and x.team for x in self.items):    # (made on first use)
+            words[TEAM_RUN], words[TEAM_BOX] = team().run_address, team().address
         for word, fill in self.statics:
             words[word] = fill(arena, frame)
         for (word, _, _, step), block in zip(self.products, frame.blocks):
@@ -272,6 +286,7 @@ class NativeStep:
             if step >= 0:                       # the fused epilogue's table
                 block[ARGUMENTS - 1] = arena.pointers[step].address
         frame.scratch(threads())
+        frame.seen = {v: arena.views[v] if v in arena.views else self.exe.made[v] for v in self.needed}
         return frame
 
 
@@ -290,6 +305,7 @@ class _Frame:
         self.kernels = [kernel for _, _, kernel, _ in products]
         self.threads = 0
         self._scratch: dict[str, np.ndarray] = {}
+        self.seen: dict[Value, np.ndarray] = {}    # the arena's and made values Python reads
 
     def scratch(self, threads: int) -> None:
         """Each product's scratch for `threads` threads (the products run one at a time)."""
