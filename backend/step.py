@@ -28,7 +28,6 @@ HEADER = 2
 
 _TASK = ir.FunctionType(ir.VoidType(), [I8P, I64, I64])
 _TEAM_RUN = ir.FunctionType(ir.VoidType(), [I64.as_pointer(), _TASK.as_pointer(), I8P, I64])
-_SCATTER = ir.FunctionType(I64, [I8P] * 4 + [I64] * 4)
 
 
 @dataclass(frozen=True)
@@ -73,7 +72,16 @@ class ScatterCall:
     sizes: tuple[int, int, int, int]
 
 
-Call = RunCall | ProductCall | ScatterCall
+@dataclass(frozen=True)
+class TakeCall:
+    """A take (backend/scatter.py): out, x and indices, and its sizes (outer, n, size,
+    row_bytes, from_end)."""
+    function: int
+    operands: tuple[Ref, Ref, Ref]
+    sizes: tuple[int, int, int, int, int]
+
+
+Call = RunCall | ProductCall | ScatterCall | TakeCall
 
 
 def module_ir(segments: list[tuple[Call, ...]]) -> ir.Module:
@@ -108,7 +116,7 @@ class _Segment:
             elif isinstance(call, ProductCall):
                 self.product(call)
             else:
-                self.scatter(call)
+                self.indexed(call)
         self.b.ret(ir.Constant(I64, 0))
 
     def word(self, i: int) -> ir.Value:
@@ -171,9 +179,11 @@ class _Segment:
             self.run(RunCall(call.epilogue.function, call.epilogue.table, call.epilogue.words,
                              call.epilogue.sync, (), call.epilogue.shared))
 
-    def scatter(self, call: ScatterCall) -> None:
+    def indexed(self, call: ScatterCall | TakeCall) -> None:
+        """A scatter or a gather; a bad index ends the segment."""
         b = self.b
-        fn = self.pointer(call.function, _SCATTER.as_pointer())
+        type_ = ir.FunctionType(I64, [I8P] * len(call.operands) + [I64] * len(call.sizes))
+        fn = self.pointer(call.function, type_.as_pointer())
         bad = b.call(fn, [b.inttoptr(self.address(r), I8P) for r in call.operands] +
                      [ir.Constant(I64, n) for n in call.sizes])
         go_on = b.append_basic_block("scattered")

@@ -405,14 +405,15 @@ def product(a: np.ndarray, b: np.ndarray, out: np.ndarray, threads: int
 def _empty(v: Value) -> np.ndarray:
     """A new array for v at an address that is a multiple of ALIGN (64) bytes: a result there
     is one that jax.dlpack.from_dlpack takes without a copy (it copies any other)."""
-    return empty_aligned(nbytes(v), np_dtype(v.dtype), v.shape)
+    return empty_aligned(nbytes(v), np_dtype(v.dtype), v.shape)[0]
 
 
-def empty_aligned(size: int, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
-    """_empty with v's bytes, dtype and shape found once (a native step's results)."""
+def empty_aligned(size: int, dtype: np.dtype, shape: tuple[int, ...]) -> tuple[np.ndarray, int]:
+    """_empty with v's bytes, dtype and shape found once (a native step's results), and the
+    array's address."""
     raw = np.empty(size + ALIGN, np.uint8)
-    start = -address(raw) % ALIGN
-    return raw[start:start + size].view(dtype).reshape(shape)
+    base = address(raw)
+    return np.ndarray(shape, dtype, raw, -base % ALIGN), base + -base % ALIGN
 
 
 def _copy(a: np.ndarray, v: Value) -> np.ndarray:

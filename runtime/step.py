@@ -15,13 +15,13 @@ import numpy as np
 from backend import scatter
 from backend.contract import ARGUMENTS, NUMPY, Matmul, aligned
 from backend.cpu import address, sync_words
-from backend.schedule import ContractStep, KernelStep, ViewStep, nbytes
+from backend.schedule import ContractStep, HostStep, KernelStep, ViewStep, nbytes
 from backend.step import (HEADER, TEAM_BOX, TEAM_RUN, Call, ProductCall, Ref, RunCall,
-                          ScatterCall, compile_segments)
+                          ScatterCall, TakeCall, compile_segments)
 from backend.team import MAX_THREADS, team
 from ir.core import Value
 from ir.ops.base import np_dtype
-from ir.ops.index import ScatterAdd
+from ir.ops.index import ScatterAdd, Take
 from runtime import cpu
 from runtime.cpu import (Executable, _Arena, _copy, _made_once, empty_aligned,
                          _RunLaunch, _View, product, threads)
@@ -68,6 +68,8 @@ class NativeStep:
         self.params = [(self._base(p), p, np_dtype(p.dtype)) for p in exe.function.params]
         # made each call before any segment: (word, value, bytes, dtype, shape)
         self.fresh: list[tuple[int, Value, int, np.dtype, tuple[int, ...]]] = []
+        self.kept: list[tuple[int, Value, int, np.dtype, tuple[int, ...]]] = []   # made per frame
+        self.escaping = _escaping(exe)
         # a result never shares memory with a value made once, nor is a strided view
         self.results = [(v, v in exe.made or v in exe.views) for v in exe.function.results]
         self.products: list[tuple[int, np.ndarray, Matmul, int]] = []   # (word, words, kernel, step)
@@ -84,9 +86,11 @@ class NativeStep:
             else:
                 items[-1] += native
         views = self._python_views(items)
-        self.needed = tuple(v for v in self._read_by_python(items, views)
-                            if v in exe.memory.offsets or v in exe.made)
         self.items = self._segments(items, views)
+        self.bases = np.array([w for w, _, _ in self.params] + [w for w, *_ in self.fresh], np.intp)
+        kept = {v for _, v, _, _, _ in self.kept}
+        self.needed = tuple(v for v in self._read_by_python()
+                            if v in exe.memory.offsets or v in exe.made or v in kept)
 
     # -- building ----------------------------------------------------------------------------
 
@@ -121,13 +125,16 @@ class NativeStep:
         elif _made_once(step):
             return []
         else:
-            call = self._scatter(step.op)
+            call = self._scatter(step.op) or self._take(step.op)
         return None if call is None else [call]
 
     def _fresh(self, values) -> None:
+        """Places for what native calls write outside the arena: made each call where the
+        caller may see it, else once for the frame."""
         for v in values:
             if v not in self.places:
-                self.fresh.append((self._base(v), v, nbytes(v), np_dtype(v.dtype), tuple(v.shape)))
+                made = self.fresh if v in self.escaping else self.kept
+                made.append((self._base(v), v, nbytes(v), np_dtype(v.dtype), tuple(v.shape)))
 
     def _run(self, launch: _RunLaunch, i: int) -> RunCall:
         self._fresh(launch.fresh)
@@ -194,6 +201,23 @@ class NativeStep:
                            tuple(self._ref(v) for v in (out, x, indices, updates)),
                            (outer, prod(indices.shape), size, inner))
 
+    def _take(self, op) -> TakeCall | None:
+        if not isinstance(op.primitive, Take):
+            return None
+        x, indices = op.inputs
+        (out,) = op.outputs
+        if indices.dtype not in scatter.INDICES or not x.shape or any(
+                v not in self.places or not self.places[v][1].flags.c_contiguous for v in op.inputs):
+            return None
+        self._fresh([out])
+        axis = op.attrs.get("axis", 0) % len(x.shape)
+        outer, size, inner = scatter.around(x.shape, axis)
+        fn = scatter.take_function(indices.dtype)
+        return TakeCall(self._static(lambda arena, frame: fn),
+                        tuple(self._ref(v) for v in (out, x, indices)),
+                        (outer, prod(indices.shape), size, inner * np_dtype(x.dtype).itemsize,
+                         int(op.attrs.get("from_end", True))))
+
     def _python_views(self, items: list) -> set[int]:
         """The placed views that Python reads (a host step's inputs, the results), which it
         makes too, NumPy's way."""
@@ -207,12 +231,17 @@ class NativeStep:
                 read.update(steps[x.step].op.inputs)
         return views
 
-    def _read_by_python(self, items: list, views: set[int]) -> set[Value]:
-        """The values Python steps read or write (and the results)."""
-        steps = self.exe.plan.steps
-        python = [x.step for x in items if isinstance(x, InPython)]
-        return ({v for i in python + sorted(views) for v in steps[i].op.inputs}
-                | {v for i in python for v in _written(steps[i])} | set(self.exe.function.results))
+    def _read_by_python(self) -> set[Value]:
+        """The values Python reads or writes: the steps it runs, the views it makes, the lone
+        runs it calls, and the results."""
+        exe = self.exe
+        steps = exe.plan.steps
+        python = [x.step for x in self.items if isinstance(x, InPython)]
+        views = [i for x in self.items if isinstance(x, Native) for i in x.views]
+        alone = [x.alone for x in self.items if isinstance(x, Native) and x.alone is not None]
+        return ({v for i in python + views for v in steps[i].op.inputs}
+                | {v for i in python for v in _written(steps[i])}
+                | {v for i in alone for _, v in exe.launches[i].patches} | set(exe.function.results))
 
     def _segments(self, items: list, views: set[int]) -> list[Native | InPython]:
         """The native calls between Python steps compiled, one function each, with the views
@@ -244,12 +273,14 @@ class NativeStep:
         if n > frame.threads:
             frame.scratch(n)
         env = dict(frame.seen)
-        for (word, p, dtype), a in zip(self.params, arrays):
+        bases = []                              # written to the frame at once
+        for (_, p, dtype), a in zip(self.params, arrays):
             env[p] = a = np.asarray(a, dtype, order="C")        # (runtime/cpu.py's _buffer)
-            words[word] = address(a)
-        for word, v, size, dtype, shape in self.fresh:
-            env[v] = a = empty_aligned(size, dtype, shape)
-            words[word] = address(a)
+            bases.append(address(a))
+        for _, v, size, dtype, shape in self.fresh:
+            env[v], base = empty_aligned(size, dtype, shape)
+            bases.append(base)
+        words[self.bases] = bases
         for item in self.items:
             if isinstance(item, InPython):
                 exe.step(item.step, env, arena, n)
@@ -286,7 +317,10 @@ class NativeStep:
             if step >= 0:                       # the fused epilogue's table
                 block[ARGUMENTS - 1] = arena.pointers[step].address
         frame.scratch(threads())
-        frame.seen = {v: arena.views[v] if v in arena.views else self.exe.made[v] for v in self.needed}
+        for word, v, size, dtype, shape in self.kept:
+            frame.kept[v], words[word] = empty_aligned(size, dtype, shape)
+        everything = {**arena.views, **self.exe.made, **frame.kept}
+        frame.seen = {v: everything[v] for v in self.needed}
         return frame
 
 
@@ -305,7 +339,8 @@ class _Frame:
         self.kernels = [kernel for _, _, kernel, _ in products]
         self.threads = 0
         self._scratch: dict[str, np.ndarray] = {}
-        self.seen: dict[Value, np.ndarray] = {}    # the arena's and made values Python reads
+        self.kept: dict[Value, np.ndarray] = {}    # what native calls write that no caller sees
+        self.seen: dict[Value, np.ndarray] = {}    # the arena's, made and kept values Python reads
 
     def scratch(self, threads: int) -> None:
         """Each product's scratch for `threads` threads (the products run one at a time)."""
@@ -316,6 +351,16 @@ class _Frame:
                 have = self._scratch[kernel.dtype] = np.empty(
                     threads * kernel.tiles.scratch_elements + 64, NUMPY[kernel.dtype])
             block[ARGUMENTS - 4] = aligned(have)
+
+
+def _escaping(exe: Executable) -> set[Value]:
+    """The results, and what they may be views of: a host step's outputs may be views of its
+    inputs, a view step's are (as backend/schedule.py's plan_memory reckons)."""
+    escaping = set(exe.function.results)
+    for step in reversed(exe.plan.steps):
+        if isinstance(step, (HostStep, ViewStep)) and escaping.intersection(step.op.outputs):
+            escaping.update(step.op.inputs)
+    return escaping
 
 
 def _written(step) -> tuple[Value, ...]:
