@@ -28,6 +28,9 @@ def mlp(x: f32[B, D], W: f32[D, H], b: f32[H], V2: f32[H, N]) -> f32[B, N]:
 def attention(q: f32[B, T, D], k: f32[B, T, D]) -> (f32[B, T, T], f32[D, T]):
   return softmax(q @ transpose(k, [0, 2, 1]), axis=-1), transpose(k[0], [1, 0])
 
+def row(x: f32[A, D], W: f32[D, H]) -> (f32[H], f32[D]):
+  return x[2] @ W, x[1]
+
 def embedded(C: f32[V, E]) -> f32:
   return sum(tanh(C) * C)
 
@@ -57,6 +60,7 @@ def indices(high: int, *shape: int) -> np.ndarray:
 CASES = [("mlp", lambda n: [floats(n, 7), floats(7, 13), floats(13), floats(13, n)]),
          ("mlp", lambda n: [floats(3, n), floats(n, 5), floats(5), floats(5, 2)]),
          ("attention", lambda n: [floats(2, n, 5), floats(2, n, 5)]),
+         ("row", lambda n: [floats(3, n), floats(n, 5)]),
          ("embedding_grad", lambda n: [floats(11, 3), indices(11, n, 2)]),
          ("scattered", lambda n: [floats(7, n), indices(7, 5), floats(5, n)])]
 
