@@ -88,6 +88,7 @@ class NativeStep:
         views = self._python_views(items)
         self.items = self._segments(items, views)
         self.bases = np.array([w for w, _, _ in self.params] + [w for w, *_ in self.fresh], np.intp)
+        self.places.clear()         # the stand-ins' memory back (their small pages are touched)
         kept = {v for _, v, _, _, _ in self.kept}
         self.needed = tuple(v for v in self._read_by_python()
                             if v in exe.memory.offsets or v in exe.made or v in kept)
