@@ -800,7 +800,7 @@ class Matmul:
         if self._scratch.size < threads * self.tiles.scratch_elements + 64:
             self._scratch = np.empty(threads * self.tiles.scratch_elements + 64,
                                      dtype=NUMPY[self.dtype])
-            self._arguments[ARGUMENTS - 4] = _aligned(self._scratch)
+            self._arguments[ARGUMENTS - 4] = aligned(self._scratch)
         return self._scratch
 
     def call(self, a: np.ndarray, b: np.ndarray, c: np.ndarray, scratch: np.ndarray,
@@ -815,7 +815,7 @@ class Matmul:
                 or scratch.size < thread_count * self.tiles.scratch_elements + 64:
             raise ValueError(f"thread {thread_index} of {thread_count}, next_job {next_job}, "
                              f"scratch {scratch.dtype} [{scratch.size}]")
-        self.fn(*self.arguments(a, b, c), _aligned(scratch), address(next_job), *epilogue,
+        self.fn(*self.arguments(a, b, c), aligned(scratch), address(next_job), *epilogue,
                 thread_index, thread_count)
 
     def arguments(self, a: np.ndarray, b: np.ndarray, c: np.ndarray) -> tuple:
@@ -856,8 +856,22 @@ class Matmul:
                     out: np.ndarray | None, epilogue: tuple[int, int]) -> np.ndarray:
         """__call__ for operands of a layout not seen before: checked, and remembered where
         the kernel reads a and b in place."""
+        a3, b3, c, shape = self.operands(a, b, out)
+        words = self.arguments(a3, b3, c)
+        result_shape = shape + (a.shape[-2], b.shape[-1])
+        arrays = all(isinstance(x, np.ndarray) for x in (a, b, c))
+        if arrays and _data(a3) == _data(a) and _data(b3) == _data(b):   # read in place
+            if len(self._layouts) >= LAYOUTS:
+                self._layouts.clear()
+            self._layouts[key] = _Layout(words[3:], c.shape, result_shape)
+        self._run(words, threads, epilogue)
+        return c.reshape(result_shape)
+
+    def operands(self, a: np.ndarray, b: np.ndarray, out: np.ndarray | None
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[int, ...]]:
+        """a, b and C as the kernel takes them ([batch|1, rows, columns], in place where their
+        strides allow), and the batch axes of the result."""
         dtype = NUMPY[self.dtype]
-        a_in, b_in = a, b
         a, b = a.astype(dtype, copy=False), b.astype(dtype, copy=False)
         if a.ndim == b.ndim == 2:
             shape, a3, b3 = (), a[None], b[None]
@@ -874,15 +888,7 @@ class Matmul:
                                     and out.size == math.prod(c_shape)):
             raise ValueError(f"out must be a C-contiguous {self.dtype} array of {c_shape}")
         c = np.empty(c_shape, dtype=NUMPY[self.dtype]) if out is None else out.reshape(c_shape)
-        words = self.arguments(a3, b3, c)
-        result_shape = shape + (a.shape[-2], b.shape[-1])
-        arrays = all(isinstance(x, np.ndarray) for x in (a_in, b_in, c))
-        if arrays and _data(a3) == _data(a_in) and _data(b3) == _data(b_in):   # read in place
-            if len(self._layouts) >= LAYOUTS:
-                self._layouts.clear()
-            self._layouts[key] = _Layout(words[3:], c_shape, result_shape)
-        self._run(words, threads, epilogue)
-        return c.reshape(result_shape)
+        return a3, b3, c, shape
 
     def _run(self, words: tuple[int, ...], threads: int, epilogue: tuple[int, int]) -> None:
         """The kernel on `threads` threads with the arguments A … b_col."""
@@ -917,7 +923,7 @@ if _data(_probe) != _probe.ctypes.data:      # (a Python whose ids are not addre
         return x.ctypes.data
 
 
-def _aligned(scratch: np.ndarray) -> int:
+def aligned(scratch: np.ndarray) -> int:
     """The address of scratch's first element on a cache line (64 elements are spare)."""
     base = address(scratch)
     return base + (-base % 64)

@@ -13,6 +13,7 @@ import numpy as np
 
 from dsl.compiled import Compiled
 from dsl.doc import document
+from dsl.fastcall import Signatures
 from dsl.generic import NotGeneric, merge, sample_sizes
 from dsl.inputs import (COMPILED, MAX_BYTES, Inputs, abstract_inputs, bind_python, check_sizes,
                         dimension_names, from_arrays, from_python, kind, memory_bytes)
@@ -67,6 +68,7 @@ class Program:
         self._sized: dict[int, Function] = {}      # the functions whose arrays fit in memory
         self._entries: dict[str, Compiled] = {}
         self._devices: dict[tuple[str, str], Program] = {}   # on the other devices and numerics
+        self._signatures: dict[str, Signatures] = {}   # each entry's fast path (dsl/fastcall.py)
 
     def __getattr__(self, name: str) -> Compiled:
         if name.startswith("_"):
@@ -123,8 +125,16 @@ class Program:
                       and all(p.type is not None for p in e.node.params))
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
-        low, inputs = self.lower(name, args, kwargs)
-        return unflatten(low.outputs, self._run(name, low.function, inputs.arrays))
+        signatures = self._signatures.get(name) or self._signatures.setdefault(name, Signatures())
+        fast = signatures.get(args, kwargs)
+        if fast is None:
+            low, inputs = self.lower(name, args, kwargs)
+            arrays = inputs.arrays
+            signatures.remember(args, kwargs, (low, replace(inputs, arrays=[])), arrays)
+        else:
+            (low, inputs), arrays = fast
+            self._last[name] = (low, inputs)
+        return unflatten(low.outputs, self._run(name, low.function, arrays))
 
     def _run(self, name: str, fn: Function, arrays: list[np.ndarray]) -> list[np.ndarray]:
         span = self._def(name).name_span
