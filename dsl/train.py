@@ -592,7 +592,7 @@ def _read_checkpoint(fail, path: str) -> tuple[dict[str, np.ndarray], dict[str, 
     """A checkpoint's tensors and metadata; an .npz one's as if it were a .safetensors one."""
     try:
         if not path.endswith(".npz"):
-            return safetensors.read_with_metadata(path)
+            return safetensors.read_exact(path)
         return _from_npz(fail, npz.read(path))
     except (safetensors.SafetensorsError, npz.NpzError) as e:
         fail(e.problem)

@@ -245,6 +245,11 @@ def check_names(mod: ModuleInfo) -> list[DslError]:
     """Every name in the module's definitions refers to something; returns the errors found."""
     checker = _Names(mod)
     for item in mod.tree.items:
+        if isinstance(item, ast.ObjectDef):
+            checker.record_cycle(item)
+    if checker.errors:                       # every later walk of a record's fields would not end
+        return checker.errors
+    for item in mod.tree.items:
         if isinstance(item, ast.Def):
             checker.function(item, frozenset())
         elif isinstance(item, ast.ObjectDef):
@@ -295,6 +300,17 @@ def lookup_type(name: tuple[str, ...], mod: ModuleInfo) -> Entity | None:
             return None
         entity = entity.module.names.get(part)
     return entity if entity is not None and entity.kind in ("object", "type") else None
+
+
+def _named_types(t: ast.TypeExpr | None):
+    """The named types an annotation mentions, at any depth (`P` and `List(P)` in `List(P)`)."""
+    if isinstance(t, ast.TupleTypeExpr):
+        for i in t.items:
+            yield from _named_types(i)
+    elif isinstance(t, ast.NamedType):
+        yield t
+        for a in t.args:
+            yield from _named_types(a)
 
 
 def _type_names(t: ast.TypeExpr) -> set[str]:
@@ -452,6 +468,29 @@ class _Names:
             case ast.BinOp(op="+" | "-" | "*" | "//"):
                 return self.not_a_dimension(e.left) or self.not_a_dimension(e.right)
         return e
+
+    def record_cycle(self, d: ast.ObjectDef) -> None:
+        """A record that holds itself, directly or through other records, lists or tuples, has
+        no finite value (a recursive structure is a `type`)."""
+        def path_back(entity: Entity, seen: set[int]) -> list[str] | None:
+            for f in entity.node.fields:
+                for t in _named_types(f.type):
+                    inner = lookup_type(t.name, entity.module)
+                    if inner is None or inner.kind != "object":
+                        continue
+                    if inner.node is d:
+                        return [f.name]
+                    if id(inner.node) not in seen:
+                        seen.add(id(inner.node))
+                        if (rest := path_back(inner, seen)) is not None:
+                            return [f.name, *rest]
+            return None
+
+        path = path_back(Entity("object", d, self.mod), set())
+        if path is not None:
+            self.error(d.name_span, f"record {d.name} holds itself (through {d.name}.{'.'.join(path)}), "
+                                    "so it has no finite value; a recursive structure is a `type` "
+                                    "(an ADT) with `~` fields")
 
     def record_parameters(self, d: ast.ObjectDef) -> None:
         """An object's type and dimension parameters: distinct, each used by a field, and the

@@ -53,7 +53,8 @@ class Dim:
         return c if mono == () and not rest else None
 
     def free_vars(self) -> frozenset[str]:
-        return frozenset(a for mono, _ in self.terms for a in mono if not a.startswith(OPAQUE))
+        """The variables this dimension depends on, those of its floor divisions included."""
+        return frozenset().union(*(_atom_vars(a) for mono, _ in self.terms for a in mono))
 
     def __add__(self, other: Dim | int) -> Dim:
         return _combine(self, Dim.of(other), 1)
@@ -91,7 +92,9 @@ class Dim:
         a, b = self.value, other.value
         if a is not None and b is not None and b != 0:
             return Dim.const(a // b)
-        return Dim.var(f"{OPAQUE}{_paren(self)} // {_paren(other)}")
+        name = f"{OPAQUE}{_paren(self)} // {_paren(other)}"
+        _DIVISIONS.setdefault(name, (self, other))
+        return Dim.var(name)
 
     def divide_exactly(self, other: Dim) -> Dim | None:
         """self / other when other is a monomial that divides every term exactly, else None."""
@@ -112,11 +115,11 @@ class Dim:
 
     def subst(self, env: dict[str, Dim]) -> Dim:
         """Replace variables bound in env."""
-        if self.unknown_ or not any(a in env for mono, _ in self.terms for a in mono):
+        if self.unknown_ or env.keys().isdisjoint(self.free_vars()):
             return self
         total = Dim.const(0)
         for mono, c in self.terms:
-            total = total + reduce(lambda acc, a: acc * env.get(a, Dim.var(a)), mono, Dim.const(c))
+            total = total + reduce(lambda acc, a: acc * _subst_atom(a, env), mono, Dim.const(c))
         return total
 
     def agrees(self, other: Dim) -> bool:
@@ -142,6 +145,25 @@ class Dim:
 
 
 OPAQUE = "//"     # the prefix of an atom that stands for a floor division the checker cannot do
+# each such atom's operands, so that it is computed once they are known (`E // H` with E = 3, H = 2
+# is 1: as a bare name it agreed with any size)
+_DIVISIONS: dict[str, tuple[Dim, Dim]] = {}
+
+
+def _atom_vars(a: str) -> frozenset[str]:
+    if not a.startswith(OPAQUE):
+        return frozenset((a,))
+    operands = _DIVISIONS.get(a, ())
+    return frozenset().union(*(d.free_vars() for d in operands))
+
+
+def _subst_atom(a: str, env: dict[str, Dim]) -> Dim:
+    if a in env:
+        return env[a]
+    if a in _DIVISIONS:
+        num, den = _DIVISIONS[a]
+        return num.subst(env) // den.subst(env)
+    return Dim.var(a)
 
 
 def _atom(a: str) -> str:

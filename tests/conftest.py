@@ -177,3 +177,47 @@ def warmup_cosine(t: int, lr: float, warmup: int, total: int) -> float:
         return lr * t / warmup
     p = min(max((t - warmup) / max(total - warmup, 1), 0.0), 1.0)
     return lr / 10 + (lr - lr / 10) * 0.5 * (1 + _math.cos(_math.pi * p))
+
+
+# ---------------------------------------------------------------- the same bits on every thread count
+
+THREADS = (1, 2, 3)
+
+
+def bits(value) -> dict:
+    """Each leaf of a value (arrays, records, tuples, lists) as its dtype, shape and bytes."""
+    import numpy as np
+    from dsl.values import flatten_python
+    return {k: (a.dtype.str, a.shape, np.ascontiguousarray(a).tobytes())
+            for k, a in flatten_python(value, "v").items()}
+
+
+def on_host(value):
+    """A value with each array leaf a NumPy array (a GPU runtime's downloaded: its pointers mean
+    nothing outside the process that made them)."""
+    import numpy as np
+    from dsl import Key, Record
+    if isinstance(value, Record):
+        return Record(value.type_name, {k: on_host(v) for k, v in value.items()})
+    if isinstance(value, dict):
+        return {k: on_host(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(on_host(v) for v in value)
+    return value if isinstance(value, Key) else np.asarray(value)
+
+
+def on_every_thread_count(fn: _Callable[[], object], timeout: float = 300):
+    """fn()'s value on the host, computed in a child process on each of THREADS (DSLC_THREADS):
+    a crash, a hang or an exception in any fails the test, and so do different bits on
+    different counts."""
+    def on(threads: int):
+        _os.environ["DSLC_THREADS"] = str(threads)
+        return on_host(fn())
+    results = {}
+    for threads, outcome, value in isolated(on, THREADS, timeout):
+        assert outcome == "ok", f"DSLC_THREADS={threads}: {outcome}: {value}"
+        results[threads] = value
+    first = results[THREADS[0]]
+    for threads in THREADS[1:]:
+        assert bits(results[threads]) == bits(first), f"DSLC_THREADS={threads} differs from {THREADS[0]}"
+    return first

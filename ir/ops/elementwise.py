@@ -914,7 +914,12 @@ class Clip(Elementwise):
 
 
 def _cast(x: Any, dtype: str) -> np.ndarray:
-    return np.asarray(x).astype(np_dtype(dtype))
+    x = np.asarray(x)
+    if x.dtype == np_dtype("bf16") and dtype not in FLOAT_DTYPES:
+        # through its exact f32: ml_dtypes' own conversion gives 0 for NaN, ±inf and values out
+        # of the integer's range, where f32's (NumPy's) gives what the f32 of the same value gives
+        x = x.astype(np.float32)
+    return x.astype(np_dtype(dtype))
 
 
 @primitive
