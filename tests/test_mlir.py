@@ -259,8 +259,9 @@ def test_dslc_run_device_iree_gives_the_cpu_backends_bits_for_exact_ops(tmp_path
 # xor steps by gradient descent: its weights are held to the bound. names_mlp's Adam divides
 # each gradient by its root mean square, which turns a gradient that cancels to near 0 into a
 # step of ±lr whatever its last bits: its losses are held, its weights only named and shaped.
-@pytest.mark.parametrize("example, steps, held", [("xor", 20, ("p.", "loss")),
-                                                  ("names_mlp", 3, ("loss", "valid.loss"))])
+@pytest.mark.parametrize("example, steps, held", [
+    ("xor", 20, ("p.", "loss")),
+    pytest.param("names_mlp", 3, ("loss", "valid.loss"), marks=needs_slow)])   # (40 s here)
 def test_dslc_train_device_iree_trains_as_the_cpu_backend_does(tmp_path: Path, example: str,
                                                                steps: int, held: tuple[str, ...]):
     """Init (normal's Philox draws), steps and evaluations on IREE end to end agree with the
