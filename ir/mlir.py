@@ -55,6 +55,8 @@ def literal(value: Any, dtype: str) -> str:
     """A scalar as an MLIR attribute of dtype: exact decimals, bit patterns for inf and NaN."""
     if dtype == "bool":
         return "true" if value else "false"
+    if dtype == "u32":                         # MLIR's i32 is signless: its signed reading
+        return str(int(np.uint32(int(value) & 0xFFFFFFFF).view(np.int32)))
     if dtype not in FLOAT_DTYPES:
         return str(int(value))
     # (NumPy has no bf16: its literal is the f32 decimal, which MLIR rounds to bf16)
@@ -147,6 +149,23 @@ class Body:
     def xor(self, x: S, y: S) -> S:
         return self._op(f"arith.xori {x.name}, {y.name} : {x.type}", x.dtype)
 
+    def shift_right(self, x: S, n: int) -> S:
+        """x >> n, unsigned (a word of Philox)."""
+        return self._op(f"arith.shrui {x.name}, {self.const(n, x.dtype).name} : {x.type}", x.dtype)
+
+    def shift_left(self, x: S, n: int) -> S:
+        return self._op(f"arith.shli {x.name}, {self.const(n, x.dtype).name} : {x.type}", x.dtype)
+
+    def mul_wide(self, x: S, y: S) -> tuple[S, S]:
+        """The high and low words of the unsigned product x * y (Philox's mulhilo)."""
+        name = self.w.fresh("wide")
+        self.w.line(f"{name}:2 = arith.mului_extended {x.name}, {y.name} : {x.type}", located=False)
+        return S(f"{name}#1", x.dtype), S(f"{name}#0", x.dtype)
+
+    def minimum(self, x: S, y: S) -> S:
+        """The smaller, NaN if either is (NumPy's minimum)."""
+        return self._op(f"arith.minimumf {x.name}, {y.name} : {x.type}", x.dtype)
+
     def select(self, cond: S, x: S, y: S) -> S:
         return self._op(f"arith.select {cond.name}, {x.name}, {y.name} : {x.type}", x.dtype)
 
@@ -176,6 +195,10 @@ class Body:
     def position(self, axis: int) -> S:
         """The iteration's index along axis (linalg.index)."""
         return self._op(f"linalg.index {axis} : index", "index", f"i{axis}")
+
+    def from_index(self, x: S, dtype: str) -> S:
+        """An index value (never negative) as an integer of dtype."""
+        return self._op(f"arith.index_castui {x.name} : index to {ELEMENT[dtype]}", dtype)
 
     def index_of(self, x: S) -> S:
         return self._op(f"arith.index_cast {x.name} : {x.type} to index", "index", "i")

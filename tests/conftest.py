@@ -135,6 +135,19 @@ def quick(tmp: _Path, example: _Path, dims: dict | None = None, **settings) -> _
     return tmp / "m.bend"
 
 
+# ---------------------------------------------------------------- IREE against the CPU backend
+
+def beyond_iree_bound(got, want, magnitude):
+    """Where IREE's result `got` differs from the CPU backend's `want` beyond docs/mlir.md's
+    bound, ε·(168·magnitude + 17·max|want|), magnitude a bound on the sum of |terms| behind
+    each element (NaN where both are NaN agrees)."""
+    import numpy as np
+    finite = np.abs(want[np.isfinite(want)])         # (random inputs make NaNs: sqrt(v < 0))
+    eps = np.finfo(want.dtype).eps                   # (168 and 17 ε: 2e-5 and 2e-6 in f32)
+    bound = eps * (168 * magnitude + 17 * (finite.max() if finite.size else 0))
+    return ~(np.abs(got - want) <= bound) & ~(np.isnan(got) & np.isnan(want)) & (got != want)
+
+
 # ---------------------------------------------------------------- the examples, small
 
 # Small sizes for every example's dimension names (one letter means one thing per example).

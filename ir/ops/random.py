@@ -33,6 +33,88 @@ def _dims(shape: tuple[int, ...]) -> tuple[Dim, ...]:
     return tuple(Dim.const(int(d)) for d in shape)
 
 
+# ---------------------------------------------------------------- Philox in MLIR (ir/mlir.py's
+# region vocabulary, `b`): the words of docs/random.md computed per element, bit for bit
+
+def _philox(b: Any, c: list, k0: Any, k1: Any) -> list:
+    """The Philox 4x32-10 block of counter words c under key (k0, k1), as philox4x32."""
+    m0, m1 = b.const(philox.M0, "u32"), b.const(philox.M1, "u32")
+    for r in range(philox.ROUNDS):
+        if r:
+            k0, k1 = b.add(k0, b.const(philox.W0, "u32")), b.add(k1, b.const(philox.W1, "u32"))
+        hi0, lo0 = b.mul_wide(m0, c[0])
+        hi1, lo1 = b.mul_wide(m1, c[2])
+        c = [b.xor(b.xor(hi1, c[1]), k0), lo1, b.xor(b.xor(hi0, c[3]), k1), lo0]
+    return c
+
+
+def _block(w: Any, key: Any, index: Any, domain: int) -> list:
+    """The block for counter index + 2**96 * domain (index an i64) under the key tensor `key`."""
+    b = w.body
+    k0, k1 = (b.extract(w[key], "tensor<2xi32>", "u32", [w.index_here(i)]) for i in (0, 1))
+    lo, hi = b.cast(index, "i64", "u32"), b.cast(b.shift_right(index, 32), "i64", "u32")
+    return _philox(b, [lo, hi, b.const(0, "u32"), b.const(domain, "u32")], k0, k1)
+
+
+def _pick(b: Any, words: list, r: Any) -> Any:
+    """words[r] for an i64 r in [0, len(words))."""
+    out = words[0]
+    for i, word in enumerate(words[1:], 1):
+        out = b.select(b.compare("==", r, b.const(i, "i64"), "i64"), word, out)
+    return out
+
+
+def _stream(w: Any, key: Any, q: Any, count: int) -> list:
+    """Words q … q + count - 1 of key's draw stream (q an i64 whose words share one block)."""
+    b = w.body
+    words = _block(w, key, b.shift_right(q, 2), philox.DRAW)
+    r = b.and_(q, b.const(3, "i64"))
+    if count == 4:
+        return words
+    return [_pick(b, words, b.add(r, b.const(i, "i64"))) for i in range(count)]
+
+
+def _flat_index(w: Any, shape: tuple[int, ...]) -> Any:
+    """The iteration's row-major element number, as an i64."""
+    b, j = w.body, None
+    for axis, n in enumerate(shape):
+        at = b.position(axis)
+        j = at if j is None else b.add(b.mul(j, w.index_here(n)), at)
+    return b.from_index(j, "i64") if j is not None else b.const(0, "i64")
+
+
+def _unit_mlir(b: Any, word: Any, plus_one: bool = False) -> Any:
+    """unit32 (unit32⁺) of a word, as _unit."""
+    v = b.shift_right(word, 8)
+    if plus_one:
+        v = b.add(v, b.const(1, "u32"))
+    return b.mul(b.cast(v, "u32", "f32"), b.const(2.0 ** -24, "f32"))
+
+
+def _unit64_mlir(b: Any, lo: Any, hi: Any, plus_one: bool = False) -> Any:
+    """unit64 (unit64⁺) of two words, as _unit64."""
+    v = b.or_(b.shift_left(b.cast(hi, "u32", "i64"), 32), b.cast(lo, "u32", "i64"))
+    v = b.shift_right(v, 11)
+    if plus_one:
+        v = b.add(v, b.const(1, "i64"))
+    return b.mul(b.cast(v, "i64", "f64"), b.const(2.0 ** -53, "f64"))
+
+
+def _scalar_input(w: Any, v: Any) -> Any:
+    """A scalar tensor input's value inside a region (a literal is a constant there)."""
+    if v in w.scalars:
+        return w.body.const(*w.scalars[v])
+    from ir.mlir import type_of
+    return w.body.extract(w[v], type_of(v), v.dtype, [])
+
+
+def _draw(w: Any, op: Any, element: Any) -> list[str]:
+    """A linalg.generic over op's result, each element element(j) of its number j (an i64)."""
+    out = op.outputs[0]
+    return w.generic(out.shape, [out.dtype], [], lambda args: [element(_flat_index(w, out.shape))],
+                     hint=op.primitive.name)
+
+
 class Random(Primitive):
     """A primitive of keys and draws; nothing flows back through it."""
     random, host = True, "Philox counters in NumPy (docs/random.md)"
@@ -54,6 +136,13 @@ class Key(Random):
         self.infer(seed)
         return philox.seed_key(seed)
 
+    def mlir(self, w: Any, op: Any) -> list[str]:
+        from ir.mlir import literal
+        k0, k1 = (literal(x, "u32") for x in philox.seed_key(op.attrs["seed"]))
+        name = w.fresh("key")
+        w.line(f"{name} = arith.constant dense<[{k0}, {k1}]> : tensor<2xi32>")
+        return [name]
+
 
 @primitive
 class KeySplit(Random):
@@ -72,6 +161,18 @@ class KeySplit(Random):
         w0, w1, _, _ = philox.block(k, np.arange(n, dtype=np.uint64), philox.SPLIT)
         return [np.array([a, b], np.uint32) for a, b in zip(w0, w1)]
 
+    def mlir(self, w: Any, op: Any) -> list[str]:
+        """The n keys as the rows of one [n, 2] linalg.generic, sliced apart."""
+        from ir.mlir import Window
+        b, n = w.body, len(op.outputs)
+
+        def key_word(args: list) -> list:
+            words = _block(w, op.inputs[0], b.from_index(b.position(0), "i64"), philox.SPLIT)
+            return [_pick(b, words[:2], b.from_index(b.position(1), "i64"))]
+        keys = w.generic((n, 2), ["u32"], [], key_word, hint="keys")[0]
+        return [w.extract(keys, (n, 2), "u32", Window.along((n, 2), 0, i, 1), (2,), "key")
+                for i in range(n)]
+
 
 @primitive
 class FoldIn(Random):
@@ -89,6 +190,15 @@ class FoldIn(Random):
         """Words 0, 1 of the block for counter (i mod 2**64) + 2**96 * FOLD_IN."""
         self.infer(KeyType(), type_of(i))
         return philox.derive(k, int(i), philox.FOLD_IN)
+
+    def mlir(self, w: Any, op: Any) -> list[str]:
+        """i sign-extended to 64 bits (a u32 zero-extended) is the counter's index."""
+        b, (k, i) = w.body, op.inputs
+
+        def key_word(args: list) -> list:
+            words = _block(w, k, b.cast(_scalar_input(w, i), i.dtype, "i64"), philox.FOLD_IN)
+            return [_pick(b, words[:2], b.from_index(b.position(0), "i64"))]
+        return w.generic((2,), ["u32"], [], key_word, hint="key")
 
 
 class Draw(Random):
@@ -129,6 +239,25 @@ class Uniform(Draw):
             x = np.minimum(x, np.nextafter(hi, lo))
         return x.reshape(shape)
 
+    def mlir(self, w: Any, op: Any) -> list[str]:
+        """The same three operations per element, their constants folded as NumPy folds them."""
+        b, a, k = w.body, op.attrs, op.inputs[0]
+        dtype = a.get("dtype", "f32")
+        ft = "f64" if dtype == "f64" else "f32"
+        lo, hi = np_dtype(ft).type(a.get("low", 0.0)), np_dtype(ft).type(a.get("high", 1.0))
+        out = np_dtype(dtype).type
+
+        def element(j: Any) -> Any:
+            if ft == "f64":
+                u = _unit64_mlir(b, *_stream(w, k, b.shift_left(j, 1), 2))
+            else:
+                u = _unit_mlir(b, _stream(w, k, j, 1)[0])
+            x = b.cast(b.add(b.const(lo, ft), b.mul(b.const(hi - lo, ft), u)), ft, dtype)
+            if out(lo) < out(hi):
+                x = b.minimum(x, b.const(np.nextafter(out(hi), out(lo)), dtype))
+            return x
+        return _draw(w, op, element)
+
 
 @primitive
 class Normal(Draw):
@@ -156,6 +285,28 @@ class Normal(Draw):
         z = np.stack([r * np.cos(t), r * np.sin(t)], axis=-1).reshape(-1)[:n]
         return z.astype(out).reshape(shape)
 
+    def mlir(self, w: Any, op: Any) -> list[str]:
+        """Element j of pair m = j >> 1: r cos(t) or r sin(t) as j is even or odd (the
+        math dialect's log, cos and sin: IREE's, not NumPy's)."""
+        b, k = w.body, op.inputs[0]
+        dtype = op.attrs.get("dtype", "f32")
+        ft = "f64" if dtype == "f64" else "f32"
+
+        def element(j: Any) -> Any:
+            m = b.shift_right(j, 1)
+            if ft == "f64":
+                s = _stream(w, k, b.shift_left(m, 2), 4)
+                u1, u2 = _unit64_mlir(b, s[0], s[1], True), _unit64_mlir(b, s[2], s[3])
+            else:
+                s = _stream(w, k, b.shift_left(m, 1), 2)
+                u1, u2 = _unit_mlir(b, s[0], True), _unit_mlir(b, s[1])
+            r = b.sqrt(b.mul(b.const(-2.0, ft), b.math("log", u1)))
+            t = b.mul(b.const(TWO_PI[np_dtype(ft).type], ft), u2)
+            odd = b.compare("!=", b.and_(j, b.const(1, "i64")), b.const(0, "i64"), "i64")
+            z = b.mul(r, b.select(odd, b.math("sin", t), b.math("cos", t)))
+            return b.cast(z, ft, dtype)
+        return _draw(w, op, element)
+
 
 @primitive
 class Bernoulli(Random):
@@ -174,3 +325,11 @@ class Bernoulli(Random):
         self.infer(KeyType(), type_of(p), _dims(shape))
         u = _unit(philox.stream(k, int(np.prod(shape))))
         return (u < np.float32(p)).reshape(shape)
+
+    def mlir(self, w: Any, op: Any) -> list[str]:
+        b, (k, p) = w.body, op.inputs
+
+        def element(j: Any) -> Any:
+            u = _unit_mlir(b, _stream(w, k, j, 1)[0])
+            return b.compare("<", u, b.cast(_scalar_input(w, p), p.dtype, "f32"), "f32")
+        return _draw(w, op, element)
