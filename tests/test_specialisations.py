@@ -82,6 +82,20 @@ def test_an_evicted_specialisation_is_rebuilt_with_the_same_bits(monkeypatch):
     assert prog.specialisations("loss") == [signature(7), signature(5)]
 
 
+def test_the_fast_path_holds_no_evicted_specialisation(monkeypatch):
+    """A call of a known signature skips lowering (dsl/fastcall.py) but keeps nothing alive:
+    an evicted size is built again at its next call, and only the bound's executables live."""
+    monkeypatch.setenv("DSLC_SPECIALISATIONS", "2")
+    prog = dsl.loads(SOURCE, device="cpu")
+    before = live_executables()
+    first = {b: prog.loss(W, x_of(b)).tobytes() for b in (3, 4, 5)}
+    assert live_executables() - before == 2
+    assert prog.loss(W, x_of(3)).tobytes() == first[3]
+    assert prog.loss(W, x_of(5)).tobytes() == first[5]             # held: the fast path
+    assert prog.specialisations("loss") == [signature(3), signature(5)]
+    assert live_executables() - before == 2
+
+
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_threads_calling_many_sizes_get_the_bits_of_one_thread(monkeypatch, threads):
     """Threads that call one program at once, each its own order of sizes, evicting each
