@@ -5,6 +5,7 @@ cached per input signature) and runs it. Records come back as `Record`s, keys as
 from __future__ import annotations
 
 import os
+import weakref
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
@@ -17,6 +18,7 @@ from dsl.fastcall import Signatures
 from dsl.generic import NotGeneric, merge, sample_sizes
 from dsl.inputs import (COMPILED, MAX_BYTES, Inputs, abstract_inputs, bind_python, check_sizes,
                         dimension_names, from_arrays, from_python, kind, memory_bytes)
+from dsl.specialisations import Specialisation, Specialisations, kept_per_entry
 from dsl.values import unflatten
 from frontend import ast
 from frontend.check import Checker, deep, raise_collected
@@ -52,6 +54,15 @@ class Lowered:
         return printer.to_text(self.function)
 
 
+@dataclass(frozen=True)
+class Interpreted:
+    """device="reference": a function run by the interpreter, as an executable is run."""
+    function: Function
+
+    def run(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        return interp.run(self.function, arrays)
+
+
 class Program:
     """A loaded .bend program; its functions are attributes: prog.loss(p, x, y)."""
 
@@ -61,11 +72,9 @@ class Program:
         self._resolved = resolved
         self.device = pick_device(device)
         self.numerics = checked_numerics(numerics)
-        self._cache: dict[Any, Lowered] = {}
+        self._bound = kept_per_entry()
+        self._kept: dict[str, Specialisations] = {}       # per entry point
         self._last: dict[str, tuple[Lowered, Inputs]] = {}
-        self._grads: dict[Any, Function] = {}
-        self._executables: dict[int, Any] = {}
-        self._sized: dict[int, Function] = {}      # the functions whose arrays fit in memory
         self._entries: dict[str, Compiled] = {}
         self._devices: dict[tuple[str, str], Program] = {}   # on the other devices and numerics
         self._signatures: dict[str, Signatures] = {}   # each entry's fast path (dsl/fastcall.py)
@@ -127,25 +136,36 @@ class Program:
     def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         signatures = self._signatures.get(name) or self._signatures.setdefault(name, Signatures())
         fast = signatures.get(args, kwargs)
-        if fast is None:
-            low, inputs = self.lower(name, args, kwargs)
+        # the fast path holds a specialisation weakly: one evicted, and gone, takes the full path
+        spec = fast[0][0]() if fast is not None else None
+        if spec is None:
+            spec, inputs = self._specialisation(name, args, kwargs)
             arrays = inputs.arrays
-            signatures.remember(args, kwargs, (low, replace(inputs, arrays=[])), arrays)
+            signatures.remember(args, kwargs, (weakref.ref(spec), replace(inputs, arrays=[])), arrays)
         else:
-            (low, inputs), arrays = fast
-            self._last[name] = (low, inputs)
-        return unflatten(low.outputs, self._run(name, low.function, arrays))
+            (_, inputs), arrays = fast
+            self._kept[name].use(spec)
+            self._last[name] = (spec.lowered, inputs)
+        return unflatten(spec.lowered.outputs, self._run(name, spec, None, arrays))
 
-    def _run(self, name: str, fn: Function, arrays: list[np.ndarray]) -> list[np.ndarray]:
+    def specialisations(self, name: str) -> list[str]:
+        """The input signatures entry `name` is held specialised for (with its executables),
+        least recently used first."""
+        self._def(name)
+        kept = self._kept.get(name)
+        return kept.signatures() if kept else []
+
+    def _run(self, name: str, spec: Specialisation, grad: tuple[int, ...] | None,
+             arrays: list[np.ndarray]) -> list[np.ndarray]:
+        """Run spec's function under `grad` (None: the entry itself) on the program's device."""
         span = self._def(name).name_span
-        if id(fn) not in self._sized:                # (fn is kept, so its id stays its own)
+
+        def compiled(fn: Function):
             check_sizes(span, name, fn, memory_bytes(), "an array may take here (the smaller "
-                         "of 2**40 and this machine's memory)")
-            self._sized[id(fn)] = fn
+                        "of 2**40 and this machine's memory)")
+            return self.executable(fn)
         try:
-            if self.device == "reference":
-                return interp.run(fn, arrays)
-            return self.executable(fn).run(arrays)
+            return spec.executable(grad, compiled).run(arrays)
         except interp.EvalError as e:
             message = f"while running '{name}': {e}"
             raise (e.origin.error(message) if e.origin else DslError(span, message)) from None
@@ -156,18 +176,19 @@ class Program:
                                  "in this machine's memory together)") from None
 
     def executable(self, fn: Function):
-        """fn compiled for this program's device (once per function)."""
-        if id(fn) not in self._executables:
-            options = {}
-            if self.device == "cuda":
-                from runtime.cuda import Executable
-                options = {"numerics": self.numerics}      # (fast numerics is exact off the GPU)
-            elif self.device == "iree":
-                from runtime.iree import Executable
-            else:
-                from runtime.cpu import Executable
-            self._executables[id(fn)] = (fn, Executable(fn, fn.name, **options))
-        return self._executables[id(fn)][1]
+        """fn made runnable on this program's device (a new one each time: a call's live in
+        its specialisation)."""
+        if self.device == "reference":
+            return Interpreted(fn)
+        options = {}
+        if self.device == "cuda":
+            from runtime.cuda import Executable
+            options = {"numerics": self.numerics}      # (fast numerics is exact off the GPU)
+        elif self.device == "iree":
+            from runtime.iree import Executable
+        else:
+            from runtime.cpu import Executable
+        return Executable(fn, fn.name, **options)
 
     def grad(self, name: str, wrt: str | tuple[str, ...], has_aux: bool = False):
         """grad(f, wrt=…) from Python: the gradient function of entry `name`."""
@@ -182,14 +203,13 @@ class Program:
         d = self._def(name)
         names = [p.name for p in d.params]
         wanted = _wrt_names(d, wrt)
-        low, inputs = self.lower(name, args, kwargs)
+        spec, inputs = self._specialisation(name, args, kwargs)
+        low = spec.lowered
         fn = low.function
         _differentiable(d, inputs, wanted)
         positions = _float_leaves(d, low, inputs, wanted)
-        key = (id(fn), tuple(positions))
-        if key not in self._grads:
-            self._grads[key] = optimize(grad_function(fn, positions, with_value=True))
-        outs = self._run(name, self._grads[key], inputs.arrays)
+        spec.function(tuple(positions), lambda: optimize(grad_function(fn, positions, with_value=True)))
+        outs = self._run(name, spec, tuple(positions), inputs.arrays)
         grads = dict(zip(positions, outs[len(fn.results):]))
         results = []
         for w in wanted:
@@ -450,18 +470,24 @@ class Program:
 
     def lower(self, name: str, args: tuple, kwargs: dict) -> tuple[Lowered, Inputs]:
         """Check and lower entry `name` for these inputs (cached per input signature)."""
+        spec, inputs = self._specialisation(name, args, kwargs)
+        return spec.lowered, inputs
+
+    def _specialisation(self, name: str, args: tuple, kwargs: dict) -> tuple[Specialisation, Inputs]:
+        """Entry `name` specialised for these inputs: one of those kept (dsl/specialisations.py),
+        else checked and lowered now."""
         d = self._def(name)
         for p in d.params:
             if p.type is None:
                 raise DslError(p.span, f"entry point '{name}' must annotate its parameter '{p.name}'")
         b = Builder(d.name)
         inputs = self._inputs(b, d, bind_python(d, args, kwargs))
-        key = (name, inputs.key)
-        low = self._cache.get(key)              # one lookup: a deep key's hash is not kept
-        if low is None:
-            low = self._cache[key] = self._lowered(d, b, inputs)
-        self._last[name] = (low, inputs)
-        return low, inputs
+        key = inputs.key
+        kept = self._kept.get(name) or self._kept.setdefault(name, Specialisations(self._bound))
+        spec = kept.get(key, lambda: Specialisation(key, self._lowered(d, b, inputs),
+                                                    _describe_inputs(d, inputs)))
+        self._last[name] = (spec.lowered, inputs)
+        return spec, inputs
 
     def _inputs(self, b: Builder, d: ast.Def, bound: dict[str, Any]) -> Inputs:
         abstract, arrays, arg_leaves = [], [], []

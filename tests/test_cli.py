@@ -601,6 +601,14 @@ def test_a_bad_cap_in_the_environment_is_a_user_error(cache_root: Path, monkeypa
                                       "500M or 2G, got '2 gigs'")
 
 
+@pytest.mark.parametrize("command", [["run", str(VALID), "--entry", "f", "--inputs", "x.npz"],
+                                     ["train", str(VALID), "--steps", "1"]])
+def test_a_bad_specialisation_bound_in_the_environment_is_a_user_error(monkeypatch, command):
+    monkeypatch.setenv("DSLC_SPECIALISATIONS", "eight")
+    assert_user_error(dslc(*command), "error: DSLC_SPECIALISATIONS: expected a whole number of "
+                                      "at least 1, got 'eight'")
+
+
 # ---------------------------------------------------------------- GPU architectures
 
 @pytest.mark.parametrize("arch, version", [(None, "7.8"), ("sm_80", "7.0"), ("sm_86", "7.1"),

@@ -132,8 +132,8 @@ def test_an_index_out_of_range_in_a_native_call_is_reported_as_the_walk_reports_
 def test_a_second_call_of_the_same_signature_is_not_lowered_again(monkeypatch):
     prog = dsl.loads(SOURCE, device="cpu")
     lowerings = []
-    lower = prog.lower
-    monkeypatch.setattr(prog, "lower", lambda *a: lowerings.append(a[0]) or lower(*a))
+    lower = prog._specialisation                    # the full path: checked and lowered
+    monkeypatch.setattr(prog, "_specialisation", lambda *a: lowerings.append(a[0]) or lower(*a))
     x, W, b, V2 = floats(4, 7), floats(7, 13), floats(13), floats(13, 4)
     first = prog.mlp(x, W, b, V2)
     second = prog.mlp(x + 1, W, b, V2)

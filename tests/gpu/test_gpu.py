@@ -237,8 +237,7 @@ def test_an_impossible_allocation_is_a_dsl_error():
 
 def test_a_failing_launch_names_the_kernel():
     gpu, _ = both("def f(x: f32[N]) -> f32[N]:\n  return exp(x)\n")
-    gpu.f(np.ones(4, np.float32))
-    exe = next(iter(gpu._executables.values()))[1]
+    exe = gpu.executable(gpu.f.lower(np.ones(4, np.float32)).function)
     entry = next(iter(exe.functions))
     exe.launched = []
     with pytest.raises(DslError, match=f"GPU kernel {entry} failed to launch"):
