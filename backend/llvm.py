@@ -76,6 +76,14 @@ class Emitter:
     def div(self, x: ir.Value, y: ir.Value) -> ir.Value:
         return self.b.fdiv(x, y)
 
+    def quotient(self, x: ir.Value, y: ir.Value, dtype: str) -> ir.Value:
+        """x / y of integers rounded toward zero; y is never 0, nor -1 with x the least value."""
+        return self.b.udiv(x, y) if dtype == "u32" else self.b.sdiv(x, y)
+
+    def remainder(self, x: ir.Value, y: ir.Value, dtype: str) -> ir.Value:
+        """x - y * quotient(x, y): the sign of x; y as for quotient."""
+        return self.b.urem(x, y) if dtype == "u32" else self.b.srem(x, y)
+
     def neg(self, x: ir.Value) -> ir.Value:
         return self.b.fneg(x) if _is_float(x) else self.b.neg(x)
 

