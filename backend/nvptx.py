@@ -23,6 +23,8 @@ Every kernel computes exactly the bits the CPU backend computes (docs/numerics.m
   map does, with the indices prepared on the host: take copies out[o, p, j] = x[o, rows[p], j];
   scatter_add starts out[o, r, j] from x[o, r, j] and adds the slices of row r in index order,
   one rounding each (np.add.at's order, the CPU's backend/scatter.py), without atomics.
+- A concatenation is one launch of the concat kernel per input, a thread per element of the
+  input, each copying its element to its place in the result.
 
 The math library is the CPU's (backend/mathlib.py): no call LLVM cannot select on NVPTX is
 emitted (ARCHITECTURE.md). Static shared memory stays under 48 KiB, blocks at 256 threads.
@@ -46,6 +48,7 @@ from backend.llvm import I8, I32, I64, SCALAR, Emitter, evaluate_body, memory_ty
 from backend.loops import IDENTITY, Instr, LoopKernel
 from ir.ops.base import Primitive
 from ir.ops.index import Take
+from ir.ops.shape import Concat
 from ir.numerics import CHUNK, LANES
 
 TRIPLE = "nvptx64-nvidia-cuda"
@@ -741,7 +744,7 @@ def _matmul_entry(module: ir.Module, dtype: str, annotations, t: MatmulTiles, ta
 
 
 # ---------------------------------------------------------------------------------------------
-# The gather kernels: take and scatter_add
+# The gather kernels: take and scatter_add (and concat's, which places rather than gathers)
 
 
 def gather_entry(prim: Primitive, dtype: str) -> str:
@@ -749,7 +752,8 @@ def gather_entry(prim: Primitive, dtype: str) -> str:
 
 
 def gather_launch(prim: Primitive, dtype: str, n: int) -> Launch:
-    """The gather kernel and launch shape for a result of n elements: a thread per element."""
+    """The gather kernel and launch shape for n elements (of the result; of one input for
+    concat): a thread per element."""
     return Launch(gather_entry(prim, dtype), n, BLOCK, _grid(n, BLOCK))
 
 
@@ -797,6 +801,30 @@ def _gather_entry(module: ir.Module, prim: Primitive, dtype: str, annotations, t
     b.ret_void()
 
 
+def _concat_entry(module: ir.Module, prim: Primitive, dtype: str, annotations, target: Target) -> None:
+    """With one input x [outer, n, inner] of a concatenation, and its result [outer, size, inner]:
+
+    void dslc_concat_T(const T *x, T *out, i64 outer, i64 n, i64 size, i64 inner, i64 start):
+        out[o, start + p, j] = x[o, p, j]
+
+    Launched by gather_launch for x's elements, once per input with its start."""
+    data = memory_type(dtype).as_pointer()
+    fn = _entry(module, gather_entry(prim, dtype), [data, data] + [I64] * 5, annotations, BLOCK)
+    x, out, outer, n, size, inner, start = fn.args
+    g = _Builder(fn, I64, target)
+    b = g.b
+
+    def element(e: ir.Value) -> None:
+        j, rest = b.urem(e, inner), b.udiv(e, inner)
+        p, o = b.urem(rest, n), b.udiv(rest, n)
+        at = b.add(b.mul(b.add(b.mul(o, size), b.add(start, p)), inner), j)
+        value = b.load(b.gep(x, [e], inbounds=True), align=_bytes(dtype))
+        b.store(value, b.gep(out, [at], inbounds=True), align=_bytes(dtype))
+
+    g.each_element(b.mul(outer, b.mul(n, inner)), element)
+    b.ret_void()
+
+
 # ---------------------------------------------------------------------------------------------
 # Modules and PTX
 
@@ -804,7 +832,7 @@ def _gather_entry(module: ir.Module, prim: Primitive, dtype: str, annotations, t
 def module_ir(kernels: list[LoopKernel], matmuls: tuple[str, ...] = (), target: Target = GPU,
               gathers: tuple[tuple[str, str], ...] = ()) -> ir.Module:
     """One NVPTX module: a GPU entry per loop kernel, the contraction kernels for each dtype
-    in `matmuls`, and a gather kernel for each (primitive, dtype) in `gathers`."""
+    in `matmuls`, and a gather (or concat) kernel for each (primitive, dtype) in `gathers`."""
     module = ir.Module(name="dslc_gpu")
     module.triple = target.triple
     annotations = module.add_named_metadata("nvvm.annotations")
@@ -814,7 +842,7 @@ def module_ir(kernels: list[LoopKernel], matmuls: tuple[str, ...] = (), target: 
         for t in TILES:
             _matmul_entry(module, dtype, annotations, t, target)
     for prim, dtype in gathers:
-        _gather_entry(module, prim, dtype, annotations, target)
+        (_concat_entry if isinstance(prim, Concat) else _gather_entry)(module, prim, dtype, annotations, target)
     return module
 
 

@@ -11,8 +11,8 @@ DeviceArrays go out by DLPack or the CUDA array interface, sharing device memory
 Transposes, broadcasts, indexing and slices run as strided-copy kernels, reshapes only
 re-label the device buffer. `take` and `scatter_add` run as gather kernels: only their
 integer indices come to the host, to be checked there as the interpreter checks them and
-made into the kernels' int64 arrays. The other host steps (random numbers, concatenation…)
-still run on the host, with a copy each way. A failed allocation or launch is a DslError
+made into the kernels' int64 arrays. A concatenation is a launch of the concat kernel for
+each input. The other host steps (random numbers…) still run on the host, with a copy each way. A failed allocation or launch is a DslError
 naming the kernel, and a wait for the GPU gives up after DSLC_CUDA_TIMEOUT seconds (default
 120) rather than hang.
 """
@@ -39,7 +39,7 @@ from ir.interp import EvalError
 from ir.ops.base import NUMPY_DTYPES, Primitive, Role, np_dtype
 from ir.ops.control import Checkpoint
 from ir.ops.index import ScatterAdd, Take
-from ir.ops.shape import Rearrange
+from ir.ops.shape import Concat, Rearrange
 from ir.passes import for_backends
 from runtime import cache, dlpack
 
@@ -639,6 +639,9 @@ class Executable:
         if id(op) in self.copies:
             self.run_kernel(self.copies[id(op)], op.inputs + op.outputs, op.outputs, env)
             return
+        if isinstance(op.primitive, Concat) and id(op) in self.gathers:
+            self.concat(op, env)
+            return
         if id(op) in self.gathers:
             try:
                 self.gather(op, env)
@@ -681,6 +684,21 @@ class Executable:
                          [a.ptr for a in [env[x], *ints, *(env[u] for u in updates), result]],
                          [outer, rows.size, size, inner])
 
+    def concat(self, op: Op, env: dict[Value, DeviceArray]) -> None:
+        """A concatenation by the concat kernel: each input copied to its place in the result."""
+        (out,) = op.outputs
+        axis = op.attrs.get("axis", 0) % len(out.shape)
+        outer, size, inner = scatter.around(out.shape, axis)
+        env[out] = result = self.empty(out, f"the result of {nvptx.gather_entry(*self.gathers[id(op)])}")
+        start = 0
+        for x in op.inputs:
+            n = x.shape[axis]
+            shape = nvptx.gather_launch(*self.gathers[id(op)], outer * n * inner)
+            if shape.extent:
+                self._launch(shape.entry, (shape.grid, 1, 1), shape.block, [env[x].ptr, result.ptr],
+                             [outer, n, size, inner, start])
+            start += n
+
 
 @dataclass(frozen=True)
 class _Product:
@@ -710,10 +728,12 @@ class _Product:
 
 
 def gather_kernel(op: Op) -> tuple[Primitive, str] | None:
-    """The gather kernel, (primitive, dtype), that runs a take (of any dtype: a copy) or a
-    scatter_add (of the values backend/scatter.py compiles for the CPU), else None."""
+    """The gather kernel, (primitive, dtype), that runs a take or a concat (of any dtype: a
+    copy) or a scatter_add (of the values backend/scatter.py compiles for the CPU), else None."""
     dtype = op.outputs[0].dtype if op.outputs else None
     if isinstance(op.primitive, Take) and dtype in SCALAR:
+        return op.primitive, dtype
+    if isinstance(op.primitive, Concat) and dtype in SCALAR and all(v.dtype == dtype for v in op.inputs):
         return op.primitive, dtype
     if isinstance(op.primitive, ScatterAdd) and dtype in scatter.FLOATS and \
             op.inputs[0].dtype == op.inputs[2].dtype == dtype:

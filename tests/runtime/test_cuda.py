@@ -91,7 +91,7 @@ class FakeDriver:
         if entry.startswith("dslc_matmul_"):
             return self.matmul(entry.split("_")[2], grid, pointers, integers)
         prim, _, dtype = entry.removeprefix("dslc_").rpartition("_")
-        if prim in ("take", "scatter_add"):                # the entries of the gather kernels
+        if prim in ("take", "scatter_add", "concat"):      # the entries of the gather kernels
             return self.gather(prim, np_dtype(dtype), pointers, integers)
         k = module["kernels"][entry]
         extent = k.extent
@@ -110,6 +110,11 @@ class FakeDriver:
 
     def gather(self, prim, t, pointers, integers):
         """The gather kernels' contract (backend/nvptx.py), in NumPy: one add at a time."""
+        if prim == "concat":
+            outer, n, size, inner, start = integers
+            x = device_array(pointers[0], outer * n * inner, t).reshape(outer, n, inner)
+            device_array(pointers[1], outer * size * inner, t).reshape(outer, size, inner)[:, start:start + n] = x
+            return
         outer, n, size, inner = integers
         x = device_array(pointers[0], outer * size * inner, t).reshape(outer, size, inner)
         if prim == "take":

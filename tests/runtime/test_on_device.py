@@ -54,3 +54,41 @@ def test_integer_division_and_remainder_run_on_the_device(request, driver, n):
     NumPy's (the interpreter's) answers, by a map kernel."""
     args = [x for dtype in (np.int32, np.int64, np.uint32) for x in extremes(dtype, n)]
     on_device(request.getfixturevalue(driver), DIVISION, "f", args)
+
+
+# ---------------------------------------------------------------- concatenation
+
+CONCAT = """
+def f(a: f32[2, N, 3], b: f32[2, 1, 3], c: f32[2, M, 3]) -> (f32[2, N + M + 1, 3], f32[N + 1, 2, 3]):
+  return concat([a, b, c], axis=1), concat([transpose(a, [1, 0, 2]), transpose(b, [1, 0, 2])])
+
+def ints(i: i64[N], j: i64[M], m: bool[N], k: bool[M]) -> (i64[M + N], bool[N + M]):
+  return concat([j, i]), concat([m, k], axis=-1)
+
+def loss(a: f32[N, 4], b: f32[M, 4]) -> f32:
+  x = concat([a, b * b])
+  return sum(x * x * x)
+"""
+
+
+def signed_zeros(rng, *shape) -> np.ndarray:
+    """Normal values, with -0.0 among them (a sum would lose its sign)."""
+    x = rng.standard_normal(shape).astype(np.float32)
+    x.reshape(-1)[::3] = -0.0
+    return x
+
+
+@pytest.mark.parametrize("driver", ["fake", "emulated"])
+@pytest.mark.parametrize("n, m", [(0, 0), (1, 0), (0, 13), (13, 1)])
+def test_concatenation_runs_on_the_device(request, driver, n, m):
+    """Along an inner and the first axis, of strided inputs (a transpose), of integers and
+    bools, and in a gradient: each element copied, -0.0 kept."""
+    drv = request.getfixturevalue(driver)
+    rng = np.random.default_rng(n + m)
+    a, b, c = signed_zeros(rng, 2, n, 3), signed_zeros(rng, 2, 1, 3), signed_zeros(rng, 2, m, 3)
+    on_device(drv, CONCAT, "f", [a, b, c])
+    i, j = rng.integers(-2 ** 62, 2 ** 62, n), rng.integers(-2 ** 62, 2 ** 62, m)
+    on_device(drv, CONCAT, "ints", [i, j, rng.random(n) < 0.5, rng.random(m) < 0.5])
+    x, y = signed_zeros(rng, n, 4), signed_zeros(rng, m, 4)
+    got = dsl.loads(CONCAT, device="cuda").value_and_grad("loss", wrt=("a", "b"))(x, y)
+    assert_same(got, dsl.loads(CONCAT, device="cpu").value_and_grad("loss", wrt=("a", "b"))(x, y))
