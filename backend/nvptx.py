@@ -25,6 +25,9 @@ Every kernel computes exactly the bits the CPU backend computes (docs/numerics.m
   one rounding each (np.add.at's order, the CPU's backend/scatter.py), without atomics.
 - A concatenation is one launch of the concat kernel per input, a thread per element of the
   input, each copying its element to its place in the result.
+- The draw kernels (uniform, bernoulli) give each thread one element of the draw, which
+  computes the Philox block its words are in and the element from them (docs/random.md): the
+  reference's bits, with no fma (NVPTX fuses no multiply and add unless asked to).
 
 The math library is the CPU's (backend/mathlib.py): no call LLVM cannot select on NVPTX is
 emitted (ARCHITECTURE.md). Static shared memory stays under 48 KiB, blocks at 256 threads.
@@ -48,6 +51,8 @@ from backend.llvm import I8, I32, I64, SCALAR, Emitter, evaluate_body, memory_ty
 from backend.loops import IDENTITY, Instr, LoopKernel
 from ir.ops.base import Primitive
 from ir.ops.index import Take
+from ir import philox
+from ir.ops.random import Bernoulli
 from ir.ops.shape import Concat
 from ir.numerics import CHUNK, LANES
 
@@ -826,6 +831,84 @@ def _concat_entry(module: ir.Module, prim: Primitive, dtype: str, annotations, t
 
 
 # ---------------------------------------------------------------------------------------------
+# The draw kernels: uniform and bernoulli (docs/random.md)
+
+
+def _philox(b: ir.IRBuilder, index: ir.Value, key: ir.Value) -> list[ir.Value]:
+    """The four words of the Philox 4x32-10 block for counter index + 2**96 * DRAW under
+    key[0], key[1] (ir/philox.py's block)."""
+    word = lambda v: ir.Constant(I32, v)
+    k0, k1 = (b.load(b.gep(key, [ir.Constant(I64, i)], inbounds=True), align=4) for i in (0, 1))
+    c = [b.trunc(index, I32), b.trunc(b.lshr(index, ir.Constant(I64, 32)), I32), word(0), word(philox.DRAW)]
+
+    def mulhilo(m: int, x: ir.Value) -> tuple[ir.Value, ir.Value]:
+        product = b.mul(ir.Constant(I64, m), b.zext(x, I64))
+        return b.trunc(b.lshr(product, ir.Constant(I64, 32)), I32), b.trunc(product, I32)
+
+    for r in range(philox.ROUNDS):
+        if r:
+            k0, k1 = b.add(k0, word(philox.W0)), b.add(k1, word(philox.W1))
+        hi0, lo0 = mulhilo(philox.M0, c[0])
+        hi1, lo1 = mulhilo(philox.M1, c[2])
+        c = [b.xor(b.xor(hi1, c[1]), k0), lo1, b.xor(b.xor(hi0, c[3]), k1), lo0]
+    return c
+
+
+def _stream_word(b: ir.IRBuilder, key: ir.Value, s: ir.Value) -> ir.Value:
+    """Word s of the key's draw stream: word s % 4 of block s / 4."""
+    words = _philox(b, b.udiv(s, ir.Constant(I64, 4)), key)
+    r = b.trunc(b.urem(s, ir.Constant(I64, 4)), I32)
+    pick = lambda i: b.icmp_unsigned("==", r, ir.Constant(I32, i))
+    return b.select(pick(0), words[0], b.select(pick(1), words[1], b.select(pick(2), words[2], words[3])))
+
+
+def _unit(b: ir.IRBuilder, key: ir.Value, j: ir.Value, dtype: str) -> ir.Value:
+    """Element j's uniform value in [0, 1): unit32(s_j) for f32, unit64(s_2j, s_2j+1) for f64."""
+    if dtype == "f32":
+        w = b.lshr(_stream_word(b, key, j), ir.Constant(I32, 8))
+        return b.fmul(b.uitofp(w, SCALAR["f32"]), ir.Constant(SCALAR["f32"], 2.0 ** -24))
+    two = b.mul(j, ir.Constant(I64, 2))
+    lo, hi = (b.zext(_stream_word(b, key, s), I64) for s in (two, b.add(two, ir.Constant(I64, 1))))
+    v = b.lshr(b.or_(b.shl(hi, ir.Constant(I64, 32)), lo), ir.Constant(I64, 11))
+    return b.fmul(b.uitofp(v, SCALAR["f64"]), ir.Constant(SCALAR["f64"], 2.0 ** -53))
+
+
+def _draw_entry(module: ir.Module, prim: Primitive, dtype: str, annotations, target: Target) -> None:
+    """A thread per element j of a draw of n elements from key (two u32 words):
+
+    void dslc_uniform_T(const u32 *key, T *out, i64 n, i64 low, i64 high, i64 top):
+        out[j] = min(L + (H - L) * u_j, TOP)        (T's bits of L, H, TOP as integers)
+    void dslc_bernoulli_T(const u32 *key, const T *p, bool *out, i64 n):
+        out[j] = unit32(s_j) < f32(p[0])           (T: p's dtype)
+
+    TOP is the largest value below H where L < H, else +inf. Launched by gather_launch."""
+    t = SCALAR[dtype]
+    bernoulli = isinstance(prim, Bernoulli)
+    params = [I32.as_pointer()] + ([t.as_pointer(), I8.as_pointer()] if bernoulli else [t.as_pointer()])
+    fn = _entry(module, gather_entry(prim, dtype), params + [I64] * (1 if bernoulli else 4), annotations, BLOCK)
+    g = _Builder(fn, I64, target)
+    b = g.b
+    if bernoulli:
+        key, p, out, n = fn.args
+        f32 = SCALAR["f32"]
+        p = b.load(p, align=_bytes(dtype))
+        threshold = b.fptrunc(p, f32) if dtype == "f64" else p
+        value_at = lambda j: b.zext(b.fcmp_ordered("<", _unit(b, key, j, "f32"), threshold), I8)
+    else:
+        key, out, n, *bits = fn.args
+        as_value = lambda v: b.bitcast(v if dtype == "f64" else b.trunc(v, I32), t)
+        low, high, top = map(as_value, bits)
+        span = b.fsub(high, low)
+
+        def value_at(j: ir.Value) -> ir.Value:
+            x = b.fadd(low, b.fmul(span, _unit(b, key, j, dtype)))
+            return b.select(b.fcmp_ordered(">", x, top), top, x)
+
+    g.each_element(n, lambda j: b.store(value_at(j), b.gep(out, [j], inbounds=True)))
+    b.ret_void()
+
+
+# ---------------------------------------------------------------------------------------------
 # Modules and PTX
 
 
@@ -842,7 +925,9 @@ def module_ir(kernels: list[LoopKernel], matmuls: tuple[str, ...] = (), target: 
         for t in TILES:
             _matmul_entry(module, dtype, annotations, t, target)
     for prim, dtype in gathers:
-        (_concat_entry if isinstance(prim, Concat) else _gather_entry)(module, prim, dtype, annotations, target)
+        entry = (_concat_entry if isinstance(prim, Concat) else
+                 _draw_entry if prim.random else _gather_entry)
+        entry(module, prim, dtype, annotations, target)
     return module
 
 

@@ -12,7 +12,8 @@ Transposes, broadcasts, indexing and slices run as strided-copy kernels, reshape
 re-label the device buffer. `take` and `scatter_add` run as gather kernels: only their
 integer indices come to the host, to be checked there as the interpreter checks them and
 made into the kernels' int64 arrays. A concatenation is a launch of the concat kernel for
-each input. The other host steps (random numbers…) still run on the host, with a copy each way. A failed allocation or launch is a DslError
+each input, a uniform or bernoulli draw a launch of its draw kernel. The other host steps
+(normal draws, keys…) still run on the host, with a copy each way. A failed allocation or launch is a DslError
 naming the kernel, and a wait for the GPU gives up after DSLC_CUDA_TIMEOUT seconds (default
 120) rather than hang.
 """
@@ -39,6 +40,7 @@ from ir.interp import EvalError
 from ir.ops.base import NUMPY_DTYPES, Primitive, Role, np_dtype
 from ir.ops.control import Checkpoint
 from ir.ops.index import ScatterAdd, Take
+from ir.ops.random import Bernoulli, Uniform
 from ir.ops.shape import Concat, Rearrange
 from ir.passes import for_backends
 from runtime import cache, dlpack
@@ -642,6 +644,9 @@ class Executable:
         if isinstance(op.primitive, Concat) and id(op) in self.gathers:
             self.concat(op, env)
             return
+        if op.primitive.random and id(op) in self.gathers:
+            self.draw(op, env)
+            return
         if id(op) in self.gathers:
             try:
                 self.gather(op, env)
@@ -699,6 +704,30 @@ class Executable:
                              [outer, n, size, inner, start])
             start += n
 
+    def draw(self, op: Op, env: dict[Value, DeviceArray]) -> None:
+        """A uniform or bernoulli draw by its draw kernel, from the key on the device."""
+        prim, dtype = self.gathers[id(op)]
+        (out,) = op.outputs
+        n = math.prod(out.shape)
+        shape = nvptx.gather_launch(prim, dtype, n)
+        env[out] = result = self.empty(out, f"the result of {shape.entry}")
+        if shape.extent:
+            self._launch(shape.entry, (shape.grid, 1, 1), shape.block,
+                         [env[v].ptr for v in op.inputs] + [result.ptr], [n, *draw_bounds(op)])
+
+
+def draw_bounds(op: Op) -> tuple[int, ...]:
+    """A uniform draw kernel's L, H and TOP (backend/nvptx.py), each the bits of a value of
+    the draw's dtype as a signed integer; nothing for bernoulli."""
+    if not isinstance(op.primitive, Uniform):
+        return ()
+    a = op.attrs
+    low, high, dtype = a.get("low", 0.0), a.get("high", 1.0), op.outputs[0].dtype
+    t = np_dtype(dtype)
+    signed = np.int64 if dtype == "f64" else np.int32
+    values = (t.type(low), t.type(high), Uniform.top(low, high, dtype))
+    return tuple(int(np.array(v, t).view(signed)) for v in values)
+
 
 @dataclass(frozen=True)
 class _Product:
@@ -729,12 +758,17 @@ class _Product:
 
 def gather_kernel(op: Op) -> tuple[Primitive, str] | None:
     """The gather kernel, (primitive, dtype), that runs a take or a concat (of any dtype: a
-    copy) or a scatter_add (of the values backend/scatter.py compiles for the CPU), else None."""
+    copy), a scatter_add (of the values backend/scatter.py compiles for the CPU), or a uniform
+    or bernoulli draw (f32 and f64: of its values, of bernoulli's p), else None."""
     dtype = op.outputs[0].dtype if op.outputs else None
     if isinstance(op.primitive, Take) and dtype in SCALAR:
         return op.primitive, dtype
     if isinstance(op.primitive, Concat) and dtype in SCALAR and all(v.dtype == dtype for v in op.inputs):
         return op.primitive, dtype
+    if isinstance(op.primitive, Uniform) and dtype in ("f32", "f64"):
+        return op.primitive, dtype
+    if isinstance(op.primitive, Bernoulli) and op.inputs[1].dtype in ("f32", "f64"):
+        return op.primitive, op.inputs[1].dtype                  # (its kernel reads p)
     if isinstance(op.primitive, ScatterAdd) and dtype in scatter.FLOATS and \
             op.inputs[0].dtype == op.inputs[2].dtype == dtype:
         return op.primitive, dtype

@@ -21,6 +21,7 @@ from ir.core import Builder, tensor_type
 from ir.numerics import CHUNK
 from ir.ops.index import ScatterAdd, Take
 from runtime.cuda import GpuKernels, gpu_kernels
+from ir.ops.random import Bernoulli, Uniform
 from ir.ops.shape import Concat, SliceSpec
 from ir.passes import for_backends, optimize
 
@@ -259,14 +260,14 @@ def test_ptxas_rejection_is_reported():
 
 TAKE, SCATTER_ADD, CONCAT = Take(), ScatterAdd(), Concat()
 GATHERS = tuple((prim, d) for prim in (TAKE, CONCAT) for d in ("f32", "f64", "f16", "i32", "i64", "bool")) + \
-    ((SCATTER_ADD, "f32"), (SCATTER_ADD, "f64"))
+    tuple((prim, d) for prim in (SCATTER_ADD, Uniform(), Bernoulli()) for d in ("f32", "f64"))
 
 
 @needs_ptxas
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_gather_kernels_assemble(arch):
-    """take, concat and scatter_add: no call, no atomics, and scatter_add's sums as plain adds
-    in index order (no fma, which would round once for two operations)."""
+    """take, concat, scatter_add and the draws: no call, no atomics, and scatter_add's sums
+    and uniform's L + (H - L) · u as plain operations (no fma, which would round once for two)."""
     text = nvptx.ptx([], arch, gathers=GATHERS)
     assert not re.search(r"\bcall(\.uni)?\s", text), "a call reached the PTX"
     nvptx.ptxas(text, arch)

@@ -21,6 +21,7 @@ from backend.contract import Matmul
 from backend.cpu import Compiled
 from frontend.diagnostics import DslError
 from ir.ops.base import np_dtype
+from ir.ops.random import Bernoulli, Uniform
 from runtime import cuda
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -93,6 +94,8 @@ class FakeDriver:
         prim, _, dtype = entry.removeprefix("dslc_").rpartition("_")
         if prim in ("take", "scatter_add", "concat"):      # the entries of the gather kernels
             return self.gather(prim, np_dtype(dtype), pointers, integers)
+        if prim in ("uniform", "bernoulli"):
+            return self.draw(prim, dtype, pointers, integers)
         k = module["kernels"][entry]
         extent = k.extent
         module["compiled"].functions[k.name]((ctypes.c_void_p * len(pointers))(*pointers), 0, extent)
@@ -128,6 +131,16 @@ class FakeDriver:
         for r in range(size):
             for s in order[bounds[r]:bounds[r + 1]]:
                 out[:, r] += updates[:, s]
+
+    def draw(self, prim, dtype, pointers, integers):
+        """The draw kernels' contract (backend/nvptx.py): the interpreter's draw of n elements."""
+        key, n, t = device_array(pointers[0], 2, np.uint32), integers[0], np_dtype(dtype)
+        if prim == "bernoulli":
+            p = device_array(pointers[1], 1, t)[0]
+            device_array(pointers[2], n, np.bool_)[:] = Bernoulli().evaluate(key, p, (n,))
+            return
+        low, high = (np.array(i, np.int64 if dtype == "f64" else np.int32).view(t) for i in integers[1:3])
+        device_array(pointers[1], n, t)[:] = Uniform().evaluate(key, (n,), low, high, dtype)
 
     def synchronize(self):
         self.synchronized += 1

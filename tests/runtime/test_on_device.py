@@ -92,3 +92,27 @@ def test_concatenation_runs_on_the_device(request, driver, n, m):
     x, y = signed_zeros(rng, n, 4), signed_zeros(rng, m, 4)
     got = dsl.loads(CONCAT, device="cuda").value_and_grad("loss", wrt=("a", "b"))(x, y)
     assert_same(got, dsl.loads(CONCAT, device="cpu").value_and_grad("loss", wrt=("a", "b"))(x, y))
+
+
+# ---------------------------------------------------------------- random numbers
+
+DRAWS = """
+def f(k: Key, p: f32, q: f64) -> (f32[N], f64[N], f32[N, 3], f32[N], bool[N], bool[3, N]):
+  a = split(k, 4)
+  return (uniform(a[0], [N]), uniform(a[1], [N], -1.0, 1.0, dtype=f64), uniform(a[2], [N, 3], 2.0, 2.0),
+          uniform(a[3], [N], 0.0, 1e-45), bernoulli(a[0], p, [N]), bernoulli(a[1], q, [3, N]))
+"""
+
+
+@pytest.mark.parametrize("driver", ["fake", "emulated"])
+@pytest.mark.parametrize("n", SIZES + [1031])
+def test_uniform_and_bernoulli_draw_on_the_device(request, driver, n):
+    """docs/random.md's bits: words of several Philox blocks (more than 4 × 256 at n = 1031),
+    f32 and f64, an empty range (no clamp), one whose draws round up to high (clamped), and p
+    in f32 and f64."""
+    drv = request.getfixturevalue(driver)
+    key = dsl.key(7)
+    src = DRAWS.replace("N", str(n))
+    got = dsl.loads(src, device="cuda").f(key, np.float32(0.3), np.float64(0.7))
+    assert_same(got, dsl.loads(src, device="reference").f(key, np.float32(0.3), np.float64(0.7)))
+    assert drv.launches >= 6 * (n > 0)
