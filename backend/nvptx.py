@@ -25,7 +25,7 @@ Every kernel computes exactly the bits the CPU backend computes (docs/numerics.m
   one rounding each (np.add.at's order, the CPU's backend/scatter.py), without atomics.
 - A concatenation is one launch of the concat kernel per input, a thread per element of the
   input, each copying its element to its place in the result.
-- The draw kernels (uniform, bernoulli) give each thread one element of the draw, which
+- The draw kernels (uniform, bernoulli, and split's keys) give each thread one element, which
   computes the Philox block its words are in and the element from them (docs/random.md): the
   reference's bits, with no fma (NVPTX fuses no multiply and add unless asked to).
 
@@ -52,7 +52,7 @@ from backend.loops import IDENTITY, Instr, LoopKernel
 from ir.ops.base import Primitive
 from ir.ops.index import Take
 from ir import philox
-from ir.ops.random import Bernoulli
+from ir.ops.random import Bernoulli, KeySplit
 from ir.ops.shape import Concat
 from ir.numerics import CHUNK, LANES
 
@@ -831,15 +831,15 @@ def _concat_entry(module: ir.Module, prim: Primitive, dtype: str, annotations, t
 
 
 # ---------------------------------------------------------------------------------------------
-# The draw kernels: uniform and bernoulli (docs/random.md)
+# The draw kernels: uniform and bernoulli, and split's keys (docs/random.md)
 
 
-def _philox(b: ir.IRBuilder, index: ir.Value, key: ir.Value) -> list[ir.Value]:
-    """The four words of the Philox 4x32-10 block for counter index + 2**96 * DRAW under
+def _philox(b: ir.IRBuilder, index: ir.Value, key: ir.Value, domain: int = philox.DRAW) -> list[ir.Value]:
+    """The four words of the Philox 4x32-10 block for counter index + 2**96 * domain under
     key[0], key[1] (ir/philox.py's block)."""
     word = lambda v: ir.Constant(I32, v)
     k0, k1 = (b.load(b.gep(key, [ir.Constant(I64, i)], inbounds=True), align=4) for i in (0, 1))
-    c = [b.trunc(index, I32), b.trunc(b.lshr(index, ir.Constant(I64, 32)), I32), word(0), word(philox.DRAW)]
+    c = [b.trunc(index, I32), b.trunc(b.lshr(index, ir.Constant(I64, 32)), I32), word(0), word(domain)]
 
     def mulhilo(m: int, x: ir.Value) -> tuple[ir.Value, ir.Value]:
         product = b.mul(ir.Constant(I64, m), b.zext(x, I64))
@@ -908,6 +908,27 @@ def _draw_entry(module: ir.Module, prim: Primitive, dtype: str, annotations, tar
     b.ret_void()
 
 
+def _key_split_entry(module: ir.Module, prim: Primitive, dtype: str, annotations, target: Target) -> None:
+    """A thread per key j of split(key, n):
+
+    void dslc_key_split_u32(const u32 *key, u32 *out, i64 n):
+        out[2j], out[2j + 1] = words 0, 1 of the block for counter j + 2**96 * SPLIT
+
+    Launched by gather_launch for the n keys."""
+    fn = _entry(module, gather_entry(prim, dtype), [I32.as_pointer()] * 2 + [I64], annotations, BLOCK)
+    key, out, n = fn.args
+    g = _Builder(fn, I64, target)
+    b = g.b
+
+    def split(j: ir.Value) -> None:
+        words = _philox(b, j, key, philox.SPLIT)
+        for w in (0, 1):
+            b.store(words[w], b.gep(out, [b.add(b.mul(j, g.c(2)), g.c(w))], inbounds=True), align=4)
+
+    g.each_element(n, split)
+    b.ret_void()
+
+
 # ---------------------------------------------------------------------------------------------
 # Modules and PTX
 
@@ -925,8 +946,8 @@ def module_ir(kernels: list[LoopKernel], matmuls: tuple[str, ...] = (), target: 
         for t in TILES:
             _matmul_entry(module, dtype, annotations, t, target)
     for prim, dtype in gathers:
-        entry = (_concat_entry if isinstance(prim, Concat) else
-                 _draw_entry if prim.random else _gather_entry)
+        entry = (_concat_entry if isinstance(prim, Concat) else _key_split_entry if isinstance(prim, KeySplit)
+                 else _draw_entry if prim.random else _gather_entry)
         entry(module, prim, dtype, annotations, target)
     return module
 

@@ -12,8 +12,8 @@ Transposes, broadcasts, indexing and slices run as strided-copy kernels, reshape
 re-label the device buffer. `take` and `scatter_add` run as gather kernels: only their
 integer indices come to the host, to be checked there as the interpreter checks them and
 made into the kernels' int64 arrays. A concatenation is a launch of the concat kernel for
-each input, a uniform or bernoulli draw a launch of its draw kernel. The other host steps
-(normal draws, keys…) still run on the host, with a copy each way. A failed allocation or launch is a DslError
+each input, a uniform or bernoulli draw or a key's split a launch of its Philox kernel. The
+other host steps (normal draws…) still run on the host, with a copy each way. A failed allocation or launch is a DslError
 naming the kernel, and a wait for the GPU gives up after DSLC_CUDA_TIMEOUT seconds (default
 120) rather than hang.
 """
@@ -40,7 +40,7 @@ from ir.interp import EvalError
 from ir.ops.base import NUMPY_DTYPES, Primitive, Role, np_dtype
 from ir.ops.control import Checkpoint
 from ir.ops.index import ScatterAdd, Take
-from ir.ops.random import Bernoulli, Uniform
+from ir.ops.random import Bernoulli, KeySplit, Uniform
 from ir.ops.shape import Concat, Rearrange
 from ir.passes import for_backends
 from runtime import cache, dlpack
@@ -361,6 +361,14 @@ class DeviceArray:
         assert math.prod(shape) == self.size, (shape, self.shape)
         return DeviceArray(self.buffer, shape, self.dtype)
 
+    def part(self, start: int, shape: tuple[int, ...]) -> DeviceArray:
+        """The elements from `start` on, as many as `shape` holds, in place (this array is
+        kept alive while the part is)."""
+        nbytes = math.prod(shape) * self.dtype.itemsize
+        assert start * self.dtype.itemsize + nbytes <= self.nbytes, (start, shape, self.shape)
+        ptr = self.ptr + start * self.dtype.itemsize if nbytes else 0
+        return DeviceArray(_Borrowed(self.buffer.memory, nbytes, ptr, self), shape, self.dtype)
+
     def tobytes(self) -> bytes:
         return self.numpy().tobytes()
 
@@ -644,6 +652,9 @@ class Executable:
         if isinstance(op.primitive, Concat) and id(op) in self.gathers:
             self.concat(op, env)
             return
+        if isinstance(op.primitive, KeySplit):
+            self.split_key(op, env)
+            return
         if op.primitive.random and id(op) in self.gathers:
             self.draw(op, env)
             return
@@ -715,6 +726,14 @@ class Executable:
             self._launch(shape.entry, (shape.grid, 1, 1), shape.block,
                          [env[v].ptr for v in op.inputs] + [result.ptr], [n, *draw_bounds(op)])
 
+    def split_key(self, op: Op, env: dict[Value, DeviceArray]) -> None:
+        """split(k, n) by its kernel: the n keys made in one buffer, each output a part of it."""
+        n = len(op.outputs)
+        shape = nvptx.gather_launch(op.primitive, "u32", n)
+        keys = DeviceArray(_Buffer(self.memory, 8 * n, f"the keys of {shape.entry}"), (n, 2), np.uint32)
+        self._launch(shape.entry, (shape.grid, 1, 1), shape.block, [env[op.inputs[0]].ptr, keys.ptr], [n])
+        env.update((v, keys.part(2 * i, (2,))) for i, v in enumerate(op.outputs))
+
 
 def draw_bounds(op: Op) -> tuple[int, ...]:
     """A uniform draw kernel's L, H and TOP (backend/nvptx.py), each the bits of a value of
@@ -758,8 +777,8 @@ class _Product:
 
 def gather_kernel(op: Op) -> tuple[Primitive, str] | None:
     """The gather kernel, (primitive, dtype), that runs a take or a concat (of any dtype: a
-    copy), a scatter_add (of the values backend/scatter.py compiles for the CPU), or a uniform
-    or bernoulli draw (f32 and f64: of its values, of bernoulli's p), else None."""
+    copy), a scatter_add (of the values backend/scatter.py compiles for the CPU), a uniform or
+    bernoulli draw (f32 and f64: of its values, of bernoulli's p) or a key's split, else None."""
     dtype = op.outputs[0].dtype if op.outputs else None
     if isinstance(op.primitive, Take) and dtype in SCALAR:
         return op.primitive, dtype
@@ -767,6 +786,8 @@ def gather_kernel(op: Op) -> tuple[Primitive, str] | None:
         return op.primitive, dtype
     if isinstance(op.primitive, Uniform) and dtype in ("f32", "f64"):
         return op.primitive, dtype
+    if isinstance(op.primitive, KeySplit):
+        return op.primitive, "u32"
     if isinstance(op.primitive, Bernoulli) and op.inputs[1].dtype in ("f32", "f64"):
         return op.primitive, op.inputs[1].dtype                  # (its kernel reads p)
     if isinstance(op.primitive, ScatterAdd) and dtype in scatter.FLOATS and \

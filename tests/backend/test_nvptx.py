@@ -21,7 +21,7 @@ from ir.core import Builder, tensor_type
 from ir.numerics import CHUNK
 from ir.ops.index import ScatterAdd, Take
 from runtime.cuda import GpuKernels, gpu_kernels
-from ir.ops.random import Bernoulli, Uniform
+from ir.ops.random import Bernoulli, KeySplit, Uniform
 from ir.ops.shape import Concat, SliceSpec
 from ir.passes import for_backends, optimize
 
@@ -260,13 +260,14 @@ def test_ptxas_rejection_is_reported():
 
 TAKE, SCATTER_ADD, CONCAT = Take(), ScatterAdd(), Concat()
 GATHERS = tuple((prim, d) for prim in (TAKE, CONCAT) for d in ("f32", "f64", "f16", "i32", "i64", "bool")) + \
-    tuple((prim, d) for prim in (SCATTER_ADD, Uniform(), Bernoulli()) for d in ("f32", "f64"))
+    tuple((prim, d) for prim in (SCATTER_ADD, Uniform(), Bernoulli()) for d in ("f32", "f64")) + \
+    ((KeySplit(), "u32"),)
 
 
 @needs_ptxas
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_gather_kernels_assemble(arch):
-    """take, concat, scatter_add and the draws: no call, no atomics, and scatter_add's sums
+    """take, concat, scatter_add, the draws and split's keys: no call, no atomics, and scatter_add's sums
     and uniform's L + (H - L) · u as plain operations (no fma, which would round once for two)."""
     text = nvptx.ptx([], arch, gathers=GATHERS)
     assert not re.search(r"\bcall(\.uni)?\s", text), "a call reached the PTX"

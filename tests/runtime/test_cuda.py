@@ -21,7 +21,7 @@ from backend.contract import Matmul
 from backend.cpu import Compiled
 from frontend.diagnostics import DslError
 from ir.ops.base import np_dtype
-from ir.ops.random import Bernoulli, Uniform
+from ir.ops.random import Bernoulli, KeySplit, Uniform
 from runtime import cuda
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -94,7 +94,7 @@ class FakeDriver:
         prim, _, dtype = entry.removeprefix("dslc_").rpartition("_")
         if prim in ("take", "scatter_add", "concat"):      # the entries of the gather kernels
             return self.gather(prim, np_dtype(dtype), pointers, integers)
-        if prim in ("uniform", "bernoulli"):
+        if prim in ("uniform", "bernoulli", "key_split"):
             return self.draw(prim, dtype, pointers, integers)
         k = module["kernels"][entry]
         extent = k.extent
@@ -133,8 +133,12 @@ class FakeDriver:
                 out[:, r] += updates[:, s]
 
     def draw(self, prim, dtype, pointers, integers):
-        """The draw kernels' contract (backend/nvptx.py): the interpreter's draw of n elements."""
+        """The draw kernels' contract (backend/nvptx.py): the interpreter's draw of n elements
+        (of n keys, for split)."""
         key, n, t = device_array(pointers[0], 2, np.uint32), integers[0], np_dtype(dtype)
+        if prim == "key_split":
+            device_array(pointers[1], 2 * n, np.uint32)[:] = np.concatenate(KeySplit().evaluate(key, n))
+            return
         if prim == "bernoulli":
             p = device_array(pointers[1], 1, t)[0]
             device_array(pointers[2], n, np.bool_)[:] = Bernoulli().evaluate(key, p, (n,))

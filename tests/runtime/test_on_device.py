@@ -107,12 +107,30 @@ def f(k: Key, p: f32, q: f64) -> (f32[N], f64[N], f32[N, 3], f32[N], bool[N], bo
 @pytest.mark.parametrize("driver", ["fake", "emulated"])
 @pytest.mark.parametrize("n", SIZES + [1031])
 def test_uniform_and_bernoulli_draw_on_the_device(request, driver, n):
-    """docs/random.md's bits: words of several Philox blocks (more than 4 × 256 at n = 1031),
-    f32 and f64, an empty range (no clamp), one whose draws round up to high (clamped), and p
-    in f32 and f64."""
+    """docs/random.md's bits, from keys split on the device: words of several Philox blocks
+    (more than 4 × 256 at n = 1031), f32 and f64, an empty range (no clamp), one whose draws
+    round up to high (clamped), and p in f32 and f64."""
     drv = request.getfixturevalue(driver)
-    key = dsl.key(7)
-    src = DRAWS.replace("N", str(n))
-    got = dsl.loads(src, device="cuda").f(key, np.float32(0.3), np.float64(0.7))
-    assert_same(got, dsl.loads(src, device="reference").f(key, np.float32(0.3), np.float64(0.7)))
-    assert drv.launches >= 6 * (n > 0)
+    on_device(drv, DRAWS.replace("N", str(n)), "f", [dsl.key(7), np.float32(0.3), np.float64(0.7)])
+    assert drv.launches >= 1 + 6 * (n > 0)
+
+
+SPLITS = """
+def f(k: Key) -> (Key, Key, Key, f32[2]):
+  a = split(k, 3)
+  b = split(a[2], 1)
+  return a[0], a[2], b[0], uniform(a[1], [2])
+"""
+
+
+@pytest.mark.parametrize("driver", ["fake", "emulated"])
+def test_keys_split_on_the_device_are_the_references(request, driver):
+    """Each key of a split, one split of a split's key, and a draw from one: docs/random.md's
+    words (split(key(0), 2) is its worked example)."""
+    drv = request.getfixturevalue(driver)
+    for seed in (0, 2 ** 64 - 1):
+        got = dsl.loads(SPLITS, device="cuda").f(dsl.key(seed))
+        want = dsl.loads(SPLITS, device="reference").f(dsl.key(seed))
+        assert [np.asarray(g.words if isinstance(g, dsl.Key) else g).tobytes() for g in got] == \
+            [np.asarray(w.words if isinstance(w, dsl.Key) else w).tobytes() for w in want]
+    assert [int(w) for w in dsl.loads(SPLITS, device="cuda").f(dsl.key(0))[0].words] == [0x2DCE73E5, 0x1348E23F]
