@@ -12,8 +12,9 @@ Transposes, broadcasts, indexing and slices run as strided-copy kernels, reshape
 re-label the device buffer. `take` and `scatter_add` run as gather kernels: only their
 integer indices come to the host, to be checked there as the interpreter checks them and
 made into the kernels' int64 arrays. A concatenation is a launch of the concat kernel for
-each input, a uniform or bernoulli draw or a key's split a launch of its Philox kernel. The
-other host steps (normal draws…) still run on the host, with a copy each way. A failed allocation or launch is a DslError
+each input, a uniform or bernoulli draw or a key's split a launch of its Philox kernel. A
+fold runs its body's kernels step by step, its state and slices on the device. The other
+host steps (normal draws…) still run on the host, with a copy each way. A failed allocation or launch is a DslError
 naming the kernel, and a wait for the GPU gives up after DSLC_CUDA_TIMEOUT seconds (default
 120) rather than hang.
 """
@@ -38,7 +39,7 @@ from ir import interp
 from ir.core import Function, Op, Value
 from ir.interp import EvalError
 from ir.ops.base import NUMPY_DTYPES, Primitive, Role, np_dtype
-from ir.ops.control import Checkpoint
+from ir.ops.control import Checkpoint, Scan
 from ir.ops.index import ScatterAdd, Take
 from ir.ops.random import Bernoulli, KeySplit, Uniform
 from ir.ops.shape import Concat, Rearrange
@@ -100,6 +101,9 @@ class BindingsDriver:
 
     def download(self, array: np.ndarray, ptr: int) -> None:
         self._call("cuMemcpyDtoH", array.ctypes.data, ptr, array.nbytes)
+
+    def copy(self, dst: int, src: int, nbytes: int) -> None:
+        self._call("cuMemcpyDtoD", dst, src, nbytes)
 
     def launch(self, fn: Any, grid: tuple[int, int, int], block: int, pointers: list[int],
                integers: list[int]) -> None:
@@ -171,6 +175,9 @@ class PycudaDriver:
 
     def download(self, array: np.ndarray, ptr: int) -> None:
         self._guard("memcpy_dtoh", self.drv.memcpy_dtoh, array, ptr)
+
+    def copy(self, dst: int, src: int, nbytes: int) -> None:
+        self._guard("memcpy_dtod", self.drv.memcpy_dtod, dst, src, nbytes)
 
     def launch(self, fn: Any, grid: tuple[int, int, int], block: int, pointers: list[int],
                integers: list[int]) -> None:
@@ -668,14 +675,13 @@ class Executable:
             env.update(zip(op.outputs, self.constants[id(op)]))
             return
         body = self.bodies.get(id(op))
+        if isinstance(op.primitive, Scan):
+            self.fold(op, body, env)
+            return
         if isinstance(op.primitive, Checkpoint):          # its body's values stay on the GPU
             outs = body.run([env[v] for v in op.inputs])
         else:
-            inputs = [env[v].numpy() for v in op.inputs]
-            if op.primitive.role is Role.STRUCTURED:
-                outs = op.primitive.run(op, inputs, lambda arrays: [np.asarray(x) for x in body.run(arrays)])
-            else:
-                outs = interp.evaluate(op, inputs)
+            outs = interp.evaluate(op, [env[v].numpy() for v in op.inputs])
         outs = [self.to_device(a, v) for a, v in zip(outs, op.outputs)]
         env.update(zip(op.outputs, outs))
         if made_once(op):
@@ -725,6 +731,29 @@ class Executable:
         if shape.extent:
             self._launch(shape.entry, (shape.grid, 1, 1), shape.block,
                          [env[v].ptr for v in op.inputs] + [result.ptr], [n, *draw_bounds(op)])
+
+    def fold(self, op: Op, body: Executable, env: dict[Value, DeviceArray]) -> None:
+        """A scan (Scan.run's meaning) on the device: its body's executable run step by step
+        on the state's DeviceArrays and each step's slices of the scanned inputs, read in
+        place; each step's emitted values copied into their place in the stacked results."""
+        a = op.attrs
+        n_state, n_xs, length = a["n_state"], a["n_xs"], a["length"]
+        inputs = [env[v] for v in op.inputs]
+        state, xs, consts = inputs[:n_state], inputs[n_state:n_state + n_xs], inputs[n_state + n_xs:]
+        stacked = [self.empty(v, "the stacked results of a fold") for v in op.outputs[n_state:]]
+        for t in (range(length - 1, -1, -1) if a.get("reverse") else range(length)):
+            outs = body.run(state + [x.part(t * (x.size // length), x.shape[1:]) for x in xs] + consts)
+            state = outs[:n_state]
+            for into, y in zip(stacked, outs[n_state:]):
+                self.copy(into.part(t * y.size, y.shape), y)
+        env.update(zip(op.outputs, state + stacked))
+
+    def copy(self, dst: DeviceArray, src: DeviceArray) -> None:
+        if src.nbytes:
+            try:
+                self.drv.copy(dst.ptr, src.ptr, src.nbytes)
+            except DriverError as e:
+                raise DslError(None, f"a copy on the GPU failed: {e}") from None
 
     def split_key(self, op: Op, env: dict[Value, DeviceArray]) -> None:
         """split(k, n) by its kernel: the n keys made in one buffer, each output a part of it."""

@@ -81,6 +81,9 @@ class FakeDriver:
         self.downloaded.append(array.dtype)
         ctypes.memmove(array.ctypes.data, ptr, array.nbytes)
 
+    def copy(self, dst, src, nbytes):
+        ctypes.memmove(dst, src, nbytes)
+
     def launch(self, fn, grid, block, pointers, integers):
         (module, entry) = fn
         if entry == self.fail_launch:

@@ -1,7 +1,8 @@
 """Work that once ran on the host with a copy each way, now on the device: integer division
 and remainder, concatenation, random numbers and `fold` bodies. Each runs through the GPU
 runtime on the fake driver and on the emulated kernels (tests/runtime/test_cuda.py), gives the
-interpreter's bits at degenerate sizes too, and sends no tensor to the host and back."""
+CPU backend's bits (the interpreter's, where the CPU runs it on the host) at degenerate sizes
+too, and sends no tensor to the host and back."""
 from __future__ import annotations
 
 import sys
@@ -13,20 +14,20 @@ import pytest
 import dsl
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_cuda import assert_same, emulated, fake  # noqa: E402,F401  (the fixtures)
+from test_cuda import assert_same, bindings_driver, emulated, fake  # noqa: E402,F401  (the fixtures)
 
 SIZES = [0, 1, 13]                     # nothing, one element, a prime
 
 
 def on_device(drv, src: str, entry: str, args: list):
-    """entry's results on the GPU, checked to be the interpreter's bits; nothing but the
-    inputs crossed between host and device during the call."""
+    """entry's results on the GPU, checked to be the CPU backend's bits; nothing but the inputs
+    crossed between host and device during the call."""
     drv.uploaded.clear()
     drv.downloaded.clear()
     got = getattr(dsl.loads(src, device="cuda"), entry)(*args)
     assert drv.downloaded == [], "a value came to the host"
     assert len(drv.uploaded) <= len(args), "a value went back to the device"
-    assert_same(got, getattr(dsl.loads(src, device="reference"), entry)(*args))
+    assert_same(got, getattr(dsl.loads(src, device="cpu"), entry)(*args))
     return got
 
 
@@ -134,3 +135,42 @@ def test_keys_split_on_the_device_are_the_references(request, driver):
         assert [np.asarray(g.words if isinstance(g, dsl.Key) else g).tobytes() for g in got] == \
             [np.asarray(w.words if isinstance(w, dsl.Key) else w).tobytes() for w in want]
     assert [int(w) for w in dsl.loads(SPLITS, device="cuda").f(dsl.key(0))[0].words] == [0x2DCE73E5, 0x1348E23F]
+
+
+# ---------------------------------------------------------------- fold
+
+FOLD = """
+def f(xs: f32[T, 3, 2], w: f32[2, 2], h0: f32[3, 2]) -> (f32[3, 2], f32[T, 3, 2], f32[T]):
+  hs, ss = fold x in xs with h = h0:
+    h = tanh(x @ w + h)
+    return h, sum(h)
+  return h, hs, ss
+
+def loss(xs: f32[T, 3, 2], w: f32[2, 2], h0: f32[3, 2]) -> f32:
+  hs = fold x in xs with h = h0:
+    h = tanh(x @ w + h)
+    return h
+  return sum(hs * hs)
+"""
+
+
+@pytest.mark.parametrize("driver", ["fake", "emulated"])
+@pytest.mark.parametrize("t", SIZES)
+def test_a_fold_runs_its_body_on_the_device(request, driver, t):
+    """State, scanned slices and the stacked emits (a tensor and a scalar per step) stay on
+    the device; its gradient (a reverse scan) gives the CPU's bits."""
+    drv = request.getfixturevalue(driver)
+    rng = np.random.default_rng(t)
+    args = [signed_zeros(rng, t, 3, 2), rng.standard_normal((2, 2)).astype(np.float32),
+            signed_zeros(rng, 3, 2)]
+    launches = drv.launches
+    on_device(drv, FOLD, "f", args)
+    assert drv.launches - launches >= t          # the body's kernels, at each step
+    got = dsl.loads(FOLD, device="cuda").value_and_grad("loss", wrt=("w", "h0"))(*args)
+    assert_same(got, dsl.loads(FOLD, device="cpu").value_and_grad("loss", wrt=("w", "h0"))(*args))
+
+
+def test_the_bindings_driver_copies_device_to_device():
+    drv, mock = bindings_driver()
+    drv.copy(0x7000, 0x9000, 24)
+    assert mock.calls == [("cuMemcpyDtoD", (0x7000, 0x9000, 24))]
