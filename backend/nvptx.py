@@ -24,7 +24,8 @@ Every kernel computes exactly the bits the CPU backend computes (docs/numerics.m
   scatter_add starts out[o, r, j] from x[o, r, j] and adds the slices of row r in index order,
   one rounding each (np.add.at's order, the CPU's backend/scatter.py), without atomics.
 - A concatenation is one launch of the concat kernel per input, a thread per element of the
-  input, each copying its element to its place in the result.
+  input, each copying its element to its place in the result; a split of a tensor likewise
+  copies each result from its place.
 - The draw kernels (uniform, bernoulli, and split's keys) give each thread one element, which
   computes the Philox block its words are in and the element from them (docs/random.md): the
   reference's bits, with no fma (NVPTX fuses no multiply and add unless asked to).
@@ -53,7 +54,7 @@ from ir.ops.base import Primitive
 from ir.ops.index import Take
 from ir import philox
 from ir.ops.random import Bernoulli, KeySplit
-from ir.ops.shape import Concat
+from ir.ops.shape import Concat, Split
 from ir.numerics import CHUNK, LANES
 
 TRIPLE = "nvptx64-nvidia-cuda"
@@ -749,7 +750,7 @@ def _matmul_entry(module: ir.Module, dtype: str, annotations, t: MatmulTiles, ta
 
 
 # ---------------------------------------------------------------------------------------------
-# The gather kernels: take and scatter_add (and concat's, which places rather than gathers)
+# The gather kernels: take and scatter_add (and concat's and split's, which copy slabs)
 
 
 def gather_entry(prim: Primitive, dtype: str) -> str:
@@ -806,13 +807,16 @@ def _gather_entry(module: ir.Module, prim: Primitive, dtype: str, annotations, t
     b.ret_void()
 
 
-def _concat_entry(module: ir.Module, prim: Primitive, dtype: str, annotations, target: Target) -> None:
-    """With one input x [outer, n, inner] of a concatenation, and its result [outer, size, inner]:
+def _slab_entry(module: ir.Module, prim: Primitive, dtype: str, annotations, target: Target) -> None:
+    """A slab [outer, n, inner] copied to (concat) or from (split) its place along the middle
+    axis of a whole [outer, size, inner], a thread per element of the slab:
 
     void dslc_concat_T(const T *x, T *out, i64 outer, i64 n, i64 size, i64 inner, i64 start):
-        out[o, start + p, j] = x[o, p, j]
+        out[o, start + p, j] = x[o, p, j]        (x an input, out the result)
+    void dslc_split_T(const T *x, T *out, i64 outer, i64 n, i64 size, i64 inner, i64 start):
+        out[o, p, j] = x[o, start + p, j]        (x the input, out a result)
 
-    Launched by gather_launch for x's elements, once per input with its start."""
+    Launched by gather_launch for the slab's elements, once per slab with its start."""
     data = memory_type(dtype).as_pointer()
     fn = _entry(module, gather_entry(prim, dtype), [data, data] + [I64] * 5, annotations, BLOCK)
     x, out, outer, n, size, inner, start = fn.args
@@ -822,9 +826,10 @@ def _concat_entry(module: ir.Module, prim: Primitive, dtype: str, annotations, t
     def element(e: ir.Value) -> None:
         j, rest = b.urem(e, inner), b.udiv(e, inner)
         p, o = b.urem(rest, n), b.udiv(rest, n)
-        at = b.add(b.mul(b.add(b.mul(o, size), b.add(start, p)), inner), j)
-        value = b.load(b.gep(x, [e], inbounds=True), align=_bytes(dtype))
-        b.store(value, b.gep(out, [at], inbounds=True), align=_bytes(dtype))
+        placed = b.add(b.mul(b.add(b.mul(o, size), b.add(start, p)), inner), j)
+        source, target_ = (e, placed) if isinstance(prim, Concat) else (placed, e)
+        value = b.load(b.gep(x, [source], inbounds=True), align=_bytes(dtype))
+        b.store(value, b.gep(out, [target_], inbounds=True), align=_bytes(dtype))
 
     g.each_element(b.mul(outer, b.mul(n, inner)), element)
     b.ret_void()
@@ -946,7 +951,7 @@ def module_ir(kernels: list[LoopKernel], matmuls: tuple[str, ...] = (), target: 
         for t in TILES:
             _matmul_entry(module, dtype, annotations, t, target)
     for prim, dtype in gathers:
-        entry = (_concat_entry if isinstance(prim, Concat) else _key_split_entry if isinstance(prim, KeySplit)
+        entry = (_slab_entry if isinstance(prim, (Concat, Split)) else _key_split_entry if isinstance(prim, KeySplit)
                  else _draw_entry if prim.random else _gather_entry)
         entry(module, prim, dtype, annotations, target)
     return module

@@ -286,6 +286,7 @@ class Program:
         Returns the manifest."""
         import json
         from backend import cpu, nvptx, schedule
+        from ir.ops.shape import Rearrange
         from runtime.cuda import gpu_kernels
         if target not in TARGETS:
             raise DslError(None, f"target= is one of {', '.join(TARGETS)}, got {target!r}")
@@ -346,6 +347,10 @@ class Program:
                 if s.epilogue:                              # a kernel run after the product
                     entry["epilogue"] = step_entry(s.epilogue)
                 return entry
+            if schedule.made_once(s.op):                  # made when loaded, for every call
+                return {"once": s.op.primitive.name, "outputs": outputs}
+            if isinstance(s, schedule.ViewStep) if gpu is None else isinstance(s.op.primitive, Rearrange):
+                return {"view": s.op.primitive.name, "inputs": inputs, "outputs": outputs}   # in place
             return {"host": s.op.primitive.name, "inputs": inputs, "outputs": outputs}
 
         manifest = {

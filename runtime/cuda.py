@@ -11,8 +11,8 @@ DeviceArrays go out by DLPack or the CUDA array interface, sharing device memory
 Transposes, broadcasts, indexing and slices run as strided-copy kernels, reshapes only
 re-label the device buffer. `take` and `scatter_add` run as gather kernels: only their
 integer indices come to the host, to be checked there as the interpreter checks them and
-made into the kernels' int64 arrays. A concatenation is a launch of the concat kernel for
-each input, a uniform or bernoulli draw or a key's split a launch of its Philox kernel. A
+made into the kernels' int64 arrays. A concatenation (a split) is a launch of the concat
+(split) kernel for each input (result), a uniform or bernoulli draw or a key's split a launch of its Philox kernel. A
 fold runs its body's kernels step by step, its state and slices on the device. The other
 host steps (normal draws…) still run on the host, with a copy each way. A failed allocation or launch is a DslError
 naming the kernel, and a wait for the GPU gives up after DSLC_CUDA_TIMEOUT seconds (default
@@ -42,7 +42,7 @@ from ir.ops.base import NUMPY_DTYPES, Primitive, Role, np_dtype
 from ir.ops.control import Checkpoint, Scan
 from ir.ops.index import ScatterAdd, Take
 from ir.ops.random import Bernoulli, KeySplit, Uniform
-from ir.ops.shape import Concat, Rearrange
+from ir.ops.shape import Concat, Rearrange, Split
 from ir.passes import for_backends
 from runtime import cache, dlpack
 
@@ -656,8 +656,8 @@ class Executable:
         if id(op) in self.copies:
             self.run_kernel(self.copies[id(op)], op.inputs + op.outputs, op.outputs, env)
             return
-        if isinstance(op.primitive, Concat) and id(op) in self.gathers:
-            self.concat(op, env)
+        if isinstance(op.primitive, (Concat, Split)) and id(op) in self.gathers:
+            self.slabs(op, env)
             return
         if isinstance(op.primitive, KeySplit):
             self.split_key(op, env)
@@ -706,18 +706,22 @@ class Executable:
                          [a.ptr for a in [env[x], *ints, *(env[u] for u in updates), result]],
                          [outer, rows.size, size, inner])
 
-    def concat(self, op: Op, env: dict[Value, DeviceArray]) -> None:
-        """A concatenation by the concat kernel: each input copied to its place in the result."""
-        (out,) = op.outputs
-        axis = op.attrs.get("axis", 0) % len(out.shape)
-        outer, size, inner = scatter.around(out.shape, axis)
-        env[out] = result = self.empty(out, f"the result of {nvptx.gather_entry(*self.gathers[id(op)])}")
+    def slabs(self, op: Op, env: dict[Value, DeviceArray]) -> None:
+        """A concat (split) by its kernel: each input (result) copied to (from) its place along
+        the axis in the result (input)."""
+        concat = isinstance(op.primitive, Concat)
+        whole, parts = (op.outputs[0], op.inputs) if concat else (op.inputs[0], op.outputs)
+        axis = op.attrs.get("axis", 0) % len(whole.shape)
+        outer, size, inner = scatter.around(whole.shape, axis)
+        entry = nvptx.gather_entry(*self.gathers[id(op)])
+        env.update((v, self.empty(v, f"a result of {entry}")) for v in op.outputs)
         start = 0
-        for x in op.inputs:
-            n = x.shape[axis]
+        for part in parts:
+            n = part.shape[axis]
             shape = nvptx.gather_launch(*self.gathers[id(op)], outer * n * inner)
             if shape.extent:
-                self._launch(shape.entry, (shape.grid, 1, 1), shape.block, [env[x].ptr, result.ptr],
+                x, out = (env[part], env[whole]) if concat else (env[whole], env[part])
+                self._launch(shape.entry, (shape.grid, 1, 1), shape.block, [x.ptr, out.ptr],
                              [outer, n, size, inner, start])
             start += n
 
@@ -805,13 +809,15 @@ class _Product:
 
 
 def gather_kernel(op: Op) -> tuple[Primitive, str] | None:
-    """The gather kernel, (primitive, dtype), that runs a take or a concat (of any dtype: a
-    copy), a scatter_add (of the values backend/scatter.py compiles for the CPU), a uniform or
+    """The gather kernel, (primitive, dtype), that runs a take, a concat or a split (of any
+    dtype: a copy), a scatter_add (of the values backend/scatter.py compiles for the CPU), a uniform or
     bernoulli draw (f32 and f64: of its values, of bernoulli's p) or a key's split, else None."""
     dtype = op.outputs[0].dtype if op.outputs else None
     if isinstance(op.primitive, Take) and dtype in SCALAR:
         return op.primitive, dtype
     if isinstance(op.primitive, Concat) and dtype in SCALAR and all(v.dtype == dtype for v in op.inputs):
+        return op.primitive, dtype
+    if isinstance(op.primitive, Split) and dtype in SCALAR:
         return op.primitive, dtype
     if isinstance(op.primitive, Uniform) and dtype in ("f32", "f64"):
         return op.primitive, dtype

@@ -95,7 +95,7 @@ class FakeDriver:
         if entry.startswith("dslc_matmul_"):
             return self.matmul(entry.split("_")[2], grid, pointers, integers)
         prim, _, dtype = entry.removeprefix("dslc_").rpartition("_")
-        if prim in ("take", "scatter_add", "concat"):      # the entries of the gather kernels
+        if prim in ("take", "scatter_add", "concat", "split"):     # the gather kernels' entries
             return self.gather(prim, np_dtype(dtype), pointers, integers)
         if prim in ("uniform", "bernoulli", "key_split"):
             return self.draw(prim, dtype, pointers, integers)
@@ -116,10 +116,12 @@ class FakeDriver:
 
     def gather(self, prim, t, pointers, integers):
         """The gather kernels' contract (backend/nvptx.py), in NumPy: one add at a time."""
-        if prim == "concat":
+        if prim in ("concat", "split"):
             outer, n, size, inner, start = integers
-            x = device_array(pointers[0], outer * n * inner, t).reshape(outer, n, inner)
-            device_array(pointers[1], outer * size * inner, t).reshape(outer, size, inner)[:, start:start + n] = x
+            whole, part = (1, 0) if prim == "concat" else (0, 1)
+            slab = device_array(pointers[part], outer * n * inner, t).reshape(outer, n, inner)
+            at = device_array(pointers[whole], outer * size * inner, t).reshape(outer, size, inner)[:, start:start + n]
+            (at if prim == "concat" else slab)[:] = slab if prim == "concat" else at
             return
         outer, n, size, inner = integers
         x = device_array(pointers[0], outer * size * inner, t).reshape(outer, size, inner)
