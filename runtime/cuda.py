@@ -485,6 +485,14 @@ class GpuKernels:
     matmuls: tuple[str, ...]
     gathers: dict[int, tuple[Primitive, str]]
 
+    @staticmethod
+    def joined(parts: list[GpuKernels]) -> GpuKernels:
+        """The kernels of several plans (an entry's and its folds' bodies') in one module."""
+        return GpuKernels([k for p in parts for k in p.kernels], {i: k for p in parts for i, k in p.copies.items()},
+                          {n: s for p in parts for n, s in p.launches.items()},
+                          tuple(sorted({d for p in parts for d in p.matmuls})),
+                          {i: g for p in parts for i, g in p.gathers.items()})
+
     @property
     def gather_kernels(self) -> tuple[tuple[Primitive, str], ...]:
         """The gather kernels the module holds: one per (primitive, dtype) the plan uses."""

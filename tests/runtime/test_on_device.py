@@ -201,23 +201,34 @@ def test_a_split_runs_on_the_device(request, driver, n):
 
 # ---------------------------------------------------------------- every example's manifest
 
-# What the GPU does not run yet (docs/gpu.md): host steps of the examples, and the fold, which
-# the runtime runs on the device but whose body's kernels kernels.ptx does not hold yet.
-NOT_YET_ON_THE_DEVICE = {"cast", "argmax", "scan"}
+# What the GPU does not run yet (docs/gpu.md): the examples' last host steps.
+NOT_YET_ON_THE_DEVICE = {"cast", "argmax"}
+
+
+def every_step(steps: list[dict]):
+    """The steps of a manifest, a fold's body's after the fold's."""
+    for s in steps:
+        yield s
+        if "fold" in s:
+            yield from every_step(s["body"]["steps"])
 
 
 @pytest.mark.parametrize("entry", ["loss", "step"])
 @pytest.mark.parametrize("name", EXAMPLES)
 def test_an_examples_manifest_lists_no_host_step_but_those_not_yet_on_the_device(tmp_path, name, entry):
     """`dslc compile --target ptx` of each example's forward pass and training step: every
-    step a kernel, a contraction, a gather, a view or a value made once, but for the few
-    primitives NOT_YET_ON_THE_DEVICE names."""
+    step (a fold's body's too) a kernel, a contraction, a gather, a view, a value made once or
+    a fold, but for the few primitives NOT_YET_ON_THE_DEVICE names; every kernel in the PTX."""
     prog, args = example_case(name, "cpu")[:2] if entry == "loss" else example_step_case(name, "cpu")
     prog.lower(entry, (), args)
     manifest = prog.compile_to(entry, "ptx", str(tmp_path))
-    hosted = {s["host"] for s in manifest["steps"] if "host" in s}
+    steps = list(every_step(manifest["steps"]))
+    hosted = {s["host"] for s in steps if "host" in s}
     assert hosted <= NOT_YET_ON_THE_DEVICE, f"{entry} of {name} runs {hosted - NOT_YET_ON_THE_DEVICE} on the host"
-    assert {next(iter(s)) for s in manifest["steps"]} <= {"kernel", "matmul", "gather", "view", "once", "host"}
+    assert {next(iter(s)) for s in steps} <= {"kernel", "matmul", "gather", "view", "once", "fold", "host"}
+    ptx = (tmp_path / "kernels.ptx").read_text()
+    entries = {k["name"]: k["launch"]["entry"] for k in manifest["kernels"]}
+    assert all(f".entry {entries[s['kernel']]}(" in ptx for s in steps if "kernel" in s)
 
 
 # ---------------------------------------------------------------- pad
@@ -256,3 +267,21 @@ def test_a_pad_with_zeros_is_read_in_place_on_the_device(request, driver, n):
                     getattr(dsl.loads(PAD, device="reference"), entry)(*inputs))
     got = dsl.loads(PAD, device="cuda").value_and_grad("loss", wrt="x")(x)
     assert_same(got, dsl.loads(PAD, device="cpu").value_and_grad("loss", wrt="x")(x))
+
+
+@pytest.mark.parametrize("target", ["ptx", "cpu"])
+def test_a_folds_manifest_step_holds_its_bodys_steps(tmp_path, target):
+    """The fold's length, direction and operands, and its body's parameters, results and
+    steps, whose kernels are in the manifest's kernels (and kernels.ptx)."""
+    manifest = dsl.loads(FOLD).compile_to("f", target, str(tmp_path), dims={"T": 5})
+    (fold,) = manifest["steps"]
+    assert (fold["fold"], fold["reverse"], fold["state"], fold["scanned"]) == (5, False, 1, 1)
+    assert fold["inputs"] == [2, 0, 1] and len(fold["outputs"]) == 3
+    body = fold["body"]
+    assert len(body["params"]) == 3 and len(body["results"]) == 3
+    kernels = {s["kernel"] for s in every_step(body["steps"]) if "kernel" in s} | \
+        {s["epilogue"]["kernel"] for s in body["steps"] if "epilogue" in s}
+    assert kernels and kernels <= {k["name"] for k in manifest["kernels"]}
+    if target == "ptx":
+        ptx = (tmp_path / "kernels.ptx").read_text()
+        assert all(f".entry {k['launch']['entry']}(" in ptx for k in manifest["kernels"])
