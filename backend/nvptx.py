@@ -26,6 +26,8 @@ Every kernel computes exactly the bits the CPU backend computes (docs/numerics.m
 - A concatenation is one launch of the concat kernel per input, a thread per element of the
   input, each copying its element to its place in the result; a split of a tensor likewise
   copies each result from its place.
+- The extreme kernels (argmax, argmin) give each thread one result, which walks its line of
+  the axis in order, keeping the first extreme (the first NaN, as NumPy).
 - The draw kernels (uniform, bernoulli, and split's keys) give each thread one element, which
   computes the Philox block its words are in and the element from them (docs/random.md): the
   reference's bits, with no fma (NVPTX fuses no multiply and add unless asked to).
@@ -54,6 +56,7 @@ from ir.ops.base import Primitive
 from ir.ops.index import Take
 from ir import philox
 from ir.ops.random import Bernoulli, KeySplit
+from ir.ops.reduce import ArgMax, ArgReduction
 from ir.ops.shape import Concat, Split
 from ir.numerics import CHUNK, LANES
 
@@ -835,6 +838,48 @@ def _slab_entry(module: ir.Module, prim: Primitive, dtype: str, annotations, tar
     b.ret_void()
 
 
+def _extreme_entry(module: ir.Module, prim: Primitive, dtype: str, annotations, target: Target) -> None:
+    """With x [outer, n, inner] (n ≥ 1), a thread per result:
+
+    void dslc_argmax_T(const T *x, i32 *out, i64 outer, i64 n, i64 inner):
+        out[o, j] = the first p of the largest x[o, p, j], or of the first NaN   (argmin: smallest)
+
+    Launched by gather_launch for the outer × inner results."""
+    t = memory_type(dtype)
+    fn = _entry(module, gather_entry(prim, dtype), [t.as_pointer(), I32.as_pointer()] + [I64] * 3,
+                annotations, BLOCK)
+    x, out, outer, n, inner = fn.args
+    g = _Builder(fn, I64, target)
+    b = g.b
+    order = ">" if isinstance(prim, ArgMax) else "<"
+    best, where = g.slot(t), g.slot(I64)
+
+    def better(v: ir.Value, than: ir.Value) -> ir.Value:
+        if dtype not in ("f32", "f64", "f16"):
+            return (b.icmp_signed if dtype in ("i32", "i64") else b.icmp_unsigned)(order, v, than)
+        nan = lambda a: b.fcmp_unordered("uno", a, a)
+        return b.and_(b.not_(nan(than)), b.or_(nan(v), b.fcmp_ordered(order, v, than)))
+
+    def result(e: ir.Value) -> None:
+        j, o = b.urem(e, inner), b.udiv(e, inner)
+        at = lambda p: b.load(b.gep(x, [b.add(b.mul(b.add(b.mul(o, n), p), inner), j)], inbounds=True),
+                              align=_bytes(dtype))
+        b.store(at(g.c(0)), best)
+        b.store(g.c(0), where)
+
+        def step(p: ir.Value) -> None:
+            v = at(p)
+            wins = better(v, b.load(best))
+            b.store(b.select(wins, v, b.load(best)), best)
+            b.store(b.select(wins, p, b.load(where)), where)
+
+        g.loop(g.c(1), n, g.c(1), step, "along")
+        b.store(b.trunc(b.load(where), I32), b.gep(out, [e], inbounds=True), align=4)
+
+    g.each_element(b.mul(outer, inner), result)
+    b.ret_void()
+
+
 # ---------------------------------------------------------------------------------------------
 # The draw kernels: uniform and bernoulli, and split's keys (docs/random.md)
 
@@ -952,7 +997,8 @@ def module_ir(kernels: list[LoopKernel], matmuls: tuple[str, ...] = (), target: 
             _matmul_entry(module, dtype, annotations, t, target)
     for prim, dtype in gathers:
         entry = (_slab_entry if isinstance(prim, (Concat, Split)) else _key_split_entry if isinstance(prim, KeySplit)
-                 else _draw_entry if prim.random else _gather_entry)
+                 else _extreme_entry if isinstance(prim, ArgReduction) else _draw_entry if prim.random
+                 else _gather_entry)
         entry(module, prim, dtype, annotations, target)
     return module
 

@@ -13,6 +13,7 @@ re-label the device buffer. `take` and `scatter_add` run as gather kernels: only
 integer indices come to the host, to be checked there as the interpreter checks them and
 made into the kernels' int64 arrays. A concatenation (a split) is a launch of the concat
 (split) kernel for each input (result), a uniform or bernoulli draw or a key's split a launch of its Philox kernel. A
+argmax or argmin is a launch of its extreme kernel. A
 fold runs its body's kernels step by step, its state and slices on the device. The other
 host steps (normal draws…) still run on the host, with a copy each way. A failed allocation or launch is a DslError
 naming the kernel, and a wait for the GPU gives up after DSLC_CUDA_TIMEOUT seconds (default
@@ -42,6 +43,7 @@ from ir.ops.base import NUMPY_DTYPES, Primitive, Role, np_dtype
 from ir.ops.control import Checkpoint, Scan
 from ir.ops.index import ScatterAdd, Take
 from ir.ops.random import Bernoulli, KeySplit, Uniform
+from ir.ops.reduce import ArgReduction
 from ir.ops.shape import Concat, Rearrange, Split
 from ir.passes import for_backends
 from runtime import cache, dlpack
@@ -670,6 +672,12 @@ class Executable:
         if isinstance(op.primitive, KeySplit):
             self.split_key(op, env)
             return
+        if isinstance(op.primitive, ArgReduction) and id(op) in self.gathers:
+            try:
+                self.extreme(op, env)
+            except EvalError as e:                  # of an empty axis, found on the host
+                raise e.at(op) from None
+            return
         if op.primitive.random and id(op) in self.gathers:
             self.draw(op, env)
             return
@@ -767,6 +775,19 @@ class Executable:
             except DriverError as e:
                 raise DslError(None, f"a copy on the GPU failed: {e}") from None
 
+    def extreme(self, op: Op, env: dict[Value, DeviceArray]) -> None:
+        """argmax or argmin by its kernel; of an empty axis, the interpreter's error."""
+        (x,), (out,) = op.inputs, op.outputs
+        axis = op.attrs.get("axis")
+        outer, n, inner = (1, math.prod(x.shape), 1) if axis is None else scatter.around(x.shape, axis % len(x.shape))
+        if n == 0 and outer * inner:
+            interp.evaluate(op, [np.empty(x.shape, np_dtype(x.dtype))])     # (raises its EvalError)
+        shape = nvptx.gather_launch(*self.gathers[id(op)], outer * inner)
+        env[out] = result = self.empty(out, f"the result of {shape.entry}")
+        if shape.extent:
+            self._launch(shape.entry, (shape.grid, 1, 1), shape.block, [env[x].ptr, result.ptr],
+                         [outer, n, inner])
+
     def split_key(self, op: Op, env: dict[Value, DeviceArray]) -> None:
         """split(k, n) by its kernel: the n keys made in one buffer, each output a part of it."""
         n = len(op.outputs)
@@ -819,7 +840,8 @@ class _Product:
 def gather_kernel(op: Op) -> tuple[Primitive, str] | None:
     """The gather kernel, (primitive, dtype), that runs a take, a concat or a split (of any
     dtype: a copy), a scatter_add (of the values backend/scatter.py compiles for the CPU), a uniform or
-    bernoulli draw (f32 and f64: of its values, of bernoulli's p) or a key's split, else None."""
+    bernoulli draw (f32 and f64: of its values, of bernoulli's p), a key's split, or an argmax
+    or argmin (of any dtype), else None."""
     dtype = op.outputs[0].dtype if op.outputs else None
     if isinstance(op.primitive, Take) and dtype in SCALAR:
         return op.primitive, dtype
@@ -831,6 +853,8 @@ def gather_kernel(op: Op) -> tuple[Primitive, str] | None:
         return op.primitive, dtype
     if isinstance(op.primitive, KeySplit):
         return op.primitive, "u32"
+    if isinstance(op.primitive, ArgReduction) and op.inputs[0].dtype in SCALAR:
+        return op.primitive, op.inputs[0].dtype                  # (its kernel reads x)
     if isinstance(op.primitive, Bernoulli) and op.inputs[1].dtype in ("f32", "f64"):
         return op.primitive, op.inputs[1].dtype                  # (its kernel reads p)
     if isinstance(op.primitive, ScatterAdd) and dtype in scatter.FLOATS and \

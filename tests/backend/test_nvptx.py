@@ -22,6 +22,7 @@ from ir.numerics import CHUNK
 from ir.ops.index import ScatterAdd, Take
 from runtime.cuda import GpuKernels, gpu_kernels
 from ir.ops.random import Bernoulli, KeySplit, Uniform
+from ir.ops.reduce import ArgMax, ArgMin
 from ir.ops.shape import Concat, SliceSpec, Split
 from ir.passes import for_backends, optimize
 
@@ -259,7 +260,7 @@ def test_ptxas_rejection_is_reported():
 
 
 TAKE, SCATTER_ADD, CONCAT = Take(), ScatterAdd(), Concat()
-GATHERS = tuple((prim, d) for prim in (TAKE, CONCAT, Split()) for d in ("f32", "f64", "f16", "i32", "i64", "bool")) + \
+GATHERS = tuple((prim, d) for prim in (TAKE, CONCAT, Split(), ArgMax(), ArgMin()) for d in ("f32", "f64", "f16", "i32", "i64", "bool")) + \
     tuple((prim, d) for prim in (SCATTER_ADD, Uniform(), Bernoulli()) for d in ("f32", "f64")) + \
     ((KeySplit(), "u32"),)
 
@@ -267,7 +268,7 @@ GATHERS = tuple((prim, d) for prim in (TAKE, CONCAT, Split()) for d in ("f32", "
 @needs_ptxas
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_gather_kernels_assemble(arch):
-    """take, concat, split, scatter_add, the draws and split's keys: no call, no atomics, and scatter_add's sums
+    """take, concat, split, argmax, argmin, scatter_add, the draws and split's keys: no call, no atomics, and scatter_add's sums
     and uniform's L + (H - L) · u as plain operations (no fma, which would round once for two)."""
     text = nvptx.ptx([], arch, gathers=GATHERS)
     assert not re.search(r"\bcall(\.uni)?\s", text), "a call reached the PTX"

@@ -202,7 +202,7 @@ def test_a_split_runs_on_the_device(request, driver, n):
 # ---------------------------------------------------------------- every example's manifest
 
 # What the GPU does not run yet (docs/gpu.md): the examples' last host steps.
-NOT_YET_ON_THE_DEVICE = {"cast", "argmax"}
+NOT_YET_ON_THE_DEVICE = {"cast"}
 
 
 def every_step(steps: list[dict]):
@@ -285,3 +285,41 @@ def test_a_folds_manifest_step_holds_its_bodys_steps(tmp_path, target):
     if target == "ptx":
         ptx = (tmp_path / "kernels.ptx").read_text()
         assert all(f".entry {k['launch']['entry']}(" in ptx for k in manifest["kernels"])
+
+
+# ---------------------------------------------------------------- argmax, argmin
+
+EXTREMES = """
+def f(x: f32[N, 5], y: f64[N], i: i32[N, 2], u: u32[N], b: bool[N, 3]
+      ) -> (i32[N], i32[5], i32, i32[N, 1], i32, i32[2], i32, i32[N]):
+  return (argmax(x, axis=-1), argmin(x, axis=0), argmax(y), argmin(i, axis=1, keepdims=True),
+          argmax(u), argmax(i, axis=0), argmin(b), argmax(b, axis=1))
+"""
+
+
+def extreme_args(rng, n: int) -> list[np.ndarray]:
+    """Ties, signed zeros, NaNs and infinities among small values."""
+    x = rng.integers(-2, 3, (n, 5)).astype(np.float32)
+    x.reshape(-1)[::7] = -0.0
+    x.reshape(-1)[3::11] = np.nan
+    x.reshape(-1)[5::13] = np.inf
+    return [x, np.where(rng.random(n) < 0.2, np.nan, rng.standard_normal(n)),
+            rng.integers(-3, 3, (n, 2)).astype(np.int32), rng.integers(0, 2 ** 32, n, dtype=np.uint32),
+            rng.random((n, 3)) < 0.5]
+
+
+@pytest.mark.parametrize("driver", ["fake", "emulated"])
+@pytest.mark.parametrize("n", [1, 13, 300])
+def test_argmax_and_argmin_run_on_the_device(request, driver, n):
+    """NumPy's index: the first of tied extremes, the first NaN; along an axis, the last
+    one, the flattened tensor; floats, integers, unsigned and bools."""
+    on_device(request.getfixturevalue(driver), EXTREMES, "f", extreme_args(np.random.default_rng(n), n))
+
+
+def test_argmax_of_an_empty_axis_is_the_cpus_error(fake):
+    messages = []
+    for device in ("cuda", "cpu"):
+        with pytest.raises(dsl.DslError) as e:
+            dsl.loads(EXTREMES, device=device).f(*extreme_args(np.random.default_rng(0), 0))
+        messages.append(str(e.value))
+    assert messages[0] == messages[1] and "empty" in messages[0]
