@@ -940,18 +940,18 @@ def _cast(x: Any, dtype: str) -> np.ndarray:
 
 @primitive
 class Cast(Primitive):
-    """x converted to dtype (floats to integers truncate toward zero; nonzero is True)."""
+    """x converted to dtype (floats to integers truncate toward zero; nonzero is True). The
+    kernels give NaN and floats out of an i32's or i64's range its least value."""
     name = surface = "cast"
     params = (Param("x", Kind.TENSOR), Param("dtype", Kind.DTYPE))
     reference = staticmethod(_cast)
     evaluate = staticmethod(_cast)
     role = Role.ELEMENTWISE
-    host = "float to integer casts are evaluated by NumPy"
+    host = "float to u32 casts are evaluated by NumPy"
 
     def compiles(self, dtypes: list[str], dtype: str) -> bool:
         src, = dtypes
-        floor = src in FLOAT_DTYPES and dtype not in FLOAT_DTYPES and dtype != "bool"
-        return "bf16" not in (src, dtype) and not floor
+        return "bf16" not in (src, dtype) and not (src in FLOAT_DTYPES and dtype == "u32")
 
     def scalar(self, e: Any, args: list, dtypes: list[str], dtype: str, attrs: dict) -> Any:
         return e.cast(args[0], dtypes[0], dtype)

@@ -201,10 +201,6 @@ def test_a_split_runs_on_the_device(request, driver, n):
 
 # ---------------------------------------------------------------- every example's manifest
 
-# What the GPU does not run yet (docs/gpu.md): the examples' last host steps.
-NOT_YET_ON_THE_DEVICE = {"cast"}
-
-
 def every_step(steps: list[dict]):
     """The steps of a manifest, a fold's body's after the fold's."""
     for s in steps:
@@ -215,17 +211,16 @@ def every_step(steps: list[dict]):
 
 @pytest.mark.parametrize("entry", ["loss", "step"])
 @pytest.mark.parametrize("name", EXAMPLES)
-def test_an_examples_manifest_lists_no_host_step_but_those_not_yet_on_the_device(tmp_path, name, entry):
+def test_an_examples_manifest_lists_no_host_step(tmp_path, name, entry):
     """`dslc compile --target ptx` of each example's forward pass and training step: every
     step (a fold's body's too) a kernel, a contraction, a gather, a view, a value made once or
-    a fold, but for the few primitives NOT_YET_ON_THE_DEVICE names; every kernel in the PTX."""
+    a fold; every kernel in the PTX."""
     prog, args = example_case(name, "cpu")[:2] if entry == "loss" else example_step_case(name, "cpu")
     prog.lower(entry, (), args)
     manifest = prog.compile_to(entry, "ptx", str(tmp_path))
     steps = list(every_step(manifest["steps"]))
-    hosted = {s["host"] for s in steps if "host" in s}
-    assert hosted <= NOT_YET_ON_THE_DEVICE, f"{entry} of {name} runs {hosted - NOT_YET_ON_THE_DEVICE} on the host"
-    assert {next(iter(s)) for s in steps} <= {"kernel", "matmul", "gather", "view", "once", "fold", "host"}
+    assert [s["host"] for s in steps if "host" in s] == []
+    assert {next(iter(s)) for s in steps} <= {"kernel", "matmul", "gather", "view", "once", "fold"}
     ptx = (tmp_path / "kernels.ptx").read_text()
     entries = {k["name"]: k["launch"]["entry"] for k in manifest["kernels"]}
     assert all(f".entry {entries[s['kernel']]}(" in ptx for s in steps if "kernel" in s)
@@ -323,3 +318,23 @@ def test_argmax_of_an_empty_axis_is_the_cpus_error(fake):
             dsl.loads(EXTREMES, device=device).f(*extreme_args(np.random.default_rng(0), 0))
         messages.append(str(e.value))
     assert messages[0] == messages[1] and "empty" in messages[0]
+
+
+# ---------------------------------------------------------------- casts from floats to integers
+
+CASTS = """
+def f(x: f32[N], y: f64[N], h: f16[N]) -> (i32[N], i64[N], i32[N], i64[N], i32[N], i64[N]):
+  return cast(x, i32), cast(x, i64), cast(y, i32), cast(y, i64), cast(floor(x * 3.0), i32), cast(h, i64)
+"""
+
+
+@pytest.mark.parametrize("driver", ["fake", "emulated"])
+@pytest.mark.parametrize("n", SIZES + [40])
+def test_casts_from_floats_to_integers_run_on_the_device(request, driver, n):
+    """Truncated toward zero; NaN, infinities and values out of range the least value (the
+    CPU backend's kernels; tests/backend/test_primitives.py checks them against NumPy)."""
+    values = np.array([0.0, -0.0, 1.5, -1.5, 2.0 ** 31 - 128, -2.0 ** 31, 2.0 ** 31, 3e9, -3e9, 2.0 ** 63,
+                       -2.0 ** 63, 1e30, np.inf, -np.inf, np.nan, 65504.0, -7.9, 0.4, 1e-40, 123456.7])
+    x = np.resize(values, n)
+    on_device(request.getfixturevalue(driver), CASTS, "f",
+              [x.astype(np.float32), x, x.astype(np.float16)])
