@@ -1,6 +1,6 @@
-"""The host target: every kernel of a program in one LLVM module, optimised at O3 for the
-host CPU (no fast-math: the bits are the definition's), JIT-compiled with MCJIT; runs of
-small kernels are called through one function each."""
+"""The host target: kernels as MCJIT object code for the host CPU (no fast-math: the bits are
+the definition's), one piece for each distinct kernel (backend/objects.py); runs of small
+kernels are called through one function each."""
 from __future__ import annotations
 
 import ctypes
@@ -21,9 +21,10 @@ _lock = threading.Lock()
 _initialised = False
 
 
-def target_machine() -> llvm.TargetMachine:
-    """A new target machine for the host CPU. Each use gets its own: an MCJIT engine takes
-    ownership of the one it is given (sharing one crashes the process)."""
+def target_machine(opt: int = 3) -> llvm.TargetMachine:
+    """A new target machine for the host CPU, generating code at level `opt`. Each use gets
+    its own: an MCJIT engine takes ownership of the one it is given (sharing one crashes the
+    process)."""
     global _initialised
     with _lock:
         if not _initialised:
@@ -38,7 +39,14 @@ def target_machine() -> llvm.TargetMachine:
     target = llvm.Target.from_default_triple()
     return target.create_target_machine(cpu=llvm.get_host_cpu_name(),
                                         features=llvm.get_host_cpu_features().flatten(),
-                                        opt=3, jit=True)
+                                        opt=opt, jit=True)
+
+
+def machine_key(opt: int) -> tuple[str, ...]:
+    """What object code made at level `opt` depends on besides its IR: the code that makes the
+    IR (the backend's and the IR's, where the primitives' scalar bodies are) and this machine."""
+    return (cache.code_digest("backend", "ir"), llvm.get_default_triple(), llvm.get_host_cpu_name(),
+            llvm.get_host_cpu_features().flatten(), f"O{opt}")
 
 
 @dataclass(frozen=True)
@@ -67,18 +75,33 @@ def sync_words(kernels: int) -> int:
 
 
 def module_ir(kernels: list[LoopKernel], runs: tuple[Run, ...] = ()) -> ir.Module:
-    module = ir.Module(name="dslc")
-    module.triple = llvm.get_default_triple()
+    module = new_module("dslc")
     entries = {k.name: kernel_function(module, k) for k in kernels}
     args = {k.name: len(k.buffers) for k in kernels}
-    table_type = ir.IntType(8).as_pointer().as_pointer()
     for run in runs:
         for name in run.kernels:          # called, not copied: a copy would be compiled again
             entries[name].attributes.add("noinline")
-        fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [table_type, I64, I64]), name=run.name)
-        _run_body(fn, run, [entries[name] for name in run.kernels],
-                  run.offsets[-1] + args[run.kernels[-1]])
+        run_function(module, run, [entries[name] for name in run.kernels],
+                     run.offsets[-1] + args[run.kernels[-1]])
     return module
+
+
+def new_module(name: str) -> ir.Module:
+    module = ir.Module(name=name)
+    module.triple = llvm.get_default_triple()
+    return module
+
+
+def declare_kernel(module: ir.Module, name: str) -> ir.Function:
+    """A kernel function (backend/llvm.py's signature) defined in another module."""
+    table_type = ir.IntType(8).as_pointer().as_pointer()
+    return ir.Function(module, ir.FunctionType(ir.VoidType(), [table_type, I64, I64]), name=name)
+
+
+def run_function(module: ir.Module, run: Run, entries: list[ir.Function], sync_slot: int) -> None:
+    """The run's function, calling the kernels `entries`; its synchronisation block's address
+    is in the table's slot sync_slot."""
+    _run_body(declare_kernel(module, run.name), run, entries, sync_slot)
 
 
 def _run_body(fn: ir.Function, run: Run, entries: list[ir.Function], sync_slot: int) -> None:
@@ -117,11 +140,12 @@ def _min(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
     return b.select(b.icmp_signed("<", x, y), x, y)
 
 
-def optimise(mod: llvm.ModuleRef) -> None:
-    pto = llvm.create_pipeline_tuning_options(speed_level=3)
+def optimise(mod: llvm.ModuleRef, opt: int = 3, machine: llvm.TargetMachine | None = None) -> None:
+    """LLVM's pipeline at level `opt`, with the loop and SLP vectorisers."""
+    pto = llvm.create_pipeline_tuning_options(speed_level=opt)
     pto.loop_vectorization = True
     pto.slp_vectorization = True
-    machine = target_machine()
+    machine = machine or target_machine(opt)
     pb = llvm.create_pass_builder(machine, pto)
     pb.getModulePassManager().run(mod, pb)
 
@@ -141,8 +165,7 @@ def jit(key: tuple[str, ...], build: Callable[[], ir.Module | str]) -> llvm.Exec
     name everything the module depends on) for this backend's code, the IR's (where the
     primitives' scalar bodies are) and this machine: then build() is not even called."""
     machine = target_machine()
-    k = cache.key(*key, cache.code_digest("backend", "ir"), machine.triple,
-                  llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten(), "O3")
+    k = cache.key(*key, *machine_key(3))
     cached = cache.load(k)
     if cached is not None:
         engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), machine)
@@ -158,9 +181,12 @@ def jit(key: tuple[str, ...], build: Callable[[], ir.Module | str]) -> llvm.Exec
 
 
 class Compiled:
-    """A JIT-compiled module of kernels and runs, looked up by name."""
+    """Kernels and runs, JIT-compiled, looked up by name: one piece of object code for each
+    distinct one (backend/objects.py); `made` names the pieces compiled, not found cached."""
 
     def __init__(self, kernels: list[LoopKernel], runs: tuple[Run, ...] = ()):
-        self.engine = jit((repr(kernels), repr(runs)), lambda: module_ir(kernels, runs))
-        self.functions = {name: KernelFn(self.engine.get_function_address(name))
-                          for name in [k.name for k in kernels] + [r.name for r in runs]}
+        from backend import objects      # imported here: backend/objects.py imports this module
+        pieces, symbols = objects.pieces(kernels, runs)
+        self.engine, self.made = objects.link(pieces)
+        self.functions = {name: KernelFn(self.engine.get_function_address(symbol))
+                          for name, symbol in symbols.items()}

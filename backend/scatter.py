@@ -8,12 +8,23 @@ The generated function, in C:
 
 x and out are [outer, size, inner], updates [outer, n, inner] and indices [n], all contiguous
 and not overlapping. An index may count from the end (-size … -1). The result is -1, or the
-position of the first index outside [-size, size), in which case out is left as it was."""
+position of the first index outside [-size, size), in which case out is left as it was.
+
+And its transpose, take (a gather), for the native step (runtime/step.py), which copies rows
+of bytes and so serves every dtype:
+
+    int64_t take(char *out, const char *x, const I *indices, int64_t outer, int64_t n,
+                 int64_t size, int64_t row_bytes, int64_t from_end);
+
+out is [outer, n, row_bytes], x [outer, size, row_bytes]; an index counts from the end only
+where from_end is not 0. The result is -1, or the position of an index out of range, in which
+case out is left partly written."""
 from __future__ import annotations
 
 import ctypes
 import functools
 from math import prod
+from typing import Callable
 
 import numpy as np
 from llvmlite import ir
@@ -71,21 +82,62 @@ def _build(module: ir.Module, dtype: str, index: str) -> None:
     b.ret(c(-1))
 
 
+def _build_take(module: ir.Module, index: str) -> None:
+    i_t, p = SCALAR[index], ir.IntType(8).as_pointer()
+    fn = ir.Function(module, ir.FunctionType(I64, [p, p, i_t.as_pointer()] + [I64] * 5), name="take")
+    out, x, indices, outer, n, size, row, from_end = fn.args
+    for arg in (out, x, indices):
+        arg.add_attribute("noalias")
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    c = lambda v: ir.Constant(I64, v)
+    copy = b.module.declare_intrinsic("llvm.memcpy", [p, p, I64])
+
+    def slab(o):
+        def at(i):
+            r = b.sext(b.load(b.gep(indices, [i])), I64) if index != "i64" else b.load(b.gep(indices, [i]))
+            wraps = b.and_(b.icmp_signed("<", r, c(0)), b.icmp_signed("!=", from_end, c(0)))
+            r = b.select(wraps, b.add(r, size), r)
+            with b.if_then(b.or_(b.icmp_signed("<", r, c(0)), b.icmp_signed(">=", r, size)),
+                           likely=False):
+                b.ret(i)
+            b.call(copy, [b.gep(out, [b.mul(b.add(b.mul(o, n), i), row)]),
+                          b.gep(x, [b.mul(b.add(b.mul(o, size), r), row)]), row,
+                          ir.Constant(ir.IntType(1), 0)])
+        loop(b, c(0), n, at)
+
+    loop(b, c(0), outer, slab)
+    b.ret(c(-1))
+
+
 @functools.cache
 def _function(dtype: str, index: str):
     """The compiled function for these dtypes (object code from the cache when there)."""
-    from backend import cpu
-
-    def build() -> ir.Module:
-        module = ir.Module(name=f"scatter_{dtype}_{index}")
-        module.triple = cpu.llvm.get_default_triple()
-        _build(module, dtype, index)
-        return module
-
-    engine = cpu.jit(("scatter_add", dtype, index), build)
+    engine = _engine("scatter_add", lambda module: _build(module, dtype, index), dtype, index)
     fn = ctypes.CFUNCTYPE(ctypes.c_int64, *[ctypes.c_void_p] * 4, *[ctypes.c_int64] * 4)(
         engine.get_function_address("scatter_add"))
     return engine, fn
+
+
+@functools.cache
+def take_function(index: str) -> int:
+    """The address of take for indices of this dtype (its engine kept for the process)."""
+    return _engine("take", lambda module: _build_take(module, index), index).get_function_address("take")
+
+
+def _engine(name: str, build: Callable[[ir.Module], None], *dtypes: str):
+    from backend import cpu
+
+    def made() -> ir.Module:
+        module = ir.Module(name="_".join((name,) + dtypes))
+        module.triple = cpu.llvm.get_default_triple()
+        build(module)
+        return module
+
+    engine = _engines[(name, dtypes)] = cpu.jit((name,) + dtypes, made)
+    return engine
+
+
+_engines: dict[tuple, object] = {}      # kept for the process: their code is called by address
 
 
 def evaluate(op: Op, inputs: list[np.ndarray]) -> list[np.ndarray] | None:

@@ -109,8 +109,13 @@ def scans(op: Op) -> bool:
     return prim.role is Role.SCAN and prim.compiles([op.inputs[0].dtype], op.outputs[0].dtype)
 
 
-def schedule(fn: Function, name: str = "k") -> Plan:
-    """Cut fn into kernels and host steps, in an order that respects its data flow."""
+# the dtypes of the `@`s that a contraction kernel computes (the others run on the host)
+PRODUCTS = ("f32", "f64")
+
+
+def schedule(fn: Function, name: str = "k", products: tuple[str, ...] = PRODUCTS) -> Plan:
+    """Cut fn into kernels and host steps, in an order that respects its data flow; the `@`s
+    of the dtypes in `products` are contraction steps."""
     users: dict[Value, int] = {}
     for op in fn.ops:
         for v in op.inputs:
@@ -231,7 +236,7 @@ def schedule(fn: Function, name: str = "k") -> Plan:
             flush()
             for v in op.inputs:
                 need(v)
-            is_matmul = op.primitive.role is Role.CONTRACTION and op.outputs[0].dtype in ("f32", "f64")
+            is_matmul = op.primitive.role is Role.CONTRACTION and op.outputs[0].dtype in products
             steps.append(ContractStep(op) if is_matmul else HostStep(op))
     flush()
     for v in fn.results:

@@ -230,8 +230,9 @@ class Team:
         _build_serve(module)
         _build_stop(module)
         self.engine = cpu.jit(("team",), lambda: module)
+        self.run_address = self.engine.get_function_address("team.run")   # for native steps
         self._run = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                                     ctypes.c_int64)(self.engine.get_function_address("team.run"))
+                                     ctypes.c_int64)(self.run_address)
         self._serve = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64)(
             self.engine.get_function_address("team.serve"))
         self._stop = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(
@@ -247,22 +248,37 @@ class Team:
     def run(self, task: int, argument: int, threads: int) -> None:
         """Call the task at address `task` on `threads` threads: this one, and helpers. A call
         while another is running (from another Python thread) runs it on this thread alone."""
-        threads = min(threads, MAX_THREADS)
-        if threads <= 1 or not self._lock.acquire(blocking=False):
+        threads = self.hold(threads)
+        if threads <= 1:
             call = self._tasks.get(task)
             if call is None:                     # (a ctypes function is made once per task)
                 call = self._tasks[task] = Task(task)
             call(argument, 0, 1)
             return
         try:
+            self._run(self.address, task, argument, threads)
+        finally:
+            self._lock.release()
+
+    def hold(self, threads: int) -> int:
+        """The team for up to `threads` threads, its helpers started: how many this caller may
+        use (1 while another Python thread holds it). Held where more than 1: release() after."""
+        threads = min(threads, MAX_THREADS)
+        if threads <= 1 or not self._lock.acquire(blocking=False):
+            return 1
+        try:
             while len(self.helpers) < threads - 1:
                 t = len(self.helpers) + 1
                 self.helpers.append(threading.Thread(target=self._serve, args=(self.address, t),
                                                      name=f"dslc-{t}", daemon=True))
                 self.helpers[-1].start()
-            self._run(self.address, task, argument, threads)
-        finally:
+        except BaseException:
             self._lock.release()
+            raise
+        return threads
+
+    def release(self) -> None:
+        self._lock.release()
 
     def stop(self) -> None:
         """Let the helpers go (at exit: before the interpreter frees the code they run)."""

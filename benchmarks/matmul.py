@@ -2,8 +2,11 @@
 the same number of threads (2 by default), in one process; prints GFLOP/s and the ratio
 dslc / NumPy (target: at least 0.7). Then the products of a 4-layer GPT training step
 (benchmarks/train_step.py) against torch.matmul where torch is installed: microseconds and
-the ratio dslc / torch (1 or less is as fast). Rates are best-of-N wall clock, the two sides
-interleaved so that both see the same background load."""
+the ratio dslc / torch (1 or less is as fast). Then small and skinny products (64³, a decoder's
+token, the medium products of the GPT step's forward and backward passes) as the runtime calls
+them (runtime.cpu.matmul), beside NumPy and torch: the ratios dslc / NumPy and dslc / torch,
+and dslc's GFLOP/s as a share of its rate at the largest of --sizes. Rates are best-of-N wall
+clock, the sides interleaved so that all see the same background load."""
 from __future__ import annotations
 
 import argparse
@@ -21,6 +24,19 @@ GPT_SHAPES = [
     ("dX = dY @ W^T, 384", (1024, 128), (128, 384), True),
     ("dX = dY @ W^T, 128", (1024, 512), (512, 128), True),
     ("4 x 4 (call overhead)", (4, 4), (4, 4), False),
+]
+
+# (name, M, K, N, A read transposed, B read transposed): the GPT step's gradient reads
+# h.T @ dY and x.T @ dH (A transposed) and dY @ W.T (B transposed)
+SMALL_SHAPES = [
+    ("64³", 64, 64, 64, False, False),
+    ("a decoder's token", 1, 768, 2304, False, False),
+    ("MLP down", 1024, 512, 128, False, False),
+    ("dX = dY @ W2ᵀ", 1024, 512, 128, False, True),
+    ("MLP up", 1024, 128, 512, False, False),
+    ("dH = dY @ W1ᵀ", 1024, 128, 512, False, True),
+    ("dW2 = hᵀ @ dY", 512, 1024, 128, True, False),
+    ("dW1 = xᵀ @ dH", 128, 1024, 512, True, False),
 ]
 
 
@@ -63,14 +79,17 @@ def main() -> None:
     print(f"{'n':>6} {'numpy GFLOP/s':>14} {'dslc GFLOP/s':>13} {'ratio':>6}")
     rng = np.random.default_rng(0)
     dtype = np.float32 if args.dtype == "f32" else np.float64
-    for n in args.sizes:
+    large = None                                   # dslc's rate at the largest size
+    for n in sorted(args.sizes):
         a, b = (rng.standard_normal((n, n)).astype(dtype) for _ in range(2))
         runs = {"numpy": lambda: a @ b, "dslc": lambda: kernel(a, b, threads=args.threads)}
         best = best_of(runs, args.rounds, args.repeat)
         gflops = {name: 2 * n ** 3 / t / 1e9 for name, t in best.items()}
         print(f"{n:>6} {gflops['numpy']:>14.1f} {gflops['dslc']:>13.1f} "
               f"{gflops['dslc'] / gflops['numpy']:>6.2f}")
+        large = gflops["dslc"]
     gpt_products(kernel, args, rng)
+    small_products(args, rng, large)
 
 
 def gpt_products(kernel, args, rng) -> None:
@@ -102,6 +121,40 @@ def gpt_products(kernel, args, rng) -> None:
               f"{'x'.join(map(str, b_shape)) + ('ᵀ' if transposed else ''):>12} "
               f"{best['dslc'] * 1e6:>8.1f} {best['torch'] * 1e6:>8.1f} "
               f"{best['dslc'] / best['torch']:>6.2f}")
+
+
+def small_products(args, rng, large: float | None) -> None:
+    """SMALL_SHAPES by runtime.cpu.matmul beside NumPy and torch.matmul (where installed)."""
+    import numpy as np
+    from runtime.cpu import matmul
+    try:
+        import torch
+        torch.set_num_threads(args.threads)
+    except ImportError:
+        torch = None
+    dtype = np.float32 if args.dtype == "f32" else np.float64
+    print(f"\nsmall and skinny products, {args.threads} threads (us, best of "
+          f"{args.rounds}x{args.repeat}; ratios dslc / numpy and dslc / torch; dslc's GFLOP/s "
+          f"as a share of its rate at n = {max(args.sizes, default='-')})")
+    print(f"{'product':>18} {'M x K x N':>15} {'dslc':>8} {'numpy':>8} {'torch':>8} "
+          f"{'/numpy':>7} {'/torch':>7} {'share':>6}")
+    for name, m, k, n, a_t, b_t in SMALL_SHAPES:
+        a = rng.standard_normal((k, m)).astype(dtype).T if a_t else \
+            rng.standard_normal((m, k)).astype(dtype)
+        b = rng.standard_normal((n, k)).astype(dtype).T if b_t else \
+            rng.standard_normal((k, n)).astype(dtype)
+        out = np.empty((m, n), dtype)
+        runs = {"dslc": lambda: matmul(a, b, out, args.threads), "numpy": lambda: a @ b}
+        if torch is not None:
+            ta, tb = torch.from_numpy(a), torch.from_numpy(b)
+            runs["torch"] = lambda: torch.matmul(ta, tb)
+        best = best_of(runs, args.rounds, args.repeat)
+        us = {side: t * 1e6 for side, t in best.items()}
+        share = f"{2 * m * k * n / best['dslc'] / 1e9 / large:>6.2f}" if large else f"{'-':>6}"
+        torch_us, torch_ratio = (f"{us['torch']:>8.1f}", f"{us['dslc'] / us['torch']:>7.2f}") \
+            if "torch" in us else (f"{'-':>8}", f"{'-':>7}")
+        print(f"{name:>18} {f'{m}x{k}x{n}':>15} {us['dslc']:>8.1f} {us['numpy']:>8.1f} "
+              f"{torch_us} {us['dslc'] / us['numpy']:>7.2f} {torch_ratio} {share}")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """One training step (forward, backward, AdamW) of the names MLP and of a 4-layer GPT: dslc's
-CPU backend beside PyTorch eager on the same machine, in one run, as a ratio; and the GPT
+CPU backend beside PyTorch eager (and, for the names MLP, JAX's jit) on the same machine, in
+one run, as ratios; and the GPT
 step's cold compile and warm (cached) load times, in the same process and in a new one.
 Set DSLC_THREADS and torch's threads alike (default 2 each); on a machine other work is
 using, `--threads 1 --cpu-time` compares CPU time instead of wall time."""
@@ -74,16 +75,25 @@ def torch_step(params, loss_fn, *inputs):
     return run
 
 
-def mlp_case(repeat, clock=time.perf_counter):
-    import torch
-    import dsl
-    B, T, E, H, V = 32, 3, 10, 200, 27
+MLP_SIZES = {"B": 32, "T": 3, "E": 10, "H": 200, "V": 27}
+
+
+def mlp_inputs():
+    B, T, E, H, V = MLP_SIZES.values()
     rng = np.random.default_rng(0)
     p = {"C": rng.standard_normal((V, E), np.float32), "W1": rng.standard_normal((T * E, H), np.float32) * 0.1,
          "b1": np.zeros(H, np.float32), "W2": rng.standard_normal((H, V), np.float32) * 0.01,
          "b2": np.zeros(V, np.float32)}
     x = rng.integers(0, V, (B, T)).astype(np.int32)
     y = rng.integers(0, V, B).astype(np.int32)
+    return p, x, y
+
+
+def mlp_case(repeat, clock=time.perf_counter):
+    import torch
+    import dsl
+    B, T, E, H, V = MLP_SIZES.values()
+    p, x, y = mlp_inputs()
     prog = dsl.loads(MLP, name=str(MODELS / "mlp_step.bend"), device="cpu")
     s = state_like(p)
     dslc = best(lambda: prog.step(p, s, x, y), repeat, clock)
@@ -94,7 +104,37 @@ def mlp_case(repeat, clock=time.perf_counter):
         h = torch.tanh(tp["C"][tx].reshape(B, T * E) @ tp["W1"] + tp["b1"])
         return torch.nn.functional.cross_entropy(h @ tp["W2"] + tp["b2"], ty)
     ref = best(torch_step(tp.values(), loss), repeat, clock)
-    return dslc, ref
+    return dslc, ref, jax_mlp(p, x, y, repeat, clock)
+
+
+def jax_mlp(p, x, y, repeat, clock=time.perf_counter):
+    """The names MLP step by JAX's jit (XLA): AdamW written out, as dsl/lib/optim.bend has it."""
+    import jax
+    import jax.numpy as jnp
+    B, T = x.shape
+    E = p["C"].shape[1]
+
+    def loss(p, x, y):
+        h = jnp.tanh(p["C"][x].reshape(B, T * E) @ p["W1"] + p["b1"])
+        z = jax.nn.log_softmax(h @ p["W2"] + p["b2"])
+        return -jnp.mean(z[jnp.arange(B), y])
+
+    @jax.jit
+    def step(p, s, x, y):
+        l, g = jax.value_and_grad(loss)(p, x, y)
+        t, m, v = s
+        t = t + 1
+        m = jax.tree.map(lambda m, g: 0.9 * m + 0.1 * g, m, g)
+        v = jax.tree.map(lambda v, g: 0.999 * v + 0.001 * g * g, v, g)
+        c1, c2 = 1 - 0.9 ** t, 1 - 0.999 ** t
+        p = jax.tree.map(lambda p, m, v: p - 1e-3 * (m / c1 / (jnp.sqrt(v / c2) + 1e-8) + 0.01 * p),
+                         p, m, v)
+        return p, (t, m, v), l
+
+    jp = {k: jnp.asarray(v) for k, v in p.items()}
+    s = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, jp), jax.tree.map(jnp.zeros_like, jp))
+    jx, jy = jnp.asarray(x), jnp.asarray(y)
+    return best(lambda: jax.block_until_ready(step(jp, s, jx, jy)), repeat, clock)
 
 
 def gpt_inputs(layers=4, B=16, T=64, D=128, V=65):
@@ -147,6 +187,12 @@ def warm_in_new_process() -> float:
 
 
 def torch_gpt(p, idx, tgt, repeat, clock=time.perf_counter):
+    params, loss = torch_gpt_loss(p, idx, tgt)
+    return best(torch_step(params, loss), repeat, clock)
+
+
+def torch_gpt_loss(p, idx, tgt):
+    """The GPT's parameters as PyTorch tensors, and its loss on these inputs (a function)."""
     import torch
     import torch.nn.functional as F
     H = 4
@@ -172,8 +218,7 @@ def torch_gpt(p, idx, tgt, repeat, clock=time.perf_counter):
             x = x + h @ blk["W2"] + blk["b2"]
         z = ln(x, tp["lnf_g"], tp["lnf_b"]) @ tp["wte"].T
         return F.cross_entropy(z.reshape(B * T, -1), tt.reshape(-1))
-    params = list(tp.values()) + [t for b in blocks for t in b.values()]
-    return best(torch_step(params, loss), repeat, clock)
+    return list(tp.values()) + [t for b in blocks for t in b.values()], loss
 
 
 def main() -> None:
@@ -183,13 +228,19 @@ def main() -> None:
     ap.add_argument("--cpu-time", action="store_true",
                     help="time the steps by the process's CPU time (use with --threads 1): "
                          "ratios that hold on a machine other work is using")
+    ap.add_argument("--only-mlp", action="store_true", help="the names MLP step alone")
     args = ap.parse_args()
     os.environ.setdefault("DSLC_THREADS", str(args.threads))
+    os.environ.setdefault("XLA_FLAGS", f"--xla_cpu_multi_thread_eigen={str(args.threads > 1).lower()} "
+                                       f"intra_op_parallelism_threads={args.threads}")
     import torch
     torch.set_num_threads(args.threads)
     clock = time.process_time if args.cpu_time else time.perf_counter
-    d, t = mlp_case(args.repeat, clock)
-    print(f"names MLP step:  dslc {d * 1e3:8.2f} ms   torch {t * 1e3:8.2f} ms   ratio {d / t:6.2f}x")
+    d, t, j = mlp_case(args.repeat, clock)
+    print(f"names MLP step:  dslc {d * 1e3:8.3f} ms   torch {t * 1e3:8.3f} ms   ratio {d / t:6.2f}x"
+          f"   jax jit {j * 1e3:8.3f} ms   ratio {d / j:6.2f}x")
+    if args.only_mlp:
+        return
     d, t, cold, warm, fresh = gpt_case(args.repeat, clock)
     print(f"4-layer GPT step: dslc {d * 1e3:8.2f} ms   torch {t * 1e3:8.2f} ms   ratio {d / t:6.2f}x")
     print(f"GPT step compile: cold {cold:.2f} s (target < 15 s), warm cached load {warm:.2f} s "

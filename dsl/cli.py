@@ -89,7 +89,7 @@ def cmd_doc(args: argparse.Namespace) -> int:
 def cmd_ir(args: argparse.Namespace) -> int:
     if args.arch and args.level != "ptx":
         args.usage("--arch is for --level ptx")
-    print(dsl.load(args.file).ir(args.entry, args.dims, args.level, args.arch), end="")
+    print(dsl.load(args.file).ir(args.entry, args.dims, args.level, args.arch, args.numerics), end="")
     return 0
 
 
@@ -100,13 +100,13 @@ def cmd_grad(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    prog = dsl.load(args.file, device=args.device)
+    prog = dsl.load(args.file, device=args.device, numerics=args.numerics)
     arrays = read_arrays(args.inputs)
     result = prog.call(args.entry, **prog.inputs_from_arrays(args.entry, arrays, args.dims or {}))
     flat = values.flatten_python(result, "out")
     if args.output:
         try:
-            np.savez(args.output, **flat)
+            np.savez(args.output, **{k: npz.storable(v) for k, v in flat.items()})
         except (OSError, ValueError) as e:          # a missing folder, a NUL in the name
             raise DslError(None, f"cannot write the result to {args.output}: {e}") from None
     else:
@@ -186,7 +186,8 @@ def cmd_train(args: argparse.Namespace) -> int:
                        resume=args.resume, checkpoint_dir=ckpt or None,
                        overwrite=args.overwrite, plot=args.plot,
                        dims=args.dims, hyper=args.hyper, batch_size=args.batch_size,
-                       device=args.device, progress=sys.stderr, micro_batches=args.micro_batches,
+                       device=args.device, numerics=args.numerics, progress=sys.stderr,
+                       micro_batches=args.micro_batches,
                        rank_timeout=args.rank_timeout)
     except KeyboardInterrupt:
         interrupted()
@@ -218,7 +219,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
         args.usage("--arch is for --target ptx")
     wrt = None if args.grad is None else parse_wrt(args.grad)
     manifest = dsl.load(args.file).compile_to(args.entry, args.target, args.output, args.dims, wrt,
-                                              args.arch)
+                                              args.arch, args.numerics)
     print(f"{args.output}: {len(manifest['kernels'])} kernels, {len(manifest['steps'])} steps")
     return 0
 
@@ -286,8 +287,11 @@ ENTRY = "the entry point: a function of FILE with annotated parameters"
 SIZES = "every size the entry's types leave open: dimensions (B=4), list lengths, static parameters"
 ARCH = ("the GPU architecture to build the PTX for: sm_80, sm_86, sm_89, sm_90 (the default), "
         "sm_100 or sm_120")
+NUMERICS = ("exact (the default: the same bits on every device) or fast (on the GPU, products "
+            "on tensor cores: bf16 and f16 inputs, f32 ones rounded to TF32, f32 sums)")
 DEVICE = ("where to run: auto (the GPU if one is usable, else the CPU; $DSLC_DEVICE overrides), "
-          "cpu, cuda, or reference (the NumPy interpreter)")
+          "cpu, cuda, reference (the NumPy interpreter), or iree (IREE's CPU backend, "
+          "needs dslc[iree])")
 
 
 def specialising(sub: argparse._SubParsersAction, name: str, summary: str, description: str,
@@ -327,10 +331,12 @@ def parser() -> argparse.ArgumentParser:
     ir = specialising(sub, "ir", summary="print a stage's output for an entry point",
                       description="Print an entry point, specialised for --dims, at a stage of "
                       "compilation.")
-    ir.add_argument("--level", choices=["tensor", "loops", "llvm", "ptx"], default="tensor",
+    ir.add_argument("--level", choices=["tensor", "loops", "llvm", "ptx", "mlir"], default="tensor",
                     help="tensor (the tensor IR, the default), loops (the CPU kernels' loop IR and "
-                    "host steps), llvm (their LLVM IR) or ptx (the GPU kernels)")
+                    "host steps), llvm (their LLVM IR), ptx (the GPU kernels) or mlir (the tensor "
+                    "IR in MLIR's upstream dialects)")
     ir.add_argument("--arch", type=gpu_arch, metavar="SM", help=ARCH)
+    ir.add_argument("--numerics", choices=["exact", "fast"], default="exact", help=NUMERICS + ", for --level ptx")
     ir.set_defaults(run=cmd_ir, usage=ir.error)
 
     grad = specialising(sub, "grad", summary="print the gradient program as .bend source",
@@ -354,6 +360,7 @@ def parser() -> argparse.ArgumentParser:
                       help="compile the entry's value and its gradient with respect to this "
                       "parameter, or several separated by commas (q,k)")
     comp.add_argument("--arch", type=gpu_arch, metavar="SM", help=ARCH + " (with --target ptx)")
+    comp.add_argument("--numerics", choices=["exact", "fast"], default="exact", help=NUMERICS)
     comp.add_argument("-o", "--output", required=True, metavar="OUT",
                       help="the folder to write into (made if missing)")
     comp.set_defaults(run=cmd_compile, usage=comp.error)
@@ -371,8 +378,9 @@ def parser() -> argparse.ArgumentParser:
                      "printing it")
     run.add_argument("--dims", type=parse_dims, metavar="NAME=INT,…",
                      help="the entry's static parameters (k=2); the arrays give the sizes")
-    run.add_argument("--device", choices=["auto", "reference", "cpu", "cuda"], default="auto",
+    run.add_argument("--device", choices=["auto", "reference", "cpu", "cuda", "iree"], default="auto",
                      help=DEVICE)
+    run.add_argument("--numerics", choices=["exact", "fast"], default="exact", help=NUMERICS)
     run.set_defaults(run=cmd_run)
 
     train = sub.add_parser("train", help="train a model file that defines init, loss and step",
@@ -396,8 +404,9 @@ def parser() -> argparse.ArgumentParser:
                        help="delete the checkpoints already in the checkpoint directory and start afresh")
     train.add_argument("--plot", metavar="LOSS.png",
                        help="draw the loss curves into an image (.png, .svg, .pdf …; needs dslc[plot])")
-    train.add_argument("--device", choices=["auto", "reference", "cpu", "cuda"], default="auto",
+    train.add_argument("--device", choices=["auto", "reference", "cpu", "cuda", "iree"], default="auto",
                        help=DEVICE)
+    train.add_argument("--numerics", choices=["exact", "fast"], default="exact", help=NUMERICS)
     train.add_argument("--micro-batches", type=positive, metavar="M",
                        help="cut each step's batch into M micro-batches and sum their gradients "
                        "in a fixed tree (the model needs update); under mpiexec, default: the "

@@ -24,6 +24,7 @@ class Compiled:
         self.__doc__ = d.doc
         self.__signature__ = signature(d)
         self.device = program.device
+        self.numerics = program.numerics
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._program.call(self.__name__, *args, **kwargs)
@@ -34,7 +35,8 @@ class Compiled:
         return self
 
     def __repr__(self) -> str:
-        return f"<dsl entry point {self.__name__}{self.__signature__} on {self.device}>"
+        numerics = ", fast numerics" if self.numerics == "fast" else ""
+        return f"<dsl entry point {self.__name__}{self.__signature__} on {self.device}{numerics}>"
 
     def lower(self, *args: Any, **kwargs: Any) -> Lowered:
         """The entry point specialised for these inputs (checked and lowered, not run); print

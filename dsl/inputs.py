@@ -60,7 +60,7 @@ def check_sizes(span, name: str, fn: Function, limit: int, bound: str) -> None:
     for what, v in walk(fn):
         if v.is_key:
             continue
-        size = math.prod(v.shape) * (2 if v.dtype == "bf16" else np.dtype(NUMPY_DTYPES[v.dtype]).itemsize)
+        size = math.prod(v.shape) * np.dtype(NUMPY_DTYPES[v.dtype]).itemsize
         if size > limit:
             raise DslError(span, f"'{name}' would need an array of {size} bytes, {v.type} ({what}), "
                                  f"more than the {limit} bytes {bound}")
@@ -329,8 +329,9 @@ def _foreign_array(value: Any, t: ast.TypeExpr, where: str) -> np.ndarray:
         return np.from_dlpack(value) if exported else np.asarray(value)
     except (BufferError, RuntimeError, TypeError, ValueError) as e:   # a dtype NumPy lacks (bfloat16)
         dtype = str(getattr(value, "dtype", "unknown")).removeprefix("torch.")
+        hint = "; pass bf16 as a NumPy array of ml_dtypes.bfloat16" if dtype == "bfloat16" else ""
         raise DslError(t.span, f"'{where}' must be an array of a dslc dtype ({', '.join(NUMPY_DTYPES)}), "
-                               f"got {dtype}, which NumPy cannot read ({e})") from None
+                               f"got {dtype}, which NumPy cannot read ({e}){hint}") from None
 
 
 def _on_device(value: Any) -> bool:
@@ -355,7 +356,7 @@ def example_inputs(d: ast.Def, mod, dims: dict[str, int]) -> dict[str, Any]:
     def real(v: Any) -> Any:
         match v:
             case Spec():
-                return np.zeros(v.shape, NUMPY_DTYPES.get(v.dtype, np.float32))
+                return np.zeros(v.shape, NUMPY_DTYPES[v.dtype])
             case dict():
                 return {k: real(i) for k, i in v.items()}
             case list() | tuple():

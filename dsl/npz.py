@@ -1,4 +1,5 @@
-"""Reading .npz archives (NumPy's zip of .npy arrays) without trusting them.
+"""Reading .npz archives (NumPy's zip of .npy arrays) without trusting them, and what is
+written to them.
 
 Each member's .npy header is read and checked before its data: the dtype must be plain numbers
 or strings (never objects, which would need pickle), the shape one NumPy can hold, the zip's
@@ -23,6 +24,7 @@ from numpy.lib import format as npy
 
 from frontend.diagnostics import DslError
 from frontend.limits import MAX_RANK
+from ir.ops.base import NUMPY_DTYPES
 
 MAX_BYTES = 4 * 2 ** 30          # the arrays of one archive, inflated; more is refused unread
 CHUNK = 2 ** 20                  # bytes inflated at a time
@@ -40,6 +42,11 @@ class NpzError(DslError):
     def __init__(self, path: str, problem: str):
         super().__init__(None, f"{path}: {problem}")
         self.path, self.problem = path, problem
+
+
+def storable(a: np.ndarray) -> np.ndarray:
+    """a as an .npz member holds it: bf16, which .npy has no name for, widened exactly to float32."""
+    return a.astype(np.float32) if a.dtype == NUMPY_DTYPES["bf16"] else a
 
 
 def fits_numpy(shape: tuple[int, ...], itemsize: int) -> bool:

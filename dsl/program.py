@@ -13,6 +13,7 @@ import numpy as np
 
 from dsl.compiled import Compiled
 from dsl.doc import document
+from dsl.fastcall import Signatures
 from dsl.generic import NotGeneric, merge, sample_sizes
 from dsl.inputs import (COMPILED, MAX_BYTES, Inputs, abstract_inputs, bind_python, check_sizes,
                         dimension_names, from_arrays, from_python, kind, memory_bytes)
@@ -28,6 +29,7 @@ from frontend.values import KeyV, ListV, RecordV, StaticV, TensorV, TupleV
 from ir import interp
 from ir.ad import grad_function
 from ir.core import Builder, Function
+from ir.mlir import NotExpressible, to_mlir
 from ir.passes import for_backends, optimize, tidy
 from ir.types import FLOAT_DTYPES
 
@@ -53,18 +55,20 @@ class Lowered:
 class Program:
     """A loaded .bend program; its functions are attributes: prog.loss(p, x, y)."""
 
-    def __init__(self, resolved: Resolved, device: str = "auto"):
+    def __init__(self, resolved: Resolved, device: str = "auto", numerics: str = "exact"):
         if device not in DEVICES:
             raise DslError(None, f"device must be one of {', '.join(DEVICES)}, got {device!r}")
         self._resolved = resolved
         self.device = pick_device(device)
+        self.numerics = checked_numerics(numerics)
         self._cache: dict[Any, Lowered] = {}
         self._last: dict[str, tuple[Lowered, Inputs]] = {}
         self._grads: dict[Any, Function] = {}
         self._executables: dict[int, Any] = {}
         self._sized: dict[int, Function] = {}      # the functions whose arrays fit in memory
         self._entries: dict[str, Compiled] = {}
-        self._devices: dict[str, Program] = {}     # this program on the other devices
+        self._devices: dict[tuple[str, str], Program] = {}   # on the other devices and numerics
+        self._signatures: dict[str, Signatures] = {}   # each entry's fast path (dsl/fastcall.py)
 
     def __getattr__(self, name: str) -> Compiled:
         if name.startswith("_"):
@@ -74,23 +78,21 @@ class Program:
     def __dir__(self) -> list[str]:
         return sorted(set(super().__dir__()) | set(self.functions()))
 
-    def compile(self, name: str, device: str | None = None, numerics: str = "exact") -> Compiled:
-        """Entry `name` as a callable on `device` (default: the program's), with its .bend
-        signature and doc comment; its calls are cached per input signature."""
+    def compile(self, name: str, device: str | None = None, numerics: str | None = None) -> Compiled:
+        """Entry `name` as a callable on `device` in `numerics` (default: the program's), with
+        its .bend signature and doc comment; its calls are cached per input signature."""
         self._def(name)
-        if not isinstance(numerics, str) or numerics not in NUMERICS:
-            raise DslError(None, f"numerics= is 'exact' (or 'fast', not built yet), got {numerics!r}")
-        if numerics == "fast":
-            raise DslError(None, "numerics='fast' (tensor cores, with bf16 or tf32 inputs) is "
-                                 "not built yet; 'exact' is the only mode")
-        return (self if device is None else self._on(device))._entry(name)
+        return self._on(device, numerics)._entry(name)
 
-    def _on(self, device: str) -> Program:
-        """This program on another device: the same source, its own caches."""
-        other = Program(self._resolved, device)
-        if other.device == self.device:
+    def _on(self, device: str | None, numerics: str | None) -> Program:
+        """This program on another device or in other numerics: the same source, its own
+        caches (so that no kernel of one mode serves the other)."""
+        other = Program(self._resolved, self.device if device is None else device,
+                        self.numerics if numerics is None else numerics)
+        key = (other.device, other.numerics)
+        if key == (self.device, self.numerics):
             return self
-        return self._devices.setdefault(other.device, other)
+        return self._devices.setdefault(key, other)
 
     def _entry(self, name: str) -> Compiled:
         d = self._def(name)
@@ -123,8 +125,16 @@ class Program:
                       and all(p.type is not None for p in e.node.params))
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
-        low, inputs = self.lower(name, args, kwargs)
-        return unflatten(low.outputs, self._run(name, low.function, inputs.arrays))
+        signatures = self._signatures.get(name) or self._signatures.setdefault(name, Signatures())
+        fast = signatures.get(args, kwargs)
+        if fast is None:
+            low, inputs = self.lower(name, args, kwargs)
+            arrays = inputs.arrays
+            signatures.remember(args, kwargs, (low, replace(inputs, arrays=[])), arrays)
+        else:
+            (low, inputs), arrays = fast
+            self._last[name] = (low, inputs)
+        return unflatten(low.outputs, self._run(name, low.function, arrays))
 
     def _run(self, name: str, fn: Function, arrays: list[np.ndarray]) -> list[np.ndarray]:
         span = self._def(name).name_span
@@ -139,6 +149,8 @@ class Program:
         except interp.EvalError as e:
             message = f"while running '{name}': {e}"
             raise (e.origin.error(message) if e.origin else DslError(span, message)) from None
+        except NotExpressible as e:                 # device="iree": an op MLIR cannot say yet
+            raise (e.origin.error(str(e)) if e.origin else DslError(span, str(e))) from None
         except MemoryError:
             raise DslError(span, f"while running '{name}': out of memory (its arrays do not fit "
                                  "in this machine's memory together)") from None
@@ -146,11 +158,15 @@ class Program:
     def executable(self, fn: Function):
         """fn compiled for this program's device (once per function)."""
         if id(fn) not in self._executables:
+            options = {}
             if self.device == "cuda":
                 from runtime.cuda import Executable
+                options = {"numerics": self.numerics}      # (fast numerics is exact off the GPU)
+            elif self.device == "iree":
+                from runtime.iree import Executable
             else:
                 from runtime.cpu import Executable
-            self._executables[id(fn)] = (fn, Executable(fn, fn.name))
+            self._executables[id(fn)] = (fn, Executable(fn, fn.name, **options))
         return self._executables[id(fn)][1]
 
     def grad(self, name: str, wrt: str | tuple[str, ...], has_aux: bool = False):
@@ -187,6 +203,17 @@ class Program:
                 raise DslError(d.name_span, "with has_aux=True the function must return (loss, aux)")
             return (value, g) if with_value else (g, value[1])
         return (value, g) if with_value else g
+
+    def buffers(self, name: str, param: str, value: Any) -> list[str]:
+        """The leaves of `value`, passed as parameter `param` of entry `name`, that are buffers
+        (held by a record field declared `buffer`), named as `dslc run` names arrays: p.bn.mean."""
+        d = self._def(name)
+        p = next((q for q in d.params if q.name == param), None)
+        if p is None or p.type is None:
+            raise DslError(d.name_span, f"'{name}' has no annotated parameter {param!r}")
+        v = from_python(Builder(name), value, p.type, self._resolved.main, param, [], self.device)
+        return [path for path, trained in zip(_leaf_paths(flatten(v)[1], param), trained_leaves(v))
+                if not trained]
 
     def source(self, name: str, grad: str | tuple[str, ...] | None = None,
                dims: dict[str, int] | None = None) -> str:
@@ -279,19 +306,21 @@ class Program:
         return "\n\n".join([*decls, text])
 
     def compile_to(self, name: str, target: str, out: str, dims: dict[str, int] | None = None,
-                   grad: str | tuple[str, ...] | None = None, arch: str | None = None) -> dict:
+                   grad: str | tuple[str, ...] | None = None, arch: str | None = None,
+                   numerics: str | None = None) -> dict:
         """Write an entry point's kernels into the folder `out` (object code for 'cpu', PTX for
-        'ptx', for the GPU architecture `arch`, default sm_90) with manifest.json: parameters,
-        results, kernels with their buffers and launch shapes, and the steps that run them.
-        Returns the manifest."""
+        'ptx', for the GPU architecture `arch`, default sm_90, in `numerics`, default the
+        program's) with manifest.json: parameters, results, kernels with their buffers and
+        launch shapes, and the steps that run them. Returns the manifest."""
         import json
-        from backend import cpu, nvptx, schedule
+        from backend import cpu, nvptx, schedule, tensorcore
         from ir.ops.control import Scan
         from ir.ops.shape import Rearrange
-        from runtime.cuda import GpuKernels, gpu_kernels
+        from runtime.cuda import GpuKernels, gpu_kernels, gpu_schedule
         if target not in TARGETS:
             raise DslError(None, f"target= is one of {', '.join(TARGETS)}, got {target!r}")
         arch = gpu_arch(arch, target == "ptx", "target='ptx'")
+        numerics = self.numerics if numerics is None else checked_numerics(numerics)
         d = self._def(name)
         low, inputs = self._specialised(d, dims)
         fn = low.function
@@ -304,7 +333,8 @@ class Program:
             results += [f"grad({params[i]})" for i in positions]
         check_sizes(d.name_span, name, fn, MAX_BYTES, COMPILED)
         fn = for_backends(fn)
-        plan = schedule.schedule(fn, name)
+        plan_of = lambda f, n: gpu_schedule(f, n, numerics) if target == "ptx" else schedule.schedule(f, n)
+        plan = plan_of(fn, name)
         try:
             folder = Path(out)
             folder.mkdir(parents=True, exist_ok=True)
@@ -315,7 +345,7 @@ class Program:
 
         def described(plan: schedule.Plan, name: str) -> list[dict]:
             """The steps of a plan, its kernels added to parts (a fold's body's in its step)."""
-            gpu = gpu_kernels(plan, name) if target == "ptx" else None
+            gpu = gpu_kernels(plan, name, numerics) if target == "ptx" else None
             parts.append((plan, gpu))
             for step in plan.steps:
                 for v in schedule.writes(step):
@@ -334,6 +364,9 @@ class Program:
                         "axis": s.op.attrs.get("axis", 0), "inputs": inputs, "outputs": outputs}
             if isinstance(s, schedule.ContractStep):      # dslc's contraction kernel
                 entry = {"matmul": s.op.outputs[0].dtype, "inputs": inputs, "outputs": outputs}
+                if gpu:                                     # exact tiles, or tensor cores
+                    launch = gpu.product_launch(s.op)
+                    entry["entry"] = launch.entry if launch else None
                 if s.epilogue:                              # a kernel run after the product
                     entry["epilogue"] = step_entry(s.epilogue, gpu, body_name)
                 return entry
@@ -342,7 +375,7 @@ class Program:
                 for v in body.params:
                     ids.setdefault(v, len(ids))
                 a = s.op.attrs
-                steps = described(schedule.schedule(body, body_name), body_name)
+                steps = described(plan_of(body, body_name), body_name)
                 return {"fold": a["length"], "reverse": bool(a.get("reverse")), "state": a["n_state"],
                         "scanned": a["n_xs"], "inputs": inputs, "outputs": outputs,
                         "body": {"params": [ids[v] for v in body.params],
@@ -367,14 +400,13 @@ class Program:
                                    "block": shape.block, "grid": shape.grid}
             kernels.append(entry)
         if gpu:
-            (folder / "kernels.ptx").write_text(nvptx.ptx(gpu.kernels, arch, gpu.matmuls,
-                                                          gpu.gather_kernels))
+            (folder / "kernels.ptx").write_text(gpu.ptx(arch))
         else:
             mod = llvm_module(cpu.module_ir([k for p, _ in parts for k in p.kernels]))
             (folder / "kernels.o").write_bytes(cpu.target_machine().emit_object(mod))
 
         manifest = {
-            "entry": name, "target": target, "gradient_of": grad,
+            "entry": name, "target": target, "numerics": numerics, "gradient_of": grad,
             "params": [{"name": n, "id": ids[v], "dtype": v.dtype, "shape": list(v.shape)}
                        for n, v in zip(params, fn.params, strict=True)],
             "results": [{"name": n, "id": ids[v], "dtype": v.dtype, "shape": list(v.shape)}
@@ -385,6 +417,7 @@ class Program:
         if gpu:
             manifest["arch"] = arch
             manifest["matmul_entries"] = [e for e in gpu.entries if e.startswith("dslc_matmul_")]
+            manifest["mma_entries"] = [tensorcore.entry(d) for d in gpu.mmas]
             manifest["gather_entries"] = [nvptx.gather_entry(*g) for g in gpu.gather_kernels]
         (folder / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
         return manifest
@@ -396,27 +429,34 @@ class Program:
         return from_arrays(name, self._def(name), self._resolved.main, arrays, statics)
 
     def ir(self, name: str, dims: dict[str, int] | None = None, level: str = "tensor",
-           arch: str | None = None) -> str:
+           arch: str | None = None, numerics: str | None = None) -> str:
         """An entry point at a stage of compilation, as text: 'tensor' (the IR), 'loops' (the
-        CPU kernels' loop IR and host steps), 'llvm' (their LLVM IR) or 'ptx' (the GPU kernels
-        for the architecture `arch`, default sm_90)."""
+        CPU kernels' loop IR and host steps), 'llvm' (their LLVM IR), 'ptx' (the GPU kernels
+        for the architecture `arch`, default sm_90, in `numerics`, default the program's) or
+        'mlir' (the tensor IR in MLIR's upstream dialects)."""
         from ir import printer
         if level not in LEVELS:
             raise DslError(None, f"level= is one of {', '.join(LEVELS)}, got {level!r}")
         arch = gpu_arch(arch, level == "ptx", "level='ptx'")
+        numerics = self.numerics if numerics is None else checked_numerics(numerics)
         low, _ = self._specialised(self._def(name), dims)
         if level == "tensor":
             return printer.to_text(low.function)
+        if level == "mlir":
+            try:
+                return to_mlir(low.function, name, _input_names(self._def(name), low))
+            except NotExpressible as e:
+                span = self._def(name).name_span       # an op a pass made has no origin
+                raise (e.origin.error(str(e)) if e.origin else DslError(span, str(e))) from None
         from backend import cpu, loops, schedule
         check_sizes(self._def(name).name_span, name, low.function, MAX_BYTES, COMPILED)
+        if level == "ptx":
+            from runtime.cuda import gpu_kernels, gpu_schedule
+            return gpu_kernels(gpu_schedule(for_backends(low.function), name, numerics), name,
+                               numerics).ptx(arch)
         plan = schedule.schedule(for_backends(low.function), name)
         if level == "llvm":
             return str(cpu.module_ir(plan.kernels))
-        if level == "ptx":
-            from backend import nvptx
-            from runtime.cuda import gpu_kernels
-            gpu = gpu_kernels(plan, name)
-            return nvptx.ptx(gpu.kernels, arch, gpu.matmuls, gpu.gather_kernels)
         def text(s) -> str:
             if isinstance(s, schedule.KernelStep):
                 return loops.to_text(s.kernel)
@@ -486,19 +526,16 @@ class Program:
         except LoweringError as e:
             raise CheckError(d.name_span, str(e)) from None
         fn = b.finish([leaf.ir for leaf in leaves])
-        if any(v.dtype == "bf16" for v in (*fn.params, *(w for op in fn.ops for w in op.outputs))):
-            raise CheckError(d.name_span, f"'{d.name}' computes in bf16, which no device runs yet "
-                             "(the interpreter and the backends have no bf16 arithmetic); use f16 or f32")
         return Lowered(fn, layout, [flatten(a)[1] for a in inputs.abstract], inputs.arg_leaves)
 
 
 _PIN_NOTE = Note("give in --dims (dims=) the sizes it needs; the dimensions --dims leaves out stay "
                  "names")
 
-LEVELS = ("tensor", "loops", "llvm", "ptx")     # what Program.ir shows
+LEVELS = ("tensor", "loops", "llvm", "ptx", "mlir")     # what Program.ir shows
 TARGETS = ("cpu", "ptx")                         # what Program.compile_to writes
-NUMERICS = ("exact", "fast")                    # what Program.compile takes; 'fast' is not built
-DEVICES = ("auto", "cpu", "cuda", "reference")   # auto: $DSLC_DEVICE, else the GPU if usable, else the CPU
+NUMERICS = ("exact", "fast")                    # fast: products on tensor cores (GPU only)
+DEVICES = ("auto", "cpu", "cuda", "reference", "iree")   # auto: $DSLC_DEVICE, else the GPU if usable, else the CPU
 
 
 def gpu_arch(arch: str | None, ptx: bool, needs: str) -> str | None:
@@ -514,6 +551,12 @@ def gpu_arch(arch: str | None, ptx: bool, needs: str) -> str | None:
     return arch
 
 
+def checked_numerics(numerics: Any) -> str:
+    if not isinstance(numerics, str) or numerics not in NUMERICS:
+        raise DslError(None, f"numerics= is one of {', '.join(NUMERICS)}, got {numerics!r}")
+    return numerics
+
+
 def pick_device(device: str) -> str:
     """The device a program runs on; 'cuda' only where a GPU is usable (else a DslError)."""
     if device == "auto":
@@ -522,22 +565,25 @@ def pick_device(device: str) -> str:
             from runtime import cuda
             return "cuda" if cuda.usable() else "cpu"
         if device not in DEVICES or device == "auto":
-            raise DslError(None, f"DSLC_DEVICE must be one of cpu, cuda, reference, got {device!r}")
+            raise DslError(None, f"DSLC_DEVICE must be one of cpu, cuda, reference, iree, got {device!r}")
     if device == "cuda":
         from runtime import cuda
         cuda.driver()                     # raises DslError saying why no GPU is usable
+    if device == "iree":
+        from runtime import iree
+        iree.version()                    # raises DslError saying how to install IREE
     return device
 
 
-def load(path: str, device: str = "auto") -> Program:
+def load(path: str, device: str = "auto", numerics: str = "exact") -> Program:
     """dsl.load("model.bend"): its functions run on `device` ('auto': $DSLC_DEVICE, else the
     GPU where one is usable, else the CPU backend; 'reference': the NumPy interpreter, the
-    definition)."""
+    definition), in `numerics` ('fast': the GPU's products on tensor cores)."""
     path = _path(path, "dsl.load's path")
-    return Program(deep(lambda: load_program(path, parse=_parse)), device)
+    return Program(deep(lambda: load_program(path, parse=_parse)), device, numerics)
 
 
-def loads(text: str, name: str = "<string>", device: str = "auto") -> Program:
+def loads(text: str, name: str = "<string>", device: str = "auto", numerics: str = "exact") -> Program:
     """dsl.loads(source_text, name="model.bend"): imports resolve from the current folder."""
     name = _path(name, "dsl.loads's name")
     if not isinstance(text, str):
@@ -547,7 +593,7 @@ def loads(text: str, name: str = "<string>", device: str = "auto") -> Program:
     except UnicodeEncodeError as e:
         raise DslError(None, f"the source text is not valid Unicode: a lone surrogate "
                              f"{text[e.start]!r} at offset {e.start}") from None
-    return Program(deep(lambda: load_program(name, text, parse=_parse)), device)
+    return Program(deep(lambda: load_program(name, text, parse=_parse)), device, numerics)
 
 
 def _path(value: Any, what: str) -> str:

@@ -15,6 +15,11 @@ and may define
                                                 step(p: P, s: S, …) -> (P, S, f32)
     update(p: P, [s: S,] g: P) -> P | (P, S)    the optimizer step given the gradient g, which
                                                 micro-batches and ranks need (docs/distributed.md)
+    train_loss(p: P, <batch>) -> (f32, P)       the loss and p with its buffers moved by the
+                                                batch (batch norm's running statistics), which
+                                                micro-batches and ranks need when P has buffers:
+                                                they differentiate it instead of loss, average
+                                                its buffers and give them to update
     evaluate(p: P, <batch>) -> f32 | record     held-out metrics (a record of f32 scalars, by
                                                 field name, or one scalar), averaged per example
     sample(p: P, key: Key, <static ints>) -> T  generated examples (the loader decodes them)
@@ -85,7 +90,8 @@ checkpoint) or with `--overwrite`, which deletes them before the first step. `st
 of the run, so a resumed run goes on from the checkpoint's step to `steps`.
 
 Training runs where `device` says: "auto" (the GPU where one is usable, else the CPU backend),
-"cpu", "cuda" or "reference" (the interpreter).
+"cpu", "cuda" or "reference" (the interpreter), in `numerics` ("exact", or "fast": the GPU's
+products on tensor cores).
 """
 from __future__ import annotations
 
@@ -250,19 +256,19 @@ class Model:
     REQUIRED = ("init", "loss", "step")
 
     def __init__(self, path: str, data: str | None = None, dims: dict | None = None,
-                 hyper: dict | None = None, device: str = "auto"):
+                 hyper: dict | None = None, device: str = "auto", numerics: str = "exact"):
         self.path = Path(path)
         if self.path.suffix != ".bend":
             raise DslError(None, f"{path}: a model file ends in .bend")
         check_file(str(self.path))                    # every diagnostic of the file at once
-        self.prog: Program = load(str(self.path), device=device)
+        self.prog: Program = load(str(self.path), device=device, numerics=numerics)
         self.loader = import_loader(self.path)
         if data is not None:
             self.loader = replace(self.loader, origin=data, load=read_npz_data(data), size=None, rows=None)
         self.dims = {**self.loader.dims, **(dims or {})}
         self._hyper_override = dict(hyper or {})
         self.has = {n: self._defines(n) for n in ("init", "loss", "step", "init_opt", "update",
-                                                  "evaluate", "sample")}
+                                                  "train_loss", "evaluate", "sample")}
         missing = [n for n in self.REQUIRED if not self.has[n]]
         if missing:
             raise DslError(None, f"{self.path} defines no {' and no '.join(repr(m) for m in missing)}: "
@@ -378,12 +384,13 @@ class Model:
         return ("the parameters and the optimizer state first" if entry == "step" and self.has["init_opt"]
                 else "the parameters first")
 
-    def call(self, entry: str, args: dict, batch: dict | None = None, grad: str | None = None) -> Any:
+    def call(self, entry: str, args: dict, batch: dict | None = None, grad: str | None = None,
+             has_aux: bool = False) -> Any:
         """Run an entry (its value and gradient with respect to `grad`, if given); a diagnostic
         about its inputs says where the batch came from."""
         try:
             if grad is not None:
-                return self.prog.value_and_grad(entry, grad)(**args)
+                return self.prog.value_and_grad(entry, grad, has_aux)(**args)
             return self.prog.call(entry, **args)
         except DslError as e:
             if batch:
@@ -411,10 +418,23 @@ class Model:
                            "returns the optimizer state second)")
         return out[0], (out[1] if stateful else None), float(out[-1])
 
-    def gradient(self, p: Record, batch: dict, key: Key) -> tuple[np.ndarray, Record]:
-        """loss on one batch and its gradient with respect to its first parameter."""
-        wrt = self._def("loss").params[0].name
-        return self.call("loss", self.bind("loss", (p,), batch, key=key), batch, grad=wrt)
+    def buffers(self, p: Record) -> list[str]:
+        """The names of p's leaves that are buffers, as flatten_python(p, "p") names them."""
+        return ["p" + name[len(self._wrt()):] for name in self.prog.buffers("loss", self._wrt(), p)]
+
+    def _wrt(self) -> str:
+        return self._def("loss").params[0].name
+
+    def gradient(self, p: Record, batch: dict, key: Key) -> tuple[np.ndarray, Record, Record]:
+        """The loss on one batch, its gradient with respect to the parameters, and the
+        parameters with their buffers moved by the batch: train_loss's, else p as it was."""
+        if not self.has["train_loss"]:
+            loss, g = self.call("loss", self.bind("loss", (p,), batch, key=key), batch, grad=self._wrt())
+            return loss, g, p
+        wrt = self._def("train_loss").params[0].name
+        args = self.bind("train_loss", (p,), batch, key=key)
+        (loss, moved), g = self.call("train_loss", args, batch, grad=wrt, has_aux=True)
+        return loss, g, moved
 
     def update(self, p: Record, s: Any, g: Record, t: int) -> tuple[Record, Any]:
         """`update`, the optimizer step given the gradient, at step t: the new (p, s)."""
@@ -702,7 +722,7 @@ def train(path: str, *, steps: int | None = None, seed: int | None = None, data:
           resume: str | None = None, checkpoint_dir: str | None = None, overwrite: bool = False,
           plot: str | None = None,
           dims: dict | None = None, hyper: dict | None = None, batch_size: int | None = None,
-          device: str = "auto", progress: TextIO | None = sys.stderr,
+          device: str = "auto", numerics: str = "exact", progress: TextIO | None = sys.stderr,
           on_step: Callable[[int, dict, float], None] | None = None, final_eval: bool = True,
           micro_batches: int | None = None, rank_timeout: float = 600.0) -> Result:
     """Train the model file `path` (see the module's documentation); returns the report.
@@ -724,7 +744,7 @@ def train(path: str, *, steps: int | None = None, seed: int | None = None, data:
         raise DslError(None, f"{ckpt_dir} already holds another run's checkpoints (the last is "
                              f"{earlier[-1].name}): give --resume {earlier[-1]} to go on from it, "
                              "or --overwrite to delete them and start afresh")
-    model = Model(path, data=data, dims=dims, hyper=hyper, device=device)
+    model = Model(path, data=data, dims=dims, hyper=hyper, device=device, numerics=numerics)
     cfg = {**DEFAULTS, **model.loader.settings}
     unknown = sorted(set(cfg) - set(DEFAULTS))
     if unknown:
@@ -758,6 +778,7 @@ def train(path: str, *, steps: int | None = None, seed: int | None = None, data:
             raise DslError(None, f"{resume} was trained with seed {state.seed}, not {seed}: "
                                  "leave out --seed to resume it")
     start = state.step
+    buffers = require_train_loss(model, state.p) if m is not None else []
     last_ckpt: str | None = None
     remove_checkpoints(earlier)                   # overwrite: no step of the old run survives
 
@@ -783,7 +804,7 @@ def train(path: str, *, steps: int | None = None, seed: int | None = None, data:
                 p, s, loss = model.step(state.p, state.s, batch, t, state.seed)
             else:
                 batch = train_split.fetch(share(order, team))      # this rank's examples only
-                p, s, loss = micro_step(model, state, batch, t, m, team)
+                p, s, loss = micro_step(model, state, batch, t, m, team, buffers)
             if not math.isfinite(loss):
                 raise DslError(None, f"the loss is {loss} at step {t}: the training diverged "
                                      "(a smaller learning rate may help)")
@@ -845,21 +866,46 @@ def require_update(model: Model) -> None:
                              "gradient, which step may call; see docs/distributed.md")
 
 
+def require_train_loss(model: Model, p: Record) -> list[str]:
+    """The names of p's buffers, which micro-batches and ranks move only through train_loss."""
+    buffers = model.buffers(p)
+    if buffers and not model.has["train_loss"]:
+        raise DslError(None, f"{model.path} has buffers ({buffers[0]}, …) that training on "
+                             "micro-batches or several ranks would never move: define "
+                             "train_loss(p, <batch>) -> (f32, P), the loss and p with its "
+                             "buffers moved by the batch, which step may call; see "
+                             "docs/distributed.md")
+    leaves = flatten_python(p, "p")
+    counts = [b for b in buffers if leaves[b].dtype.kind != "f"]
+    if counts:
+        raise DslError(None, f"{model.path}: the buffer {counts[0]} is {_typename(leaves[counts[0]])}: "
+                             "training on micro-batches or several ranks averages buffers, "
+                             "which must be floats")
+    return buffers
+
+
 def micro_step(model: Model, state: State, mine: dict[str, np.ndarray], t: int, m: int,
-               team: distributed.Team) -> tuple[Record, Any, float]:
-    """Step t as m micro-batches, of which `mine` holds this rank's examples: their losses and
-    gradients, the mean of all m along distributed's tree, then `update` on every rank alike."""
+               team: distributed.Team, buffers: list[str]) -> tuple[Record, Any, float]:
+    """Step t as m micro-batches, of which `mine` holds this rank's examples: their losses,
+    gradients and moved `buffers`, the mean of all m along distributed's tree, then `update`
+    of the parameters with the mean buffers, on every rank alike."""
     first = team.rank * (m // team.size)              # this rank's first micro-batch
     size, k = len(next(iter(mine.values()))) * team.size // m, step_key(state.seed, t)
 
     def leaf(i: int) -> distributed.Partial:
         rows = {name: a[(i - first) * size:(i - first + 1) * size] for name, a in mine.items()}
-        loss, g = model.gradient(state.p, rows, fold_in(k, i))
-        return [team.keep(loss), *flatten_python(g, "g", team.keep).values()]
+        loss, g, moved = model.gradient(state.p, rows, fold_in(k, i))
+        moved = flatten_python(moved, "p", team.keep)
+        if not set(buffers) <= moved.keys():
+            raise DslError(model._def("train_loss").name_span, "train_loss must return (loss, "
+                           "parameters): the parameters it was given, with their buffers moved")
+        return [team.keep(loss), *flatten_python(g, "g", team.keep).values(), *(moved[b] for b in buffers)]
 
     loss, *leaves = distributed.reduce(leaf, m, team, t)
     g = _rebuild(state.p, "g", dict(zip(flatten_python(state.p, "g"), leaves)))
-    p, s = model.update(state.p, state.s, g, t)
+    kept = flatten_python(state.p, "p", lambda a: a)
+    p = _rebuild(state.p, "p", {**kept, **dict(zip(buffers, leaves[len(kept):]))})
+    p, s = model.update(p, state.s, g, t)
     return p, s, float(loss)
 
 

@@ -13,6 +13,7 @@ from frontend.diagnostics import (CheckError, DslError, LimitError, Note, ShapeE
 from frontend.limits import MAX_RANK, MAX_STATIC_RECURSION, MAX_UNROLLED
 from frontend.lower import close_over, emit_primitive, fresh_params, leaf_values, rebuild, trained_leaves
 from frontend.resolve import Entity, ModuleInfo, dim_names, lookup_type
+from frontend.structure import PositionsV
 from frontend.unify import Binder, Mismatch, as_tensor, eval_dim, record_params
 from frontend.values import (UNKNOWN, AdtV, CheckpointV, CtorV, DTypeV, ForkV, FuncV, GradV, KeyV,
                              LambdaV, ListV, Origin, PrimV, RecordV, SpecialV, StaticV, TensorV,
@@ -452,7 +453,10 @@ class Calls:
         return TupleV((grad, aux)) if g.has_aux else grad
 
     def map_values(self, f, structs: list, spans: Spans):
-        """f applied leaf by leaf over records, tuples and lists of one structure."""
+        """f applied leaf by leaf over records, tuples and lists of one structure; over a zip
+        or an enumerate, to the items at each position."""
+        if any(isinstance(s, PositionsV) for s in structs):
+            return self.map_positions(f, structs, spans)
         if any(isinstance(s, UnknownV) or isinstance(s, ListV) and s.items is None for s in structs):
             return UNKNOWN
         first = structs[0]
@@ -469,6 +473,19 @@ class Calls:
                           for leaves in zip(*(s.items for s in structs)))
             return TupleV(items) if isinstance(first, TupleV) else ListV.of(items)
         return self.call_value(f, list(structs), {}, Spans(spans.call))
+
+    def map_positions(self, f, structs: list, spans: Spans) -> ListV:
+        """map(f, zip(xs, ys)) and map(f, enumerate(xs)): f(x, y) and f(i, x) at each position,
+        each item whole (a record, a key, a tuple), not walked leaf by leaf."""
+        if len(structs) > 1:
+            i = next(i for i, s in enumerate(structs) if isinstance(s, PositionsV))
+            raise CheckError(spans.arg(i + 1), "map over a zip or an enumerate takes no other "
+                                               "structures: zip them all together")
+        apply = lambda item: self.call_value(f, list(item.items), {}, Spans(spans.call))   # noqa: E731
+        positions = structs[0]
+        if positions.items is None:            # a symbolic length: f checked on any one position
+            return ListV(None, apply(positions.elem), positions.length)
+        return ListV.of(apply(item) for item in positions.items)
 
     def construct(self, entity: Entity, ctor: ast.Ctor, args: list, kwargs: dict, spans: Spans):
         names = [f.name for f in ctor.fields]

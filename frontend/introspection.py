@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import ml_dtypes
 import numpy as np
 
 from frontend.diagnostics import CheckError, Span, did_you_mean
@@ -64,12 +65,11 @@ def _int_limits(iinfo) -> dict:
     return {"min": int(iinfo.min), "max": int(iinfo.max), "bits": int(iinfo.bits)}
 
 
-_BF16_MAX = (2 - 2.0 ** -7) * 2.0 ** 127        # NumPy has no bfloat16: ml_dtypes' finfo values
 _LIMITS = {
     "f16": _float_limits(np.finfo(np.float16)),
     "f32": _float_limits(np.finfo(np.float32)),
     "f64": _float_limits(np.finfo(np.float64)),
-    "bf16": {"min": -_BF16_MAX, "max": _BF16_MAX, "eps": 2.0 ** -7, "tiny": 2.0 ** -126, "bits": 16},
+    "bf16": _float_limits(ml_dtypes.finfo(ml_dtypes.bfloat16)),     # NumPy has no bfloat16
     "i32": _int_limits(np.iinfo(np.int32)),
     "i64": _int_limits(np.iinfo(np.int64)),
     "u32": _int_limits(np.iinfo(np.uint32)),

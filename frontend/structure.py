@@ -3,12 +3,25 @@ enumerate, leaves, slices (`xs[1:]`) and concatenation (`xs + ys`). Their result
 lists and tuples of the values they are given, so a fold over them is unrolled."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from frontend.diagnostics import CheckError, Span
 from frontend.values import (UNKNOWN, ListV, RecordV, StaticV, TensorV, TupleV, UnknownV,
                              describe, literal_shape)
 from ir.dims import Dim
 
 FUNCTIONS = ("len", "zip", "enumerate", "leaves")
+
+
+@dataclass(frozen=True)
+class PositionsV(ListV):
+    """A list made by zip or enumerate: its items are tuples of the values at one position,
+    which `map` passes to its function as separate arguments, whole."""
+
+    @staticmethod
+    def of(items) -> PositionsV:
+        items = tuple(items)
+        return PositionsV(items, None, Dim.const(len(items)))
 
 
 def call(name: str, args: list, spans: list[Span], span: Span):
@@ -55,11 +68,11 @@ def zipped(args: list, spans: list[Span]):
             if len(s.items) != n:
                 raise CheckError(where, f"zip needs lists of one length: the first has {n} "
                                         f"items, this one {len(s.items)}")
-        return ListV.of(TupleV(items) for items in zip(*(s.items for s in seqs)))
+        return PositionsV.of(TupleV(items) for items in zip(*(s.items for s in seqs)))
     # a List parameter of symbolic length, in a generic check: one abstract item of each
     item = TupleV(tuple(_item(s) for s in seqs))
     n = next(s.length for s in seqs if isinstance(s, ListV) and s.items is None)
-    return ListV(None, item, n)
+    return PositionsV(None, item, n)
 
 
 def enumerated(v, span: Span):
@@ -68,8 +81,8 @@ def enumerated(v, span: Span):
     if isinstance(v, UnknownV):
         return UNKNOWN
     if v.items is None:
-        return ListV(None, TupleV((StaticV("int", Dim.unknown()), v.elem)), v.length)
-    return ListV.of(TupleV((StaticV("int", Dim.const(i)), x)) for i, x in enumerate(v.items))
+        return PositionsV(None, TupleV((StaticV("int", Dim.unknown()), v.elem)), v.length)
+    return PositionsV.of(TupleV((StaticV("int", Dim.const(i)), x)) for i, x in enumerate(v.items))
 
 
 def leaves_of(v, span: Span):

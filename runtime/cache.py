@@ -35,11 +35,14 @@ DEFAULT_MAX_SIZE = 2 << 30          # bytes of entries (2 GiB); $DSLC_CACHE_MAX_
 UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 SIZE = re.compile(r"(\d{1,20})(?:([KMGT])(?:iB)?)?", re.I)
 FOLDER = re.compile(r"[0-9a-f]{2}")
-ENTRY = re.compile(r"[0-9a-f]{64}\.(?:o|val)")      # what key() and store() name an entry
+ENTRY = re.compile(r"[0-9a-f]{64}\.(?:o|val|vmfb)") # what key() and store() name an entry
 TEMPORARY = re.compile(r"\.tmp-[0-9a-z_]+")          # what store() names the file it writes
 
 
+@functools.cache
 def versions() -> str:
+    """dslc's, llvmlite's and LLVM's versions (read once: dslc's from its metadata costs 5 ms,
+    and a program's kernels each take a key)."""
     import llvmlite
     import llvmlite.binding as llvm
     try:

@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 from itertools import accumulate
 from math import prod
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
@@ -42,6 +42,9 @@ from ir.ops.base import Role, np_dtype
 from ir.ops.index import ScatterAdd
 from ir.passes import for_backends
 from runtime import cache
+
+if TYPE_CHECKING:
+    from backend.contract import Matmul
 
 MIN_RUN_WORK = 1 << 19      # elements a run's kernels visit, in all: below this, one thread
 MIN_CHUNK_WORK = 1 << 12    # elements of one chunk of a kernel in a run (see backend/cpu.py)
@@ -96,31 +99,49 @@ class Executable:
             if isinstance(step, HostStep) and step.op.body is not None:
                 self.bodies[id(step.op)] = Executable(step.op.body, f"{name}_b{i}")
         self._arenas: list[_Arena] = []
+        from runtime.step import NativeStep     # (which builds on this module)
+        self.native = NativeStep(self)
 
     def run(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        """The function's results for these arguments: a native call for each segment of the
+        plan between the steps that stay in Python (runtime/step.py)."""
+        return self._in_arena(self.native.run, arrays)
+
+    def walk(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        """The same results, the plan walked step by step from Python."""
+        return self._in_arena(self._walk, arrays)
+
+    def _in_arena(self, run: Callable, arrays: list[np.ndarray]) -> list[np.ndarray]:
         # an arena is used by one call at a time; a concurrent or nested call takes another
         arena = self._arenas.pop() if self._arenas else _Arena(self)
         try:
-            return self._run(arena, arrays)
+            return run(arena, arrays)
         finally:
             self._arenas.append(arena)
 
-    def _run(self, arena: _Arena, arrays: list[np.ndarray]) -> list[np.ndarray]:
+    def _walk(self, arena: _Arena, arrays: list[np.ndarray]) -> list[np.ndarray]:
         env: dict[Value, np.ndarray] = dict(arena.views)
         env.update(self.made)
         env.update((p, _buffer(a, p)) for p, a in zip(self.function.params, arrays))
         n = threads()
-        for step, launch, pointers, dead in zip(self.plan.steps, self.launches, arena.pointers, self.dead):
-            if launch is not None:
-                launch(env, pointers, n)
-            elif step.op.outputs[0] not in self.made:
-                outs = self.host(step.op, [env[v] for v in step.op.inputs])
-                env.update((v, _buffer(a, v)) for v, a in zip(step.op.outputs, outs))
+        for i, dead in enumerate(self.dead):
+            self.step(i, env, arena, n)
             for v in dead:                      # memory back as soon as nothing needs it
                 del env[v]
         # a result never shares memory with a value made once, nor is a strided view
         return [_copy(env[v], v) if v in self.made or v in self.views else env[v]
                 for v in self.function.results]
+
+    def step(self, i: int, env: dict[Value, np.ndarray], arena: _Arena, threads: int) -> None:
+        """Step i of the plan, its inputs and outputs in env."""
+        launch = self.launches[i]
+        if launch is not None:
+            launch(env, arena.pointers[i], threads)
+            return
+        op = self.plan.steps[i].op
+        if op.outputs[0] not in self.made:
+            outs = self.host(op, [env[v] for v in op.inputs])
+            env.update((v, _buffer(a, v)) for v, a in zip(op.outputs, outs))
 
     def host(self, op: Op, inputs: list[np.ndarray]) -> list[np.ndarray]:
         if isinstance(op.primitive, ScatterAdd):    # (an embedding's gradient) compiled
@@ -244,6 +265,7 @@ class _Arena:
         self.pointers = [launch.pointers(self.views)
                          if isinstance(launch, (_RunLaunch, _ContractLaunch)) else None
                          for launch in exe.launches]
+        self.frame = None                   # the native step's (runtime/step.py), made on first use
 
 
 @dataclass(frozen=True)
@@ -281,6 +303,10 @@ class _RunLaunch:
         filled."""
         for v in self.fresh:
             env[v] = _empty(v)
+        self.patch(env, pointers)
+
+    def patch(self, env: dict[Value, np.ndarray], pointers: _RunTable) -> None:
+        """The table's slots the arena does not fix filled."""
         table = pointers.table
         for i, v in self.patches:
             table[i] = address(env[v])
@@ -343,7 +369,7 @@ def _table(args: tuple[Value | None, ...], views: dict[Value, np.ndarray]) -> ct
     return (ctypes.c_void_p * len(args))(*[views[v].ctypes.data if v in views else 0 for v in args])
 
 
-_matmuls: dict[str, object] = {}
+_matmuls: dict[str, Matmul] = {}
 _MATMUL_DTYPES = {np.dtype(np.float32): "f32", np.dtype(np.float64): "f64"}
 
 
@@ -353,6 +379,16 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray, threads: int,
     with the canonical k order: the reference's bits (on any number of threads). An epilogue
     (a kernel over out's rows and its table's address) is run by the kernel on each block of
     rows it finishes where it can: returns whether it did (else the caller runs it)."""
+    kernel, a2, b2, parts = product(a, b, out, threads)
+    fused = epilogue is not None and kernel.fuses(b2.shape[-1])
+    kernel(a2, b2, threads=parts, out=out, epilogue=epilogue if fused else (0, 0))
+    return fused
+
+
+def product(a: np.ndarray, b: np.ndarray, out: np.ndarray, threads: int
+            ) -> tuple[Matmul, np.ndarray, np.ndarray, int]:
+    """The contraction kernel for out's dtype, a and b as matrices (a 1-D operand as a row or
+    a column), and how many of `threads` the product is worth."""
     dtype = _MATMUL_DTYPES[out.dtype]
     if dtype not in _matmuls:
         from backend.contract import Matmul
@@ -363,18 +399,21 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray, threads: int,
     work = out.size * a2.shape[-1]
     if a2.shape[-2] <= kernel.tiles.mr:        # the kernel reads B in place, one load an fma
         work *= MATRIX_VECTOR_COST
-    parts = min(threads, max(1, work // MIN_MULTIPLY_ADDS_PER_THREAD))
-    fused = epilogue is not None and kernel.fuses(b2.shape[-1])
-    kernel(a2, b2, threads=parts, out=out, epilogue=epilogue if fused else (0, 0))
-    return fused
+    return kernel, a2, b2, min(threads, max(1, work // MIN_MULTIPLY_ADDS_PER_THREAD))
 
 
 def _empty(v: Value) -> np.ndarray:
     """A new array for v at an address that is a multiple of ALIGN (64) bytes: a result there
     is one that jax.dlpack.from_dlpack takes without a copy (it copies any other)."""
-    raw = np.empty(nbytes(v) + ALIGN, np.uint8)
-    start = -raw.ctypes.data % ALIGN
-    return raw[start:start + nbytes(v)].view(np_dtype(v.dtype)).reshape(v.shape)
+    return empty_aligned(nbytes(v), np_dtype(v.dtype), v.shape)[0]
+
+
+def empty_aligned(size: int, dtype: np.dtype, shape: tuple[int, ...]) -> tuple[np.ndarray, int]:
+    """_empty with v's bytes, dtype and shape found once (a native step's results), and the
+    array's address."""
+    raw = np.empty(size + ALIGN, np.uint8)
+    base = address(raw)
+    return np.ndarray(shape, dtype, raw, -base % ALIGN), base + -base % ALIGN
 
 
 def _copy(a: np.ndarray, v: Value) -> np.ndarray:

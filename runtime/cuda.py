@@ -12,11 +12,11 @@ Transposes, broadcasts, indexing and slices run as strided-copy kernels, reshape
 re-label the device buffer. `take` and `scatter_add` run as gather kernels: only their
 integer indices come to the host, to be checked there as the interpreter checks them and
 made into the kernels' int64 arrays. A concatenation (a split) is a launch of the concat
-(split) kernel for each input (result), a uniform or bernoulli draw or a key's split a launch of its Philox kernel. A
-argmax or argmin is a launch of its extreme kernel. A
-fold runs its body's kernels step by step, its state and slices on the device. The other
-host steps (normal draws…) still run on the host, with a copy each way. A failed allocation or launch is a DslError
-naming the kernel, and a wait for the GPU gives up after DSLC_CUDA_TIMEOUT seconds (default
+(split) kernel for each input (result); a uniform or bernoulli draw, or a key's split, a
+launch of its Philox kernel; an argmax or argmin a launch of its extreme kernel. A fold runs
+its body's kernels step by step, its state and slices on the device. The other host steps
+(normal draws…) still run on the host, with a copy each way. A failed allocation or launch
+is a DslError naming the kernel, and a wait for the GPU gives up after DSLC_CUDA_TIMEOUT seconds (default
 120) rather than hang.
 """
 from __future__ import annotations
@@ -31,10 +31,10 @@ from typing import Any
 
 import numpy as np
 
-from backend import nvptx, scatter, views
+from backend import nvptx, scatter, tensorcore, views
 from backend.llvm import SCALAR
 from backend.loops import Instr, Load, LoopKernel
-from backend.schedule import ContractStep, HostStep, KernelStep, Plan, last_uses, made_once, schedule
+from backend.schedule import PRODUCTS, ContractStep, HostStep, KernelStep, Plan, last_uses, made_once, schedule
 from frontend.diagnostics import DslError
 from ir import interp
 from ir.core import Function, Op, Value
@@ -464,28 +464,45 @@ def wait(drv, after: str, timeout: float | None = None) -> None:
 
 
 def compile_ptx(kernels: list, matmuls: tuple[str, ...], gathers: tuple[tuple[str, str], ...],
-                target: str) -> str:
+                target: str, mmas: tuple[str, ...] = ()) -> str:
     """The PTX of these kernels, from the on-disk cache where it holds exactly them."""
-    k = cache.key("ptx", repr(kernels), repr(matmuls), repr(gathers), target,
+    k = cache.key("ptx", repr(kernels), repr(matmuls), repr(gathers), target, repr(mmas),
                   cache.code_digest("backend", "ir"))        # (the scalar bodies are in ir/ops)
     cached = cache.load(k)
     if cached is not None:
         return cached.decode()
-    text = nvptx.ptx(kernels, target, matmuls, gathers)
+    text = module_ptx(kernels, matmuls, gathers, mmas, target)
     cache.store(k, text.encode())
     return text
+
+
+def module_ptx(kernels: list, matmuls: tuple[str, ...], gathers: tuple[tuple[str, str], ...],
+               mmas: tuple[str, ...], target: str) -> str:
+    """One PTX module: the loop, contraction and gather kernels (backend/nvptx.py) and the
+    tensor-core kernels for the dtypes in `mmas` (backend/tensorcore.py)."""
+    module = nvptx.module_ir(kernels, matmuls, gathers=gathers)
+    return nvptx.assemble(str(tensorcore.module_ir(mmas, module=module)), target)
+
+
+def gpu_schedule(fn: Function, name: str, numerics: str = "exact") -> Plan:
+    """fn's plan on the GPU: in fast numerics the bf16 and f16 products too are contraction
+    steps, which the tensor cores compute."""
+    fast = tuple(dict.fromkeys(PRODUCTS + tensorcore.DTYPES))
+    return schedule(fn, name, fast if numerics == "fast" else PRODUCTS)
 
 
 @dataclass(frozen=True)
 class GpuKernels:
     """What a plan runs on the GPU: its loop kernels and the copy kernels of its data movement
-    (by the id of the op they replace), their launch shapes, the dtypes of its products, and
-    the gather kernel, (primitive, dtype), of each take and scatter_add that runs on the GPU."""
+    (by the id of the op they replace), their launch shapes, the dtypes of its products (on
+    the exact contraction kernel, or on tensor cores: mmas), and the gather kernel,
+    (primitive, dtype), of each take and scatter_add that runs on the GPU."""
     kernels: list[LoopKernel]
     copies: dict[int, LoopKernel]
     launches: dict[str, nvptx.Launch]
     matmuls: tuple[str, ...]
     gathers: dict[int, tuple[Primitive, str]]
+    mmas: tuple[str, ...] = ()
 
     @staticmethod
     def joined(parts: list[GpuKernels]) -> GpuKernels:
@@ -493,7 +510,8 @@ class GpuKernels:
         return GpuKernels([k for p in parts for k in p.kernels], {i: k for p in parts for i, k in p.copies.items()},
                           {n: s for p in parts for n, s in p.launches.items()},
                           tuple(sorted({d for p in parts for d in p.matmuls})),
-                          {i: g for p in parts for i, g in p.gathers.items()})
+                          {i: g for p in parts for i, g in p.gathers.items()},
+                          tuple(sorted({d for p in parts for d in p.mmas})))
 
     @property
     def gather_kernels(self) -> tuple[tuple[Primitive, str], ...]:
@@ -505,12 +523,23 @@ class GpuKernels:
         """The PTX entry points, the contraction kernel's in each tile size included."""
         return [s.entry for s in self.launches.values()] + \
             [nvptx.matmul_entry(d, t) for d in self.matmuls for t in nvptx.TILES] + \
+            [tensorcore.entry(d) for d in self.mmas] + \
             [nvptx.gather_entry(*g) for g in self.gather_kernels]
 
+    def ptx(self, arch: str) -> str:
+        return module_ptx(self.kernels, self.matmuls, self.gather_kernels, self.mmas, arch)
 
-def gpu_kernels(plan: Plan, name: str) -> GpuKernels:
-    """The GPU kernels of a plan (no GPU needed: `dslc compile --target ptx` writes them)."""
-    matmuls = tuple(sorted({s.op.outputs[0].dtype for s in plan.steps if isinstance(s, ContractStep)}))
+    def product_launch(self, op: Op) -> nvptx.MatmulLaunch | None:
+        """The kernel and launch shape of a contraction step's product (None: it is empty)."""
+        return _Product.of(op, op.outputs[0].dtype in self.mmas).launch
+
+
+def gpu_kernels(plan: Plan, name: str, numerics: str = "exact") -> GpuKernels:
+    """The GPU kernels of a plan (no GPU needed: `dslc compile --target ptx` writes them); in
+    fast numerics, the products of tensorcore.DTYPES run on tensor cores."""
+    products = {s.op.outputs[0].dtype for s in plan.steps if isinstance(s, ContractStep)}
+    mmas = tuple(sorted(products & set(tensorcore.DTYPES))) if numerics == "fast" else ()
+    matmuls = tuple(sorted(products - set(mmas)))
     copies = {id(s.op): k for i, s in enumerate(plan.steps)
               if not isinstance(s, (KernelStep, ContractStep))
               and (k := copy_kernel(f"{name}_copy{i}", s.op)) is not None}
@@ -520,38 +549,40 @@ def gpu_kernels(plan: Plan, name: str) -> GpuKernels:
     except ValueError as e:                   # a kernel beyond what the GPU kernels cover
         raise DslError(None, f"'{name}' cannot run on the GPU: {e}") from None
     gathers = {id(s.op): g for s in plan.steps if isinstance(s, HostStep) and (g := gather_kernel(s.op))}
-    return GpuKernels(kernels, copies, launches, matmuls, gathers)
+    return GpuKernels(kernels, copies, launches, matmuls, gathers, mmas)
 
 
 class Executable:
     """An IR function compiled for the GPU: its plan, the loaded PTX module, and the
     executables of the scan and checkpoint bodies it holds. Same interface as the CPU's:
-    `run(arrays)` takes NumPy or device arrays and returns DeviceArrays."""
+    `run(arrays)` takes NumPy or device arrays and returns DeviceArrays; in fast `numerics`
+    its products run on tensor cores (gpu_kernels)."""
 
-    def __init__(self, fn: Function, name: str = "k", drv=None):
+    def __init__(self, fn: Function, name: str = "k", drv=None, numerics: str = "exact"):
         self.drv = drv or driver()
         self.memory = _memory(self.drv)
         fn = for_backends(fn)
         self.function = fn
-        self.plan: Plan = schedule(fn, name)
-        gpu = gpu_kernels(self.plan, name)
+        self.plan: Plan = gpu_schedule(fn, name, numerics)
+        gpu = gpu_kernels(self.plan, name, numerics)
         self.matmuls, self.copies, self.launches = gpu.matmuls, gpu.copies, gpu.launches
         self.gathers = gpu.gathers
         self.functions: dict[str, Any] = {}
-        if gpu.kernels or self.matmuls or self.gathers:
-            text = compile_ptx(gpu.kernels, self.matmuls, gpu.gather_kernels, arch(self.drv))
+        if gpu.kernels or self.matmuls or gpu.mmas or self.gathers:
+            text = compile_ptx(gpu.kernels, self.matmuls, gpu.gather_kernels, arch(self.drv), gpu.mmas)
             try:
                 module = self.drv.load(text)
                 self.functions = {e: self.drv.function(module, e) for e in gpu.entries}
             except DriverError as e:
                 raise DslError(None, f"loading the GPU kernels of '{name}' failed: {e}") from None
         self.layouts: dict[Value, tuple[int, tuple[int, ...], np.dtype]] = {}
-        self.products = {id(s): _Product.of(s.op) for s in self.plan.steps if isinstance(s, ContractStep)}
+        self.products = {id(s): _Product.of(s.op, s.op.outputs[0].dtype in gpu.mmas)
+                         for s in self.plan.steps if isinstance(s, ContractStep)}
         self.dead = last_uses(self.plan)
         self.bodies: dict[int, Executable] = {}
         for i, step in enumerate(self.plan.steps):
             if isinstance(step, HostStep) and step.op.body is not None:
-                self.bodies[id(step.op)] = Executable(step.op.body, f"{name}_b{i}", self.drv)
+                self.bodies[id(step.op)] = Executable(step.op.body, f"{name}_b{i}", self.drv, numerics)
         self.constants: dict[int, list[DeviceArray]] = {}    # host ops of no inputs, made once
         self.sync = os.environ.get("DSLC_CUDA_SYNC") == "1"
 
@@ -812,9 +843,10 @@ def draw_bounds(op: Op) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class _Product:
-    """What a call of the contraction kernel for `a @ b` needs besides the pointers (NumPy's
-    rules for 1-D operands and batch axes): an operand broadcast along some batch axes only
-    is expanded on the host first."""
+    """What a call of the contraction kernel (or, with mma, the tensor-core kernel, which
+    takes the same arguments) for `a @ b` needs besides the pointers (NumPy's rules for 1-D
+    operands and batch axes): an operand broadcast along some batch axes only is expanded on
+    the host first."""
     shapes: tuple[tuple[int, ...], tuple[int, ...]]      # the operands as matrices
     batch_shape: tuple[int, ...]
     expand: tuple[bool, bool]
@@ -823,7 +855,7 @@ class _Product:
     purpose: str                                         # of C's allocation
 
     @staticmethod
-    def of(op: Op) -> _Product:
+    def of(op: Op, mma: bool = False) -> _Product:
         (a, b), (out,) = (v.shape for v in op.inputs), op.outputs
         a2 = a if len(a) > 1 else (1,) + a
         b2 = b if len(b) > 1 else b + (1,)
@@ -832,9 +864,10 @@ class _Product:
         alone = [math.prod(x[:-2]) == 1 for x in (a2, b2)]
         expand = tuple(not one and x[:-2] != batch_shape for one, x in zip(alone, (a2, b2)))
         strides = [0 if one else math.prod(x[-2:]) for one, x in zip(alone, (a2, b2))]
-        launch = nvptx.matmul_launch(out.dtype, batch, m, n) if batch * m * n else None
+        launching = tensorcore.launch if mma else nvptx.matmul_launch
+        launch = launching(out.dtype, batch, m, n) if batch * m * n else None
         return _Product((a2, b2), batch_shape, expand, (m, n, k, *strides, m * n, batch), launch,
-                        f"the result of {nvptx.matmul_entry(out.dtype, nvptx.TILES[0])}")
+                        f"the result of {launch.entry if launch else 'a product'}")
 
 
 def gather_kernel(op: Op) -> tuple[Primitive, str] | None:

@@ -7,6 +7,7 @@ import ctypes
 import math
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 
@@ -33,6 +34,7 @@ class _Managed(ctypes.Structure):
 
 NAME, USED = b"dltensor", b"used_dltensor"     # (module constants: a capsule keeps the pointer)
 _CODES = {0: "i", 1: "u", 2: "f"}              # kDLInt, kDLUInt, kDLFloat; kDLBool is 6
+BFLOAT = 4                                     # kDLBfloat: ml_dtypes.bfloat16's bits
 _NAMES = {3: "opaque handle", 4: "bfloat", 5: "complex", 6: "bool"}
 
 
@@ -77,7 +79,8 @@ def export(ptr: int, shape: tuple[int, ...], dtype: np.dtype, device: tuple[int,
     """A "dltensor" capsule of the C-contiguous array at ptr; `owner` stays alive until the
     consumer calls the deleter (or the capsule is dropped unconsumed)."""
     dtype = np.dtype(dtype)
-    code = 6 if dtype.kind == "b" else {v: k for k, v in _CODES.items()}[dtype.kind]
+    code = (6 if dtype.kind == "b" else BFLOAT if dtype == ml_dtypes.bfloat16
+            else {v: k for k, v in _CODES.items()}[dtype.kind])
     sizes = (ctypes.c_int64 * len(shape))(*shape)
     strides = (ctypes.c_int64 * len(shape))(*row_major(shape))
     managed = _Managed(_Tensor(ptr, _Device(*device), len(shape), _DataType(code, dtype.itemsize * 8, 1),
@@ -114,6 +117,8 @@ class Imported:
 def _dtype(t: _DataType) -> np.dtype | str:
     if t.lanes == 1 and t.code == 6 and t.bits == 8:
         return np.dtype(bool)
+    if t.lanes == 1 and t.code == BFLOAT and t.bits == 16:
+        return np.dtype(ml_dtypes.bfloat16)
     if t.lanes == 1 and t.code in _CODES and t.bits in (8, 16, 32, 64):
         return np.dtype(f"{_CODES[t.code]}{t.bits // 8}")
     return f"{_NAMES.get(t.code, f'type code {t.code}')}{t.bits}" + (f"x{t.lanes}" if t.lanes != 1 else "")

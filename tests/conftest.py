@@ -139,7 +139,7 @@ def quick(tmp: _Path, example: _Path, dims: dict | None = None, **settings) -> _
 
 # Small sizes for every example's dimension names (one letter means one thing per example).
 EXAMPLE_DIMS = {"B": 4, "N": 2, "T": 8, "L": 2, "V": 11, "D": 16, "H": 2, "G": 1, "E": 4,
-                "C1": 4, "C2": 8, "P": 8, "rope": True, "p.blocks": 2}
+                "C": 4, "C1": 4, "C2": 8, "P": 8, "rope": True, "p.blocks": 2}
 EXAMPLES = sorted(p.stem for p in (_Path(__file__).parents[1] / "examples").glob("*.bend")
                   if "def init(" in p.read_text() and "def loss(" in p.read_text())
 
@@ -184,3 +184,16 @@ def _random_inputs(prog, entry: str, given: set[str], statics: dict | None = Non
             args[arg] = (rng.standard_normal(a.shape).astype(a.dtype) if a.dtype.kind == "f"
                           else rng.integers(0, 2, a.shape).astype(a.dtype))
     return args
+
+
+# ---------------------------------------------------------------- the examples' PyTorch twins
+
+import math as _math
+
+
+def warmup_cosine(t: int, lr: float, warmup: int, total: int) -> float:
+    """optim.warmup_cosine with min_lr = lr / 10, as the examples' step uses it."""
+    if t < warmup:
+        return lr * t / warmup
+    p = min(max((t - warmup) / max(total - warmup, 1), 0.0), 1.0)
+    return lr / 10 + (lr - lr / 10) * 0.5 * (1 + _math.cos(_math.pi * p))

@@ -128,11 +128,9 @@ def test_compile_for_another_device(prog):
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"device": "gpu"}, "device must be one of auto, cpu, cuda, reference, got 'gpu'"),
-    ({"numerics": "fast"}, "numerics='fast' (tensor cores, with bf16 or tf32 inputs) is not built "
-                           "yet; 'exact' is the only mode"),
-    ({"numerics": "bogus"}, "numerics= is 'exact' (or 'fast', not built yet), got 'bogus'"),
-    ({"numerics": None}, "numerics= is 'exact' (or 'fast', not built yet), got None"),
+    ({"device": "gpu"}, "device must be one of auto, cpu, cuda, reference, iree, got 'gpu'"),
+    ({"numerics": "bogus"}, "numerics= is one of exact, fast, got 'bogus'"),
+    ({"numerics": 1}, "numerics= is one of exact, fast, got 1"),
 ])
 def test_bad_device_or_numerics_is_a_dsl_error(prog, kwargs, message):
     with pytest.raises(dsl.DslError) as info:
@@ -150,3 +148,15 @@ def test_doc_lists_every_definition_in_source_order(prog):
         "      B examples of D features, C classes.\n\n"
         "def shift(x: f32[N], s: f32 = 0.5, t: f32)\n\n"
         "def helper(x)\n")
+
+
+def test_buffers_names_the_leaves_of_buffer_fields_at_any_depth():
+    prog = dsl.loads("object Norm { w: f32[2], buffer mean: f32[2] }\n"
+                     "object Net { norms: (Norm, Norm), buffer frozen: Norm, b: f32[1] }\n"
+                     "def f(net: Net) -> f32:\n  return sum(net.b)\n")
+    norm = {"w": np.zeros(2, np.float32), "mean": np.zeros(2, np.float32)}
+    net = {"norms": (norm, norm), "frozen": norm, "b": np.zeros(1, np.float32)}
+    assert prog.buffers("f", "net", net) == ["net.norms[0].mean", "net.norms[1].mean",
+                                             "net.frozen.w", "net.frozen.mean"]
+    with pytest.raises(dsl.DslError, match="'f' has no annotated parameter 'p'"):
+        prog.buffers("f", "p", net)

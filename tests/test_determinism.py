@@ -16,6 +16,7 @@ SMALL = {                                   # sizes that keep each step well und
     "names_mlp": {"H": 64},
     "lstm_chars": {},
     "cnn_digits": {},
+    "resnet_digits": {"C": 4},
     "gpt": {"D": 32, "L": 2, "H": 4, "G": 2, "lr": 1e-2, "warmup": 2, "steps": 3},
     "bert": {"D": 32, "L": 2, "H": 2, "G": 1, "lr": 1e-2, "warmup": 2, "steps": 3},
 }

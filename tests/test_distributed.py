@@ -21,6 +21,7 @@ from dsl.train import batch_indices
 ROOT = Path(__file__).resolve().parents[1]
 XOR = ROOT / "examples" / "xor.bend"
 NAMES = ROOT / "examples" / "names_mlp.bend"
+RESNET = ROOT / "examples" / "resnet_digits.bend"
 
 
 # ---------------------------------------------------------------- the tree
@@ -235,6 +236,47 @@ def test_a_batch_that_does_not_split_is_an_error():
                "does not split into 3 equal micro-batches")
 
 
+def test_one_micro_batch_moves_the_buffers_as_step_does(tmp_path):
+    path = tiny(tmp_path, RESNET)
+    a = dsl.train(str(path), steps=3, device="reference", progress=None, final_eval=False)
+    b = dsl.train(str(path), steps=3, device="reference", progress=None, final_eval=False, micro_batches=1)
+    assert same_bits(a.params, b.params) and same_bits(a.opt_state, b.opt_state)
+    assert a.losses == b.losses
+
+
+def test_micro_batches_move_the_buffers_by_their_mean(tmp_path):
+    """One step as 4 micro-batches: the first batch norm's running mean moves by the mean of
+    the micro-batches' means, the whole batch's mean to rounding."""
+    path = tiny(tmp_path, RESNET)
+    whole = dsl.train(str(path), steps=1, device="reference", progress=None, final_eval=False)
+    micro = dsl.train(str(path), steps=1, device="reference", progress=None, final_eval=False,
+                      micro_batches=4)
+    np.testing.assert_allclose(micro.params.bn.running_mean, whole.params.bn.running_mean, rtol=1e-5)
+    assert np.abs(whole.params.bn.running_mean).min() > 1e-4
+
+
+def test_buffers_without_train_loss_are_an_error(tmp_path):
+    path = tiny(tmp_path, RESNET)
+    path.write_text(path.read_text().replace("train_loss", "moved_loss"))
+    r = dslc("train", str(path), "--steps", "1", "--micro-batches", "2", "--device", "reference",
+             "--checkpoint-dir", "", timeout=120)
+    user_error(r, f"error: {path} has buffers (p.bn.running_mean, …) that training on "
+                  "micro-batches or several ranks would never move: define train_loss(p, <batch>) "
+                  "-> (f32, P)")
+
+
+def test_buffers_of_integers_are_an_error(tmp_path):
+    """A count of batches cannot be averaged in its dtype."""
+    src = XOR.read_text().replace("b2: f32[1] }", "b2: f32[1], buffer n: i32[1] }")
+    src = src.replace("b2: zeros([1]),", "b2: zeros([1]), n: zeros([1], dtype=i32),")
+    (tmp_path / "m.bend").write_text(src + "\ndef train_loss(p: Params, x: f32[B, 2], y: f32[B]) -> "
+                                     "(f32, Params):\n  return loss(p, x, y), p with { n: p.n + 1 }\n")
+    (tmp_path / "m.py").write_text(XOR.with_suffix(".py").read_text())
+    raises(lambda: dsl.train(str(tmp_path / "m.bend"), steps=1, progress=None, micro_batches=2),
+           "the buffer p.n is i32[1]: training on micro-batches or several ranks averages "
+           "buffers, which must be floats")
+
+
 # ---------------------------------------------------------------- ranks
 
 
@@ -258,7 +300,8 @@ def trainable() -> list[Path]:
 
 # each example at sizes that compile and train in seconds; one not listed trains as it is
 TINY = {"gpt": {"D": 16, "L": 1, "H": 2, "G": 1, "T": 8}, "bert": {"D": 16, "L": 1, "H": 2, "G": 2, "T": 32},
-        "names_mlp": {"E": 4, "H": 16}, "lstm_chars": {"H": 8}, "cnn_digits": {"C1": 4, "C2": 4}}
+        "names_mlp": {"E": 4, "H": 16}, "lstm_chars": {"H": 8}, "cnn_digits": {"C1": 4, "C2": 4},
+        "resnet_digits": {"C": 4}}
 
 TRAIN_ONLY = """
 def _train_only(hook):
@@ -281,6 +324,13 @@ def tiny(tmp: Path, example: Path) -> Path:
     return path
 
 
+def initial_buffers(path: Path) -> dict[str, np.ndarray]:
+    """The buffers of a model file's parameters as its init makes them, by checkpoint name."""
+    fresh = dsl.train(str(path), steps=0, device="reference", progress=None, final_eval=False).params
+    leaves = dsl.values.flatten_python(fresh, "p")
+    return {name: leaves[name] for name in dsl.load(str(path)).buffers("loss", "p", fresh)}
+
+
 def test_every_trainable_example_is_found():
     assert {"xor", "names_mlp", "cnn_digits", "lstm_chars", "gpt", "bert"} <= {b.stem for b in trainable()}
 
@@ -294,6 +344,8 @@ def test_one_two_and_four_ranks_train_the_same_bits(example, tmp_path):
         assert many.keys() == one.keys()
         for k in one:
             assert many[k].tobytes() == one[k].tobytes(), (ranks, k)
+    for name, start in initial_buffers(path).items():       # batch norm's running statistics
+        assert not np.array_equal(one[name], start), name
 
 
 def test_rank_0_alone_writes_and_a_run_resumes_on_another_rank_count(tmp_path):

@@ -33,6 +33,15 @@ def tail_sum(xs: List(f32[N])) -> f32[N]:
   fold x in xs[1:] with acc = xs[0] * 0.0:
     acc = acc + x
   return acc
+
+def shifted(ps: List(Params), k: Key) -> List(Params):
+  return map(lambda p, kp: p with { b: p.b + normal(kp, [D]) }, zip(ps, split(k, len(ps))))
+
+def ranked(xs: List(f32[N])) -> List(f32[N]):
+  return map(lambda i, x: x * cast(i, f32), enumerate(xs))
+
+def mixed(xs: List(f32[N]), ys: List(f32[N])) -> List(f32[N]):
+  return map(lambda i, xy: xy[0] - xy[1] * cast(i, f32), enumerate(zip(xs, ys)))
 """
 
 DEVICES = ("reference", "cpu")
@@ -71,6 +80,26 @@ def test_fold_over_a_slice_of_a_list_parameter(prog):
     np.testing.assert_array_equal(prog.tail_sum([X, 2 * X, 4 * X]), 6 * X)
 
 
+def test_map_over_zip_passes_whole_items_at_each_position(prog):
+    """A record and a key per position: map does not walk into the pair's leaves."""
+    p = {"W": np.eye(2, dtype=np.float32), "b": np.zeros(2, np.float32)}
+    got = prog.shifted([p, p, p], dsl.key(3))
+    keys = [dsl.loads("def f(k: Key) -> Key:\n  return split(k, 3)[%d]\n" % i).f(dsl.key(3)) for i in range(3)]
+    noise = [dsl.loads("def f(k: Key) -> f32[2]:\n  return normal(k, [2])\n").f(k) for k in keys]
+    assert len(got) == 3
+    for q, n in zip(got, noise):
+        np.testing.assert_array_equal(q["W"], p["W"])
+        np.testing.assert_array_equal(q["b"], n)
+    assert not np.array_equal(got[0]["b"], got[1]["b"])
+
+
+def test_map_over_enumerate_passes_the_position_and_the_item(prog):
+    got = prog.ranked([X, X, X])
+    assert [g.tolist() for g in got] == [(X * i).tolist() for i in range(3)]
+    got = prog.mixed([X, 2 * X], [3 * X, 5 * X])
+    assert [g.tolist() for g in got] == [X.tolist(), (2 * X - 5 * X).tolist()]
+
+
 def test_two_number_lists_add_as_tensors():
     prog = dsl.loads("def f(x: f32) -> f32[2]:\n  return x + ([1.0, 2.0] + [3.0, 5.0])\n")
     np.testing.assert_array_equal(prog.f(np.float32(1)), [5.0, 8.0])
@@ -86,6 +115,12 @@ def test_two_number_lists_add_as_tensors():
      "2:13: error: fold walks a tensor's leading axis or a static list; got Params; "
      "fold over leaves(r) walks a record's tensors"),
     ("return [x, x][::0][0]", "2:17: error: a slice step cannot be 0"),
+    ("return map(lambda a, b: a * b, zip([x, x], [x]))[0]",
+     "2:46: error: zip needs lists of one length: the first has 2 items, this one 1"),
+    ("return map(lambda i, r: r, enumerate(x))[0]", "2:40: error: enumerate needs lists or tuples, got f32[3]"),
+    ("return map(lambda a: a, zip([x, x]), [x])[0]",
+     "2:27: error: map over a zip or an enumerate takes no other structures: zip them all together"),
+    ("return map(lambda a: a, zip([x, x], [x, x]))[0]", "2:10: error: the lambda takes 1 argument"),
     ("return [x, x][0, 1]", "2:10: error: a list or tuple is indexed by one static int or a slice"),
 ])
 def test_bad_list_uses_are_located_errors(body, message):

@@ -15,7 +15,7 @@ def names(requirements: list[str]) -> set[str]:
 
 def test_the_core_installs_no_example_data():
     core = names(PROJECT["dependencies"])
-    assert {"lark", "llvmlite", "numpy", "scipy", "safetensors"} <= core
+    assert {"lark", "llvmlite", "ml_dtypes", "numpy", "scipy", "safetensors"} <= core
     assert not core & {"names", "scikit-learn", "torch"}
 
 

@@ -30,7 +30,7 @@ from safetensors import SafetensorError
 from safetensors.numpy import save_file
 
 import dsl
-from conftest import quick
+from conftest import quick, warmup_cosine
 from dsl.progress import Progress
 from dsl.safetensors import read_with_metadata
 from dsl.train import Model, State, batch_indices, checksum, load_checkpoint, read_npz_data, save_checkpoint
@@ -50,14 +50,20 @@ def dslc(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
                           cwd=cwd, timeout=300)
 
 
-def run_steps(name: str, steps: int = 20, **kw):
-    """dsl.train for a few steps: the initial weights, the batches and the losses it used."""
+def trained_steps(name: str, steps: int = 20, **kw):
+    """dsl.train for a few steps: the initial weights, the batches and the losses it used, and
+    the weights it ended with."""
     path = str(EXAMPLES / f"{name}.bend")
     p0, _ = Model(path, dims=kw.get("dims")).init(kw.get("seed") or 0)
     batches, losses = [], []
-    dsl.train(path, steps=steps, progress=None, final_eval=False,
-              on_step=lambda t, b, l: (batches.append(b), losses.append(l)), **kw)
-    return p0, batches, losses
+    result = dsl.train(path, steps=steps, progress=None, final_eval=False,
+                       on_step=lambda t, b, l: (batches.append(b), losses.append(l)), **kw)
+    return p0, batches, losses, result.params
+
+
+def run_steps(name: str, steps: int = 20, **kw):
+    """dsl.train for a few steps: the initial weights, the batches and the losses it used."""
+    return trained_steps(name, steps, **kw)[:3]
 
 
 def tensors(p: dict) -> dict[str, torch.Tensor]:
@@ -142,6 +148,124 @@ def test_first_20_steps_match_a_pytorch_twin(name):
     assert len(batches) == 20
     np.testing.assert_allclose(losses, want, rtol=1e-4)
     assert losses[-1] < losses[0]                                  # and it learns
+
+
+BLOCKS = ("block1", "block2")
+RESNET_BNS = ("bn", *(f"{b}.{n}" for b in BLOCKS for n in ("bn1", "bn2")))
+
+
+def leaf(p: dict, name: str):
+    """p's leaf at a dotted name: leaf(p, "block1.bn1")."""
+    for part in name.split("."):
+        p = p[part]
+    return p
+
+
+class ResNetTwin:
+    """resnet_digits in PyTorch: the same weights with its convolutions functional (channels
+    last, as dslc holds them) and its batch norms torch.nn.BatchNorm2d (momentum 0.1, eps 1e-5)."""
+
+    def __init__(self, p: dict):
+        self.w = tensors({name: leaf(p, name) for name in ("K", "W", "b", *(f"{b}.{k}" for b in BLOCKS
+                                                                             for k in ("K1", "K2")))})
+        self.bns = {name: torch.nn.BatchNorm2d(len(leaf(p, name)["weight"]), momentum=0.1, eps=1e-5)
+                    for name in RESNET_BNS}
+        with torch.no_grad():
+            for name, bn in self.bns.items():
+                for field, v in leaf(p, name).items():
+                    getattr(bn, field).copy_(torch.tensor(np.asarray(v)))
+
+    def conv_bn(self, h, K: str, bn: str):
+        return self.bns[bn](F.conv2d(h, self.w[K].permute(3, 2, 0, 1), padding=1))
+
+    def block(self, h, name: str):
+        z = F.relu(self.conv_bn(h, f"{name}.K1", f"{name}.bn1"))
+        return F.relu(h + self.conv_bn(z, f"{name}.K2", f"{name}.bn2"))
+
+    def logits(self, x: np.ndarray):
+        h = F.relu(self.conv_bn(torch.tensor(x).permute(0, 3, 1, 2), "K", "bn"))
+        h = self.block(F.max_pool2d(self.block(h, "block1"), 2), "block2")
+        return h.mean(dim=(2, 3)) @ self.w["W"] + self.w["b"]
+
+    def loss(self, b: dict):
+        return F.cross_entropy(self.logits(b["x"]), torch.tensor(b["y"]).long())
+
+    def train(self, batches: list[dict], lr) -> list[float]:
+        """AdamW over the weights and the batch norms' weight and bias, lr(t) at step t."""
+        trained = [*self.w.values(), *(q for bn in self.bns.values() for q in bn.parameters())]
+        opt = torch.optim.AdamW(trained, weight_decay=0.01)
+        losses = []
+        for t, b in enumerate(batches):
+            opt.param_groups[0]["lr"] = lr(t)
+            loss = self.loss(b)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        return losses
+
+
+def resnet_loader():
+    sys.path.insert(0, str(EXAMPLES))
+    import resnet_digits
+    return resnet_digits
+
+
+def test_resnet_and_its_batch_norms_match_a_pytorch_twin():
+    """The first 20 steps' losses, the running statistics they leave and evaluate's metrics on
+    the test split (by those statistics) agree with torch.nn.BatchNorm2d's."""
+    p0, batches, losses, p = trained_steps("resnet_digits", device="cpu")
+    twin = ResNetTwin(p0)
+    dims = resnet_loader().DIMS
+    lr = lambda t: warmup_cosine(t, dims["lr"], dims["warmup"], dims["steps"])   # noqa: E731
+    np.testing.assert_allclose(losses, twin.train(batches, lr), rtol=1e-4)
+    assert losses[-1] < losses[0]
+    for name, bn in twin.bns.items():
+        for field in ("running_mean", "running_var"):
+            np.testing.assert_allclose(leaf(p, name)[field], getattr(bn, field).numpy(), rtol=1e-4,
+                                       atol=1e-6, err_msg=f"{name}.{field}")
+    test = resnet_loader().load("test")
+    got = dsl.load(str(EXAMPLES / "resnet_digits.bend"), device="cpu").evaluate(p, test["x"], test["y"])
+    with torch.no_grad():
+        for bn in twin.bns.values():
+            bn.eval()
+        loss, scores = twin.loss(test).item(), twin.logits(test["x"]).numpy()
+    np.testing.assert_allclose(got["loss"], loss, rtol=1e-4)
+    assert got["accuracy"] == np.float32(np.mean(scores.argmax(-1) == test["y"]))
+
+
+def test_resnet_buffers_have_no_gradient_and_adamw_leaves_them():
+    """grad gives the running statistics zeros; update (AdamW), given a gradient of ones even
+    for them, moves every trained leaf and leaves the buffers' bits as they were."""
+    model = Model(str(EXAMPLES / "resnet_digits.bend"), dims={"C": 4}, device="cpu")
+    p, s = model.init(0)
+    batch = {k: a[:16] for k, a in model.split("train").items()}
+    _, g = model.gradient(p, batch, dsl.key(0))
+    ones = lambda t: {k: ones(v) for k, v in t.items()} if isinstance(t, dict) else np.ones_like(t)  # noqa: E731
+    after, _ = model.update(p, (np.int32(200), *s[1:]), ones(g), 200)    # past the warm-up
+    for name in RESNET_BNS:
+        for field in ("running_mean", "running_var"):
+            assert not np.any(leaf(g, name)[field]), f"{name}.{field}"
+            assert leaf(after, name)[field].tobytes() == leaf(p, name)[field].tobytes()
+        assert np.any(leaf(g, name)["weight"]) and np.all(leaf(after, name)["weight"] != leaf(p, name)["weight"])
+    assert np.all(after["K"] != p["K"])
+
+
+def test_resnet_trains_and_its_checkpoint_keeps_the_running_statistics(tmp_path):
+    """A few small steps: the running statistics move off batch_norm_init's 0 and 1, evaluate
+    reports by them, and the final checkpoint holds them to the bit and resumes with them."""
+    path = str(EXAMPLES / "resnet_digits.bend")
+    r = dsl.train(path, steps=4, dims={"C": 4}, batch_size=16, device="cpu", progress=None,
+                  checkpoint_dir=str(tmp_path))
+    assert set(r.metrics["test"]) == {"loss", "accuracy"}
+    for name in RESNET_BNS:
+        assert np.all(leaf(r.params, name)["running_mean"] != 0) and np.all(leaf(r.params, name)["running_var"] != 1)
+    saved = checkpoint_arrays(tmp_path / "step0000004.safetensors")
+    assert saved["p.block2.bn2.running_var"].tobytes() == r.params["block2"]["bn2"]["running_var"].tobytes()
+    model = Model(path, dims={"C": 4}, device="cpu")
+    p, s = model.init(0)
+    back = load_checkpoint(str(tmp_path / "step0000004.safetensors"), model, State(p, s, 0, 0))
+    assert same_bits(back.p, r.params) and same_bits(back.s, r.opt_state)
 
 
 # ---------------------------------------------------------------- checkpoints and seeds
@@ -361,15 +485,17 @@ def test_loader_that_raises(tmp_path):
                "load('train') failed at line", "FileNotFoundError: digits.csv")
 
 
-@pytest.mark.parametrize("example, package", [("names_mlp", "names"), ("lstm_chars", "names"),
-                                              ("cnn_digits", "scikit-learn")])
-def test_an_example_without_its_extra_says_how_to_install_it(tmp_path, example, package):
+# where the loader itself fails, the message gives the line; resnet_digits's load is cnn_digits's
+@pytest.mark.parametrize("example, package, failed", [
+    ("names_mlp", "names", "failed at line "), ("lstm_chars", "names", "failed at line "),
+    ("cnn_digits", "scikit-learn", "failed at line "), ("resnet_digits", "scikit-learn", "failed: ")])
+def test_an_example_without_its_extra_says_how_to_install_it(tmp_path, example, package, failed):
     for module in ("names", "sklearn"):           # found before the installed ones, and unimportable
         (tmp_path / f"{module}.py").write_text("raise ImportError('hidden by the test')\n")
     r = subprocess.run([sys.executable, "-m", "dsl", "train", str(EXAMPLES / f"{example}.bend"), "--steps", "1",
                         "--checkpoint-dir", ""], capture_output=True, text=True, timeout=300,
                        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])})
-    user_error(r, f"examples/{example}.py size('train') failed at line ",
+    user_error(r, f"examples/{example}.py size('train') {failed}",
                f": ImportError: this example needs the PyPI package '{package}': pip install 'dslc[examples]' "
                f"(or pip install {package})")
 
@@ -727,3 +853,10 @@ def test_full_lstm_beats_the_mlp(mlp_run):
 def test_full_cnn_reaches_97_percent():
     result, _ = full_run("cnn_digits")
     assert result.metrics["test"]["accuracy"] >= 0.97
+
+
+@pytest.mark.slow
+@needs_slow
+def test_full_resnet_reaches_98_5_percent():
+    result, _ = full_run("resnet_digits", device="cpu")          # the interpreter takes far longer
+    assert result.metrics["test"]["accuracy"] >= 0.985

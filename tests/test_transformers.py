@@ -10,7 +10,6 @@ settings on the CPU backend, and the full BERT run.
 """
 from __future__ import annotations
 
-import math
 import sys
 import time
 
@@ -20,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 import dsl
+from conftest import warmup_cosine
 from dsl.train import Model, step_key
 from lib.test_nn import TorchBlock
 from test_train import EXAMPLES, needs_slow, run_steps
@@ -38,14 +38,6 @@ def weights(p) -> dict:
 
 def leaves(w: dict) -> list[torch.Tensor]:
     return [t for v in w.values() for t in ([u for b in v for u in b.values()] if isinstance(v, list) else [v])]
-
-
-def warmup_cosine(t: int, lr: float, warmup: int, total: int) -> float:
-    """optim.warmup_cosine with min_lr = lr / 10, as the models' step uses it."""
-    if t < warmup:
-        return lr * t / warmup
-    p = min(max((t - warmup) / max(total - warmup, 1), 0.0), 1.0)
-    return lr / 10 + (lr - lr / 10) * 0.5 * (1 + math.cos(math.pi * p))
 
 
 def encoder(w, h, causal: bool, rope: bool):

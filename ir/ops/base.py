@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Callable, ClassVar
 
+import ml_dtypes
 import numpy as np
 
 from ir.dims import Dim
@@ -131,6 +132,12 @@ class Primitive:
         """Whether `scalar` has a body for operands of these dtypes and a result of dtype."""
         return False
 
+    def mlir(self, w: Any, op: Any) -> list[str] | None:
+        """op written in MLIR by the ir.mlir.Writer w: the SSA names of its results (None: a
+        scalar literal, which w writes where it is used)."""
+        from ir.mlir import NotExpressible
+        raise NotExpressible(f"'{self.name}'")
+
     def scalar(self, e: Any, args: list, dtypes: list[str], dtype: str, attrs: dict) -> Any:
         """The result at one point (or one vector of lanes) from the operands' values there,
         built with a target's scalar emitter e (backend/llvm.py's Emitter: LLVM operations and
@@ -156,7 +163,7 @@ def primitive(cls: type[Primitive]) -> type[Primitive]:
 # ---------------------------------------------------------------- helpers shared by the families
 
 NUMERIC = FLOAT_DTYPES + INT_DTYPES
-NUMPY_DTYPES = {"f32": np.float32, "f16": np.float16, "f64": np.float64,
+NUMPY_DTYPES = {"f32": np.float32, "f16": np.float16, "bf16": ml_dtypes.bfloat16, "f64": np.float64,
                 "i32": np.int32, "i64": np.int64, "u32": np.uint32, "bool": np.bool_}
 _DTYPE_NAMES = {np.dtype(v): k for k, v in NUMPY_DTYPES.items()}
 _LITERAL_DTYPES = {"b": "bool", "i": "i32", "u": "i32", "f": "f32"}
@@ -164,10 +171,15 @@ _KIND_WORDS = ("boolean", "integer", "float")
 
 
 def np_dtype(dtype: str) -> np.dtype:
-    """The NumPy dtype of a dslc dtype; the reference evaluation has no bf16."""
+    """The NumPy dtype of a dslc dtype (bf16 is ml_dtypes', which NumPy lacks)."""
     if dtype not in NUMPY_DTYPES:
         raise NotImplementedError(f"the NumPy reference evaluation has no {dtype}")
     return np.dtype(NUMPY_DTYPES[dtype])
+
+
+def is_float(dtype: np.dtype) -> bool:
+    """Whether a NumPy dtype is a float: kind 'f', or bf16, which ml_dtypes gives kind 'V'."""
+    return dtype.kind == "f" or dtype == NUMPY_DTYPES["bf16"]
 
 
 def type_of(value: Any) -> TensorType:

@@ -25,6 +25,10 @@ class Filled(Primitive):
     def evaluate(self, shape: tuple[int, ...], dtype: str = "f32") -> np.ndarray:
         return np.full(shape, self.fill, np_dtype(dtype))
 
+    def mlir(self, w: Any, op: Any) -> list[str]:
+        out = op.outputs[0]
+        return [w.filled(op.attrs["value"] if "value" in op.attrs else self.fill, out.shape, out.dtype, self.name)]
+
 
 @primitive
 class Zeros(Filled):
@@ -117,3 +121,22 @@ class Constant(Primitive):
 
     def evaluate(self, value: Any, dtype: str) -> np.ndarray:
         return np.array(value, dtype=np_dtype(dtype))
+
+    def mlir(self, w: Any, op: Any) -> list[str] | None:
+        """A scalar is written where it is used (a region's arith.constant, mostly); a literal
+        tensor is an arith.constant of a dense attribute."""
+        from ir.mlir import literal, type_of
+        value, dtype = op.attrs["value"], op.attrs["dtype"]
+        out = op.outputs[0]
+        if not out.shape:
+            w.scalars[out] = (value, dtype)
+            return None
+        flat = np.asarray(value, dtype=object).reshape(-1)
+        if len(set(flat.tolist())) == 1:
+            dense = literal(flat[0], dtype)
+        else:
+            dense = repr(np.vectorize(lambda x: literal(x, dtype), otypes=[object])(
+                np.asarray(value, dtype=object)).tolist()).replace("'", "")
+        name = w.fresh("cst")
+        w.line(f"{name} = arith.constant dense<{dense}> : {type_of(out)}")
+        return [name]

@@ -11,7 +11,7 @@ import numpy as np
 from ir import numerics
 from ir.dims import Dim
 from ir.ops.base import (NUMERIC, Kind, OpError, Param, Primitive, Role, broadcast_shapes,
-                         common_dtype, merge_dims, np_dtype, primitive, type_of, unbroadcast)
+                         common_dtype, is_float, merge_dims, np_dtype, primitive, type_of, unbroadcast)
 from ir.types import TensorType
 
 
@@ -49,11 +49,21 @@ class MatMul(Primitive):
         cols = sb[-1:] if b.rank > 1 else ()
         return TensorType(dtype, batch + rows + cols, weak)
 
+    def mlir(self, w: Any, op: Any) -> list[str]:
+        """As einsum's letters: batch axes, then m k @ k n (a 1-D operand without m or n)."""
+        (a, b), out = op.inputs, op.outputs[0]
+        m, n = "m" * (len(a.shape) > 1), "n" * (len(b.shape) > 1)
+        batch = string.ascii_lowercase[:len(out.shape) - len(m + n)]
+        la = batch[len(batch) - max(len(a.shape) - 2, 0):] + m + "k"
+        lb = batch[len(batch) - max(len(b.shape) - 2, 0):] + "k" + n
+        result = batch + m + n
+        return [w.contract([(a, la), (b, lb)], result, out, "matmul")]
+
     def evaluate(self, a: Any, b: Any) -> np.ndarray:
         """In the canonical order: acc = fma(a[…, i, k], b[…, k, j], acc) for k = 0, 1, …"""
         out = self.infer(type_of(a), type_of(b))
         dtype = np_dtype(out.dtype)
-        if dtype.kind != "f":
+        if not is_float(dtype):
             return np.asarray(np.matmul(a, b), dtype=dtype)
         a2 = a[None, :] if a.ndim == 1 else a
         b2 = b[:, None] if b.ndim == 1 else b
@@ -146,12 +156,18 @@ class Einsum(Primitive):
             out = _implicit_output(lhs)
         return TensorType(dtype, tuple(sizes[c][0] for c in out), weak)
 
+    def mlir(self, w: Any, op: Any) -> list[str]:
+        lhs, arrow, rhs = op.attrs["spec"].replace(" ", "").partition("->")
+        terms = lhs.split(",")
+        result = rhs if arrow else _implicit_output(lhs)
+        return [w.contract(list(zip(op.inputs, terms)), result, op.outputs[0], "einsum")]
+
     def evaluate(self, spec: str, operands: tuple[Any, ...]) -> np.ndarray:
         """In the canonical order (ir/numerics.py): each output element accumulates over the
         contracted letters, in row-major order of their first appearance."""
         out = self.infer(spec, tuple(map(type_of, operands)))
         dtype = np_dtype(out.dtype)
-        if dtype.kind != "f":
+        if not is_float(dtype):
             return np.asarray(np.einsum(spec, *operands), dtype=dtype)
         lhs, arrow, rhs = spec.replace(" ", "").partition("->")
         terms = lhs.split(",")

@@ -7,6 +7,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ir.ops.base import Kind, Param, Primitive, Role, np_dtype, primitive
+from ir.mlir import type_of
 from ir.types import TensorType
 
 Run = Callable[[list[np.ndarray]], list[np.ndarray]]
@@ -31,6 +32,9 @@ class StopGradient(Primitive):
 
     def compiles(self, dtypes: list[str], dtype: str) -> bool:
         return dtype != "bf16"
+
+    def mlir(self, w: Any, op: Any) -> list[str]:
+        return [w[op.inputs[0]]]
 
     def scalar(self, e: Any, args: list, dtypes: list[str], dtype: str, attrs: dict) -> Any:
         return args[0]
@@ -69,6 +73,34 @@ class Scan(Structured):
                 emits.append(np.zeros((0, *v.shape), dtype=np_dtype(v.dtype)))
         return state + emits
 
+    def mlir(self, w: Any, op: Any) -> list[str]:
+        """An scf.for over the steps: the states and the stacked emits are its loop-carried
+        tensors; step t reads slice t of each sequence and writes slice t of each emit."""
+        a, body = op.attrs, op.body
+        n_state, n_xs, length = a["n_state"], a["n_xs"], a["length"]
+        states, xs, consts = (op.inputs[:n_state], op.inputs[n_state:n_state + n_xs],
+                              op.inputs[n_state + n_xs:])
+        emits = op.outputs[n_state:]
+        carried = [(w[v], type_of(v)) for v in states] + \
+                  [(w.empty(v.shape, v.dtype), type_of(v)) for v in emits]
+
+        def step(t: str, iters: list[str]) -> list[str]:
+            if a.get("reverse"):
+                t_rev = w.fresh("t_rev")
+                w.line(f"{t_rev} = arith.subi {w.index(length - 1)}, {t} : index")
+                t = t_rev
+            for v, s in zip(body.params[:n_state], iters):
+                w.bind(v, s)
+            for v, x in zip(body.params[n_state:n_state + n_xs], xs):
+                w.bind(v, w.slice_at(w[x], x.shape, x.dtype, t, "x"))
+            for v, c in zip(body.params[n_state + n_xs:], consts):
+                w.bind(v, w[c])
+            w.ops(body)
+            return [w[v] for v in body.results[:n_state]] + \
+                   [w.insert_at(w[v], ys, e.shape, e.dtype, t)
+                    for v, ys, e in zip(body.results[n_state:], iters[n_state:], emits)]
+        return w.loop(length, carried, step, "scan")
+
 
 @primitive
 class Checkpoint(Structured):
@@ -77,3 +109,10 @@ class Checkpoint(Structured):
 
     def run(self, op: Any, inputs: list[np.ndarray], run_body: Run) -> list[np.ndarray]:
         return run_body(inputs)
+
+    def mlir(self, w: Any, op: Any) -> list[str]:
+        """The body inline: recomputing it is reverse mode's business, not the module's."""
+        for v, x in zip(op.body.params, op.inputs):
+            w.bind(v, w[x])
+        w.ops(op.body)
+        return [w[v] for v in op.body.results]

@@ -50,6 +50,14 @@ class Elementwise(Primitive):
     def shares_dtype(self) -> tuple[str, ...]:
         return tuple(p.name for p in self.params if p.kind is Kind.TENSOR and p.name != "cond")
 
+    def mlir(self, w: Any, op: Any) -> list[str]:
+        """A linalg.generic whose region is the scalar body (the math library's functions are
+        the math dialect's there)."""
+        if type(self).scalar is Primitive.scalar:
+            return super().mlir(w, op)
+        dtypes, dtype = [v.dtype for v in op.inputs], op.outputs[0].dtype
+        return [w.map(op, lambda args: self.scalar(w.body, args, dtypes, dtype, op.attrs))]
+
     def evaluate(self, **args: Any) -> np.ndarray:
         out = self.infer(**{name: type_of(v) for name, v in args.items()})
         result = self.reference(*(args[p.name] for p in self.params))
@@ -948,6 +956,7 @@ class Cast(Primitive):
     evaluate = staticmethod(_cast)
     role = Role.ELEMENTWISE
     host = "float to u32 casts are evaluated by NumPy"
+    mlir = Elementwise.mlir          # arith's casts (fptosi truncates toward zero, as NumPy)
 
     def compiles(self, dtypes: list[str], dtype: str) -> bool:
         src, = dtypes

@@ -48,6 +48,22 @@ class Take(Primitive):
                              f"axis {axis % x.ndim} with size {x.shape[axis]}")
         return np.take(x, indices, axis)
 
+    def mlir(self, w: Any, op: Any) -> list[str]:
+        """A linalg.generic over the result that reads each index and extracts x there."""
+        from ir.mlir import type_of
+        (x, indices), out, a = op.inputs, op.outputs[0], statics(op)
+        ax, rank = a["axis"] % len(x.shape), len(indices.shape)
+        by_index = ", ".join(f"d{ax + i}" for i in range(rank))
+
+        def body(args: list) -> list:
+            e = w.body
+            j = e.from_end(args[0], x.shape[ax]) if a["from_end"] else e.index_of(args[0])
+            at = [e.position(i) for i in range(ax)] + [j] + \
+                 [e.position(ax + rank + i) for i in range(len(x.shape) - ax - 1)]
+            return [e.extract(w[x], type_of(x), x.dtype, at)]
+        return w.generic(out.shape, [out.dtype], [(w[indices], type_of(indices), by_index)], body,
+                         hint="take")
+
     def vjp(self, b: Any, op: Any, cts: tuple) -> tuple:
         """The cotangent added into zeros at the indices; repeated indices accumulate."""
         (x, indices), (ct,) = op.inputs, cts
@@ -71,6 +87,19 @@ class OneHot(Primitive):
 
     def evaluate(self, indices: Any, n: int, dtype: str = "f32") -> np.ndarray:
         return (np.asarray(indices)[..., None] == np.arange(n)).astype(np_dtype(dtype))
+
+    def mlir(self, w: Any, op: Any) -> list[str]:
+        from ir.mlir import type_of
+        (indices,), out = op.inputs, op.outputs[0]
+        rank = len(indices.shape)
+
+        def body(args: list) -> list:
+            e = w.body
+            hit = e.compare("==", e.index_of(args[0]), e.position(rank), "index")
+            return [e.cast(hit, "bool", out.dtype)]
+        by_index = ", ".join(f"d{i}" for i in range(rank))
+        return w.generic(out.shape, [out.dtype], [(w[indices], type_of(indices), by_index)], body,
+                         hint="one_hot")
 
 
 @primitive
@@ -100,6 +129,33 @@ class ScatterAdd(Primitive):
         out = np.array(x, dtype=np_dtype(t.dtype))
         np.add.at(out, (slice(None),) * (axis % out.ndim) + (np.asarray(indices),), updates)
         return out
+
+    def mlir(self, w: Any, op: Any) -> list[str]:
+        """An scf.for over the indices in order (as NumPy's add.at, so the sums' bits agree):
+        x and updates seen as [P, N, Q] and [P, n, Q], step k adds slice k of updates into
+        slice indices[k] of the running tensor."""
+        from ir.mlir import S, Window, tensor_type
+        (x, indices, updates), out = op.inputs, op.outputs[0]
+        ax, dtype = statics(op)["axis"] % len(x.shape), x.dtype
+        P, N, Q = int(np.prod(x.shape[:ax])), x.shape[ax], int(np.prod(x.shape[ax + 1:]))
+        n = int(np.prod(indices.shape))
+        x3 = w.reshape(w[x], x.shape, (P, N, Q), dtype)
+        u3 = w.reshape(w[updates], updates.shape, (P, n, Q), dtype)
+        flat = w.reshape(w[indices], indices.shape, (n,), indices.dtype)
+
+        def step(k: str, acc: list[str]) -> list[str]:
+            e = w.body
+            i = e.extract(flat, tensor_type((n,), indices.dtype), indices.dtype, [S(k, "index")])
+            j = e.from_end(i, N).name
+            row = w.extract(u3, (P, n, Q), dtype, Window((0, k, 0), (P, 1, Q), (1, 1, 1)), (P, Q), "row")
+            at = Window((0, j, 0), (P, 1, Q), (1, 1, 1))
+            cur = w.extract(acc[0], (P, N, Q), dtype, at, (P, Q), "cur")
+            t = tensor_type((P, Q), dtype)
+            added = w.generic((P, Q), [dtype], [(cur, t, "d0, d1"), (row, t, "d0, d1")],
+                              lambda s: [e.add(s[0], s[1])], hint="added")[0]
+            return [w.insert(added, (P, Q), acc[0], (P, N, Q), dtype, at)]
+        (result,) = w.loop(n, [(x3, tensor_type((P, N, Q), dtype))], step, "scatter")
+        return [w.reshape(result, (P, N, Q), out.shape, dtype)]
 
     def vjp(self, b: Any, op: Any, cts: tuple) -> tuple:
         (_, indices, _), (ct,) = op.inputs, cts

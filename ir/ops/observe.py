@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from ir.ops.base import EvalError, Kind, Param, Primitive, primitive, type_of
+from ir.ops.base import EvalError, Kind, Param, Primitive, is_float, primitive, type_of
 from ir.types import TensorType
 
 
@@ -42,7 +42,7 @@ class AssertFinite(Effect):
     name = surface = "assert_finite"
 
     def evaluate(self, x: np.ndarray, label: str, origin: Any = None) -> np.ndarray:
-        if x.dtype.kind == "f" and not np.isfinite(x).all():
+        if is_float(x.dtype) and not np.isfinite(x).all():
             nan = int(np.isnan(x).sum())
             raise EvalError(f"assert_finite failed: '{label}' has {_count(nan, 'NaN')} and "
                             f"{_count(int(np.isinf(x).sum()), 'infinity', 'infinities')} among "
@@ -53,7 +53,7 @@ class AssertFinite(Effect):
 def summary(x: np.ndarray) -> str:
     """A value's type and the min, max and mean of its values that are not NaN, each the
     shortest text that reads back as the same number of its dtype, and its count of NaNs."""
-    kind = x.dtype.kind
+    kind = "f" if is_float(x.dtype) else x.dtype.kind
     nan = np.isnan(x) if kind == "f" else np.zeros(x.shape, bool)
     values = x[~nan]
     text = str(type_of(x))

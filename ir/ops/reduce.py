@@ -22,8 +22,8 @@ import numpy as np
 
 from ir import numerics
 from ir.dims import Dim
-from ir.ops.base import (NUMERIC, Kind, OpError, Param, Primitive, Role, need, normalize_axes,
-                         np_dtype, primitive, statics, type_of)
+from ir.ops.base import (NUMERIC, REGISTRY, Kind, OpError, Param, Primitive, Role, is_float, need,
+                         normalize_axes, np_dtype, primitive, statics, type_of)
 from ir.types import DTYPES, FLOAT_DTYPES, TensorType
 
 Axes = None | int | tuple[int, ...]
@@ -71,7 +71,7 @@ class Reduction(Primitive):
     def evaluate(self, x: Any, axis: Axes = None, keepdims: bool = False) -> np.ndarray:
         out = self.infer(type_of(x), axis, keepdims)
         dtype = np_dtype(out.dtype)
-        if self.canonical is None or x.dtype.kind != "f":        # exact: any order will do
+        if self.canonical is None or not is_float(x.dtype):        # exact: any order will do
             return np.asarray(self.numpy(x, axis=axis, keepdims=keepdims), dtype=dtype)
         axes = normalize_axes(axis, x.ndim, "x")
         result = self.finish(numerics.reduce(x, axes, *self.canonical), x, axes)
@@ -80,6 +80,26 @@ class Reduction(Primitive):
 
     def finish(self, reduced: np.ndarray, x: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
         return reduced
+
+    def mlir(self, w: Any, op: Any) -> list[str]:
+        """linalg.reduce from the identity, its region the combining primitive's scalar body
+        (in IREE's order, not the canonical one); a mean divides the sum by the count."""
+        from ir.mlir import tensor_type
+        (x,), out = op.inputs, op.outputs[0]
+        if self.canonical is None or (self.averages and x.dtype not in FLOAT_DTYPES):
+            return super().mlir(w, op)
+        axes = normalize_axes(statics(op)["axis"], len(x.shape), "x")
+        kept = [n for i, n in enumerate(x.shape) if i not in axes]
+        combine = REGISTRY[self.pairwise or self.combine]
+        name = w.reduce(w[x], x.shape, x.dtype, axes, _identity(self, x.dtype),
+                        lambda a, b: combine.scalar(w.body, [a, b], [x.dtype] * 2, x.dtype, {}),
+                        self.name)
+        t = tensor_type(kept, x.dtype)
+        if self.averages:
+            count = float(np.prod([x.shape[i] for i in axes]))
+            name = w.generic(kept, [x.dtype], [(name, t, ", ".join(f"d{i}" for i in range(len(kept))))],
+                             lambda a: [w.body.div(a[0], w.body.const(count, x.dtype))], hint=self.name)[0]
+        return [w.reshape(name, kept, out.shape, out.dtype)]
 
     def vjp(self, b: Any, op: Any, cts: tuple) -> tuple:
         (x,), (ct,) = op.inputs, cts
@@ -90,6 +110,17 @@ class Reduction(Primitive):
     def backward(self, b: Any, ct: Any, x: Any, y: Any, axes: tuple[int, ...]) -> Any:
         """x's cotangent, given the result y and its cotangent ct with the reduced axes kept."""
         raise NotImplementedError(f"no VJP rule for '{self.name}'")
+
+
+def _identity(r: Reduction, dtype: str) -> int | float:
+    """Where a reduction starts: its canonical identity; an integer max or min starts from
+    the dtype's extreme."""
+    if dtype in FLOAT_DTYPES:
+        return r.canonical[1]
+    if r.integer_identity or dtype == "bool":
+        return {"add": 0, "mul": 1}.get(r.combine, r.combine == "min")
+    info = np.iinfo(np_dtype(dtype))
+    return info.min if r.combine == "max" else info.max
 
 
 def _kept(b: Any, v: Any, x: Any, axes: tuple[int, ...]) -> Any:

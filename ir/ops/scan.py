@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, ClassVar
 
+import ml_dtypes
 import numpy as np
 
 from ir import numerics
@@ -147,7 +148,7 @@ class LogCumSumExp(Cumulative):
         (x,), (y,), (ct,) = op.inputs, op.outputs, cts
         axis = statics(op)["axis"]
         zero = b.constant(0.0, x.dtype)
-        lowest = b.constant(float(np.finfo(np_dtype(x.dtype)).min), x.dtype)
+        lowest = b.constant(float(ml_dtypes.finfo(np_dtype(x.dtype)).min), x.dtype)
         log_ct = b.emit("log", b.emit("abs", ct))
 
         def part(sign: str) -> Any:

@@ -17,6 +17,7 @@ from ir.dims import Dim
 from ir.ops.base import (Kind, OpError, Param, Primitive, Role, check_fill, check_shape,
                          common_dtype, format_shape, merge_dims, normalize_axes, np_dtype,
                          primitive, range_length, statics, type_of, unbroadcast)
+from ir.mlir import NotExpressible, Window, type_of as mlir_type
 from ir.types import TensorType, TupleType, Type, UnknownType
 
 Axes = None | int | tuple[int, ...]
@@ -44,6 +45,10 @@ class Rearrange(Primitive):
 
     def vjp(self, b: Any, op: Any, cts: tuple) -> tuple:
         return (b.emit("reshape", cts[0], shape=op.inputs[0].shape),)
+
+    def mlir(self, w: Any, op: Any) -> list[str]:
+        (x,), out = op.inputs, op.outputs[0]
+        return [w.reshape(w[x], x.shape, out.shape, x.dtype, self.name)]
 
 
 @primitive
@@ -99,6 +104,16 @@ class Transpose(Primitive):
         axes = tuple(reversed(range(rank))) if perm is None else normalize_axes(perm, rank, "x")
         return (b.emit("transpose", cts[0], perm=tuple(int(i) for i in np.argsort(axes))),)
 
+    def mlir(self, w: Any, op: Any) -> list[str]:
+        (x,), out = op.inputs, op.outputs[0]
+        perm = statics(op)["perm"]
+        perm = tuple(reversed(range(len(x.shape)))) if perm is None else \
+            normalize_axes(perm, len(x.shape), "x")
+        init, name = w.empty(out.shape, out.dtype), w.fresh("transpose")
+        w.line(f"{name} = linalg.transpose ins({w[x]} : {mlir_type(x)}) outs({init} : "
+               f"{mlir_type(out)}) permutation = [{', '.join(map(str, perm))}]")
+        return [name]
+
 
 @primitive
 class BroadcastTo(Primitive):
@@ -118,6 +133,9 @@ class BroadcastTo(Primitive):
 
     def evaluate(self, x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
         return np.broadcast_to(x, shape).copy()
+
+    def mlir(self, w: Any, op: Any) -> list[str]:
+        return [w.map(op, lambda args: args[0], "broadcast")]
 
     def vjp(self, b: Any, op: Any, cts: tuple) -> tuple:
         return (unbroadcast(b, cts[0], op.inputs[0].shape),)
@@ -200,6 +218,16 @@ class Concat(Primitive):
     def evaluate(self, xs: tuple[Any, ...], axis: int = 0) -> np.ndarray:
         return np.concatenate(_arrays(self, xs, axis), axis)
 
+    def mlir(self, w: Any, op: Any) -> list[str]:
+        """Each input inserted at its offset along the axis, into one empty tensor."""
+        out = op.outputs[0]
+        ax, name, at = statics(op)["axis"] % len(out.shape), w.empty(out.shape, out.dtype), 0
+        for x in op.inputs:
+            window = Window.along(out.shape, ax, at, x.shape[ax])
+            name = w.insert(w[x], x.shape, name, out.shape, out.dtype, window, "concat")
+            at += x.shape[ax]
+        return [name]
+
     def vjp(self, b: Any, op: Any, cts: tuple) -> tuple:
         axis = statics(op)["axis"]
         sizes = tuple(x.shape[axis] for x in op.inputs)
@@ -225,6 +253,15 @@ class Stack(Primitive):
 
     def evaluate(self, xs: tuple[Any, ...], axis: int = 0) -> np.ndarray:
         return np.stack(_arrays(self, xs, axis), axis)
+
+    def mlir(self, w: Any, op: Any) -> list[str]:
+        """Each input inserted as slice k along the new axis, into one empty tensor."""
+        out = op.outputs[0]
+        ax, name = statics(op)["axis"] % len(out.shape), w.empty(out.shape, out.dtype)
+        for k, x in enumerate(op.inputs):
+            window = Window.along(out.shape, ax, k, 1)
+            name = w.insert(w[x], x.shape, name, out.shape, out.dtype, window, "stack")
+        return [name]
 
     def vjp(self, b: Any, op: Any, cts: tuple) -> tuple:
         (ct,) = cts
@@ -269,6 +306,15 @@ class Split(Primitive):
                  axis: int = 0) -> tuple[np.ndarray, ...]:
         cuts = sections if isinstance(sections, int) else np.cumsum(sections)[:-1]
         return tuple(np.split(x, cuts, axis))
+
+    def mlir(self, w: Any, op: Any) -> list[str]:
+        (x,), names, at = op.inputs, [], 0
+        ax = statics(op)["axis"] % len(x.shape)
+        for y in op.outputs:
+            window = Window.along(x.shape, ax, at, y.shape[ax])
+            names.append(w.extract(w[x], x.shape, x.dtype, window, y.shape, "part"))
+            at += y.shape[ax]
+        return names
 
     def vjp(self, b: Any, op: Any, cts: tuple) -> tuple:
         parts = [b.emit("zeros", shape=y.shape, dtype=y.dtype) if ct is None else ct
@@ -350,6 +396,11 @@ class Index(Primitive):
     def evaluate(self, x: np.ndarray, items: tuple[IndexItem, ...]) -> np.ndarray:
         return np.asarray(x[_numpy_index(items)])
 
+    def mlir(self, w: Any, op: Any) -> list[str]:
+        (x,), out = op.inputs, op.outputs[0]
+        window = _window(x.shape, op.attrs["items"])
+        return [w.extract(w[x], x.shape, x.dtype, window, out.shape, "item")]
+
     def vjp(self, b: Any, op: Any, cts: tuple) -> tuple:
         return (b.emit("unindex", cts[0], items=op.attrs["items"], shape=op.inputs[0].shape),)
 
@@ -357,6 +408,22 @@ class Index(Primitive):
 def _numpy_index(items: tuple[IndexItem, ...]) -> tuple[Any, ...]:
     return tuple(slice(it.lo, it.hi, it.step) if isinstance(it, SliceSpec) else it
                  for it in items)
+
+
+def _window(shape: tuple[int, ...], items: tuple[IndexItem, ...]) -> Window:
+    """The window of a tensor of `shape` that x[items] reads (an int item: one element, its
+    axis dropped)."""
+    offsets, sizes, strides = [], [], []
+    for item, n in zip(_full(items, len(shape)), shape):
+        if isinstance(item, SliceSpec):
+            bounds = [None if b is None else Dim.of(b).value for b in (item.lo, item.hi, item.step)]
+            start, stop, step = slice(*bounds).indices(n)
+            if step < 0:
+                raise NotExpressible("an index of negative step")
+            offsets.append(start), sizes.append(len(range(start, stop, step))), strides.append(step)
+        else:
+            offsets.append(Dim.of(item).value % n), sizes.append(1), strides.append(1)
+    return Window(tuple(offsets), tuple(sizes), tuple(strides))
 
 
 def _full(items: tuple[IndexItem, ...], rank: int) -> list[IndexItem]:
@@ -396,6 +463,12 @@ class Unindex(Primitive):
         out[_numpy_index(items)] = x
         return out
 
+    def mlir(self, w: Any, op: Any) -> list[str]:
+        (x,), out = op.inputs, op.outputs[0]
+        zeros = w.filled(0, out.shape, out.dtype, "zeros")
+        window = _window(out.shape, op.attrs["items"])
+        return [w.insert(w[x], x.shape, zeros, out.shape, out.dtype, window, "unindex")]
+
     def vjp(self, b: Any, op: Any, cts: tuple) -> tuple:
         return (b.emit("index", cts[0], items=op.attrs["items"]),)
 
@@ -421,6 +494,12 @@ class Slice(Primitive):
     def evaluate(self, x: np.ndarray, start: int, stop: int | None = None, axis: int = 0,
                  step: int = 1) -> np.ndarray:
         return INDEX.evaluate(x, _along(axis % x.ndim, SliceSpec(start, stop, step)))
+
+    def mlir(self, w: Any, op: Any) -> list[str]:
+        (x,), out, a = op.inputs, op.outputs[0], statics(op)
+        window = _window(x.shape, _along(a["axis"] % len(x.shape),
+                                         SliceSpec(a["start"], a["stop"], a["step"])))
+        return [w.extract(w[x], x.shape, x.dtype, window, out.shape, "slice")]
 
     def vjp(self, b: Any, op: Any, cts: tuple) -> tuple:
         a, x = statics(op), op.inputs[0]
@@ -452,6 +531,20 @@ class Pad(Primitive):
         if not widths:                          # a 0-d x, which NumPy's pad refuses
             return np.array(x)
         return np.pad(x, list(zip(widths[::2], widths[1::2])), constant_values=value)
+
+    def mlir(self, w: Any, op: Any) -> list[str]:
+        """tensor.pad, its region yielding the value."""
+        from ir.mlir import ELEMENT
+        (x,), out, a = op.inputs, op.outputs[0], statics(op)
+        widths = a["widths"]
+        name = w.fresh("padded")
+        w.line(f"{name} = tensor.pad {w[x]} low[{', '.join(map(str, widths[::2]))}] "
+               f"high[{', '.join(map(str, widths[1::2]))}] {{", located=False)
+        w.line("^bb0(" + ", ".join(f"{w.fresh('i')}: index" for _ in x.shape) + "):", located=False)
+        value = w.region(lambda: w.body.const(a["value"], x.dtype))
+        w.line(f"  tensor.yield {value.name} : {ELEMENT[x.dtype]}", located=False)
+        w.line(f"}} : {mlir_type(x)} to {mlir_type(out)}")
+        return [name]
 
     def vjp(self, b: Any, op: Any, cts: tuple) -> tuple:
         x, widths = op.inputs[0], statics(op)["widths"]

@@ -6,30 +6,38 @@ products are exact make the two agree, so those are compared with the reference 
 general f64 inputs are compared with an exact fma written with fractions."""
 from __future__ import annotations
 
+import ctypes
+import dataclasses
 import math
+import mmap
 import threading
 from fractions import Fraction
 
 import numpy as np
 import pytest
 
-from backend.contract import Matmul, Tiles, host_tiles
+from backend.contract import NUMPY, SIZE, Matmul, Tiles, host_tiles
+from conftest import isolated
 from ir.ops import REGISTRY
 
 rng = np.random.default_rng(2024)
 HOST = {dtype: host_tiles(dtype) for dtype in ("f32", "f64")}
 
 
-def small_tiles(dtype: str) -> Tiles:
-    """Tiny blocks, so that small shapes cross every block and tile edge many times."""
+def small_tiles(dtype: str, in_place_bytes: int = 0) -> Tiles:
+    """Tiny blocks, so that small shapes cross every block and tile edge many times; B packed
+    unless its K block takes at most in_place_bytes."""
     width = HOST[dtype].width
-    return Tiles(mr=3, nv=2, width=width, kc=5, mc=6, nc=4 * width)
+    return Tiles(mr=3, nv=2, width=width, kc=5, mc=6, nc=4 * width, in_place_bytes=in_place_bytes)
 
 
-@pytest.fixture(scope="module", params=["host", "small"])
+TILES = {"host": HOST.get, "small": small_tiles,
+         "small, in place": lambda dtype: small_tiles(dtype, 1 << 30)}
+
+
+@pytest.fixture(scope="module", params=list(TILES))
 def kernels(request):
-    make = HOST.get if request.param == "host" else small_tiles
-    return {dtype: Matmul(dtype, make(dtype)) for dtype in ("f32", "f64")}
+    return {dtype: Matmul(dtype, TILES[request.param](dtype)) for dtype in ("f32", "f64")}
 
 
 def reference(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -315,3 +323,101 @@ def test_back_to_back_calls_on_spinning_helpers(kernels):
     for i in range(60):
         (a, b), want = cases[i % len(cases)], wants[i % len(cases)]
         assert bits(kernel(a, b, threads=1 + i % 3)) == want, i
+
+
+def test_a_layout_seen_before_reads_the_new_operands(kernels):
+    """A call whose operands have the shapes and dtypes of an earlier one, but other strides,
+    other data or another `out`, gives the reference's bits for its own operands."""
+    kernel = kernels["f32"]
+    a, b = operands((2, 9, 20, 13), random_f32)
+    b_t = random_f32((2, 20, 13)).transpose(0, 2, 1)        # b's shape, other strides
+    a_new, b_new = operands((2, 9, 20, 13), random_f32)
+    a_64 = a.astype(np.float64)                              # a's shape and strides, f64
+    for x, y in [(a, b), (a, b_t), (a_new, b_new), (a_new[1], b_t), (a_64, b), (a, b)]:
+        want = bits(reference(np.ascontiguousarray(x, np.float32), np.ascontiguousarray(y)))
+        assert bits(kernel(x, y)) == want
+        out = np.full((2, 9, 20), np.nan, np.float32)
+        assert bits(kernel(x, y, out=out)) == want and bits(out) == want
+
+
+# ---------------------------------------------------------------- small and skinny products
+# A job reads B in place (tiles of mr rows) where its K block of B takes at most
+# Tiles.in_place_bytes, packs it past that, and runs one-row tiles at most mr rows: each side
+# of each switch gives the reference's bits and the always-packing kernel's.
+
+PROT_NONE = 0                  # (the mmap module names PROT_READ and PROT_WRITE only)
+PACKING = {dtype: Matmul(dtype, dataclasses.replace(HOST[dtype], in_place_bytes=0))
+           for dtype in ("f32", "f64")}
+
+
+def switch_shapes(dtype: str) -> list[tuple[int, int, int]]:
+    """(M, K, N) on both sides of the in-place bound (a K block of 512 rows × N columns), of
+    the K block, of the one-row tiles (M = mr), and with K and N 0, 1 and primes."""
+    t = HOST[dtype]
+    n_bound = t.in_place_bytes // (t.kc * SIZE[dtype])
+    return [(13, t.kc, n_bound), (13, t.kc, n_bound + 1), (7, t.kc + 1, 40), (t.mr, 37, 33),
+            (t.mr + 1, 37, 33), (1, 97, 2 * t.width + 1), (5, 0, 17), (7, 1, 31), (19, 13, 1),
+            (1, 1, 1), (64, 64, 64)]
+
+
+def switch_operands(dtype: str, m: int, k: int, n: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """a @ b as the backend passes them: contiguous, A transposed or strided, B a slice of a
+    wider array (rows contiguous, read in place), transposed, or of every other column."""
+    make = random_f32 if dtype == "f32" else short_f64
+    a, b = make((m, k)), make((k, n))
+    a_t, a_s = make((k, m)).T, make((m, 2 * k))[:, ::2]
+    b_wide, b_t, b_s = make((k, n + 3))[:, 2:n + 2], make((n, k)).T, make((k, 2 * n))[:, ::2]
+    return [(a, b), (a_t, b), (a_s, b_wide), (a, b_t), (a_t, b_s)]
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f64"])
+def test_each_side_of_each_switch_gives_the_packed_paths_bits(dtype):
+    kernel = Matmul(dtype)
+    for m, k, n in switch_shapes(dtype):
+        for a, b in switch_operands(dtype, m, k, n):
+            want = bits(reference(np.ascontiguousarray(a), np.ascontiguousarray(b))) if k else \
+                bits(np.full((m, n), -0.0, NUMPY[dtype]))
+            got = check_threads(kernel, a, b)
+            assert bits(got) == want, (m, k, n, a.strides, b.strides)
+            assert bits(PACKING[dtype](a, b)) == want, (m, k, n, a.strides, b.strides)
+
+
+def at_page_end(x: np.ndarray) -> np.ndarray:
+    """A copy of x (C order) whose last byte is followed by an unreadable page: a read past
+    its end is a crash, not a stray value."""
+    page = mmap.PAGESIZE
+    size = -(-max(x.nbytes, 1) // page) * page
+    region = mmap.mmap(-1, size + page)
+    start = ctypes.addressof(ctypes.c_char.from_buffer(region))
+    if ctypes.CDLL(None, use_errno=True).mprotect(ctypes.c_void_p(start + size),
+                                                  ctypes.c_size_t(page), PROT_NONE):
+        raise OSError(ctypes.get_errno(), "mprotect")
+    out = np.frombuffer(region, x.dtype, x.size, size - x.nbytes).reshape(x.shape)
+    out[...] = x
+    return out
+
+
+def read_at_page_end(case: tuple[str, int, int, int]) -> list:
+    """The shapes (and strides) of case's operands whose product, with A and B each ending at
+    an unreadable page, differs from the reference's on 1, 2 or 3 threads."""
+    dtype, m, k, n = case
+    wrong = []
+    for a, b in switch_operands(dtype, m, k, n):
+        want = bits(reference(np.ascontiguousarray(a), np.ascontiguousarray(b))) if k else \
+            bits(np.full((m, n), -0.0, NUMPY[dtype]))
+        a_end, b_end = at_page_end(np.ascontiguousarray(a)), at_page_end(np.ascontiguousarray(b))
+        for threads in (1, 2, 3):
+            if bits(Matmul(dtype)(a_end, b_end, threads=threads)) != want:
+                wrong.append((a.strides, b.strides, threads))
+    return wrong
+
+
+def test_no_path_reads_past_the_operands():
+    """Every edge width of the in-place and one-row tiles, B's last row ending at an
+    unreadable page (each case in a child process: a stray read is a crash there)."""
+    cases = [(dtype, m, k, n) for dtype in ("f32", "f64") for m in (1, 7)
+             for n in (1, HOST[dtype].width - 1, HOST[dtype].width + 1, 2 * HOST[dtype].width,
+                       HOST[dtype].nr + 3) for k in (1, 9)]
+    outcomes = {case: (outcome, value)
+                for case, outcome, value in isolated(read_at_page_end, cases, timeout=300)}
+    assert outcomes == {case: ("ok", []) for case in cases}

@@ -10,8 +10,10 @@ import pytest
 import dsl
 import runtime.cpu
 from backend.schedule import ContractStep, schedule
+from backend.step import ProductCall
 from ir.passes import for_backends
 from runtime.cpu import Executable
+from runtime.step import Native
 from test_rows import assert_same_bits, reference
 
 rng = np.random.default_rng(11)
@@ -115,7 +117,7 @@ def test_epilogues_give_the_bits_of_the_operations_done_one_by_one(name, shapes,
 
 
 def test_the_contraction_runs_the_epilogue_on_its_rows_where_its_jobs_cover_them(monkeypatch):
-    """N ≤ nc: no pass over C after the product; N > nc: one."""
+    """N ≤ nc: no pass over C after the product; N > nc: one (in the walk and the native step)."""
     after = []
     run = runtime.cpu._RunLaunch.run
     monkeypatch.setattr(runtime.cpu._RunLaunch, "run", lambda self, *a: (after.append(self), run(self, *a)))
@@ -123,8 +125,12 @@ def test_the_contraction_runs_the_epilogue_on_its_rows_where_its_jobs_cover_them
         fn, inputs = lowered("mlp", shapes)
         exe, want = Executable(fn), reference(fn, inputs)
         after.clear()
-        assert_same_bits(exe.run(inputs), want)
+        assert_same_bits(exe.walk(inputs), want)
         assert len(after) == passes
+        assert_same_bits(exe.run(inputs), want)
+        (product,) = [c for x in exe.native.items if isinstance(x, Native) for c in x.calls
+                      if isinstance(c, ProductCall)]
+        assert product.fused == (passes == 0)
 
 
 def test_the_epilogue_is_built_over_the_rows_of_c():

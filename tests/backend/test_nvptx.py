@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import dsl
-from backend import nvptx, schedule
+from backend import nvptx, schedule, tensorcore
 from backend.llvm import row_major
 from backend.loops import Instr, Load, LoopKernel, Reduce
 from dsl.inputs import example_inputs
@@ -20,7 +20,7 @@ from ir.ad import grad_function
 from ir.core import Builder, tensor_type
 from ir.numerics import CHUNK
 from ir.ops.index import ScatterAdd, Take
-from runtime.cuda import GpuKernels, gpu_kernels
+from runtime.cuda import GpuKernels, gpu_kernels, gpu_schedule, module_ptx
 from ir.ops.random import Bernoulli, KeySplit, Uniform
 from ir.ops.reduce import ArgMax, ArgMin
 from ir.ops.shape import Concat, SliceSpec, Split
@@ -63,15 +63,15 @@ ARCH_PTX = {"sm_80": "7.0", "sm_86": "7.1", "sm_89": "7.8", "sm_90": "7.8", "sm_
             "sm_120": "8.7"}
 
 
-def gpu_parts(fn, name) -> list[GpuKernels]:
+def gpu_parts(fn, name, numerics: str = "exact") -> list[GpuKernels]:
     """What the GPU runtime compiles for fn: its plan's kernels, contractions and gathers, and
     those of each scan and checkpoint body it holds."""
     fn = for_backends(fn)
-    plan = schedule.schedule(fn, name)
-    out = [gpu_kernels(plan, name)]
+    plan = gpu_schedule(fn, name, numerics)
+    out = [gpu_kernels(plan, name, numerics)]
     for i, step in enumerate(plan.steps):
         if isinstance(step, schedule.HostStep) and step.op.body is not None:
-            out += gpu_parts(step.op.body, f"{name}_b{i}")
+            out += gpu_parts(step.op.body, f"{name}_b{i}", numerics)
     return out
 
 
@@ -108,6 +108,26 @@ def test_every_kernel_assembles(name):
         text = nvptx.assemble(module, arch)
         assert f"\n.target {arch}\n" in text
         assert not re.search(r"\bcall(\.uni)?\s", text), "a call reached the PTX"
+        within_limits(text, nvptx.ptxas(text, arch), launches)
+
+
+@needs_ptxas
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_every_examples_training_step_in_fast_numerics_assembles(name):
+    """An example's loss and gradient as fast numerics compiles them: one module with the
+    tensor-core kernels of its products (and no exact contraction kernel for them), through
+    ptxas for each architecture of CI_ARCHES, every launch within the limits."""
+    prog, args = CASES[name]()
+    low, _ = prog.lower("loss", (), args)
+    grad = optimize(grad_function(low.function, [0]))
+    parts = gpu_parts(low.function, f"{name}_f", "fast") + gpu_parts(grad, f"{name}_g", "fast")
+    mmas = tuple(sorted({d for p in parts for d in p.mmas}))
+    assert mmas and not any(p.matmuls for p in parts)
+    gathers = tuple(sorted({g for p in parts for g in p.gather_kernels}, key=lambda g: (g[0].name, g[1])))
+    launches = [s for p in parts for s in p.launches.values()] + \
+        [tensorcore.launch(d, 1, 4096, 4096) for d in mmas]
+    for arch in CI_ARCHES:
+        text = module_ptx([k for p in parts for k in p.kernels], (), gathers, mmas, arch)
         within_limits(text, nvptx.ptxas(text, arch), launches)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fractions import Fraction
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -56,27 +57,57 @@ def test_max_ties_and_nan():
     assert np.isnan(REGISTRY["max"].evaluate(np.array([1.0, np.nan, 3.0], np.float32)))
 
 
-def test_fma_is_correctly_rounded():
-    a, b, c = (rng.standard_normal(3000).astype(np.float32) * np.float32(2.0) ** rng.integers(-20, 20, 3000)
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
+def test_fma_is_correctly_rounded(dtype):
+    a, b, c = ((rng.standard_normal(3000) * 2.0 ** rng.integers(-20, 20, 3000)).astype(dtype)
                for _ in range(3))
     got = numerics.fma(a, b, c)
+    assert got.dtype == dtype
     for x, y, z, r in zip(a, b, c, got):
         exact = Fraction(float(x)) * Fraction(float(y)) + Fraction(float(z))
         err = abs(Fraction(float(r)) - exact)
-        for neighbour in (np.nextafter(r, np.float32(np.inf)), np.nextafter(r, np.float32(-np.inf))):
+        for neighbour in (np.nextafter(r, dtype(np.inf)), np.nextafter(r, dtype(-np.inf))):
             assert err <= abs(Fraction(float(neighbour)) - exact)
 
 
-def test_matmul_accumulates_with_fma_in_k_order():
-    a = rng.standard_normal((4, 37)).astype(np.float32)
-    b = rng.standard_normal((37, 3)).astype(np.float32)
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
+def test_matmul_accumulates_with_fma_in_k_order(dtype):
+    a = rng.standard_normal((4, 37)).astype(dtype)
+    b = rng.standard_normal((37, 3)).astype(dtype)
     got = REGISTRY["matmul"].evaluate(a, b)
+    assert got.dtype == dtype
     for i in range(4):
         for j in range(3):
-            acc = np.float32(-0.0)
+            acc = dtype(-0.0)
             for k in range(37):
                 acc = numerics.fma(a[i, k:k + 1], b[k, j:j + 1], np.array([acc]))[0]
             assert got[i, j].tobytes() == acc.tobytes()
+
+
+BF16 = np.array([0.0, -0.0, 1.0, -1.5, 3.0, 1 / 3, 1 + 2 ** -7, 2 ** -133, -(2 ** 120), 3e38, np.inf,
+                 -np.inf, np.nan] + list(rng.standard_normal(40) * 2.0 ** rng.integers(-30, 30, 40)),
+                ml_dtypes.bfloat16)
+
+
+@pytest.mark.parametrize("name", ["add", "sub", "mul", "div"])
+def test_bf16_arithmetic_is_correctly_rounded(name):
+    """bf16 + - * / round the exact result once: the float64 result, exact or rounded to 53
+    bits, rounds to bf16's 8 as the exact one would (53 ≥ 2·8 + 2)."""
+    a, b = (g.ravel() for g in np.meshgrid(BF16, BF16))
+    with np.errstate(all="ignore"):
+        got = REGISTRY[name].evaluate(a=a, b=b)
+        want = getattr(np, {"sub": "subtract", "mul": "multiply", "div": "divide"}.get(name, name))(
+            a.astype(np.float64), b.astype(np.float64)).astype(ml_dtypes.bfloat16)
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    assert got[~np.isnan(want)].tobytes() == want[~np.isnan(want)].tobytes()
+
+
+def test_bf16_sum_follows_the_canonical_order():
+    x = (rng.standard_normal(5000) * 10.0 ** rng.integers(-3, 4, 5000)).astype(ml_dtypes.bfloat16)
+    got = REGISTRY["sum"].evaluate(x)
+    want = slow_reduce(list(x), lambda a, b: (a + b).astype(ml_dtypes.bfloat16), ml_dtypes.bfloat16(-0.0))
+    assert got.dtype == x.dtype and got.tobytes() == want.tobytes()
 
 
 def test_einsum_is_matmul_when_it_spells_one():

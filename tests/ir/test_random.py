@@ -130,8 +130,19 @@ def test_draws_are_deterministic_shaped_and_prefix_consistent(name: str, args: d
 def test_draws_reject_what_the_rules_reject() -> None:
     with pytest.raises(OpError):
         ev("uniform", k=key(0), shape=(3,), dtype="i32")
-    with pytest.raises(NotImplementedError):
-        ev("normal", k=key(0), shape=(3,), dtype="bf16")    # the NumPy reference has no bf16
+
+
+def test_bf16_draws_are_the_f32_draws_rounded() -> None:
+    """docs/random.md: bf16 computes as f32, then rounds to nearest even; uniform's rounding
+    up to high is clamped to the largest bf16 below it."""
+    k = key(3)
+    normal = ev("normal", k=k, shape=(1000,), dtype="bf16")
+    assert normal.dtype.name == "bfloat16"
+    assert normal.tobytes() == ev("normal", k=k, shape=(1000,)).astype(normal.dtype).tobytes()
+    u32, u = ev("uniform", k=k, shape=(1000,)), ev("uniform", k=k, shape=(1000,), dtype="bf16")
+    rounded = u32.astype(u.dtype)
+    assert (rounded == 1).any()                  # the clamp is exercised
+    np.testing.assert_array_equal(u, np.where(rounded == 1, 1 - 2.0 ** -8, rounded).astype(u.dtype))
 
 
 def within(stat: float, want: float, se: float, z: float = 5.0) -> bool:

@@ -46,12 +46,12 @@ class FakeDriver:
         self.fail_alloc_over: int | None = None
         self.never_done = False
 
-    def compile_ptx(self, kernels, matmuls, gathers, target):
-        self.pending = (list(kernels), matmuls, gathers)
+    def compile_ptx(self, kernels, matmuls, gathers, target, mmas=()):
+        self.pending = (list(kernels), matmuls, gathers, mmas)
         return "fake ptx"
 
     def load(self, ptx):
-        kernels, _, _ = self.pending
+        kernels, *_ = self.pending
         return {"compiled": Compiled(kernels) if kernels else None,
                 "kernels": {nvptx.launch(k).entry: k for k in kernels}}
 
@@ -680,6 +680,14 @@ def test_a_dlpack_cuda_tensor_reaches_the_kernel_in_place(fake):
     assert out.numpy().tolist() == (x * 2).tolist()
 
 
+def test_a_bfloat16_cuda_tensor_is_used_in_place_and_its_result_shared_as_bfloat16(fake):
+    prog = dsl.loads("def twice(x: bf16[N]) -> bf16[N]:\n  return x + x\n", device="cuda")
+    x = torch.tensor([1.5, -2.0, 3.0e38], dtype=torch.bfloat16)
+    out = prog.twice(OnGpu(x))
+    got = torch.from_dlpack(retag(out.__dlpack__(stream=1), (1, 0)))
+    assert got.dtype == torch.bfloat16 and torch.equal(got, x + x)     # 3e38 + 3e38 is inf in bf16
+
+
 @pytest.mark.parametrize("stream, waits", [(None, 0), (1, 0), (2, 1), (0x7f00, 1)])
 def test_a_cuda_array_interface_reaches_the_kernel_in_place(fake, stream, waits):
     prog = dsl.loads(SCALE, device="cuda")
@@ -717,8 +725,7 @@ def test_a_borrowed_tensor_is_given_back_when_dslc_is_done_with_it(fake):
     (OnGpu(torch.zeros(3, 2).T), "'x' is not contiguous (strides of [4, 8] bytes for shape [2, 3]), "
                                  "and dslc uses GPU tensors in place"),
     (Interface(np.zeros((3, 2), np.float32).T, strides=(4, 8)), "'x' is not contiguous"),
-    (OnGpu(torch.zeros(2, 3, dtype=torch.bfloat16)), "'x' must be an array of a dslc dtype "
-                                                     "(f32, f16, f64, i32, i64, u32, bool), got bfloat16"),
+    (OnGpu(torch.zeros(2, 3, dtype=torch.bfloat16)), "argument 'x' of 'scale': expected f32[N, M], got bf16[2, 3]"),
     (OnGpu(torch.zeros(2, 3, dtype=torch.int8)), "'x' must be an array of a dslc dtype"),
     (OnGpu(torch.zeros(2, 3, dtype=torch.float64)), "f64[2, 3]"),
 ])

@@ -1,0 +1,385 @@
+"""An executable's calls in few native calls (backend/step.py): its plan cut into segments of
+runs, products and scatters, with the steps that stay in Python between them (gathers, sorts,
+folds, random numbers: the host steps of docs/cpu.md). Each value is a base address in the
+frame plus an offset fixed by the plan (a view's by NumPy's strides, found once on stand-in
+arrays), so a call writes its arguments' and results' addresses and makes one call a segment."""
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from math import prod
+from typing import Callable
+
+import numpy as np
+
+from backend import scatter
+from backend.contract import ARGUMENTS, NUMPY, Matmul, aligned
+from backend.cpu import address, sync_words
+from backend.schedule import ContractStep, HostStep, KernelStep, ViewStep, nbytes
+from backend.step import (HEADER, TEAM_BOX, TEAM_RUN, Call, ProductCall, Ref, RunCall,
+                          ScatterCall, TakeCall, compile_segments)
+from backend.team import MAX_THREADS, team
+from ir.core import Value
+from ir.ops.base import np_dtype
+from ir.ops.index import ScatterAdd, Take
+from runtime import cpu
+from runtime.cpu import (Executable, _Arena, _copy, _made_once, empty_aligned,
+                         _RunLaunch, _View, product, threads)
+
+SegmentFn = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64)
+ARENA = HEADER                      # the frame word of the arena's (aligned) base
+
+
+@dataclass(frozen=True)
+class _Placed:
+    """A view step: a place in the frame, nothing to do."""
+    step: int
+
+
+@dataclass(frozen=True)
+class Native:
+    """A segment: the views Python reads that it makes (NumPy's, cheap), then its call."""
+    function: Callable | None
+    calls: tuple[Call, ...]
+    views: tuple[int, ...]          # steps
+    team: bool                      # whether any call in it may share work among threads
+    alone: int | None               # the step of a lone run, called as the walk calls it
+
+
+@dataclass(frozen=True)
+class InPython:
+    """A step run by Python as the step-by-step walk runs it; the bases it makes written to
+    the frame after it."""
+    step: int
+    bases: tuple[tuple[int, Value], ...]
+
+
+class NativeStep:
+    """How an executable runs: which steps are native and in which segment, the frame's words
+    and what fills them, and the values Python needs to see."""
+
+    def __init__(self, exe: Executable):
+        self.exe = exe
+        self.size = ARENA + 1
+        self.statics: list[tuple[int, Callable[[_Arena, _Frame], int]]] = [
+            (ARENA, lambda arena, frame: aligned(arena.memory))]
+        self.places: dict[Value, tuple[Ref, np.ndarray]] = {}   # with a stand-in array
+        self._runs: dict[RunCall, int] = {}                      # the step of each
+        self.params = [(self._base(p), p, np_dtype(p.dtype)) for p in exe.function.params]
+        # made each call before any segment: (word, value, bytes, dtype, shape)
+        self.fresh: list[tuple[int, Value, int, np.dtype, tuple[int, ...]]] = []
+        self.kept: list[tuple[int, Value, int, np.dtype, tuple[int, ...]]] = []   # made per frame
+        self.escaping = _escaping(exe)
+        # a result never shares memory with a value made once, nor is a strided view
+        self.results = [(v, v in exe.made or v in exe.views) for v in exe.function.results]
+        self.products: list[tuple[int, np.ndarray, Matmul, int]] = []   # (word, words, kernel, step)
+        for v, a in exe.made.items():
+            self.places[v] = (Ref(self._static(lambda arena, frame, a=a: address(a))), a)
+        for v, offset in exe.memory.offsets.items():
+            self.places[v] = (Ref(ARENA, offset), _stand_in(v))
+        items: list[InPython | list[Call | _Placed]] = [[]]
+        for i, step in enumerate(exe.plan.steps):
+            native = self._native(i, step)
+            if native is None:
+                items += [InPython(i, tuple((self._base(v), v) for v in _written(step)
+                                           if v not in self.places)), []]
+            else:
+                items[-1] += native
+        views = self._python_views(items)
+        self.items = self._segments(items, views)
+        self.bases = np.array([w for w, _, _ in self.params] + [w for w, *_ in self.fresh], np.intp)
+        self.places.clear()         # the stand-ins' memory back (their small pages are touched)
+        kept = {v for _, v, _, _, _ in self.kept}
+        self.needed = tuple(v for v in self._read_by_python()
+                            if v in exe.memory.offsets or v in exe.made or v in kept)
+
+    # -- building ----------------------------------------------------------------------------
+
+    def _word(self) -> int:
+        self.size += 1
+        return self.size - 1
+
+    def _static(self, fill: Callable[[_Arena, _Frame], int]) -> int:
+        word = self._word()
+        self.statics.append((word, fill))
+        return word
+
+    def _base(self, v: Value) -> int:
+        """A word for a value made each call, its own base."""
+        word = self._word()
+        self.places[v] = (Ref(word), _stand_in(v))
+        return word
+
+    def _ref(self, v: Value) -> Ref:
+        return self.places[v][0]
+
+    def _native(self, i: int, step) -> list[Call | _Placed] | None:
+        """Step i as native calls (none for a kernel its run calls, a value made once, or a
+        view: a place, no work), or None where Python runs it."""
+        launch = self.exe.launches[i]
+        if isinstance(step, KernelStep):
+            return [self._run(launch, i)] if isinstance(launch, _RunLaunch) else []
+        if isinstance(step, ViewStep):
+            return [_Placed(i)] if self._view(launch) else None
+        if isinstance(step, ContractStep):
+            call = self._product(i, step, launch)
+        elif _made_once(step):
+            return []
+        else:
+            call = self._scatter(step.op) or self._take(step.op)
+        return None if call is None else [call]
+
+    def _fresh(self, values) -> None:
+        """Places for what native calls write outside the arena: made each call where the
+        caller may see it, else once for the frame."""
+        for v in values:
+            if v not in self.places:
+                made = self.fresh if v in self.escaping else self.kept
+                made.append((self._base(v), v, nbytes(v), np_dtype(v.dtype), tuple(v.shape)))
+
+    def _run(self, launch: _RunLaunch, i: int) -> RunCall:
+        self._fresh(launch.fresh)
+        call = RunCall(self._static(lambda arena, frame: launch.address),
+                       self._static(lambda arena, frame: arena.pointers[i].address),
+                       self._static(lambda arena, frame: arena.pointers[i].words.ctypes.data),
+                       sync_words(launch.kernels),
+                       tuple((slot, self._ref(v)) for slot, v in launch.patches),
+                       launch.work >= cpu.MIN_RUN_WORK)          # (read now: tests lower it)
+        self._runs[call] = i
+        return call
+
+    def _view(self, view: _View) -> bool:
+        """Whether NumPy's view of the source's stand-in is a view (it is placed) or a copy."""
+        ref, source = self.places[view.source]
+        made = view.evaluate(source)
+        if made.size and not np.may_share_memory(made, source):
+            return False
+        self.places[view.value] = (Ref(ref.word, ref.offset + _pointer(made) - _pointer(source)), made)
+        return True
+
+    def _product(self, i: int, step: ContractStep, launch) -> ProductCall | None:
+        (out,) = step.op.outputs
+        if any(v not in self.places for v in step.op.inputs):
+            return None
+        (a_ref, a), (b_ref, b) = (self.places[v] for v in step.op.inputs)
+        c = self.places[out][1] if out in self.places else _stand_in(out)
+        kernel, a2, b2, parts = product(a, b, c, MAX_THREADS)
+        a3, b3, c3, _ = kernel.operands(a2, b2, c)
+        if not all(x.size == 0 or np.may_share_memory(x, y) for x, y in ((a3, a), (b3, b), (c3, c))):
+            return None                        # a copy made per call: the walk's business
+        self._fresh([out])
+        c_ref = self._ref(out)
+        refs = tuple(Ref(r.word, r.offset + _pointer(x) - _pointer(y))
+                     for r, x, y in ((a_ref, a3, a), (b_ref, b3, b), (c_ref, c3, c)))
+        epilogue = None
+        fused = launch.epilogue is not None and kernel.fuses(b2.shape[-1])
+        if launch.epilogue is not None:
+            epilogue = self._run(launch.epilogue, i)
+        words = np.zeros(ARGUMENTS, np.int64)
+        words[3:ARGUMENTS - 4] = kernel.arguments(a3, b3, c3)[3:]
+        if fused:
+            words[ARGUMENTS - 2] = launch.kernel
+        block = self._word()
+        self.products.append((block, words, kernel, i if fused else -1))
+        return ProductCall(self._static(lambda arena, frame: kernel.task), block, refs, parts,
+                           epilogue, fused)
+
+    def _scatter(self, op) -> ScatterCall | None:
+        if not isinstance(op.primitive, ScatterAdd):
+            return None
+        x, indices, updates = op.inputs
+        (out,) = op.outputs
+        if out.dtype not in scatter.FLOATS \
+                or indices.dtype not in scatter.INDICES or {x.dtype, updates.dtype} != {out.dtype} \
+                or not x.shape or any(v not in self.places or not self.places[v][1].flags.c_contiguous
+                                      for v in op.inputs):
+            return None
+        self._fresh([out])
+        fn = ctypes.cast(scatter._function(out.dtype, indices.dtype)[1], ctypes.c_void_p).value
+        axis = op.attrs.get("axis", 0) % len(x.shape)
+        outer, size, inner = scatter.around(x.shape, axis)
+        return ScatterCall(self._static(lambda arena, frame: fn),
+                           tuple(self._ref(v) for v in (out, x, indices, updates)),
+                           (outer, prod(indices.shape), size, inner))
+
+    def _take(self, op) -> TakeCall | None:
+        if not isinstance(op.primitive, Take):
+            return None
+        x, indices = op.inputs
+        (out,) = op.outputs
+        if indices.dtype not in scatter.INDICES or not x.shape or any(
+                v not in self.places or not self.places[v][1].flags.c_contiguous for v in op.inputs):
+            return None
+        self._fresh([out])
+        axis = op.attrs.get("axis", 0) % len(x.shape)
+        outer, size, inner = scatter.around(x.shape, axis)
+        fn = scatter.take_function(indices.dtype)
+        return TakeCall(self._static(lambda arena, frame: fn),
+                        tuple(self._ref(v) for v in (out, x, indices)),
+                        (outer, prod(indices.shape), size, inner * np_dtype(x.dtype).itemsize,
+                         int(op.attrs.get("from_end", True))))
+
+    def _python_views(self, items: list) -> set[int]:
+        """The placed views that Python reads (a host step's inputs, the results), which it
+        makes too, NumPy's way."""
+        steps = self.exe.plan.steps
+        read = set(self.exe.function.results)
+        read.update(v for x in items if isinstance(x, InPython) for v in steps[x.step].op.inputs)
+        views = set()
+        for x in reversed([c for x in items if not isinstance(x, InPython) for c in x]):
+            if isinstance(x, _Placed) and steps[x.step].op.outputs[0] in read:
+                views.add(x.step)
+                read.update(steps[x.step].op.inputs)
+        return views
+
+    def _read_by_python(self) -> set[Value]:
+        """The values Python reads or writes: the steps it runs, the views it makes, the lone
+        runs it calls, and the results."""
+        exe = self.exe
+        steps = exe.plan.steps
+        python = [x.step for x in self.items if isinstance(x, InPython)]
+        views = [i for x in self.items if isinstance(x, Native) for i in x.views]
+        alone = [x.alone for x in self.items if isinstance(x, Native) and x.alone is not None]
+        return ({v for i in python + views for v in steps[i].op.inputs}
+                | {v for i in python for v in _written(steps[i])}
+                | {v for i in alone for _, v in exe.launches[i].patches} | set(exe.function.results))
+
+    def _segments(self, items: list, views: set[int]) -> list[Native | InPython]:
+        """The native calls between Python steps compiled, one function each, with the views
+        Python makes before each."""
+        native = [c for x in items if not isinstance(x, InPython)
+                  if len(c := tuple(c for c in x if not isinstance(c, _Placed))) > 1
+                  or c and not isinstance(c[0], RunCall)]
+        self.engine, addresses = compile_segments(native) if native else (None, [])
+        functions = dict(zip(native, map(SegmentFn, addresses)))
+        made: list[Native | InPython] = []
+        for x in items:
+            if isinstance(x, InPython):
+                made.append(x)
+                continue
+            calls = tuple(c for c in x if not isinstance(c, _Placed))
+            made.append(Native(functions.get(calls), calls,
+                               tuple(c.step for c in x if isinstance(c, _Placed) and c.step in views),
+                               any(_shares(c) for c in calls),
+                               self._runs[calls[0]] if calls and calls not in functions else None))
+        return [x for x in made if isinstance(x, InPython) or x.calls or x.views]
+
+    # -- calling -----------------------------------------------------------------------------
+
+    def run(self, arena: _Arena, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        exe = self.exe
+        frame = arena.frame if arena.frame is not None else self._frame(arena)
+        words = frame.words
+        n = threads()
+        if n > frame.threads:
+            frame.scratch(n)
+        env = dict(frame.seen)
+        bases = []                              # written to the frame at once
+        for (_, p, dtype), a in zip(self.params, arrays):
+            env[p] = a = np.asarray(a, dtype, order="C")        # (runtime/cpu.py's _buffer)
+            bases.append(address(a))
+        for _, v, size, dtype, shape in self.fresh:
+            env[v], base = empty_aligned(size, dtype, shape)
+            bases.append(base)
+        words[self.bases] = bases
+        for item in self.items:
+            if isinstance(item, InPython):
+                exe.step(item.step, env, arena, n)
+                for word, v in item.bases:
+                    words[word] = address(env[v])
+                continue
+            for i in item.views:
+                exe.launches[i](env, None, n)
+            if item.alone is not None:          # (a module for one call would not pay)
+                exe.launches[item.alone].patch(env, arena.pointers[item.alone])
+                exe.launches[item.alone].run(arena.pointers[item.alone], n)
+                continue
+            if item.function is None:
+                continue
+            held = team().hold(n) if item.team else 1
+            try:
+                failed = item.function(frame.address, held)
+            finally:
+                if held > 1:
+                    team().release()
+            if failed:                  # an index out of range: the walk finds and reports it
+                return exe.walk(arrays)
+        return [_copy(env[v], v) if copied else env[v] for v, copied in self.results]
+
+    def _frame(self, arena: _Arena) -> _Frame:
+        frame = arena.frame = _Frame(self.size, self.products)
+        words = frame.words
+        if any(isinstance(x, Native) and x.team for x in self.items):    # (made on first use)
+            words[TEAM_RUN], words[TEAM_BOX] = team().run_address, team().address
+        for word, fill in self.statics:
+            words[word] = fill(arena, frame)
+        for (word, _, _, step), block in zip(self.products, frame.blocks):
+            words[word] = address(block)
+            if step >= 0:                       # the fused epilogue's table
+                block[ARGUMENTS - 1] = arena.pointers[step].address
+        frame.scratch(threads())
+        for word, v, size, dtype, shape in self.kept:
+            frame.kept[v], words[word] = empty_aligned(size, dtype, shape)
+        everything = {**arena.views, **self.exe.made, **frame.kept}
+        frame.seen = {v: everything[v] for v in self.needed}
+        return frame
+
+
+class _Frame:
+    """One arena's frame: its words, the products' argument blocks, and their scratch."""
+
+    def __init__(self, size: int, products: list[tuple[int, np.ndarray, Matmul, int]]):
+        self.words = np.zeros(size, np.int64)
+        self.address = address(self.words)
+        self.blocks = []
+        for _, words, _, _ in products:
+            block = np.zeros(ARGUMENTS + 8, np.int64)      # the job counter in the last line
+            block[:ARGUMENTS] = words
+            block[ARGUMENTS - 3] = address(block) + 8 * ARGUMENTS
+            self.blocks.append(block)
+        self.kernels = [kernel for _, _, kernel, _ in products]
+        self.threads = 0
+        self._scratch: dict[str, np.ndarray] = {}
+        self.kept: dict[Value, np.ndarray] = {}    # what native calls write that no caller sees
+        self.seen: dict[Value, np.ndarray] = {}    # the arena's, made and kept values Python reads
+
+    def scratch(self, threads: int) -> None:
+        """Each product's scratch for `threads` threads (the products run one at a time)."""
+        self.threads = threads
+        for kernel, block in zip(self.kernels, self.blocks):
+            have = self._scratch.get(kernel.dtype)
+            if have is None or have.size < threads * kernel.tiles.scratch_elements + 64:
+                have = self._scratch[kernel.dtype] = np.empty(
+                    threads * kernel.tiles.scratch_elements + 64, NUMPY[kernel.dtype])
+            block[ARGUMENTS - 4] = aligned(have)
+
+
+def _escaping(exe: Executable) -> set[Value]:
+    """The results, and what they may be views of: a host step's outputs may be views of its
+    inputs, a view step's are (as backend/schedule.py's plan_memory reckons)."""
+    escaping = set(exe.function.results)
+    for step in reversed(exe.plan.steps):
+        if isinstance(step, (HostStep, ViewStep)) and escaping.intersection(step.op.outputs):
+            escaping.update(step.op.inputs)
+    return escaping
+
+
+def _written(step) -> tuple[Value, ...]:
+    if isinstance(step, ContractStep) and step.epilogue:
+        return step.op.outputs + step.epilogue.writes
+    return step.op.outputs
+
+
+def _shares(call: Call) -> bool:
+    return (isinstance(call, RunCall) and call.shared or isinstance(call, ProductCall)
+            and (call.parts > 1 or call.epilogue is not None and call.epilogue.shared))
+
+
+def _stand_in(v: Value) -> np.ndarray:
+    """A contiguous array of v's shape and dtype whose contents are never read (np.zeros'
+    pages are not touched until written), for finding a view's offset and strides."""
+    return np.zeros(v.shape, np_dtype(v.dtype))
+
+
+def _pointer(a: np.ndarray) -> int:
+    return a.__array_interface__["data"][0]

@@ -1,0 +1,170 @@
+"""The native step (runtime/step.py, backend/step.py): a plan's runs, products and scatters
+between two host steps are one native call, with the bits of the step-by-step walk and of the
+interpreter, at degenerate sizes and on any number of threads; and the fast path of calls
+(dsl/fastcall.py) reuses a lowering only for arguments of the same signature."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import dsl
+from backend.step import ScatterCall, TakeCall
+from conftest import isolated, raises
+from runtime import cpu
+from runtime.cpu import Executable
+from runtime.step import Native
+from test_rows import reference
+
+EXAMPLES = Path(__file__).parent.parent.parent / "examples"
+
+SOURCE = """
+from nn import softmax
+def mlp(x: f32[B, D], W: f32[D, H], b: f32[H], V2: f32[H, N]) -> f32[B, N]:
+  return tanh(x @ W + b) @ V2
+
+def attention(q: f32[B, T, D], k: f32[B, T, D]) -> (f32[B, T, T], f32[D, T]):
+  return softmax(q @ transpose(k, [0, 2, 1]), axis=-1), transpose(k[0], [1, 0])
+
+def row(x: f32[A, D], W: f32[D, H]) -> (f32[H], f32[D]):
+  return x[2] @ W, x[1]
+
+def embedded(C: f32[V, E]) -> f32:
+  return sum(tanh(C) * C)
+
+def embedding_grad(C: f32[V, E], x: i32[B, T]) -> (f32, f32[V, E]):
+  l, g = value_and_grad(lookup, wrt=C)(C, x)
+  return l, g
+
+def lookup(C, x):
+  return sum(tanh(C[x]))
+
+def scattered(x: f32[V, E], i: i32[B], u: f32[B, E]) -> f32[V, E]:
+  return scatter_add(x * 2.0, i, u)
+"""
+PROGRAM = dsl.loads(SOURCE, device="cpu")
+rng = np.random.default_rng(5)
+
+
+def floats(*shape: int) -> np.ndarray:
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def indices(high: int, *shape: int) -> np.ndarray:
+    return rng.integers(0, max(high, 1), shape).astype(np.int32)
+
+
+# (entry, its arguments at sizes 0, 1 and primes)
+CASES = [("mlp", lambda n: [floats(n, 7), floats(7, 13), floats(13), floats(13, n)]),
+         ("mlp", lambda n: [floats(3, n), floats(n, 5), floats(5), floats(5, 2)]),
+         ("attention", lambda n: [floats(2, n, 5), floats(2, n, 5)]),
+         ("row", lambda n: [floats(3, n), floats(n, 5)]),
+         ("embedding_grad", lambda n: [floats(11, 3), indices(11, n, 2)]),
+         ("scattered", lambda n: [floats(7, n), indices(7, 5), floats(5, n)])]
+
+
+def lowered(name: str, args: list[np.ndarray]):
+    low, inputs = PROGRAM.lower(name, tuple(args), {})
+    return low.function, inputs.arrays
+
+
+def three_ways(case: tuple[str, int, int]) -> list[str]:
+    """In a child: where the native step's results' bytes differ from the walk's and the
+    interpreter's (its math functions the compiled ones: tests/backend/test_rows.py), every
+    run shared by the threads and cut as finely as it goes."""
+    (name, make), n, threads = CASES[case[0]], case[1], case[2]
+    os.environ["DSLC_THREADS"] = str(threads)
+    cpu.MIN_RUN_WORK, cpu.MIN_CHUNK_WORK, cpu.MIN_MULTIPLY_ADDS_PER_THREAD = 0, 1, 1
+    fn, arrays = lowered(name, make(n))
+    exe = Executable(fn)
+    native, walked, wanted = exe.run(arrays), exe.walk(arrays), reference(fn, arrays)
+    return [f"result {i}: {how}" for i, (a, b, c) in enumerate(zip(native, walked, wanted))
+            for how, other in (("walk", b), ("interpreter", c))
+            if a.shape != other.shape or a.dtype != other.dtype or a.tobytes() != other.tobytes()]
+
+
+def test_the_native_step_has_the_bits_of_the_walk_and_the_interpreter():
+    cases = [(c, n, t) for c in range(len(CASES)) for n in (0, 1, 7, 13) for t in (1, 2, 3)]
+    outcomes = {case: (how, value) for case, how, value in isolated(three_ways, cases, 300, jobs=2)}
+    assert {case: o for case, o in outcomes.items() if o != ("ok", [])} == {}
+    assert len(outcomes) == len(cases)
+
+
+def segments(exe: Executable) -> list[str]:
+    """The plan's items: the native calls of each segment, and the steps Python runs."""
+    return [" ".join(type(c).__name__ for c in x.calls) if isinstance(x, Native) else
+            exe.plan.steps[x.step].op.primitive.name for x in exe.native.items]
+
+
+def test_a_step_without_host_steps_is_one_native_call():
+    fn, _ = lowered("mlp", [floats(4, 7), floats(7, 13), floats(13), floats(13, 4)])
+    exe = Executable(fn)
+    assert segments(exe) == ["ProductCall ProductCall"]
+    assert exe.native.items[0].function is not None
+
+
+def test_a_names_mlp_step_is_one_native_call():
+    prog = dsl.load(str(EXAMPLES / "names_mlp.bend"), device="cpu")
+    B, T, E, H, V = 32, 3, 10, 200, 27
+    p = {"C": floats(V, E), "W1": floats(T * E, H), "b1": floats(H), "W2": floats(H, V),
+         "b2": floats(V)}
+    s = (np.zeros((), np.int32), {k: np.zeros_like(v) for k, v in p.items()},
+         {k: np.zeros_like(v) for k, v in p.items()})
+    low, _ = prog.lower("step", (p, s, indices(V, B, T), indices(V, B), np.float32(0.01)), {})
+    exe = prog.executable(low.function)
+    assert segments(exe) == ["TakeCall ProductCall ProductCall RunCall TakeCall RunCall ProductCall "
+                             "ProductCall RunCall ProductCall ProductCall ScatterCall RunCall"]
+    assert exe.native.items[0].function is not None
+
+
+@pytest.mark.parametrize("entry, args, call", [
+    ("scattered", (floats(7, 3), np.array([1, 99, 2], np.int32), floats(3, 3)), ScatterCall),
+    ("embedding_grad", (floats(7, 3), np.array([[1, 2], [99, 0]], np.int32)), TakeCall)])
+def test_an_index_out_of_range_in_a_native_call_is_reported_as_the_walk_reports_it(entry, args, call):
+    fn, _ = lowered(entry, list(args))
+    assert any(isinstance(c, call) for x in Executable(fn).native.items
+               if isinstance(x, Native) for c in x.calls)
+    raises(lambda: getattr(PROGRAM, entry)(*args), "index 99 is out of bounds for axis 0 with size 7")
+
+
+def test_a_second_call_of_the_same_signature_is_not_lowered_again(monkeypatch):
+    prog = dsl.loads(SOURCE, device="cpu")
+    lowerings = []
+    lower = prog.lower
+    monkeypatch.setattr(prog, "lower", lambda *a: lowerings.append(a[0]) or lower(*a))
+    x, W, b, V2 = floats(4, 7), floats(7, 13), floats(13), floats(13, 4)
+    first = prog.mlp(x, W, b, V2)
+    second = prog.mlp(x + 1, W, b, V2)
+    assert lowerings == ["mlp"]
+    assert second.tobytes() == PROGRAM.mlp(x + 1, W, b, V2).tobytes() != first.tobytes()
+    prog.mlp(floats(5, 7), W, b, V2)                # a new shape
+    assert lowerings == ["mlp"] * 2
+
+
+def test_a_wrong_input_after_a_fast_call_gets_the_full_paths_diagnostic():
+    prog = dsl.loads(SOURCE, device="cpu")
+    C = floats(5, 3)
+    prog.embedded(C)
+    raises(lambda: prog.embedded(C[0]), "'C'")
+    raises(lambda: prog.embedded([C]), "'C'")
+    raises(lambda: prog.embedded(C.astype(np.float64)), "expected f32[V, E], got f64[5, 3]")
+
+
+def test_an_array_passed_twice_then_two_arrays_are_not_mixed_up():
+    prog = dsl.loads(SOURCE, device="cpu")
+    q = floats(2, 3, 5)
+    prog.attention(q, q)
+    k = floats(2, 3, 5)
+    got = prog.attention(q, k)
+    want = PROGRAM.attention(q, k)
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(got, want))
+
+
+def test_python_numbers_are_part_of_the_signature():
+    prog = dsl.loads("def f(x: f32[N], s: f32) -> f32[N]:\n  return x * s\n", device="cpu")
+    x = floats(4)
+    assert prog.f(x, 2.0).tobytes() == (x * 2).tobytes()
+    assert prog.f(x, 3.0).tobytes() == (x * 3).tobytes()
+    assert prog.f(x, -0.0).tobytes() == (x * -0.0).tobytes()
