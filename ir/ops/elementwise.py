@@ -635,16 +635,22 @@ class Div(Binary):
                 b.emit("div", b.emit("mul", b.emit("neg", ct), lhs), b.emit("mul", rhs, rhs)))
 
 
-_FLOAT_DIVMOD = "float // and % (NumPy's rules, from fmod) are evaluated by NumPy"
+class IntegerDivision(Binary):
+    """// or %: a kernel for integers; for floats, NumPy's rules (from fmod) on the host."""
+    compiled = INT_DTYPES
+    host = "float // and % (NumPy's rules, from fmod) are evaluated by NumPy"
+
+    def mlir(self, w: Any, op: Any) -> list[str]:
+        if op.outputs[0].dtype not in INT_DTYPES:
+            return Primitive.mlir(self, w, op)             # (not expressible)
+        return super().mlir(w, op)
 
 
 @primitive
-class Mod(Binary):
+class Mod(IntegerDivision):
     """a % b with Python's sign rule (the result takes b's sign)."""
     name, symbol = "mod", "%"
     reference = staticmethod(np.mod)
-    compiled = INT_DTYPES
-    host = _FLOAT_DIVMOD
 
     def scalar(self, e: Any, args: list, dtypes: list[str], dtype: str, attrs: dict) -> Any:
         return _floor_divmod(e, *args, dtype)[1]
@@ -654,13 +660,11 @@ class Mod(Binary):
 
 
 @primitive
-class FloorDiv(Binary):
+class FloorDiv(IntegerDivision):
     """a // b, rounding toward minus infinity as in Python."""
     name, symbol = "floordiv", "//"
     reference = staticmethod(np.floor_divide)
     differentiable = False
-    compiled = INT_DTYPES
-    host = _FLOAT_DIVMOD
 
     def scalar(self, e: Any, args: list, dtypes: list[str], dtype: str, attrs: dict) -> Any:
         return _floor_divmod(e, *args, dtype)[0]
