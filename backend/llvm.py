@@ -76,6 +76,14 @@ class Emitter:
     def div(self, x: ir.Value, y: ir.Value) -> ir.Value:
         return self.b.fdiv(x, y)
 
+    def quotient(self, x: ir.Value, y: ir.Value, dtype: str) -> ir.Value:
+        """x / y of integers rounded toward zero; y is never 0, nor -1 with x the least value."""
+        return self.b.udiv(x, y) if dtype == "u32" else self.b.sdiv(x, y)
+
+    def remainder(self, x: ir.Value, y: ir.Value, dtype: str) -> ir.Value:
+        """x - y * quotient(x, y): the sign of x; y as for quotient."""
+        return self.b.urem(x, y) if dtype == "u32" else self.b.srem(x, y)
+
     def neg(self, x: ir.Value) -> ir.Value:
         return self.b.fneg(x) if _is_float(x) else self.b.neg(x)
 
@@ -140,10 +148,23 @@ class Emitter:
             return b.fpext(x, to) if _bits(dst) > _bits(src) else b.fptrunc(x, to)
         if dst in FLOATS:
             return b.uitofp(x, to) if src == "u32" else b.sitofp(x, to)
+        if src in FLOATS:                                 # to i32 or i64
+            return self.truncated(self.cast(x, src, "f32"), "f32", dst) if src == "f16" else \
+                self.truncated(x, src, dst)
         if _bits(dst) > _bits(src):
             return b.zext(x, to) if src == "u32" else b.sext(x, to)
         return b.trunc(x, to) if _bits(dst) < _bits(src) else x
 
+
+    def truncated(self, x: ir.Value, src: str, dst: str) -> ir.Value:
+        """An f32 or f64 rounded toward zero to i32 or i64; NaN and values out of range give
+        the least value, as x86's conversion does (LLVM's leaves them undefined)."""
+        b, bits = self.b, _bits(dst)
+        inside = b.and_(b.fcmp_ordered(">=", x, self.const(-2.0 ** (bits - 1), src, x)),
+                        b.fcmp_ordered("<", x, self.const(2.0 ** (bits - 1), src, x)))
+        to = ir.VectorType(SCALAR[dst], x.type.count) if isinstance(x.type, ir.VectorType) else SCALAR[dst]
+        whole = b.fptosi(b.select(inside, x, self.const(0.0, src, x)), to)
+        return b.select(inside, whole, self.const(-2 ** (bits - 1), dst, x))
 
     def to_f32_rounded_to_odd(self, x: ir.Value) -> ir.Value:
         """A double as a float rounded to odd (toward zero, the last bit set where inexact):

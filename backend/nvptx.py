@@ -23,6 +23,14 @@ Every kernel computes exactly the bits the CPU backend computes (docs/numerics.m
   map does, with the indices prepared on the host: take copies out[o, p, j] = x[o, rows[p], j];
   scatter_add starts out[o, r, j] from x[o, r, j] and adds the slices of row r in index order,
   one rounding each (np.add.at's order, the CPU's backend/scatter.py), without atomics.
+- A concatenation is one launch of the concat kernel per input, a thread per element of the
+  input, each copying its element to its place in the result; a split of a tensor likewise
+  copies each result from its place.
+- The extreme kernels (argmax, argmin) give each thread one result, which walks its line of
+  the axis in order, keeping the first extreme (the first NaN, as NumPy).
+- The draw kernels (uniform, bernoulli, and split's keys) give each thread one element, which
+  computes the Philox block its words are in and the element from them (docs/random.md): the
+  reference's bits, with no fma (NVPTX fuses no multiply and add unless asked to).
 
 The math library is the CPU's (backend/mathlib.py): no call LLVM cannot select on NVPTX is
 emitted (ARCHITECTURE.md). Static shared memory stays under 48 KiB, blocks at 256 threads.
@@ -46,6 +54,10 @@ from backend.llvm import I8, I32, I64, SCALAR, Emitter, evaluate_body, memory_ty
 from backend.loops import IDENTITY, Instr, LoopKernel
 from ir.ops.base import Primitive
 from ir.ops.index import Take
+from ir import philox
+from ir.ops.random import Bernoulli, KeySplit
+from ir.ops.reduce import ArgMax, ArgReduction
+from ir.ops.shape import Concat, Split
 from ir.numerics import CHUNK, LANES
 
 TRIPLE = "nvptx64-nvidia-cuda"
@@ -741,7 +753,7 @@ def _matmul_entry(module: ir.Module, dtype: str, annotations, t: MatmulTiles, ta
 
 
 # ---------------------------------------------------------------------------------------------
-# The gather kernels: take and scatter_add
+# The gather kernels: take and scatter_add (and concat's and split's, which copy slabs)
 
 
 def gather_entry(prim: Primitive, dtype: str) -> str:
@@ -749,7 +761,8 @@ def gather_entry(prim: Primitive, dtype: str) -> str:
 
 
 def gather_launch(prim: Primitive, dtype: str, n: int) -> Launch:
-    """The gather kernel and launch shape for a result of n elements: a thread per element."""
+    """The gather kernel and launch shape for n elements (of the result; of one input for
+    concat): a thread per element."""
     return Launch(gather_entry(prim, dtype), n, BLOCK, _grid(n, BLOCK))
 
 
@@ -797,6 +810,175 @@ def _gather_entry(module: ir.Module, prim: Primitive, dtype: str, annotations, t
     b.ret_void()
 
 
+def _slab_entry(module: ir.Module, prim: Primitive, dtype: str, annotations, target: Target) -> None:
+    """A slab [outer, n, inner] copied to (concat) or from (split) its place along the middle
+    axis of a whole [outer, size, inner], a thread per element of the slab:
+
+    void dslc_concat_T(const T *x, T *out, i64 outer, i64 n, i64 size, i64 inner, i64 start):
+        out[o, start + p, j] = x[o, p, j]        (x an input, out the result)
+    void dslc_split_T(const T *x, T *out, i64 outer, i64 n, i64 size, i64 inner, i64 start):
+        out[o, p, j] = x[o, start + p, j]        (x the input, out a result)
+
+    Launched by gather_launch for the slab's elements, once per slab with its start."""
+    data = memory_type(dtype).as_pointer()
+    fn = _entry(module, gather_entry(prim, dtype), [data, data] + [I64] * 5, annotations, BLOCK)
+    x, out, outer, n, size, inner, start = fn.args
+    g = _Builder(fn, I64, target)
+    b = g.b
+
+    def element(e: ir.Value) -> None:
+        j, rest = b.urem(e, inner), b.udiv(e, inner)
+        p, o = b.urem(rest, n), b.udiv(rest, n)
+        placed = b.add(b.mul(b.add(b.mul(o, size), b.add(start, p)), inner), j)
+        source, target_ = (e, placed) if isinstance(prim, Concat) else (placed, e)
+        value = b.load(b.gep(x, [source], inbounds=True), align=_bytes(dtype))
+        b.store(value, b.gep(out, [target_], inbounds=True), align=_bytes(dtype))
+
+    g.each_element(b.mul(outer, b.mul(n, inner)), element)
+    b.ret_void()
+
+
+def _extreme_entry(module: ir.Module, prim: Primitive, dtype: str, annotations, target: Target) -> None:
+    """With x [outer, n, inner] (n ≥ 1), a thread per result:
+
+    void dslc_argmax_T(const T *x, i32 *out, i64 outer, i64 n, i64 inner):
+        out[o, j] = the first p of the largest x[o, p, j], or of the first NaN   (argmin: smallest)
+
+    Launched by gather_launch for the outer × inner results."""
+    t = memory_type(dtype)
+    fn = _entry(module, gather_entry(prim, dtype), [t.as_pointer(), I32.as_pointer()] + [I64] * 3,
+                annotations, BLOCK)
+    x, out, outer, n, inner = fn.args
+    g = _Builder(fn, I64, target)
+    b = g.b
+    order = ">" if isinstance(prim, ArgMax) else "<"
+    best, where = g.slot(t), g.slot(I64)
+
+    def better(v: ir.Value, than: ir.Value) -> ir.Value:
+        if dtype not in ("f32", "f64", "f16"):
+            return (b.icmp_signed if dtype in ("i32", "i64") else b.icmp_unsigned)(order, v, than)
+        nan = lambda a: b.fcmp_unordered("uno", a, a)
+        return b.and_(b.not_(nan(than)), b.or_(nan(v), b.fcmp_ordered(order, v, than)))
+
+    def result(e: ir.Value) -> None:
+        j, o = b.urem(e, inner), b.udiv(e, inner)
+        at = lambda p: b.load(b.gep(x, [b.add(b.mul(b.add(b.mul(o, n), p), inner), j)], inbounds=True),
+                              align=_bytes(dtype))
+        b.store(at(g.c(0)), best)
+        b.store(g.c(0), where)
+
+        def step(p: ir.Value) -> None:
+            v = at(p)
+            wins = better(v, b.load(best))
+            b.store(b.select(wins, v, b.load(best)), best)
+            b.store(b.select(wins, p, b.load(where)), where)
+
+        g.loop(g.c(1), n, g.c(1), step, "along")
+        b.store(b.trunc(b.load(where), I32), b.gep(out, [e], inbounds=True), align=4)
+
+    g.each_element(b.mul(outer, inner), result)
+    b.ret_void()
+
+
+# ---------------------------------------------------------------------------------------------
+# The draw kernels: uniform and bernoulli, and split's keys (docs/random.md)
+
+
+def _philox(b: ir.IRBuilder, index: ir.Value, key: ir.Value, domain: int = philox.DRAW) -> list[ir.Value]:
+    """The four words of the Philox 4x32-10 block for counter index + 2**96 * domain under
+    key[0], key[1] (ir/philox.py's block)."""
+    word = lambda v: ir.Constant(I32, v)
+    k0, k1 = (b.load(b.gep(key, [ir.Constant(I64, i)], inbounds=True), align=4) for i in (0, 1))
+    c = [b.trunc(index, I32), b.trunc(b.lshr(index, ir.Constant(I64, 32)), I32), word(0), word(domain)]
+
+    def mulhilo(m: int, x: ir.Value) -> tuple[ir.Value, ir.Value]:
+        product = b.mul(ir.Constant(I64, m), b.zext(x, I64))
+        return b.trunc(b.lshr(product, ir.Constant(I64, 32)), I32), b.trunc(product, I32)
+
+    for r in range(philox.ROUNDS):
+        if r:
+            k0, k1 = b.add(k0, word(philox.W0)), b.add(k1, word(philox.W1))
+        hi0, lo0 = mulhilo(philox.M0, c[0])
+        hi1, lo1 = mulhilo(philox.M1, c[2])
+        c = [b.xor(b.xor(hi1, c[1]), k0), lo1, b.xor(b.xor(hi0, c[3]), k1), lo0]
+    return c
+
+
+def _stream_word(b: ir.IRBuilder, key: ir.Value, s: ir.Value) -> ir.Value:
+    """Word s of the key's draw stream: word s % 4 of block s / 4."""
+    words = _philox(b, b.udiv(s, ir.Constant(I64, 4)), key)
+    r = b.trunc(b.urem(s, ir.Constant(I64, 4)), I32)
+    pick = lambda i: b.icmp_unsigned("==", r, ir.Constant(I32, i))
+    return b.select(pick(0), words[0], b.select(pick(1), words[1], b.select(pick(2), words[2], words[3])))
+
+
+def _unit(b: ir.IRBuilder, key: ir.Value, j: ir.Value, dtype: str) -> ir.Value:
+    """Element j's uniform value in [0, 1): unit32(s_j) for f32, unit64(s_2j, s_2j+1) for f64."""
+    if dtype == "f32":
+        w = b.lshr(_stream_word(b, key, j), ir.Constant(I32, 8))
+        return b.fmul(b.uitofp(w, SCALAR["f32"]), ir.Constant(SCALAR["f32"], 2.0 ** -24))
+    two = b.mul(j, ir.Constant(I64, 2))
+    lo, hi = (b.zext(_stream_word(b, key, s), I64) for s in (two, b.add(two, ir.Constant(I64, 1))))
+    v = b.lshr(b.or_(b.shl(hi, ir.Constant(I64, 32)), lo), ir.Constant(I64, 11))
+    return b.fmul(b.uitofp(v, SCALAR["f64"]), ir.Constant(SCALAR["f64"], 2.0 ** -53))
+
+
+def _draw_entry(module: ir.Module, prim: Primitive, dtype: str, annotations, target: Target) -> None:
+    """A thread per element j of a draw of n elements from key (two u32 words):
+
+    void dslc_uniform_T(const u32 *key, T *out, i64 n, i64 low, i64 high, i64 top):
+        out[j] = min(L + (H - L) * u_j, TOP)        (T's bits of L, H, TOP as integers)
+    void dslc_bernoulli_T(const u32 *key, const T *p, bool *out, i64 n):
+        out[j] = unit32(s_j) < f32(p[0])           (T: p's dtype)
+
+    TOP is the largest value below H where L < H, else +inf. Launched by gather_launch."""
+    t = SCALAR[dtype]
+    bernoulli = isinstance(prim, Bernoulli)
+    params = [I32.as_pointer()] + ([t.as_pointer(), I8.as_pointer()] if bernoulli else [t.as_pointer()])
+    fn = _entry(module, gather_entry(prim, dtype), params + [I64] * (1 if bernoulli else 4), annotations, BLOCK)
+    g = _Builder(fn, I64, target)
+    b = g.b
+    if bernoulli:
+        key, p, out, n = fn.args
+        f32 = SCALAR["f32"]
+        p = b.load(p, align=_bytes(dtype))
+        threshold = b.fptrunc(p, f32) if dtype == "f64" else p
+        value_at = lambda j: b.zext(b.fcmp_ordered("<", _unit(b, key, j, "f32"), threshold), I8)
+    else:
+        key, out, n, *bits = fn.args
+        as_value = lambda v: b.bitcast(v if dtype == "f64" else b.trunc(v, I32), t)
+        low, high, top = map(as_value, bits)
+        span = b.fsub(high, low)
+
+        def value_at(j: ir.Value) -> ir.Value:
+            x = b.fadd(low, b.fmul(span, _unit(b, key, j, dtype)))
+            return b.select(b.fcmp_ordered(">", x, top), top, x)
+
+    g.each_element(n, lambda j: b.store(value_at(j), b.gep(out, [j], inbounds=True)))
+    b.ret_void()
+
+
+def _key_split_entry(module: ir.Module, prim: Primitive, dtype: str, annotations, target: Target) -> None:
+    """A thread per key j of split(key, n):
+
+    void dslc_key_split_u32(const u32 *key, u32 *out, i64 n):
+        out[2j], out[2j + 1] = words 0, 1 of the block for counter j + 2**96 * SPLIT
+
+    Launched by gather_launch for the n keys."""
+    fn = _entry(module, gather_entry(prim, dtype), [I32.as_pointer()] * 2 + [I64], annotations, BLOCK)
+    key, out, n = fn.args
+    g = _Builder(fn, I64, target)
+    b = g.b
+
+    def split(j: ir.Value) -> None:
+        words = _philox(b, j, key, philox.SPLIT)
+        for w in (0, 1):
+            b.store(words[w], b.gep(out, [b.add(b.mul(j, g.c(2)), g.c(w))], inbounds=True), align=4)
+
+    g.each_element(n, split)
+    b.ret_void()
+
+
 # ---------------------------------------------------------------------------------------------
 # Modules and PTX
 
@@ -804,7 +986,7 @@ def _gather_entry(module: ir.Module, prim: Primitive, dtype: str, annotations, t
 def module_ir(kernels: list[LoopKernel], matmuls: tuple[str, ...] = (), target: Target = GPU,
               gathers: tuple[tuple[str, str], ...] = ()) -> ir.Module:
     """One NVPTX module: a GPU entry per loop kernel, the contraction kernels for each dtype
-    in `matmuls`, and a gather kernel for each (primitive, dtype) in `gathers`."""
+    in `matmuls`, and a gather (or concat) kernel for each (primitive, dtype) in `gathers`."""
     module = ir.Module(name="dslc_gpu")
     module.triple = target.triple
     annotations = module.add_named_metadata("nvvm.annotations")
@@ -814,7 +996,10 @@ def module_ir(kernels: list[LoopKernel], matmuls: tuple[str, ...] = (), target: 
         for t in TILES:
             _matmul_entry(module, dtype, annotations, t, target)
     for prim, dtype in gathers:
-        _gather_entry(module, prim, dtype, annotations, target)
+        entry = (_slab_entry if isinstance(prim, (Concat, Split)) else _key_split_entry if isinstance(prim, KeySplit)
+                 else _extreme_entry if isinstance(prim, ArgReduction) else _draw_entry if prim.random
+                 else _gather_entry)
+        entry(module, prim, dtype, annotations, target)
     return module
 
 

@@ -7,19 +7,20 @@ from the buffer with the view's strides, a contraction or host step gets a strid
 view — so they cost no copy. A reshape of a view whose axes cannot be regrouped without
 copying (as in NumPy) is not a view.
 
-An `unindex` whose items are ints and step-1 slices (the gradient of `x[:, 1:3]`) is a view
-with a window: x's elements where index(·, items) reads, 0 elsewhere, so a map kernel reads x
+An `unindex` whose items are ints and step-1 slices (the gradient of `x[:, 1:3]`), and a `pad`
+with zeros, are views with a window: x's elements where index(·, items) reads, 0 elsewhere, so a map kernel reads x
 in place and the zeros are never made. Its transpose or broadcast keeps the window; other
 views of it are not views."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from backend.llvm import row_major
 from ir.core import Op, Value
 from ir.dims import Dim
 from ir.ops.base import normalize_axes
-from ir.ops.shape import (BroadcastTo, ExpandDims, Index, Reshape, SliceSpec, Slice, Squeeze,
+from ir.ops.shape import (BroadcastTo, ExpandDims, Index, Pad, Reshape, SliceSpec, Slice, Squeeze,
                           Transpose, Unindex, _along, _full)
 
 @dataclass(frozen=True)
@@ -128,6 +129,16 @@ def _unindex(source: View, shape: tuple[int, ...], items) -> View | None:
     return View(source.base, offset, tuple(strides), tuple(window))
 
 
+def _pad(source: View, shape: tuple[int, ...], out: tuple[int, ...], a: dict) -> View | None:
+    """pad(x, widths) with +0 around x: x's unindex into the padded shape; padding with any
+    other value (-0.0 too) is not a view."""
+    value = a.get("value", 0)
+    if value != 0 or math.copysign(1.0, value) < 0:
+        return None
+    widths = a["widths"]
+    return _unindex(source, out, tuple(SliceSpec(lo, lo + n) for n, lo in zip(shape, widths[::2])))
+
+
 def _regroup(old: tuple[int, ...], strides: tuple[int, ...], new: tuple[int, ...]
              ) -> tuple[int, ...] | None:
     """Strides that read `new` from a view of shape `old`, where its axes regroup without a
@@ -183,5 +194,6 @@ RULES = {
     Index: lambda source, shape, out, a: _index(source, shape, a["items"]),
     Slice: _slice,
     Unindex: lambda source, shape, out, a: _unindex(source, out, a["items"]),
+    Pad: _pad,
 }
 KEEP_WINDOWS = (Transpose, BroadcastTo)         # the views of a window that keep it

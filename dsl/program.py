@@ -334,7 +334,9 @@ class Program:
         launch shapes, and the steps that run them. Returns the manifest."""
         import json
         from backend import cpu, nvptx, schedule, tensorcore
-        from runtime.cuda import gpu_kernels, gpu_schedule
+        from ir.ops.control import Scan
+        from ir.ops.shape import Rearrange
+        from runtime.cuda import GpuKernels, gpu_kernels, gpu_schedule
         if target not in TARGETS:
             raise DslError(None, f"target= is one of {', '.join(TARGETS)}, got {target!r}")
         arch = gpu_arch(arch, target == "ptx", "target='ptx'")
@@ -351,35 +353,26 @@ class Program:
             results += [f"grad({params[i]})" for i in positions]
         check_sizes(d.name_span, name, fn, MAX_BYTES, COMPILED)
         fn = for_backends(fn)
-        plan = gpu_schedule(fn, name, numerics) if target == "ptx" else schedule.schedule(fn, name)
+        plan_of = lambda f, n: gpu_schedule(f, n, numerics) if target == "ptx" else schedule.schedule(f, n)
+        plan = plan_of(fn, name)
         try:
             folder = Path(out)
             folder.mkdir(parents=True, exist_ok=True)
         except (OSError, TypeError, ValueError) as e:       # ValueError: a NUL in the path
             raise DslError(None, f"cannot write into {out!r}: {e}") from None
         ids = {v: i for i, v in enumerate(fn.params)}
-        for step in plan.steps:
-            for v in schedule.writes(step):
-                ids.setdefault(v, len(ids))
-        gpu = gpu_kernels(plan, name, numerics) if target == "ptx" else None
-        kernels = []
-        for k in (gpu.kernels if gpu else plan.kernels):
-            kind = ("rows" if k.is_rows else "reduction" if k.is_reduction else
-                    "scan" if k.is_scan else "map")
-            entry = {"name": k.name, "buffers": [[dt, list(shape)] for dt, shape in k.buffers],
-                     "kind": kind, "extent": k.extent}
-            if gpu:
-                shape = gpu.launches[k.name]
-                entry["launch"] = {"entry": shape.entry, "extent": shape.extent,
-                                   "block": shape.block, "grid": shape.grid}
-            kernels.append(entry)
-        if gpu:
-            (folder / "kernels.ptx").write_text(gpu.ptx(arch))
-        else:
-            mod = llvm_module(cpu.module_ir(plan.kernels))
-            (folder / "kernels.o").write_bytes(cpu.target_machine().emit_object(mod))
+        parts = []                  # (plan, its GPU kernels) of the entry and of each fold's body
 
-        def step_entry(s) -> dict:
+        def described(plan: schedule.Plan, name: str) -> list[dict]:
+            """The steps of a plan, its kernels added to parts (a fold's body's in its step)."""
+            gpu = gpu_kernels(plan, name, numerics) if target == "ptx" else None
+            parts.append((plan, gpu))
+            for step in plan.steps:
+                for v in schedule.writes(step):
+                    ids.setdefault(v, len(ids))
+            return [step_entry(s, gpu, f"{name}_b{i}") for i, s in enumerate(plan.steps)]
+
+        def step_entry(s, gpu, body_name: str) -> dict:
             if isinstance(s, schedule.KernelStep):
                 return {"kernel": s.kernel.name, "args": [ids[v] for v in s.args]}
             inputs, outputs = [ids[v] for v in s.op.inputs], [ids[v] for v in s.op.outputs]
@@ -395,9 +388,42 @@ class Program:
                     launch = gpu.product_launch(s.op)
                     entry["entry"] = launch.entry if launch else None
                 if s.epilogue:                              # a kernel run after the product
-                    entry["epilogue"] = step_entry(s.epilogue)
+                    entry["epilogue"] = step_entry(s.epilogue, gpu, body_name)
                 return entry
+            if isinstance(s.op.primitive, Scan):          # its body's steps, run at each step
+                body = for_backends(s.op.body)
+                for v in body.params:
+                    ids.setdefault(v, len(ids))
+                a = s.op.attrs
+                steps = described(plan_of(body, body_name), body_name)
+                return {"fold": a["length"], "reverse": bool(a.get("reverse")), "state": a["n_state"],
+                        "scanned": a["n_xs"], "inputs": inputs, "outputs": outputs,
+                        "body": {"params": [ids[v] for v in body.params],
+                                 "results": [ids[v] for v in body.results], "steps": steps}}
+            if schedule.made_once(s.op):                  # made when loaded, for every call
+                return {"once": s.op.primitive.name, "outputs": outputs}
+            if isinstance(s, schedule.ViewStep) if gpu is None else isinstance(s.op.primitive, Rearrange):
+                return {"view": s.op.primitive.name, "inputs": inputs, "outputs": outputs}   # in place
             return {"host": s.op.primitive.name, "inputs": inputs, "outputs": outputs}
+
+        steps = described(plan, name)
+        gpu = GpuKernels.joined([g for _, g in parts]) if target == "ptx" else None
+        kernels = []
+        for k in (gpu.kernels if gpu else [k for p, _ in parts for k in p.kernels]):
+            kind = ("rows" if k.is_rows else "reduction" if k.is_reduction else
+                    "scan" if k.is_scan else "map")
+            entry = {"name": k.name, "buffers": [[dt, list(shape)] for dt, shape in k.buffers],
+                     "kind": kind, "extent": k.extent}
+            if gpu:
+                shape = gpu.launches[k.name]
+                entry["launch"] = {"entry": shape.entry, "extent": shape.extent,
+                                   "block": shape.block, "grid": shape.grid}
+            kernels.append(entry)
+        if gpu:
+            (folder / "kernels.ptx").write_text(gpu.ptx(arch))
+        else:
+            mod = llvm_module(cpu.module_ir([k for p, _ in parts for k in p.kernels]))
+            (folder / "kernels.o").write_bytes(cpu.target_machine().emit_object(mod))
 
         manifest = {
             "entry": name, "target": target, "numerics": numerics, "gradient_of": grad,
@@ -406,7 +432,7 @@ class Program:
             "results": [{"name": n, "id": ids[v], "dtype": v.dtype, "shape": list(v.shape)}
                         for n, v in zip(results, fn.results, strict=True)],
             "kernels": kernels,
-            "steps": [step_entry(s) for s in plan.steps],
+            "steps": steps,
         }
         if gpu:
             manifest["arch"] = arch

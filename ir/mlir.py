@@ -118,6 +118,12 @@ class Body:
     def div(self, x: S, y: S) -> S:
         return self._arith("divf", "divsi", x, y)
 
+    def quotient(self, x: S, y: S, dtype: str) -> S:
+        return self._op(f"arith.{'divui' if dtype == 'u32' else 'divsi'} {x.name}, {y.name} : {x.type}", x.dtype)
+
+    def remainder(self, x: S, y: S, dtype: str) -> S:
+        return self._op(f"arith.{'remui' if dtype == 'u32' else 'remsi'} {x.name}, {y.name} : {x.type}", x.dtype)
+
     def neg(self, x: S) -> S:
         if x.is_float:
             return self._op(f"arith.negf {x.name} : {x.type}", x.dtype)

@@ -11,9 +11,12 @@ DeviceArrays go out by DLPack or the CUDA array interface, sharing device memory
 Transposes, broadcasts, indexing and slices run as strided-copy kernels, reshapes only
 re-label the device buffer. `take` and `scatter_add` run as gather kernels: only their
 integer indices come to the host, to be checked there as the interpreter checks them and
-made into the kernels' int64 arrays. The other host steps (random numbers, concatenation…)
-still run on the host, with a copy each way. A failed allocation or launch is a DslError
-naming the kernel, and a wait for the GPU gives up after DSLC_CUDA_TIMEOUT seconds (default
+made into the kernels' int64 arrays. A concatenation (a split) is a launch of the concat
+(split) kernel for each input (result); a uniform or bernoulli draw, or a key's split, a
+launch of its Philox kernel; an argmax or argmin a launch of its extreme kernel. A fold runs
+its body's kernels step by step, its state and slices on the device. The other host steps
+(normal draws…) still run on the host, with a copy each way. A failed allocation or launch
+is a DslError naming the kernel, and a wait for the GPU gives up after DSLC_CUDA_TIMEOUT seconds (default
 120) rather than hang.
 """
 from __future__ import annotations
@@ -37,9 +40,11 @@ from ir import interp
 from ir.core import Function, Op, Value
 from ir.interp import EvalError
 from ir.ops.base import NUMPY_DTYPES, Primitive, Role, np_dtype
-from ir.ops.control import Checkpoint
+from ir.ops.control import Checkpoint, Scan
 from ir.ops.index import ScatterAdd, Take
-from ir.ops.shape import Rearrange
+from ir.ops.random import Bernoulli, KeySplit, Uniform
+from ir.ops.reduce import ArgReduction
+from ir.ops.shape import Concat, Rearrange, Split
 from ir.passes import for_backends
 from runtime import cache, dlpack
 
@@ -98,6 +103,9 @@ class BindingsDriver:
 
     def download(self, array: np.ndarray, ptr: int) -> None:
         self._call("cuMemcpyDtoH", array.ctypes.data, ptr, array.nbytes)
+
+    def copy(self, dst: int, src: int, nbytes: int) -> None:
+        self._call("cuMemcpyDtoD", dst, src, nbytes)
 
     def launch(self, fn: Any, grid: tuple[int, int, int], block: int, pointers: list[int],
                integers: list[int]) -> None:
@@ -169,6 +177,9 @@ class PycudaDriver:
 
     def download(self, array: np.ndarray, ptr: int) -> None:
         self._guard("memcpy_dtoh", self.drv.memcpy_dtoh, array, ptr)
+
+    def copy(self, dst: int, src: int, nbytes: int) -> None:
+        self._guard("memcpy_dtod", self.drv.memcpy_dtod, dst, src, nbytes)
 
     def launch(self, fn: Any, grid: tuple[int, int, int], block: int, pointers: list[int],
                integers: list[int]) -> None:
@@ -359,6 +370,14 @@ class DeviceArray:
         assert math.prod(shape) == self.size, (shape, self.shape)
         return DeviceArray(self.buffer, shape, self.dtype)
 
+    def part(self, start: int, shape: tuple[int, ...]) -> DeviceArray:
+        """The elements from `start` on, as many as `shape` holds, in place (this array is
+        kept alive while the part is)."""
+        nbytes = math.prod(shape) * self.dtype.itemsize
+        assert start * self.dtype.itemsize + nbytes <= self.nbytes, (start, shape, self.shape)
+        ptr = self.ptr + start * self.dtype.itemsize if nbytes else 0
+        return DeviceArray(_Borrowed(self.buffer.memory, nbytes, ptr, self), shape, self.dtype)
+
     def tobytes(self) -> bytes:
         return self.numpy().tobytes()
 
@@ -484,6 +503,15 @@ class GpuKernels:
     matmuls: tuple[str, ...]
     gathers: dict[int, tuple[Primitive, str]]
     mmas: tuple[str, ...] = ()
+
+    @staticmethod
+    def joined(parts: list[GpuKernels]) -> GpuKernels:
+        """The kernels of several plans (an entry's and its folds' bodies') in one module."""
+        return GpuKernels([k for p in parts for k in p.kernels], {i: k for p in parts for i, k in p.copies.items()},
+                          {n: s for p in parts for n, s in p.launches.items()},
+                          tuple(sorted({d for p in parts for d in p.matmuls})),
+                          {i: g for p in parts for i, g in p.gathers.items()},
+                          tuple(sorted({d for p in parts for d in p.mmas})))
 
     @property
     def gather_kernels(self) -> tuple[tuple[Primitive, str], ...]:
@@ -669,6 +697,21 @@ class Executable:
         if id(op) in self.copies:
             self.run_kernel(self.copies[id(op)], op.inputs + op.outputs, op.outputs, env)
             return
+        if isinstance(op.primitive, (Concat, Split)) and id(op) in self.gathers:
+            self.slabs(op, env)
+            return
+        if isinstance(op.primitive, KeySplit):
+            self.split_key(op, env)
+            return
+        if isinstance(op.primitive, ArgReduction) and id(op) in self.gathers:
+            try:
+                self.extreme(op, env)
+            except EvalError as e:                  # of an empty axis, found on the host
+                raise e.at(op) from None
+            return
+        if op.primitive.random and id(op) in self.gathers:
+            self.draw(op, env)
+            return
         if id(op) in self.gathers:
             try:
                 self.gather(op, env)
@@ -679,14 +722,13 @@ class Executable:
             env.update(zip(op.outputs, self.constants[id(op)]))
             return
         body = self.bodies.get(id(op))
+        if isinstance(op.primitive, Scan):
+            self.fold(op, body, env)
+            return
         if isinstance(op.primitive, Checkpoint):          # its body's values stay on the GPU
             outs = body.run([env[v] for v in op.inputs])
         else:
-            inputs = [env[v].numpy() for v in op.inputs]
-            if op.primitive.role is Role.STRUCTURED:
-                outs = op.primitive.run(op, inputs, lambda arrays: [np.asarray(x) for x in body.run(arrays)])
-            else:
-                outs = interp.evaluate(op, inputs)
+            outs = interp.evaluate(op, [env[v].numpy() for v in op.inputs])
         outs = [self.to_device(a, v) for a, v in zip(outs, op.outputs)]
         env.update(zip(op.outputs, outs))
         if made_once(op):
@@ -710,6 +752,93 @@ class Executable:
             self._launch(shape.entry, (shape.grid, 1, 1), shape.block,
                          [a.ptr for a in [env[x], *ints, *(env[u] for u in updates), result]],
                          [outer, rows.size, size, inner])
+
+    def slabs(self, op: Op, env: dict[Value, DeviceArray]) -> None:
+        """A concat (split) by its kernel: each input (result) copied to (from) its place along
+        the axis in the result (input)."""
+        concat = isinstance(op.primitive, Concat)
+        whole, parts = (op.outputs[0], op.inputs) if concat else (op.inputs[0], op.outputs)
+        axis = op.attrs.get("axis", 0) % len(whole.shape)
+        outer, size, inner = scatter.around(whole.shape, axis)
+        entry = nvptx.gather_entry(*self.gathers[id(op)])
+        env.update((v, self.empty(v, f"a result of {entry}")) for v in op.outputs)
+        start = 0
+        for part in parts:
+            n = part.shape[axis]
+            shape = nvptx.gather_launch(*self.gathers[id(op)], outer * n * inner)
+            if shape.extent:
+                x, out = (env[part], env[whole]) if concat else (env[whole], env[part])
+                self._launch(shape.entry, (shape.grid, 1, 1), shape.block, [x.ptr, out.ptr],
+                             [outer, n, size, inner, start])
+            start += n
+
+    def draw(self, op: Op, env: dict[Value, DeviceArray]) -> None:
+        """A uniform or bernoulli draw by its draw kernel, from the key on the device."""
+        prim, dtype = self.gathers[id(op)]
+        (out,) = op.outputs
+        n = math.prod(out.shape)
+        shape = nvptx.gather_launch(prim, dtype, n)
+        env[out] = result = self.empty(out, f"the result of {shape.entry}")
+        if shape.extent:
+            self._launch(shape.entry, (shape.grid, 1, 1), shape.block,
+                         [env[v].ptr for v in op.inputs] + [result.ptr], [n, *draw_bounds(op)])
+
+    def fold(self, op: Op, body: Executable, env: dict[Value, DeviceArray]) -> None:
+        """A scan (Scan.run's meaning) on the device: its body's executable run step by step
+        on the state's DeviceArrays and each step's slices of the scanned inputs, read in
+        place; each step's emitted values copied into their place in the stacked results."""
+        a = op.attrs
+        n_state, n_xs, length = a["n_state"], a["n_xs"], a["length"]
+        inputs = [env[v] for v in op.inputs]
+        state, xs, consts = inputs[:n_state], inputs[n_state:n_state + n_xs], inputs[n_state + n_xs:]
+        stacked = [self.empty(v, "the stacked results of a fold") for v in op.outputs[n_state:]]
+        for t in (range(length - 1, -1, -1) if a.get("reverse") else range(length)):
+            outs = body.run(state + [x.part(t * (x.size // length), x.shape[1:]) for x in xs] + consts)
+            state = outs[:n_state]
+            for into, y in zip(stacked, outs[n_state:]):
+                self.copy(into.part(t * y.size, y.shape), y)
+        env.update(zip(op.outputs, state + stacked))
+
+    def copy(self, dst: DeviceArray, src: DeviceArray) -> None:
+        if src.nbytes:
+            try:
+                self.drv.copy(dst.ptr, src.ptr, src.nbytes)
+            except DriverError as e:
+                raise DslError(None, f"a copy on the GPU failed: {e}") from None
+
+    def extreme(self, op: Op, env: dict[Value, DeviceArray]) -> None:
+        """argmax or argmin by its kernel; of an empty axis, the interpreter's error."""
+        (x,), (out,) = op.inputs, op.outputs
+        axis = op.attrs.get("axis")
+        outer, n, inner = (1, math.prod(x.shape), 1) if axis is None else scatter.around(x.shape, axis % len(x.shape))
+        if n == 0 and outer * inner:
+            interp.evaluate(op, [np.empty(x.shape, np_dtype(x.dtype))])     # (raises its EvalError)
+        shape = nvptx.gather_launch(*self.gathers[id(op)], outer * inner)
+        env[out] = result = self.empty(out, f"the result of {shape.entry}")
+        if shape.extent:
+            self._launch(shape.entry, (shape.grid, 1, 1), shape.block, [env[x].ptr, result.ptr],
+                         [outer, n, inner])
+
+    def split_key(self, op: Op, env: dict[Value, DeviceArray]) -> None:
+        """split(k, n) by its kernel: the n keys made in one buffer, each output a part of it."""
+        n = len(op.outputs)
+        shape = nvptx.gather_launch(op.primitive, "u32", n)
+        keys = DeviceArray(_Buffer(self.memory, 8 * n, f"the keys of {shape.entry}"), (n, 2), np.uint32)
+        self._launch(shape.entry, (shape.grid, 1, 1), shape.block, [env[op.inputs[0]].ptr, keys.ptr], [n])
+        env.update((v, keys.part(2 * i, (2,))) for i, v in enumerate(op.outputs))
+
+
+def draw_bounds(op: Op) -> tuple[int, ...]:
+    """A uniform draw kernel's L, H and TOP (backend/nvptx.py), each the bits of a value of
+    the draw's dtype as a signed integer; nothing for bernoulli."""
+    if not isinstance(op.primitive, Uniform):
+        return ()
+    a = op.attrs
+    low, high, dtype = a.get("low", 0.0), a.get("high", 1.0), op.outputs[0].dtype
+    t = np_dtype(dtype)
+    signed = np.int64 if dtype == "f64" else np.int32
+    values = (t.type(low), t.type(high), Uniform.top(low, high, dtype))
+    return tuple(int(np.array(v, t).view(signed)) for v in values)
 
 
 @dataclass(frozen=True)
@@ -742,11 +871,25 @@ class _Product:
 
 
 def gather_kernel(op: Op) -> tuple[Primitive, str] | None:
-    """The gather kernel, (primitive, dtype), that runs a take (of any dtype: a copy) or a
-    scatter_add (of the values backend/scatter.py compiles for the CPU), else None."""
+    """The gather kernel, (primitive, dtype), that runs a take, a concat or a split (of any
+    dtype: a copy), a scatter_add (of the values backend/scatter.py compiles for the CPU), a uniform or
+    bernoulli draw (f32 and f64: of its values, of bernoulli's p), a key's split, or an argmax
+    or argmin (of any dtype), else None."""
     dtype = op.outputs[0].dtype if op.outputs else None
     if isinstance(op.primitive, Take) and dtype in SCALAR:
         return op.primitive, dtype
+    if isinstance(op.primitive, Concat) and dtype in SCALAR and all(v.dtype == dtype for v in op.inputs):
+        return op.primitive, dtype
+    if isinstance(op.primitive, Split) and dtype in SCALAR:
+        return op.primitive, dtype
+    if isinstance(op.primitive, Uniform) and dtype in ("f32", "f64"):
+        return op.primitive, dtype
+    if isinstance(op.primitive, KeySplit):
+        return op.primitive, "u32"
+    if isinstance(op.primitive, ArgReduction) and op.inputs[0].dtype in SCALAR:
+        return op.primitive, op.inputs[0].dtype                  # (its kernel reads x)
+    if isinstance(op.primitive, Bernoulli) and op.inputs[1].dtype in ("f32", "f64"):
+        return op.primitive, op.inputs[1].dtype                  # (its kernel reads p)
     if isinstance(op.primitive, ScatterAdd) and dtype in scatter.FLOATS and \
             op.inputs[0].dtype == op.inputs[2].dtype == dtype:
         return op.primitive, dtype

@@ -160,23 +160,43 @@ EXAMPLES = sorted(p.stem for p in (_Path(__file__).parents[1] / "examples").glob
 def example_case(name: str, device: str):
     """An example program on `device`, its parameters from its own init, and random inputs
     for loss: (program, loss's arguments, the name of its parameters)."""
-    import dataclasses
-    import numpy as np
     import dsl
-    from dsl.inputs import example_inputs
     prog = dsl.load(str(_Path(__file__).parents[1] / "examples" / f"{name}.bend"), device=device)
     init = prog._def("init")
     statics = {p.name: EXAMPLE_DIMS[p.name] for p in init.params if p.name != "key"}
     params = prog.init(dsl.key(0), **statics)
-    d = prog._def("loss")
-    first, *rest = d.params                 # the parameters, then the data
-    args = example_inputs(dataclasses.replace(d, params=rest), prog._resolved.main, EXAMPLE_DIMS)
+    first = prog._def("loss").params[0]     # the parameters, then the data
+    return prog, {first.name: params, **_random_inputs(prog, "loss", {first.name})}, first.name
+
+
+STEP_STATICS = {"lr": 1, "warmup": 1, "steps": 3}     # a step's static hyper-parameters
+
+
+def example_step_case(name: str, device: str):
+    """An example's training step on `device`: (program, step's arguments), the parameters
+    from its own init, the optimizer state (if any) from its init_opt, and random data."""
+    prog, args, first = example_case(name, device)
+    leading = {first: args[first]}
+    if "def init_opt(" in (_Path(__file__).parents[1] / "examples" / f"{name}.bend").read_text():
+        leading[prog._def("step").params[1].name] = prog.call("init_opt", args[first])
+    return prog, {**leading, **_random_inputs(prog, "step", set(leading), STEP_STATICS)}
+
+
+def _random_inputs(prog, entry: str, given: set[str], statics: dict | None = None) -> dict:
+    """Random arguments of an entry (but those given), of EXAMPLE_DIMS's sizes."""
+    import dataclasses
+    import numpy as np
+    from dsl.inputs import example_inputs
+    d = prog._def(entry)
+    rest = [p for p in d.params if p.name not in given]
+    args = example_inputs(dataclasses.replace(d, params=rest), prog._resolved.main,
+                          {**EXAMPLE_DIMS, **(statics or {})})
     rng = np.random.default_rng(0)
     for arg, a in args.items():
         if isinstance(a, np.ndarray):       # indices 0 and 1 are in range for every example
             args[arg] = (rng.standard_normal(a.shape).astype(a.dtype) if a.dtype.kind == "f"
                           else rng.integers(0, 2, a.shape).astype(a.dtype))
-    return prog, {first.name: params, **args}, first.name
+    return args
 
 
 # ---------------------------------------------------------------- the examples' PyTorch twins

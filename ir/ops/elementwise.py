@@ -635,26 +635,59 @@ class Div(Binary):
                 b.emit("div", b.emit("mul", b.emit("neg", ct), lhs), b.emit("mul", rhs, rhs)))
 
 
+class IntegerDivision(Binary):
+    """// or %: a kernel for integers; for floats, NumPy's rules (from fmod) on the host."""
+    compiled = INT_DTYPES
+    host = "float // and % (NumPy's rules, from fmod) are evaluated by NumPy"
+
+    def mlir(self, w: Any, op: Any) -> list[str]:
+        if op.outputs[0].dtype not in INT_DTYPES:
+            return Primitive.mlir(self, w, op)             # (not expressible)
+        return super().mlir(w, op)
+
+
 @primitive
-class Mod(Binary):
+class Mod(IntegerDivision):
     """a % b with Python's sign rule (the result takes b's sign)."""
     name, symbol = "mod", "%"
     reference = staticmethod(np.mod)
-    compiled = ()
-    host = "Python's rounding and sign rules are not compiled yet"
+
+    def scalar(self, e: Any, args: list, dtypes: list[str], dtype: str, attrs: dict) -> Any:
+        return _floor_divmod(e, *args, dtype)[1]
 
     def backward(self, b: Any, ct: Any, lhs: Any, rhs: Any, y: Any) -> tuple[Any, Any]:
         return ct, b.emit("neg", b.emit("mul", ct, b.emit("floordiv", lhs, rhs)))
 
 
 @primitive
-class FloorDiv(Binary):
+class FloorDiv(IntegerDivision):
     """a // b, rounding toward minus infinity as in Python."""
     name, symbol = "floordiv", "//"
     reference = staticmethod(np.floor_divide)
     differentiable = False
-    compiled = ()
-    host = "Python's rounding and sign rules are not compiled yet"
+
+    def scalar(self, e: Any, args: list, dtypes: list[str], dtype: str, attrs: dict) -> Any:
+        return _floor_divmod(e, *args, dtype)[0]
+
+
+def _floor_divmod(e: Any, a: Any, b: Any, dtype: str) -> tuple[Any, Any]:
+    """a // b and a % b of integers as NumPy computes them: the quotient rounded toward minus
+    infinity (the remainder takes b's sign), both 0 for a divisor of 0, and the least value
+    // -1 wrapping round to itself."""
+    zero, one = e.const(0, dtype, a), e.const(1, dtype, a)
+    by_zero = e.compare("==", b, zero, dtype)
+    undefined = by_zero                    # what LLVM's division leaves undefined
+    if dtype != "u32":
+        least = e.const(-2 ** (np.iinfo(np_dtype(dtype)).bits - 1), dtype, a)
+        wraps = e.and_(e.compare("==", a, least, dtype), e.compare("==", b, e.const(-1, dtype, a), dtype))
+        undefined = e.or_(by_zero, wraps)
+    d = e.select(undefined, one, b)        # a / 1 is a, remainder 0: right for the least // -1
+    q, r = e.quotient(a, d, dtype), e.remainder(a, d, dtype)
+    if dtype != "u32":                     # toward zero → toward minus infinity
+        other_sign = e.xor(e.compare("<", r, zero, dtype), e.compare("<", d, zero, dtype))
+        over = e.and_(e.compare("!=", r, zero, dtype), other_sign)
+        q, r = e.select(over, e.sub(q, one), q), e.select(over, e.add(r, d), r)
+    return e.select(by_zero, zero, q), r
 
 
 def _power(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -924,19 +957,19 @@ def _cast(x: Any, dtype: str) -> np.ndarray:
 
 @primitive
 class Cast(Primitive):
-    """x converted to dtype (floats to integers truncate toward zero; nonzero is True)."""
+    """x converted to dtype (floats to integers truncate toward zero; nonzero is True). The
+    kernels give NaN and floats out of an i32's or i64's range its least value."""
     name = surface = "cast"
     params = (Param("x", Kind.TENSOR), Param("dtype", Kind.DTYPE))
     reference = staticmethod(_cast)
     evaluate = staticmethod(_cast)
     role = Role.ELEMENTWISE
-    host = "float to integer casts are evaluated by NumPy"
+    host = "float to u32 casts are evaluated by NumPy"
     mlir = Elementwise.mlir          # arith's casts (fptosi truncates toward zero, as NumPy)
 
     def compiles(self, dtypes: list[str], dtype: str) -> bool:
         src, = dtypes
-        floor = src in FLOAT_DTYPES and dtype not in FLOAT_DTYPES and dtype != "bool"
-        return "bf16" not in (src, dtype) and not floor
+        return "bf16" not in (src, dtype) and not (src in FLOAT_DTYPES and dtype == "u32")
 
     def scalar(self, e: Any, args: list, dtypes: list[str], dtype: str, attrs: dict) -> Any:
         return e.cast(args[0], dtypes[0], dtype)

@@ -234,10 +234,15 @@ class Uniform(Draw):
         else:
             u, lo, hi = _unit(philox.stream(k, n)), np.float32(low), np.float32(high)
         x = (lo + (hi - lo) * u).astype(out)
-        lo, hi = out.type(lo), out.type(hi)
-        if lo < hi:
-            x = np.minimum(x, np.nextafter(hi, lo))
-        return x.reshape(shape)
+        return np.minimum(x, self.top(low, high, dtype)).reshape(shape)
+
+    @staticmethod
+    def top(low: float, high: float, dtype: str) -> np.floating:
+        """The largest value a draw takes: the largest of the dtype below high where
+        low < high (both rounded to the dtype), else +inf (nothing is clamped)."""
+        out, computed = np_dtype(dtype), np.float64 if dtype == "f64" else np.float32
+        lo, hi = (out.type(computed(v)) for v in (low, high))
+        return np.nextafter(hi, lo) if lo < hi else out.type(np.inf)
 
     def mlir(self, w: Any, op: Any) -> list[str]:
         """The same three operations per element, their constants folded as NumPy folds them."""

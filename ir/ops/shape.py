@@ -509,8 +509,9 @@ class Slice(Primitive):
 
 @primitive
 class Pad(Primitive):
-    """x surrounded by `value`: widths lists (before, after) for each axis in turn, flat."""
-    host = "a copy into zeros, by NumPy"
+    """x surrounded by `value`: widths lists (before, after) for each axis in turn, flat.
+    Padding with +0 is a view of x with a window (backend/views.py)."""
+    role, host = Role.WINDOW, "padding with a value other than +0 is a copy by NumPy"
     name = surface = "pad"
     params = (Param("x", Kind.TENSOR), Param("widths", Kind.SHAPE),
               Param("value", Kind.NUMBER, 0))

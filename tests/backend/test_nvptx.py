@@ -21,7 +21,9 @@ from ir.core import Builder, tensor_type
 from ir.numerics import CHUNK
 from ir.ops.index import ScatterAdd, Take
 from runtime.cuda import GpuKernels, gpu_kernels, gpu_schedule, module_ptx
-from ir.ops.shape import SliceSpec
+from ir.ops.random import Bernoulli, KeySplit, Uniform
+from ir.ops.reduce import ArgMax, ArgMin
+from ir.ops.shape import Concat, SliceSpec, Split
 from ir.passes import for_backends, optimize
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -277,16 +279,17 @@ def test_ptxas_rejection_is_reported():
         nvptx.ptxas(".version 8.0\n.target sm_90\nthis is not ptx\n")
 
 
-TAKE, SCATTER_ADD = Take(), ScatterAdd()
-GATHERS = tuple((TAKE, d) for d in ("f32", "f64", "f16", "i32", "i64", "bool")) + \
-    ((SCATTER_ADD, "f32"), (SCATTER_ADD, "f64"))
+TAKE, SCATTER_ADD, CONCAT = Take(), ScatterAdd(), Concat()
+GATHERS = tuple((prim, d) for prim in (TAKE, CONCAT, Split(), ArgMax(), ArgMin()) for d in ("f32", "f64", "f16", "i32", "i64", "bool")) + \
+    tuple((prim, d) for prim in (SCATTER_ADD, Uniform(), Bernoulli()) for d in ("f32", "f64")) + \
+    ((KeySplit(), "u32"),)
 
 
 @needs_ptxas
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_gather_kernels_assemble(arch):
-    """take and scatter_add: no call, no atomics, and scatter_add's sums as plain adds in
-    index order (no fma, which would round once for two operations)."""
+    """take, concat, split, argmax, argmin, scatter_add, the draws and split's keys: no call, no atomics, and scatter_add's sums
+    and uniform's L + (H - L) · u as plain operations (no fma, which would round once for two)."""
     text = nvptx.ptx([], arch, gathers=GATHERS)
     assert not re.search(r"\bcall(\.uni)?\s", text), "a call reached the PTX"
     nvptx.ptxas(text, arch)
@@ -301,14 +304,17 @@ def test_gather_kernels_assemble(arch):
 
 @needs_ptxas
 def test_the_manifest_lists_gathers_as_gpu_kernels(tmp_path):
-    """`dslc compile --target ptx`: an embedding's lookup and its gradient are gather kernels
-    in kernels.ptx, not host steps."""
-    prog = dsl.loads("def loss(E: f32[V, D], idx: i32[B, T]) -> f32:\n  h = E[idx]\n  return sum(h * h)\n")
+    """`dslc compile --target ptx`: an embedding's lookup and its gradient, and a
+    concatenation and its gradient (a split), are gather kernels in kernels.ptx: no host step."""
+    prog = dsl.loads("def loss(E: f32[V, D], idx: i32[B, T]) -> f32:\n  h = concat([E[idx], E[idx]])\n"
+                     "  return sum(h * h)\n")
     manifest = prog.compile_to("loss", "ptx", str(tmp_path), dims={"V": 11, "D": 8, "B": 2, "T": 3}, grad="E")
     gathers = [s for s in manifest["steps"] if "gather" in s]
     assert {(s["gather"], s["entry"]) for s in gathers} == {("take", "dslc_take_f32"),
-                                                            ("scatter_add", "dslc_scatter_add_f32")}
-    assert not [s for s in manifest["steps"] if s.get("host") in ("take", "scatter_add")]
+                                                            ("scatter_add", "dslc_scatter_add_f32"),
+                                                            ("concat", "dslc_concat_f32"),
+                                                            ("split", "dslc_split_f32")}
+    assert not [s for s in manifest["steps"] if "host" in s]
     text = (tmp_path / "kernels.ptx").read_text()
     assert manifest["gather_entries"] and all(f".entry {e}(" in text for e in manifest["gather_entries"])
     nvptx.ptxas(text)

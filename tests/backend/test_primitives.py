@@ -109,7 +109,11 @@ def test_casts_give_the_interpreters_bits(src, dst):
         want = interp.run(fn, [x])[0]
         got = Executable(fn).run([x])[0]
     if src.startswith("f") and not dst.startswith("f") and dst != "bool":
-        return                                  # out of range: C's undefined, NumPy's choice
+        # out of range: C's undefined, NumPy's choice; the kernels' is the least value
+        inside = np.abs(x.astype(np.float64)) < 2.0 ** 31
+        got, want = got[inside], want[inside]
+        if dst != "u32":
+            assert list(Executable(fn).run([x])[0][~inside]) == [np.iinfo(np_dtype(dst)).min] * int((~inside).sum())
     same_or_both_nan(got, want)
 
 

@@ -126,6 +126,22 @@ def test_pow_is_bit_identical():
     assert_same(gpu.f(*args), cpu.f(*args))
 
 
+@pytest.mark.parametrize("n", [1, 13, 100_003])
+def test_integer_division_concatenation_draws_and_folds_on_the_device_are_bit_identical(n):
+    """The programs of tests/runtime/test_on_device.py at sizes past one block and one grid."""
+    sys.path.insert(0, str(ROOT / "tests" / "runtime"))
+    from test_on_device import CONCAT, DIVISION, DRAWS, FOLD, extremes
+    rng = np.random.default_rng(n)
+    division = [x for t in (np.int32, np.int64, np.uint32) for x in extremes(t, n)]
+    x, y = special(rng, (2, n, 3)), special(rng, (2, 1, 3))
+    draws = DRAWS.replace("N", str(n))
+    for (gpu, cpu), call, args in ((both(DIVISION), "f", division), (both(CONCAT), "f", (x, y, x)),
+                                   (both(draws), "f", (dsl.key(n), np.float32(0.3), np.float64(0.7))),
+                                   (both(FOLD), "f", (special(rng, (min(n, 300), 3, 2)), special(rng, (2, 2)),
+                                                      special(rng, (3, 2))))):
+        assert_same(getattr(gpu, call)(*args), getattr(cpu, call)(*args))
+
+
 def test_broadcasts_casts_and_selections_are_bit_identical():
     gpu, cpu = both("def f(x: f32[A, B], b: f32[B], i: i32[A, 1]) -> (f32[A, B], i32[A, B], bool[A, B]):\n"
                     "  y = where(x > b, x / b, maximum(x, b) - cast(i, f32))\n"

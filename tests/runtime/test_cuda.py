@@ -21,6 +21,7 @@ from backend.contract import Matmul
 from backend.cpu import Compiled
 from frontend.diagnostics import DslError
 from ir.ops.base import np_dtype
+from ir.ops.random import Bernoulli, KeySplit, Uniform
 from runtime import cuda
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -80,6 +81,9 @@ class FakeDriver:
         self.downloaded.append(array.dtype)
         ctypes.memmove(array.ctypes.data, ptr, array.nbytes)
 
+    def copy(self, dst, src, nbytes):
+        ctypes.memmove(dst, src, nbytes)
+
     def launch(self, fn, grid, block, pointers, integers):
         (module, entry) = fn
         if entry == self.fail_launch:
@@ -91,8 +95,15 @@ class FakeDriver:
         if entry.startswith("dslc_matmul_"):
             return self.matmul(entry.split("_")[2], grid, pointers, integers)
         prim, _, dtype = entry.removeprefix("dslc_").rpartition("_")
-        if prim in ("take", "scatter_add"):                # the entries of the gather kernels
+        if prim in ("take", "scatter_add", "concat", "split"):     # the gather kernels' entries
             return self.gather(prim, np_dtype(dtype), pointers, integers)
+        if prim in ("argmax", "argmin"):                  # the extreme kernels: NumPy's
+            outer, n, inner = integers
+            x = device_array(pointers[0], outer * n * inner, np_dtype(dtype)).reshape(outer, n, inner)
+            device_array(pointers[1], outer * inner, np.int32)[:] = getattr(np, prim)(x, axis=1).reshape(-1)
+            return
+        if prim in ("uniform", "bernoulli", "key_split"):
+            return self.draw(prim, dtype, pointers, integers)
         k = module["kernels"][entry]
         extent = k.extent
         module["compiled"].functions[k.name]((ctypes.c_void_p * len(pointers))(*pointers), 0, extent)
@@ -110,6 +121,13 @@ class FakeDriver:
 
     def gather(self, prim, t, pointers, integers):
         """The gather kernels' contract (backend/nvptx.py), in NumPy: one add at a time."""
+        if prim in ("concat", "split"):
+            outer, n, size, inner, start = integers
+            whole, part = (1, 0) if prim == "concat" else (0, 1)
+            slab = device_array(pointers[part], outer * n * inner, t).reshape(outer, n, inner)
+            at = device_array(pointers[whole], outer * size * inner, t).reshape(outer, size, inner)[:, start:start + n]
+            (at if prim == "concat" else slab)[:] = slab if prim == "concat" else at
+            return
         outer, n, size, inner = integers
         x = device_array(pointers[0], outer * size * inner, t).reshape(outer, size, inner)
         if prim == "take":
@@ -123,6 +141,20 @@ class FakeDriver:
         for r in range(size):
             for s in order[bounds[r]:bounds[r + 1]]:
                 out[:, r] += updates[:, s]
+
+    def draw(self, prim, dtype, pointers, integers):
+        """The draw kernels' contract (backend/nvptx.py): the interpreter's draw of n elements
+        (of n keys, for split)."""
+        key, n, t = device_array(pointers[0], 2, np.uint32), integers[0], np_dtype(dtype)
+        if prim == "key_split":
+            device_array(pointers[1], 2 * n, np.uint32)[:] = np.concatenate(KeySplit().evaluate(key, n))
+            return
+        if prim == "bernoulli":
+            p = device_array(pointers[1], 1, t)[0]
+            device_array(pointers[2], n, np.bool_)[:] = Bernoulli().evaluate(key, p, (n,))
+            return
+        low, high = (np.array(i, np.int64 if dtype == "f64" else np.int32).view(t) for i in integers[1:3])
+        device_array(pointers[1], n, t)[:] = Uniform().evaluate(key, (n,), low, high, dtype)
 
     def synchronize(self):
         self.synchronized += 1
