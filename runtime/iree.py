@@ -16,7 +16,8 @@ from ir.mlir import to_mlir
 from ir.ops.base import np_dtype
 from runtime import cache
 
-FLAGS = ("--iree-llvmcpu-target-cpu=host",)
+# IREE demotes f64 to f32 by default: its functions would then refuse f64 arguments
+FLAGS = ("--iree-llvmcpu-target-cpu=host", "--iree-input-demote-f64-to-f32=false")
 MISSING = ("device='iree' needs IREE's compiler and runtime: pip install 'dslc[iree]' "
            "(iree-base-compiler and iree-base-runtime)")
 

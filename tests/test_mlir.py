@@ -254,3 +254,12 @@ def test_dslc_run_device_iree_gives_the_cpu_backends_bits_for_exact_ops(tmp_path
     assert sorted(out["iree"]) == ["out.W1", "out.W2", "out.b1", "out.b2"]
     for k, want in out["cpu"].items():
         assert out["iree"][k].tobytes() == want.tobytes(), k
+
+
+def test_device_iree_computes_f64_in_f64():
+    """IREE demotes f64 to f32 unless told not to: then 1 + 1e-12 - 1 would be 0 (or the call
+    would refuse its f64 arguments)."""
+    prog = dsl.loads("def f(x: f64[N], y: f64[N]) -> f64[N]:\n  return (x + y) - x\n", device="iree")
+    got = prog.f(np.ones(3), np.full(3, 1e-12))
+    assert got.dtype == np.float64
+    assert got.tobytes() == ((1.0 + np.full(3, 1e-12)) - 1.0).tobytes()
