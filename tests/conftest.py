@@ -177,3 +177,15 @@ def warmup_cosine(t: int, lr: float, warmup: int, total: int) -> float:
         return lr * t / warmup
     p = min(max((t - warmup) / max(total - warmup, 1), 0.0), 1.0)
     return lr / 10 + (lr - lr / 10) * 0.5 * (1 + _math.cos(_math.pi * p))
+
+
+import importlib.util as _importlib_util
+from types import ModuleType as _ModuleType
+
+
+def benchmark(name: str) -> _ModuleType:
+    """benchmarks/NAME.py imported as a module (the benchmarks are scripts, not a package)."""
+    spec = _importlib_util.spec_from_file_location(name, _Path(__file__).parents[1] / "benchmarks" / f"{name}.py")
+    module = _importlib_util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
