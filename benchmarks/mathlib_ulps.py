@@ -4,16 +4,22 @@
     python benchmarks/mathlib_ulps.py -n 1e7 --f64     # also double, against long double
     python benchmarks/mathlib_ulps.py --fit            # re-derive the polynomial coefficients
     python benchmarks/mathlib_ulps.py --fit erfc_p     # only those named
+    python benchmarks/mathlib_ulps.py -n 1e7 --f64 --device iree   # IREE's, as dslc exports them
 
 Each function is compiled for the host with MCJIT at O3 (no fast-math) as a loop over an array,
 run on inputs spread over its whole range (log-uniform magnitudes, both signs, the regions where
 it is hardest), and compared with a float64 reference (a long double one for double; for erf
 and erfc SciPy's, and for double erf_long_double below). The table
-gives the largest error seen (overall, and where the exact result is a normal number), the time
-per value of the compiled scalar loop, and the time the whole measurement took; docs/numerics.md
-quotes it.
+gives the largest error seen (overall, where the exact result is a normal number, and where
+the arguments are normal numbers or zeros too: "in, out"), the time per value of the compiled
+scalar loop, and the time the whole measurement took; docs/numerics.md quotes it.
 
-The tests (tests/backend/test_mathlib.py) use this module's compiler and measure too.
+--device iree measures IREE's math library instead: each function as device="iree" compiles it
+(docs/numerics.md, "IREE's math library"; "in, out" is its column, since IREE flushes
+subnormals to zero); the ns/value are then those of IREE's calls, on its threads.
+
+The tests (tests/backend/test_mathlib.py, tests/test_iree_ulps.py) use this module's compilers
+and measure too.
 """
 from __future__ import annotations
 
@@ -136,6 +142,66 @@ def host_kernels(opt_level: int = 3) -> HostKernels:
     return HostKernels(opt_level)
 
 
+# IREE's math library (--device iree): each function as device="iree" runs it, the tensor IR of
+# one elementwise op exported to MLIR (ir/mlir.py: the math dialect's operation; sigmoid as
+# 1 / (1 + exp(-x)), rsqrt as 1 / sqrt(x)) and compiled by IREE for this CPU.
+
+IREE_FUNCTIONS = FUNCTIONS + ["sqrt"]
+DTYPE_NAMES = {np.float32: "f32", np.float64: "f64"}
+
+
+class IreeKernels:
+    """Functions of IREE_FUNCTIONS compiled by IREE for arrays of `size` elements, called like
+    HostKernels (longer arrays in pieces): those of `together`, pairs (name, dtype), in one
+    module at once, any other alone when first called."""
+
+    def __init__(self, size: int = 1 << 20, together=()):
+        self.size = size
+        self.entries: dict = {}          # (name, dtype): IREE's function, or why it has none
+        if together:
+            self._compile(list(together))
+
+    def _compile(self, pairs) -> None:
+        import iree.runtime
+        from ir.core import Builder, tensor_type
+        from ir.mlir import function, module
+        from runtime.iree import Refused, compile_mlir
+        texts = []
+        for name, dtype in pairs:
+            b = Builder(f"{name}_{DTYPE_NAMES[dtype]}")
+            xs = [b.param(tensor_type(DTYPE_NAMES[dtype], (self.size,)))
+                  for _ in range(2 if name in mathlib.BINARY else 1)]
+            texts.append(function(b.finish([b.emit(name, *xs)])))
+        try:
+            vmfb = compile_mlir(module(texts))
+        except Refused as e:
+            self.entries.update(dict.fromkeys(pairs, e.why))
+            return
+        context = iree.runtime.SystemContext(config=iree.runtime.Config("local-task"))
+        context.add_vm_module(iree.runtime.VmModule.copy_buffer(context.instance, vmfb))
+        for name, dtype in pairs:
+            self.entries[name, dtype] = context.modules.module[f"{name}_{DTYPE_NAMES[dtype]}"]
+
+    def refusal(self, name: str, dtype) -> str | None:
+        """Why IREE cannot compile the function (IREE's first error), or None."""
+        if (name, dtype) not in self.entries:
+            self._compile([(name, dtype)])
+        found = self.entries[name, dtype]
+        return found if isinstance(found, str) else None
+
+    def __call__(self, name, *args, width=1):
+        """name(*args) elementwise on 1-d arrays of one float dtype (width is the host's)."""
+        dtype = args[0].dtype.type
+        if why := self.refusal(name, dtype):
+            raise ValueError(f"IREE cannot compile {name} for {np.dtype(dtype).name}: {why}")
+        n = len(args[0])
+        pad = -n % self.size
+        ins = [np.concatenate([a, np.ones(pad, dtype)]) for a in args]
+        fn = self.entries[name, dtype]
+        return np.concatenate([np.asarray(fn(*(a[i:i + self.size] for a in ins)))
+                               for i in range(0, n + pad, self.size)])[:n]
+
+
 # GPU kernels: the same functions for NVPTX; thread i applies the function to elements
 # [i*width, (i+1)*width) when they are below n.
 
@@ -194,6 +260,8 @@ def reference(name, *args):
             return np.where(x >= 0, 1 / (1 + e), e / (1 + e))
         if name == "rsqrt":
             return 1 / np.sqrt(a[0])
+        if name == "sqrt":
+            return np.sqrt(a[0])
         if name in ("erf", "erfc"):
             if wide == np.float64:
                 import scipy.special
@@ -301,7 +369,7 @@ def inputs(name, n, rng, dtype):
             lo = {"exp": 104.0 if f32 else 746.0, "exp2": 150.0 if f32 else 1075.0}[name]
             x[:q // 4] = rng.uniform(-lo, -lo * 0.8, q // 4).astype(dtype)
         return (x,)
-    if name in ("log", "log2", "rsqrt"):
+    if name in ("log", "log2", "rsqrt", "sqrt"):
         x = np.concatenate([log_uniform(rng, 3 * q, tiny, big, dtype, signs=False),
                             rng.uniform(0.5, 2.0, n - 3 * q).astype(dtype)])
         return (x,)
@@ -373,12 +441,21 @@ def inputs(name, n, rng, dtype):
     raise KeyError(name)
 
 
-def measure(name, dtype, n, seed=0, chunk=1 << 22, width=1):
+def normal_in_out(args, ref) -> np.ndarray:
+    """Where the arguments are normal numbers or zeros and the exact result is normal: IREE
+    flushes subnormal arguments and results to zero."""
+    smallest_normal = np.finfo(args[0].dtype).smallest_normal
+    return (np.abs(ref) >= smallest_normal) & np.all(
+        [(a == 0) | (np.abs(a) >= smallest_normal) for a in args], axis=0)
+
+
+def measure(name, dtype, n, seed=0, chunk=1 << 22, width=1, kernels=None):
     """Over n inputs: (max ulp error, the same over normal results only, argument(s) of the
-    max, seconds spent in the compiled kernel, seconds in all)."""
-    k = host_kernels()
+    max, seconds spent in the compiled kernel, seconds in all, the max over normal arguments
+    and results); kernels: host_kernels()'s unless given (an IreeKernels)."""
+    k = kernels or host_kernels()
     rng = np.random.default_rng(seed)
-    worst, worst_normal, where, kernel = 0.0, 0.0, None, 0.0
+    worst, worst_normal, worst_in_out, where, kernel = 0.0, 0.0, 0.0, None, 0.0
     t0 = time.perf_counter()
     smallest_normal = np.finfo(dtype).smallest_normal
     for start in range(0, n, chunk):
@@ -393,7 +470,8 @@ def measure(name, dtype, n, seed=0, chunk=1 << 22, width=1):
             worst, where = float(err[i]), tuple(a[i] for a in args)
         normal = np.abs(ref) >= smallest_normal
         worst_normal = max(worst_normal, float(err[normal].max(initial=0.0)))
-    return worst, worst_normal, where, kernel, time.perf_counter() - t0
+        worst_in_out = max(worst_in_out, float(err[normal_in_out(args, ref)].max(initial=0.0)))
+    return worst, worst_normal, where, kernel, time.perf_counter() - t0, worst_in_out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -504,7 +582,9 @@ def main() -> None:
     ap.add_argument("-n", type=float, default=1e8, help="inputs per function (default 1e8)")
     ap.add_argument("--f64", action="store_true",
                     help="also measure double, on n/10 inputs (long double reference)")
-    ap.add_argument("--only", nargs="*", default=FUNCTIONS)
+    ap.add_argument("--only", nargs="*")
+    ap.add_argument("--device", choices=("host", "iree"), default="host",
+                    help="iree: IREE's math library, each function as device='iree' compiles it")
     ap.add_argument("--fit", nargs="*", metavar="POLY",
                     help="re-derive the polynomial coefficients (all, or those named: sin_s …)")
     args = ap.parse_args()
@@ -512,19 +592,26 @@ def main() -> None:
         fit_all(args.fit)
         return
     t0 = time.perf_counter()
-    host_kernels()
-    print(f"compiled {len(FUNCTIONS) * 4} kernels in {time.perf_counter() - t0:.1f} s "
-          f"for {llvm.get_host_cpu_name()}")
+    if args.device == "iree":
+        kernels, names = IreeKernels(), args.only or IREE_FUNCTIONS
+    else:
+        kernels, names = host_kernels(), args.only or FUNCTIONS
+        print(f"compiled {len(FUNCTIONS) * 4} kernels in {time.perf_counter() - t0:.1f} s "
+              f"for {llvm.get_host_cpu_name()}")
     print(f"{'function':<9} {'type':<8} {'inputs':>12} {'max ulp':>8} {'normal':>8} "
-          f"{'ns/value':>8} {'seconds':>8}   worst at")
+          f"{'in, out':>8} {'ns/value':>8} {'seconds':>8}   worst at")
     dtypes = [np.float32] + ([np.float64] if args.f64 else [])
     for dtype in dtypes:
         n = int(args.n) if dtype == np.float32 else int(args.n) // 10
-        for name in args.only:
-            worst, normal, where, kernel, secs = measure(name, dtype, n)
+        for name in names:
+            why = kernels.refusal(name, dtype) if args.device == "iree" else None
+            if why:
+                print(f"{name:<9} {np.dtype(dtype).name:<8} iree-compile refuses it: {why}")
+                continue
+            worst, normal, where, kernel, secs, in_out = measure(name, dtype, n, kernels=kernels)
             at = ", ".join(repr(float(v)) for v in where) if where else "-"
             print(f"{name:<9} {np.dtype(dtype).name:<8} {n:>12,} {worst:>8.3f} {normal:>8.3f} "
-                  f"{kernel / n * 1e9:>8.2f} {secs:>8.1f}   {at}", flush=True)
+                  f"{in_out:>8.3f} {kernel / n * 1e9:>8.2f} {secs:>8.1f}   {at}", flush=True)
 
 if __name__ == "__main__":
     main()

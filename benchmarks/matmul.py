@@ -123,8 +123,23 @@ def gpt_products(kernel, args, rng) -> None:
               f"{best['dslc'] / best['torch']:>6.2f}")
 
 
+def iree_product(a, b, dtype: str):
+    """A call of a @ b (of dslc's dtype) compiled by IREE as device="iree" compiles a
+    program's `@` (runtime/iree.py), or None without IREE. IREE reads contiguous operands: a
+    transposed view is copied on each call."""
+    from ir.core import Builder, tensor_type
+    from runtime import iree
+    if not iree.usable():
+        return None
+    f = Builder("matmul")
+    x, y = (f.param(tensor_type(dtype, v.shape)) for v in (a, b))
+    run = iree.Executable(f.finish([f.emit("matmul", x, y)]), "matmul").run
+    return lambda: run([a, b])
+
+
 def small_products(args, rng, large: float | None) -> None:
-    """SMALL_SHAPES by runtime.cpu.matmul beside NumPy and torch.matmul (where installed)."""
+    """SMALL_SHAPES by runtime.cpu.matmul beside NumPy, torch.matmul and IREE (where
+    installed)."""
     import numpy as np
     from runtime.cpu import matmul
     try:
@@ -135,9 +150,9 @@ def small_products(args, rng, large: float | None) -> None:
     dtype = np.float32 if args.dtype == "f32" else np.float64
     print(f"\nsmall and skinny products, {args.threads} threads (us, best of "
           f"{args.rounds}x{args.repeat}; ratios dslc / numpy and dslc / torch; dslc's GFLOP/s "
-          f"as a share of its rate at n = {max(args.sizes, default='-')})")
-    print(f"{'product':>18} {'M x K x N':>15} {'dslc':>8} {'numpy':>8} {'torch':>8} "
-          f"{'/numpy':>7} {'/torch':>7} {'share':>6}")
+          f"as a share of its rate at n = {max(args.sizes, default='-')}; IREE on its own threads)")
+    print(f"{'product':>18} {'M x K x N':>15} {'dslc':>8} {'numpy':>8} {'torch':>8} {'iree':>8} "
+          f"{'/numpy':>7} {'/torch':>7} {'/iree':>7} {'share':>6}")
     for name, m, k, n, a_t, b_t in SMALL_SHAPES:
         a = rng.standard_normal((k, m)).astype(dtype).T if a_t else \
             rng.standard_normal((m, k)).astype(dtype)
@@ -148,13 +163,16 @@ def small_products(args, rng, large: float | None) -> None:
         if torch is not None:
             ta, tb = torch.from_numpy(a), torch.from_numpy(b)
             runs["torch"] = lambda: torch.matmul(ta, tb)
+        if (iree := iree_product(a, b, args.dtype)) is not None:
+            runs["iree"] = iree
         best = best_of(runs, args.rounds, args.repeat)
         us = {side: t * 1e6 for side, t in best.items()}
         share = f"{2 * m * k * n / best['dslc'] / 1e9 / large:>6.2f}" if large else f"{'-':>6}"
-        torch_us, torch_ratio = (f"{us['torch']:>8.1f}", f"{us['dslc'] / us['torch']:>7.2f}") \
-            if "torch" in us else (f"{'-':>8}", f"{'-':>7}")
+        peer = {side: (f"{us[side]:>8.1f}", f"{us['dslc'] / us[side]:>7.2f}") if side in us
+                else (f"{'-':>8}", f"{'-':>7}") for side in ("torch", "iree")}
         print(f"{name:>18} {f'{m}x{k}x{n}':>15} {us['dslc']:>8.1f} {us['numpy']:>8.1f} "
-              f"{torch_us} {us['dslc'] / us['numpy']:>7.2f} {torch_ratio} {share}")
+              f"{peer['torch'][0]} {peer['iree'][0]} {us['dslc'] / us['numpy']:>7.2f} "
+              f"{peer['torch'][1]} {peer['iree'][1]} {share}")
 
 
 if __name__ == "__main__":

@@ -1,12 +1,14 @@
 """dslc's CPU backend beside its peers on the same machine, in one run: each case of issue 15's
-table timed for dslc, PyTorch eager, JAX `jit`, NumPy where it applies and `torch.compile`
-for the products, printed as dslc's time over each peer's (below 1 is faster). Steps are best
+table timed for dslc, PyTorch eager, JAX `jit`, NumPy where it applies, `torch.compile` for the
+products and IREE (device="iree", where installed) for the training steps and the products,
+printed as dslc's time over each peer's (below 1 is faster). Steps are best
 of --repeat wall-clock calls after a warm-up, dslc and PyTorch on --threads threads each
 (default 2), JAX and NumPy on as many as they take (every core; 2 where issue 15 measured). The
 compile cases run in new processes, timed from their imports done to their first call's end:
 the GPT step into an empty compile cache (cold), into one that holds the kernels every program
 shares (program only), and from it (warm), beside JAX's first call; and a new batch size of an
-already compiled GPT loss."""
+already compiled GPT loss; IREE's first call of the GPT step compiles it into an empty cache.
+--cases runs some of the three groups."""
 from __future__ import annotations
 
 import argparse
@@ -20,6 +22,8 @@ from pathlib import Path
 import numpy as np
 
 import train_step as ts
+from matmul import iree_product
+from runtime import iree
 
 LSTM = """
 object Cell { Wx: f32[D, 4 * H], Wh: f32[H, 4 * H], b: f32[4 * H] }
@@ -128,7 +132,8 @@ def steps(repeat: int) -> list[tuple[str, dict]]:
     step = jax_adamw_step(jax_mlp_loss)
     s = ts.state_like(p)
     rows.append(("names-MLP AdamW step", {"dslc": dslc, "torch": torch_,
-                                          "jax": ts.best(ready(lambda: step(p, s, x, y)), repeat)}))
+                                          "jax": ts.best(ready(lambda: step(p, s, x, y)), repeat),
+                                          **on_iree(ts.MLP, "mlp_step", p, s, x, y, repeat=repeat)}))
     p, idx, tgt = ts.gpt_inputs()
     s = ts.state_like(p)
     prog = dsl.loads(ts.GPT_STEP, name=str(ts.MODELS / "gpt_step.bend"), device="cpu")
@@ -136,7 +141,8 @@ def steps(repeat: int) -> list[tuple[str, dict]]:
     rows.append(("4-layer GPT AdamW step", {
         "dslc": ts.best(lambda: prog.step(p, s, idx, tgt, 4), repeat),
         "torch": ts.torch_gpt(p, idx, tgt, repeat),
-        "jax": ts.best(ready(lambda: step(p, s, idx, tgt)), repeat)}))
+        "jax": ts.best(ready(lambda: step(p, s, idx, tgt)), repeat),
+        **on_iree(ts.GPT_STEP, "gpt_step", p, s, idx, tgt, 4, repeat=repeat)}))
     prog = dsl.loads(LSTM, name=str(ts.MODELS / "lstm.bend"), device="cpu")
     for T, B, D, H in [(16, 16, 64, 128), (32, 32, 64, 64)]:
         rng = np.random.default_rng(0)
@@ -150,6 +156,15 @@ def steps(repeat: int) -> list[tuple[str, dict]]:
             "torch": torch_lstm(p, x, repeat),
             "jax": ts.best(ready(lambda: grad(p, x)), repeat)}))
     return rows
+
+
+def on_iree(source: str, model: str, *inputs, repeat: int) -> dict:
+    """{"iree": seconds} of the program's step on device="iree", or {} without IREE."""
+    import dsl
+    if not iree.usable():
+        return {}
+    prog = dsl.loads(source, name=str(ts.MODELS / f"{model}.bend"), device="iree")
+    return {"iree": ts.best(lambda: prog.step(*inputs), repeat)}
 
 
 def torch_lstm(p, x, repeat: int) -> float:
@@ -175,7 +190,7 @@ PRODUCTS = [(64, 64, 64), (1, 768, 2304), (1024, 512, 128)]
 
 def products(repeat: int, compiled: bool) -> list[tuple[str, dict]]:
     """`@` on float32 matrices of M×K and K×N: dslc's contraction kernel (as a program's `@`
-    calls it), NumPy, PyTorch, JAX and torch.compile."""
+    calls it), NumPy, PyTorch, JAX, torch.compile and IREE."""
     import jax
     import torch
     from runtime.cpu import matmul, threads
@@ -194,6 +209,8 @@ def products(repeat: int, compiled: bool) -> list[tuple[str, dict]]:
         if compiled:
             tmm = torch.compile(lambda x, y: x @ y)
             times["torch.compile"] = ts.best(lambda: tmm(ta, tb), repeat * 20)
+        if (imm := iree_product(a, b, "f32")) is not None:
+            times["iree"] = ts.best(imm, repeat * 20)
         rows.append((f"@ {M}x{K}x{N}", times))
     return rows
 
@@ -226,7 +243,8 @@ def first_call(side: str) -> float:
         ready(lambda: step(p, s, idx, tgt))()
         return time.perf_counter() - start
     start = time.perf_counter()
-    dsl.loads(ts.GPT_STEP, name=str(ts.MODELS / "gpt_step.bend"), device="cpu").step(p, s, idx, tgt, 4)
+    device = "iree" if side == "iree" else "cpu"
+    dsl.loads(ts.GPT_STEP, name=str(ts.MODELS / "gpt_step.bend"), device=device).step(p, s, idx, tgt, 4)
     return time.perf_counter() - start
 
 
@@ -265,19 +283,21 @@ def torch_loss(p, idx, tgt):
 
 def compiles(repeat: int) -> list[tuple[str, dict]]:
     with tempfile.TemporaryDirectory(prefix="dslc-peers-") as empty, \
-            tempfile.TemporaryDirectory(prefix="dslc-peers-") as cache:
+            tempfile.TemporaryDirectory(prefix="dslc-peers-") as cache, \
+            tempfile.TemporaryDirectory(prefix="dslc-peers-") as for_iree:
         jax_first = min(in_new_process("jax", empty) for _ in range(2))
         cold = in_new_process("dslc", empty)
+        first = {"iree": in_new_process("iree", for_iree)} if iree.usable() else {}
         warm = min(in_new_process("dslc", empty) for _ in range(3))
         in_new_process("runtime", cache)
         program = in_new_process("dslc", cache)
-    return [("GPT step, cold compile / first call", {"dslc": cold, "jax": jax_first}),
+    return [("GPT step, cold compile / first call", {"dslc": cold, "jax": jax_first, **first}),
             ("  the same, program only (runtime kernels cached)", {"dslc": program, "jax": jax_first}),
             ("GPT step, warm cached load (target < 0.2 s)", {"dslc": warm, "jax": jax_first}),
             ("a new batch size (GPT loss, B 16 -> 3)", new_batch_size())]
 
 
-SIDES = ["torch", "jax", "numpy", "torch.compile"]
+SIDES = ["torch", "jax", "iree", "numpy", "torch.compile"]
 
 
 def report(rows: list[tuple[str, dict]]) -> None:
@@ -297,7 +317,9 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--no-torch-compile", action="store_true", help="leave torch.compile out")
-    ap.add_argument("--first", choices=["dslc", "jax", "runtime"], help=argparse.SUPPRESS)
+    ap.add_argument("--cases", nargs="*", choices=["steps", "products", "compiles"],
+                    default=["steps", "products", "compiles"])
+    ap.add_argument("--first", choices=["dslc", "jax", "iree", "runtime"], help=argparse.SUPPRESS)
     args = ap.parse_args()
     os.environ.setdefault("DSLC_THREADS", str(args.threads))
     import torch
@@ -307,9 +329,12 @@ def main() -> None:
         return
     print(f"{args.threads} threads each; dslc's time, then each peer's and dslc / peer "
           f"(below 1: dslc is faster); load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
-    report(steps(args.repeat))
-    report(products(args.repeat, not args.no_torch_compile))
-    report(compiles(args.repeat))
+    if "steps" in args.cases:
+        report(steps(args.repeat))
+    if "products" in args.cases:
+        report(products(args.repeat, not args.no_torch_compile))
+    if "compiles" in args.cases:
+        report(compiles(args.repeat))
 
 
 if __name__ == "__main__":

@@ -16,7 +16,8 @@ from ir.mlir import to_mlir
 from ir.ops.base import np_dtype
 from runtime import cache
 
-FLAGS = ("--iree-llvmcpu-target-cpu=host",)
+# IREE demotes f64 to f32 by default: its functions would then refuse f64 arguments
+FLAGS = ("--iree-llvmcpu-target-cpu=host", "--iree-input-demote-f64-to-f32=false")
 MISSING = ("device='iree' needs IREE's compiler and runtime: pip install 'dslc[iree]' "
            "(iree-base-compiler and iree-base-runtime)")
 
@@ -39,15 +40,34 @@ def usable() -> bool:
 
 
 def compile_mlir(text: str) -> bytes:
-    """An MLIR module compiled by IREE for this machine's CPU (a VM flatbuffer), cached."""
+    """An MLIR module compiled by IREE for this machine's CPU (a VM flatbuffer), cached; a
+    DslError with IREE's first error where IREE cannot compile it."""
     k = cache.key("iree", version(), " ".join(FLAGS), text)
     found = cache.load(k, "vmfb")
     if found is not None:
         return found
     import iree.compiler
-    vmfb = iree.compiler.compile_str(text, target_backends=["llvm-cpu"], extra_args=list(FLAGS))
+    try:
+        vmfb = iree.compiler.compile_str(text, target_backends=["llvm-cpu"], extra_args=list(FLAGS))
+    except iree.compiler.CompilerToolError as e:
+        raise Refused(_first_error(str(e))) from None
     cache.store(k, vmfb, "vmfb")
     return vmfb
+
+
+class Refused(DslError):
+    """IREE's compiler failed on a module; `why` is its first error."""
+
+    def __init__(self, why: str):
+        super().__init__(None, f"IREE's compiler failed (target llvm-cpu): {why} (IREE's math "
+                               "library lacks some functions: docs/numerics.md)")
+        self.why = why
+
+
+def _first_error(log: str) -> str:
+    """The message of the first `error:` line of IREE's log, without the operation it prints."""
+    line = next((ln for ln in log.splitlines() if "error: " in ln), log.strip())
+    return line.split("error: ", 1)[-1].split(": %", 1)[0]
 
 
 class Executable:

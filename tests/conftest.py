@@ -254,3 +254,15 @@ def on_every_thread_count(fn: _Callable[[], object], timeout: float = 300):
     for threads in THREADS[1:]:
         assert bits(results[threads]) == bits(first), f"DSLC_THREADS={threads} differs from {THREADS[0]}"
     return first
+
+
+import importlib.util as _importlib_util
+from types import ModuleType as _ModuleType
+
+
+def benchmark(name: str) -> _ModuleType:
+    """benchmarks/NAME.py imported as a module (the benchmarks are scripts, not a package)."""
+    spec = _importlib_util.spec_from_file_location(name, _Path(__file__).parents[1] / "benchmarks" / f"{name}.py")
+    module = _importlib_util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import dsl
-from conftest import beyond_iree_bound, dslc, quick, user_error
+from conftest import beyond_iree_bound, dslc, quick, raises, user_error
 from dsl.inputs import dimension_names
 from dsl.safetensors import read_with_metadata
 from frontend.diagnostics import DslError
@@ -282,3 +282,24 @@ def test_dslc_train_device_iree_trains_as_the_cpu_backend_does(tmp_path: Path, e
         if k.startswith(held):                      # (losses are f32's, averaged into f64)
             got, want = got.astype(np.float32), want.astype(np.float32)
             assert not beyond_iree_bound(got, want, np.abs(want)).any(), (k, got, want)
+
+
+def test_device_iree_computes_f64_in_f64():
+    """IREE demotes f64 to f32 unless told not to: then 1 + 1e-12 - 1 would be 0 (or the call
+    would refuse its f64 arguments)."""
+    prog = dsl.loads("def f(x: f64[N], y: f64[N]) -> f64[N]:\n  return (x + y) - x\n", device="iree")
+    got = prog.f(np.ones(3), np.full(3, 1e-12))
+    assert got.dtype == np.float64
+    assert got.tobytes() == ((1.0 + np.full(3, 1e-12)) - 1.0).tobytes()
+
+
+def test_a_function_iree_cannot_compile_is_a_dsl_error(tmp_path: Path):
+    """IREE's llvm-cpu has no math.erfc: the API and dslc say so, with IREE's reason."""
+    source = "def f(x: f32[N]) -> f32[N]:\n  return erfc(x)\n"
+    raises(lambda: dsl.loads(source, device="iree").f(np.ones(2, np.float32)),
+           "IREE's compiler failed (target llvm-cpu): failed to legalize operation 'math.erfc'")
+    (tmp_path / "f.bend").write_text(source)
+    np.savez(tmp_path / "in.npz", x=np.ones(2, np.float32))
+    user_error(dslc("run", str(tmp_path / "f.bend"), "--entry", "f", "--inputs", str(tmp_path / "in.npz"),
+                    "--device", "iree"), "error: IREE's compiler failed (target llvm-cpu): failed to "
+               "legalize operation 'math.erfc' that was explicitly marked illegal (IREE's math library")

@@ -9,7 +9,6 @@ mpmath on a sample.
 """
 from __future__ import annotations
 
-import importlib.util
 import re
 import shutil
 import subprocess
@@ -20,12 +19,11 @@ import numpy as np
 import pytest
 from llvmlite import ir
 
+from conftest import benchmark
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-_spec = importlib.util.spec_from_file_location("mathlib_ulps",
-                                               ROOT / "benchmarks" / "mathlib_ulps.py")
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
+bench = benchmark("mathlib_ulps")
 
 from backend import mathlib  # noqa: E402
 
@@ -74,7 +72,7 @@ def assert_same_bits(got, want, what):
 @pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
 @pytest.mark.parametrize("name", NAMES)
 def test_max_ulp_error_within_documented_bound(k, name, dtype):
-    worst, _, where, _, _ = bench.measure(name, dtype, SAMPLES[dtype], seed=1)
+    worst, _, where, *_ = bench.measure(name, dtype, SAMPLES[dtype], seed=1)
     assert worst <= BOUND[dtype][name], f"{name}({where}) is {worst:.3f} ulp off"
 
 
