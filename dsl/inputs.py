@@ -2,6 +2,7 @@
 and checked against the entry's annotations and dslc's limits (docs/language.md §13.1)."""
 from __future__ import annotations
 
+import contextlib
 import difflib
 import math
 import os
@@ -14,7 +15,7 @@ import numpy as np
 
 from dsl.values import Key, key
 from frontend import ast
-from frontend.diagnostics import DslError, Note, did_you_mean
+from frontend.diagnostics import DslError, Note, counted, did_you_mean, given
 from frontend.resolve import lookup_type
 from frontend.unify import NO_PARAMS, Params, eval_dim, record_params
 from frontend.values import KeyV, ListV, RecordV, StaticV, TensorV, TupleV
@@ -96,7 +97,7 @@ def bind_python(d: ast.Def, args: tuple, kwargs: dict) -> dict[str, Any]:
     """A call's arguments by parameter name, with the defaults of those not given."""
     names = [p.name for p in d.params]
     if len(args) > len(names):
-        raise DslError(d.name_span, f"'{d.name}' takes {len(names)} arguments but {len(args)} were given")
+        raise DslError(d.name_span, f"'{d.name}' takes {counted(len(names), 'argument')} but {given(len(args))}")
     bound = dict(zip(names, args))
     for k, v in kwargs.items():
         if k not in names or k in bound:
@@ -329,6 +330,11 @@ def _foreign_array(value: Any, t: ast.TypeExpr, where: str) -> np.ndarray:
         return np.from_dlpack(value) if exported else np.asarray(value)
     except (BufferError, RuntimeError, TypeError, ValueError) as e:   # a dtype NumPy lacks (bfloat16)
         dtype = str(getattr(value, "dtype", "unknown")).removeprefix("torch.")
+        if dtype == "bfloat16" and hasattr(value, "__array__"):     # JAX's: ml_dtypes' underneath
+            with contextlib.suppress(TypeError, ValueError, RuntimeError):
+                arr = np.asarray(value)
+                if arr.dtype == NUMPY_DTYPES["bf16"]:
+                    return arr
         hint = "; pass bf16 as a NumPy array of ml_dtypes.bfloat16" if dtype == "bfloat16" else ""
         raise DslError(t.span, f"'{where}' must be an array of a dslc dtype ({', '.join(NUMPY_DTYPES)}), "
                                f"got {dtype}, which NumPy cannot read ({e}){hint}") from None

@@ -140,6 +140,10 @@ def _fill(fp, a: np.ndarray) -> int:
 def _check(fail, shape: tuple, dtype: np.dtype, stored: int, budget: int) -> int:
     """The size in bytes of the data that the header describes, refused unless it is plain
     numbers, NumPy can hold it, the zip stores exactly that many bytes and the budget has room."""
+    if dtype == np.dtype("V2"):             # what np.save writes for ml_dtypes' bfloat16
+        fail("has dtype |V2, raw 2-byte values: what NumPy writes for a bf16 array, as .npy has no "
+             "name for bf16; save it as float32 (exactly: a.astype(np.float32)) and cast it to "
+             "bf16 in the program, or pass it from Python")
     if dtype.kind not in KINDS or dtype.fields is not None or dtype.subdtype is not None:
         fail(f"has dtype {dtype}: only numbers and strings are read (never objects, which "
              "would need pickle)")

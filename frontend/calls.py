@@ -9,7 +9,7 @@ import numpy as np
 from frontend import ast
 from frontend.ast import contains_span, names_type_param, source_text
 from frontend.diagnostics import (CheckError, DslError, LimitError, Note, ShapeError, Site, Span,
-                                  did_you_mean, with_note)
+                                  counted, did_you_mean, given, with_note)
 from frontend.limits import MAX_RANK, MAX_STATIC_RECURSION, MAX_UNROLLED
 from frontend.lower import close_over, emit_primitive, fresh_params, leaf_values, rebuild, trained_leaves
 from frontend.resolve import Entity, ModuleInfo, dim_names, lookup_type
@@ -77,8 +77,8 @@ class Calls:
                 return self.call_def(f, args, kwargs, spans)
             case LambdaV():
                 if kwargs or len(args) != len(f.node.params):
-                    raise CheckError(span, f"the lambda takes {len(f.node.params)} arguments but "
-                                           f"{len(args)} were given")
+                    raise CheckError(span, f"the lambda takes {counted(len(f.node.params), 'argument')} "
+                                           f"but {given(len(args))}")
                 self.unroll(span)
                 frame = Frame({**f.env, **dict(zip(f.node.params, args))}, f.module, "lambda")
                 return self.eval(f.node.body, frame)
@@ -94,8 +94,8 @@ class Calls:
                 return self.construct(f.entity, f.ctor, args, kwargs, spans)
             case ForkV():
                 if kwargs or len(args) != f.arity:
-                    raise CheckError(span, f"fork takes {f.arity} arguments (the bend's state) "
-                                           f"but {len(args)} were given")
+                    raise CheckError(span, f"fork takes {counted(f.arity, 'argument')} (the bend's state) "
+                                           f"but {given(len(args))}")
                 return f.run(args, span)
             case UnknownV():
                 return UNKNOWN
@@ -110,8 +110,8 @@ class Calls:
                   spans: Spans, what: str) -> list:
         """Arguments matched to parameter names (defaults filled in by calling their thunks)."""
         if len(args) > len(names):
-            raise CheckError(spans.arg(len(names)), f"{what} takes {len(names)} "
-                             f"argument{'s' * (len(names) != 1)} but {len(args)} were given")
+            raise CheckError(spans.arg(len(names)), f"{what} takes {counted(len(names), 'argument')} "
+                             f"but {given(len(args))}")
         bound = dict(zip(names, args))
         for k, v in kwargs.items():
             if k not in names:
@@ -202,12 +202,13 @@ class Calls:
             p, v = d.params[i], values[i]
             if p.type is not None:
                 try:
-                    v = binder.match(p.type, v, mod)
+                    v = binder.match(p.type, v, mod, owner=p.name)
                     if _is_static_int(p.type) and isinstance(v, StaticV):
                         binder.bind_static(p.name, v.value)
                 except Mismatch as m:
-                    raise ShapeError(spans.param(names, p.name), f"argument '{p.name}' of '{d.name}': {m}",
-                                     [Note(f"'{p.name}' is declared here", p.span)]) from None
+                    blamed = d.params[names.index(m.owner or p.name)]
+                    raise ShapeError(spans.param(names, blamed.name), f"argument '{blamed.name}' of '{d.name}': {m}",
+                                     [Note(f"'{blamed.name}' is declared here", blamed.span)]) from None
                 if isinstance(v, TensorV):
                     v = TensorV(v.type, Origin(p.name, p.type, p.span), v.ir)
             env[p.name] = v
@@ -495,9 +496,10 @@ class Calls:
         for f, v in zip(ctor.fields, values):
             if f.type is not None and not f.recursive and not names_type_param(f.type, entity.node):
                 try:
-                    v = binder.match(f.type, v, entity.module)
+                    v = binder.match(f.type, v, entity.module, owner=f.name)
                 except Mismatch as m:
-                    raise CheckError(spans.param(names, f.name), f"field '{f.name}' of {ctor.name}: {m}") from None
+                    blamed = m.owner or f.name
+                    raise CheckError(spans.param(names, blamed), f"field '{blamed}' of {ctor.name}: {m}") from None
             fields.append((f.name, v))
         return AdtV(entity.node.name, ctor.name, tuple(fields), entity)
 
@@ -547,10 +549,13 @@ class Calls:
         for df in sorted(decl.fields, key=lambda df: given[df.name][1] is not None):
             name, (v, f) = df.name, given[df.name]
             try:
-                fields[name] = strip_origin(binder.match(df.type, v, entity.module, params))
+                fields[name] = strip_origin(binder.match(df.type, v, entity.module, params, name))
             except Mismatch as m:
-                raise ShapeError(f.value.span, f"field '{name}' of {decl.name}: {m}",
-                                 [Note(f"'{name}' is declared {source_text(df.type)} here", df.span)]) from None
+                blamed = next(df for df in decl.fields if df.name == (m.owner or name))
+                at = given[blamed.name][1]             # (a kept field: blame the new value that contradicts it)
+                raise ShapeError((at or f).value.span, f"field '{blamed.name}' of {decl.name}: {m}",
+                                 [Note(f"'{blamed.name}' is declared {source_text(blamed.type)} here",
+                                       blamed.span)]) from None
         binder.finish()
         return RecordV(decl.name, tuple((df.name, fields[df.name]) for df in decl.fields), entity)
 

@@ -8,7 +8,7 @@ from frontend import ast
 from frontend.ast import contains_span, names_type_param
 from frontend.calls import Frame
 from frontend.diagnostics import (LIST_BY_MAP, CheckError, DslError, LimitError, Note, ShapeError,
-                                  Span, with_note)
+                                  Span, counted, with_note)
 from frontend.limits import MAX_STATIC_RECURSION
 from frontend.lower import (LoweringError, close_over, fresh_params, leaf_values, materialize,
                             rebuild)
@@ -109,7 +109,7 @@ class Statements:
             items = [UNKNOWN if isinstance(value, UnknownV) else value.elem] * n
         elif isinstance(value, (TupleV, ListV)):
             if len(value.items) != n:
-                raise CheckError(target.span, f"cannot unpack {len(value.items)} values into {n} names")
+                raise CheckError(target.span, f"cannot unpack {counted(len(value.items), 'value')} into {counted(n, 'name')}")
             items = value.items
         else:
             raise CheckError(target.span, f"cannot unpack a value of type {describe(value)}")

@@ -190,6 +190,16 @@ def with_note(e: DslError, note: Note) -> DslError:
 LIST_BY_MAP = "to make a list from another, use map, e.g. map(lambda k: init(k, D), split(key, L))"
 
 
+def counted(n: int, noun: str) -> str:
+    """'1 argument', '2 arguments': a count in a message, in the right number."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def given(n: int) -> str:
+    """'1 was given', '2 were given'."""
+    return f"{n} {'was' if n == 1 else 'were'} given"
+
+
 def did_you_mean(name: Any, candidates) -> str:
     """' (did you mean 'loss'?)' when a candidate is close to `name`, else ''."""
     close = difflib.get_close_matches(name, list(candidates), n=1) if isinstance(name, str) else []

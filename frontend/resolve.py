@@ -17,7 +17,7 @@ from pathlib import Path
 from frontend import ast
 from frontend.ast import source_text
 from frontend.builtins import BUILTIN_TYPES, builtin_value_names, is_builtin_value, unsupported_dtype
-from frontend.diagnostics import DslError, Note, ResolveError, Source, Span
+from frontend.diagnostics import DslError, Note, ResolveError, Source, Span, counted
 from frontend.limits import MAX_SOURCE_BYTES
 from frontend.parser import MAX_EXCERPT_READ, parse, too_large
 
@@ -429,7 +429,7 @@ class _Names:
             return                                   # List(T), an ADT's, or unknown (reported)
         name, params = "/".join(t.name), entity.node.params
         if len(t.args) != len(params):
-            self.error(t.span, f"{name} takes {len(params)} type argument{'s' * (len(params) != 1)}"
+            self.error(t.span, f"{name} takes {counted(len(params), 'type argument')}"
                                f"{' (' + ', '.join(params) + ')' if params else ''}, got {len(t.args)}",
                        [Note(f"{name} is declared here", entity.node.name_span)])
 
@@ -447,8 +447,8 @@ class _Names:
                        [Note(f"{name} is declared here", entity.node.name_span)])
         elif len(t.dims) != len(entity.node.dims):
             params = ", ".join(entity.node.dims)
-            self.error(t.span, f"{name} takes {len(entity.node.dims)} dimension argument"
-                               f"{'s' if len(entity.node.dims) > 1 else ''} [{params}], got {len(t.dims)}",
+            self.error(t.span, f"{name} takes {counted(len(entity.node.dims), 'dimension argument')} "
+                               f"[{params}], got {len(t.dims)}",
                        [Note(f"{name} is declared here", entity.node.name_span)])
         for d in t.dims:
             if (bad := self.not_a_dimension(d)) is not None:

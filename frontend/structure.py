@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from frontend.diagnostics import CheckError, Span
+from frontend.diagnostics import CheckError, Span, given
 from frontend.values import (UNKNOWN, ListV, RecordV, StaticV, TensorV, TupleV, UnknownV,
                              describe, literal_shape)
 from ir.dims import Dim
@@ -31,7 +31,7 @@ def call(name: str, args: list, spans: list[Span], span: Span):
             raise CheckError(span, "zip takes one list or tuple or more")
         return zipped(args, spans)
     if len(args) != 1:
-        raise CheckError(span, f"{name} takes one argument but {len(args)} were given")
+        raise CheckError(span, f"{name} takes one argument but {given(len(args))}")
     return {"len": length, "enumerate": enumerated, "leaves": leaves_of}[name](args[0], spans[0])
 
 

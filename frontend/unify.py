@@ -23,7 +23,12 @@ from ir.types import DTYPES, FLOAT_DTYPES, TensorType
 
 
 class Mismatch(Exception):
-    """A value does not fit an annotation; the caller says which argument or field."""
+    """A value does not fit an annotation; the caller says which argument or field: the one
+    matched, or `owner` where set: the earlier one whose dimensions the match contradicted."""
+
+    def __init__(self, message: str, owner: str | None = None):
+        super().__init__(message)
+        self.owner = owner
 
 
 _DIMS: dict[int, tuple[ast.Expr, Dim]] = {}     # id(node) -> (node, its Dim), bounded below
@@ -54,7 +59,7 @@ def record_params(t: ast.NamedType | None, decl: ast.ObjectDef, mod: ModuleInfo,
     """What a use of a record (t, read in mod and outer; None for a record literal) gives its
     parameters; a bare use gives none."""
     dims, args = (t.dims, t.args) if t is not None else ((), ())
-    return Params({p: eval_dim(d, outer.dims) for p, d in zip(decl.dims, dims)},
+    return Params({p: eval_size(d, outer.dims) for p, d in zip(decl.dims, dims)},
                   {p: (args[i], mod, outer) if i < len(args) else None for i, p in enumerate(decl.params)})
 
 
@@ -72,6 +77,15 @@ def eval_dim(e: ast.Expr, params: Mapping[str, Dim] = NO_PARAMS.dims) -> Dim:
             dim = dim.spelled(" ".join(e.span.source.text[e.span.start:e.span.end].split()))
         cached = _DIMS[id(e)] = (e, dim)
     return cached[1]
+
+
+def eval_size(e: ast.Expr, params: Mapping[str, Dim] = NO_PARAMS.dims) -> Dim:
+    """eval_dim of a size an annotation declares: one that is a negative number is refused
+    where it is written, before any call."""
+    dim = eval_dim(e, params)
+    if dim.value is not None and dim.value < 0:
+        raise CheckError(e.span, f"the size '{source_text(e)}' is {dim.value}: a dimension cannot be negative")
+    return dim
 
 
 def _eval_dim(e: ast.Expr, params: Mapping[str, Dim] = NO_PARAMS.dims) -> Dim:
@@ -122,29 +136,32 @@ def adopt_dtype(t: TensorType, dtype: str) -> TensorType:
 @dataclass
 class Binder:
     env: dict[str, Dim] = field(default_factory=dict)
-    # (a declared dimension, the actual one, the declared type it is part of, the actual type)
-    pending: list[tuple[Dim, Dim, TensorType, TensorType]] = field(default_factory=list)
+    # (a declared dimension, the actual one, the declared type it is part of, the actual type,
+    # the argument or field it comes from)
+    pending: list[tuple[Dim, Dim, TensorType, TensorType, str | None]] = field(default_factory=list)
     builder: Any = None        # when lowering: literals given for tensors become constants here
 
-    def match(self, t: ast.TypeExpr, v, mod: ModuleInfo, params: Params = NO_PARAMS):
+    def match(self, t: ast.TypeExpr, v, mod: ModuleInfo, params: Params = NO_PARAMS,
+              owner: str | None = None):
         """v checked against annotation t (dimensions recorded, solved by `finish`); returns v
         with weak literals converted to the declared dtype. `params`: those of the record
-        whose field t is."""
+        whose field t is; `owner`: the argument or field v is, named by a Mismatch that a later
+        match finds in v's dimensions."""
         if isinstance(v, UnknownV):
             return v
         is_param, arg = params.type_argument(t)
         if is_param:
-            return v if arg is None else self.match(arg[0], v, arg[1], arg[2])
+            return v if arg is None else self.match(arg[0], v, arg[1], arg[2], owner)
         match t:
             case ast.TensorTypeExpr():
-                return self.tensor(t, t.dtype, t.dims, v, params)
+                return self.tensor(t, t.dtype, t.dims, v, params, owner)
             case ast.TupleTypeExpr():
                 if not isinstance(v, TupleV) or len(v.items) != len(t.items):
                     raise Mismatch(f"expected a tuple of {len(t.items)}, got {describe(v)}")
-                return TupleV(tuple(self.match(a, b, mod, params) for a, b in zip(t.items, v.items)))
+                return TupleV(tuple(self.match(a, b, mod, params, owner) for a, b in zip(t.items, v.items)))
         name = "/".join(t.name)
         if name in DTYPES and name != "bool":
-            return self.tensor(t, name, (), v, params)
+            return self.tensor(t, name, (), v, params, owner)
         if name in ("int", "float", "bool"):
             if isinstance(v, StaticV) and (v.kind == name or name == "float" and v.kind == "int"):
                 if name == "float" and v.kind == "int":
@@ -160,8 +177,8 @@ class Binder:
                 stacked = f" (a fold stacks what it emits; {LIST_BY_MAP})" if isinstance(v, (RecordV, TensorV)) else ""
                 raise Mismatch(f"expected a List, got {describe(v)}{stacked}")
             if v.items is None:
-                return ListV(None, self.match(t.args[0], v.elem, mod, params), v.length)
-            return ListV.of(self.match(t.args[0], i, mod, params) for i in v.items)
+                return ListV(None, self.match(t.args[0], v.elem, mod, params, owner), v.length)
+            return ListV.of(self.match(t.args[0], i, mod, params, owner) for i in v.items)
         entity = lookup_type(t.name, mod)
         if entity is None:
             raise CheckError(t.span, unsupported_dtype(name) or f"unknown type '{name}'")
@@ -171,21 +188,24 @@ class Binder:
             fields, given = [], record_params(t, entity.node, mod, params)
             for f in entity.node.fields:
                 try:
-                    fields.append((f.name, self.match(f.type, v.get(f.name), entity.module, given)))
+                    fields.append((f.name, self.match(f.type, v.get(f.name), entity.module, given, owner)))
                 except Mismatch as m:
-                    raise Mismatch(f"field '{f.name}' of {name}: {m}") from None
+                    if m.owner not in (None, owner):    # (another argument's: no path in this one)
+                        raise
+                    raise Mismatch(f"field '{f.name}' of {name}: {m}", owner) from None
             return RecordV(v.name, tuple(fields), entity)
         if not isinstance(v, AdtV) or v.decl is not entity:
             raise Mismatch(f"expected {name}, got {describe(v)}")
         return v
 
-    def tensor(self, t: ast.TypeExpr, dtype: str, dims: tuple[ast.Expr, ...], v, params: Params):
+    def tensor(self, t: ast.TypeExpr, dtype: str, dims: tuple[ast.Expr, ...], v, params: Params,
+               owner: str | None):
         if msg := unsupported_dtype(dtype):
             raise CheckError(t.span, msg)
         if dtype not in DTYPES:
             raise CheckError(t.span, f"unknown dtype '{dtype}'")
         got = as_tensor(v)
-        declared = TensorType(dtype, tuple(eval_dim(d, params.dims) for d in dims))
+        declared = TensorType(dtype, tuple(eval_size(d, params.dims) for d in dims))
         if got is None or got.rank != len(dims):
             raise Mismatch(f"expected {self.shown(declared)}, got {describe(v)}")
         try:
@@ -193,7 +213,7 @@ class Binder:
         except Mismatch:
             raise Mismatch(f"expected {self.shown(declared)}, got {got}") from None
         for d, actual in zip(declared.shape, got.shape):
-            self.pending.append((d, actual, declared, got))
+            self.pending.append((d, actual, declared, got, owner))
         self.solve()
         if isinstance(v, TensorV):
             return TensorV(got, v.origin, v.ir)
@@ -212,19 +232,23 @@ class Binder:
         while progress:
             progress = False
             for c in list(self.pending):
-                declared, actual, whole, got = c
+                declared, actual, whole, got, owner = c
                 found = solve(declared, actual, self.env)
                 if found is None:
                     continue
                 self.pending.remove(c)
                 progress = progress or bool(found)
                 self.env.update(found)
-                if not declared.subst(self.env).agrees(actual):
-                    raise Mismatch(f"expected {self.shown(whole)}, got {got}")
+                size = declared.subst(self.env)
+                if size.value is not None and size.value < 0:
+                    raise Mismatch(f"{self.shown(whole)} has the size {declared} = {size.value}: "
+                                   f"a dimension cannot be negative", owner)
+                if not size.agrees(actual):
+                    raise Mismatch(f"expected {self.shown(whole)}, got {got}", owner)
 
     def finish(self) -> None:
         """Give every dimension no constraint could determine an unknown value."""
-        for declared, _, _, _ in self.pending:
+        for declared, *_ in self.pending:
             for name in declared.free_vars() - self.env.keys():
                 self.env[name] = Dim.unknown()
         self.pending.clear()
@@ -249,7 +273,7 @@ class Binder:
             return UNKNOWN if arg is None else self.instantiate(arg[0], arg[1], hint, arg[2])
         match t:
             case ast.TensorTypeExpr():
-                return TensorV(TensorType(t.dtype, tuple(eval_dim(d, params.dims).subst(self.env) for d in t.dims)))
+                return TensorV(TensorType(t.dtype, tuple(eval_size(d, params.dims).subst(self.env) for d in t.dims)))
             case ast.TupleTypeExpr():
                 return TupleV(tuple(self.instantiate(i, mod, f"{hint}[{k}]", params)
                                     for k, i in enumerate(t.items)))

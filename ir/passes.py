@@ -14,7 +14,7 @@ import numpy as np
 
 from ir import interp
 from ir.core import Builder, Function, Op, Value
-from ir.ops.base import np_dtype
+from ir.ops.base import literal_array
 from ir.ops.construct import Constant
 from ir.ops.contract import Einsum
 from ir.ops.elementwise import Add, Cast, Div, Elementwise, Mul, Sub
@@ -52,7 +52,7 @@ def _with_body(op: Op, body: Function) -> Op:
 def _key(op: Op):
     if isinstance(op.primitive, Constant):
         a = op.attrs
-        value = np.asarray(a["value"], dtype=np_dtype(a["dtype"]))
+        value = literal_array(a["value"], a["dtype"])
         return ("constant", a["dtype"], value.shape, value.tobytes())
     body = id(op.body) if op.body is not None else None
     return (op.primitive, tuple(v.id for v in op.inputs), op.params, body)

@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from ir.core import Builder, Op, Value
-from ir.ops.base import Primitive, is_float, np_dtype, statics
+from ir.ops.base import Primitive, is_float, literal_array, statics
 from ir.ops.construct import Constant
 
 
@@ -118,7 +118,7 @@ def _splat(op: Op, value: float) -> bool:
     if not isinstance(op.primitive, Constant):
         return False
     a = op.attrs
-    arr = np.asarray(a["value"], dtype=np_dtype(a["dtype"]))
+    arr = literal_array(a["value"], a["dtype"])
     want = np.asarray(value, dtype=arr.dtype)
     if is_float(arr.dtype):               # compare bits: -0.0 is not 0.0 here
         return all(x.tobytes() == want.tobytes() for x in arr.reshape(-1))

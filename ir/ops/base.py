@@ -177,6 +177,13 @@ def np_dtype(dtype: str) -> np.dtype:
     return np.dtype(NUMPY_DTYPES[dtype])
 
 
+def literal_array(value: Any, dtype: str) -> np.ndarray:
+    """A literal's value in a dtype: one beyond its range is ±inf, as IEEE rounding makes it
+    (not a NumPy warning)."""
+    with np.errstate(over="ignore"):
+        return np.asarray(value, dtype=np_dtype(dtype))
+
+
 def is_float(dtype: np.dtype) -> bool:
     """Whether a NumPy dtype is a float: kind 'f', or bf16, which ml_dtypes gives kind 'V'."""
     return dtype.kind == "f" or dtype == NUMPY_DTYPES["bf16"]

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from frontend.diagnostics import counted, given
 from ir import numerics
 from ir.dims import Dim
 from ir.ops.base import (NUMERIC, Kind, OpError, Param, Primitive, Role, broadcast_shapes,
@@ -132,8 +133,8 @@ class Einsum(Primitive):
         lhs, arrow, rhs = text.partition("->")
         terms = [_letters(t, spec) for t in lhs.split(",")]
         if len(terms) != len(operands):
-            raise OpError(f"einsum spec '{spec}' names {len(terms)} operands, but "
-                          f"{len(operands)} were given", "spec")
+            raise OpError(f"einsum spec '{spec}' names {counted(len(terms), 'operand')}, but "
+                          f"{given(len(operands))}", "spec")
         dtype, weak = _numeric("einsum", [("operands", t) for t in operands])
         sizes: dict[str, tuple[Dim, TensorType]] = {}
         for i, (term, t) in enumerate(zip(terms, operands)):

@@ -952,7 +952,8 @@ def _cast(x: Any, dtype: str) -> np.ndarray:
         # through its exact f32: ml_dtypes' own conversion gives 0 for NaN, ±inf and values out
         # of the integer's range, where f32's (NumPy's) gives what the f32 of the same value gives
         x = x.astype(np.float32)
-    return x.astype(np_dtype(dtype))
+    with np.errstate(invalid="ignore", over="ignore"):   # NaN, ±inf, out of range: docs/numerics.md
+        return x.astype(np_dtype(dtype))
 
 
 @primitive

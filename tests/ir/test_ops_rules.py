@@ -818,7 +818,7 @@ ERRORS: list[tuple[str, dict[str, Any], str, str | None]] = [
     ("einsum", {"spec": "ij,jk->ik", "operands": (f32("B", 64), f32(128, "V"))},
      "einsum letter 'j' is 64 in f32[B, 64] but 128 in f32[128, V]", "operands"),
     ("einsum", {"spec": "ij,jk->ik", "operands": (f32("B", "K"),)},
-     "einsum spec 'ij,jk->ik' names 2 operands, but 1 were given", "spec"),
+     "einsum spec 'ij,jk->ik' names 2 operands, but 1 was given", "spec"),
     ("einsum", {"spec": "ijk,jk->ik", "operands": (f32("B", "K"), f32("K", "N"))},
      "einsum term 'ijk' has 3 letters, but operand 0 is f32[B, K] of rank 2", "operands"),
     ("einsum", {"spec": "...i,i->...", "operands": (f32("B", "K"), f32("K"))},
