@@ -435,9 +435,17 @@ class _Frame:
     def body(self, exe: Executable) -> int:
         """The address of a new frame for a fold's body, with an arena of its own."""
         arena = _Arena(exe)
-        self.bodies.append(exe.native._frame(arena))
+        body = exe.native._frame(arena)
+        self.bodies.append(body)
         self.held.append(arena)                    # (its tables are the frame's)
-        return self.bodies[-1].address
+        # what the body makes each call but the loop does not place (a concat's inputs, which
+        # may be views of a result, are made each call), made once for the frame
+        placed = {word for word, copied, _ in exe.native.writes() if not copied}
+        for word, _, size, dtype, shape in exe.native.fresh:
+            if word not in placed:
+                made, body.words[word] = empty_aligned(size, dtype, shape)
+                self.held.append(made)
+        return body.address
 
     def scratch(self, threads: int) -> None:
         """Each product's scratch for `threads` threads (the products run one at a time), the
