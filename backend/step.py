@@ -9,8 +9,9 @@ included). No address is in the code, so a module is the same in every process a
 from the compile cache. A segment returns 0, or 1 where a scatter met an index out of range
 (then the runtime runs the call again step by step, for the interpreter's diagnostic).
 
-A fold's loop can become a loop here: the body's own segments called once per step with the
-step's slices as bases, its saved states placed by the step's index."""
+A fold over a tensor whose body is native throughout is a loop here: each step writes the
+body's frame (its parameters: the states, the step's slices, the constants; its results: the
+next states, the step's slices of the emits) and runs the body's calls on that frame."""
 from __future__ import annotations
 
 import hashlib
@@ -20,6 +21,7 @@ from llvmlite import ir
 
 from backend import cpu
 from backend.contract import ARGUMENTS
+from backend.llvm import loop
 
 I8P = ir.IntType(8).as_pointer()
 I64 = ir.IntType(64)
@@ -81,7 +83,46 @@ class TakeCall:
     sizes: tuple[int, int, int, int, int]
 
 
-Call = RunCall | ProductCall | ScatterCall | TakeCall
+@dataclass(frozen=True)
+class CopyCall:
+    """Rows of contiguous bytes copied (a split's parts, a concat's inputs): `rows` rows of
+    `row` bytes, `strides` (source's, destination's) bytes apart."""
+    source: Ref
+    destination: Ref
+    rows: int
+    row: int
+    strides: tuple[int, int]
+
+
+@dataclass(frozen=True)
+class State:
+    """A fold's state: where it starts, where it ends, and a frame word holding a buffer of its
+    size. The steps write the end and the spare by turns, so that the last step writes the end."""
+    initial: Ref
+    final: Ref
+    spare: int
+
+
+@dataclass(frozen=True)
+class ScanCall:
+    """A fold of `length` steps (at least 1), backwards where `reverse`, whose body's calls run
+    on the body's frame (its address in frame word `body`). Before each step the body's
+    parameter words get the states, the scanned inputs' slices and the constants; its result
+    words get the next states and the emits' slices, or, for a result the body does not write
+    itself (a parameter, or a value it returns twice), the step copies it there after."""
+    body: int
+    calls: tuple[Call, ...]
+    length: int
+    reverse: bool
+    states: tuple[State, ...]
+    sequences: tuple[tuple[Ref, int], ...]      # (first slice, bytes between slices)
+    constants: tuple[Ref, ...]
+    params: tuple[int, ...]                     # the body frame's words: states, slices, constants
+    results: tuple[tuple[int, bool, int], ...]  # (body frame's word, copied, bytes): states, emits
+    emits: tuple[tuple[Ref, int], ...]
+
+
+Call = RunCall | ProductCall | ScatterCall | TakeCall | CopyCall | ScanCall
 
 
 def module_ir(segments: list[tuple[Call, ...]]) -> ir.Module:
@@ -108,16 +149,24 @@ class _Segment:
         self.b = ir.IRBuilder(fn.append_basic_block("entry"))
         self.failed = fn.append_basic_block("failed")
         ir.IRBuilder(self.failed).ret(ir.Constant(I64, 1))
+        self.memcpy = fn.module.declare_intrinsic("llvm.memcpy", [I8P, I8P, I64])
 
     def emit(self, calls: tuple[Call, ...]) -> None:
+        self.calls(calls)
+        self.b.ret(ir.Constant(I64, 0))
+
+    def calls(self, calls: tuple[Call, ...]) -> None:
         for call in calls:
             if isinstance(call, RunCall):
                 self.run(call)
             elif isinstance(call, ProductCall):
                 self.product(call)
+            elif isinstance(call, CopyCall):
+                self.copy(call)
+            elif isinstance(call, ScanCall):
+                self.scan(call)
             else:
                 self.indexed(call)
-        self.b.ret(ir.Constant(I64, 0))
 
     def word(self, i: int) -> ir.Value:
         return self.b.load(self.b.gep(self.frame, [ir.Constant(I64, i)]))
@@ -189,3 +238,53 @@ class _Segment:
         go_on = b.append_basic_block("scattered")
         b.cbranch(b.icmp_signed(">=", bad, ir.Constant(I64, 0)), self.failed, go_on)
         b.position_at_end(go_on)
+
+    def copy_bytes(self, destination: ir.Value, source: ir.Value, size: int) -> None:
+        b = self.b
+        b.call(self.memcpy, [b.inttoptr(destination, I8P), b.inttoptr(source, I8P),
+                             ir.Constant(I64, size), ir.Constant(ir.IntType(1), 0)])
+
+    def copy(self, call: CopyCall) -> None:
+        b = self.b
+        source, destination = self.address(call.source), self.address(call.destination)
+        (from_, to) = (ir.Constant(I64, s) for s in call.strides)
+        loop(b, ir.Constant(I64, 0), ir.Constant(I64, call.rows), lambda r: self.copy_bytes(
+            b.add(destination, b.mul(r, to)), b.add(source, b.mul(r, from_)), call.row))
+
+    def scan(self, call: ScanCall) -> None:
+        b = self.b
+        outer, body = self.frame, self.pointer(call.body, I64.as_pointer())
+        last = ir.Constant(I64, call.length - 1)
+        zero = ir.Constant(I64, 0)
+
+        def even(n: ir.Value) -> ir.Value:
+            return b.icmp_signed("==", b.and_(n, ir.Constant(I64, 1)), zero)
+
+        def step(k: ir.Value) -> None:
+            t = b.sub(last, k) if call.reverse else k
+            at = lambda ref, stride: b.add(self.address(ref), b.mul(t, ir.Constant(I64, stride)))
+            finals = [self.address(s.final) for s in call.states]
+            spares = [self.word(s.spare) for s in call.states]
+            # step k writes the final buffer where length - 1 - k is even, and reads what step
+            # k - 1 wrote
+            writing, read = even(b.sub(last, k)), even(b.sub(last, b.sub(k, ir.Constant(I64, 1))))
+            first = b.icmp_signed("==", k, zero)
+            values = [b.select(first, self.address(s.initial), b.select(read, f, x))
+                      for s, f, x in zip(call.states, finals, spares)]
+            values += [at(ref, stride) for ref, stride in call.sequences]
+            values += [self.address(ref) for ref in call.constants]
+            destinations = [b.select(writing, f, x) for f, x in zip(finals, spares)]
+            destinations += [at(ref, stride) for ref, stride in call.emits]
+            self.frame = body
+            for word, value in zip(call.params, values):
+                self.store(value, body, word)
+            for (word, copied, _), destination in zip(call.results, destinations):
+                if not copied:
+                    self.store(destination, body, word)
+            self.calls(call.calls)
+            for (word, copied, size), destination in zip(call.results, destinations):
+                if copied:
+                    self.copy_bytes(destination, self.word(word), size)
+            self.frame = outer
+
+        loop(b, zero, ir.Constant(I64, call.length), step)

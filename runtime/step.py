@@ -1,6 +1,7 @@
 """An executable's calls in few native calls (backend/step.py): its plan cut into segments of
-runs, products and scatters, with the steps that stay in Python between them (gathers, sorts,
-folds, random numbers: the host steps of docs/cpu.md). Each value is a base address in the
+runs, products, scatters, gathers, splits, concats and folds whose bodies are native
+throughout, with the steps that stay in Python between them (sorts, random numbers, other
+folds: the host steps of docs/cpu.md). Each value is a base address in the
 frame plus an offset fixed by the plan (a view's by NumPy's strides, found once on stand-in
 arrays), so a call writes its arguments' and results' addresses and makes one call a segment."""
 from __future__ import annotations
@@ -16,12 +17,14 @@ from backend import scatter
 from backend.contract import ARGUMENTS, NUMPY, Matmul, aligned
 from backend.cpu import address, sync_words
 from backend.schedule import ContractStep, HostStep, KernelStep, ViewStep, nbytes
-from backend.step import (HEADER, TEAM_BOX, TEAM_RUN, Call, ProductCall, Ref, RunCall,
-                          ScatterCall, TakeCall, compile_segments)
+from backend.step import (HEADER, TEAM_BOX, TEAM_RUN, Call, CopyCall, ProductCall, Ref, RunCall,
+                          ScanCall, ScatterCall, State, TakeCall, compile_segments)
 from backend.team import MAX_THREADS, team
 from ir.core import Value
 from ir.ops.base import np_dtype
+from ir.ops.control import Scan
 from ir.ops.index import ScatterAdd, Take
+from ir.ops.shape import Concat, Split
 from runtime import cpu
 from runtime.cpu import (Executable, _Arena, _copy, _made_once, empty_aligned,
                          _RunLaunch, _View, product, threads)
@@ -126,8 +129,9 @@ class NativeStep:
         elif _made_once(step):
             return []
         else:
-            call = self._scatter(step.op) or self._take(step.op)
-        return None if call is None else [call]
+            call = (self._scatter(step.op) or self._take(step.op) or self._pieces(step.op)
+                    or self._scan(step.op))
+        return None if call is None else call if isinstance(call, list) else [call]
 
     def _fresh(self, values) -> None:
         """Places for what native calls write outside the arena: made each call where the
@@ -218,6 +222,83 @@ class NativeStep:
                         tuple(self._ref(v) for v in (out, x, indices)),
                         (outer, prod(indices.shape), size, inner * np_dtype(x.dtype).itemsize,
                          int(op.attrs.get("from_end", True))))
+
+    def _pieces(self, op) -> list[CopyCall] | None:
+        """A split's parts, or a concat's inputs, copied as rows of bytes (each part a view of
+        the whole on the stand-ins, NumPy's own split)."""
+        if isinstance(op.primitive, Split):
+            (whole,), parts, into = op.inputs, op.outputs, False
+        elif isinstance(op.primitive, Concat):
+            parts, (whole,), into = op.inputs, op.outputs, True
+        else:
+            return None
+        if any(v not in self.places or not self.places[v][1].flags.c_contiguous
+               for v in op.inputs):
+            return None
+        axis = op.attrs.get("axis", 0) % len(whole.shape)
+        stand_in = _stand_in(whole)                 # (only offsets are read from it)
+        views = Split().evaluate(stand_in, tuple(v.shape[axis] for v in parts), axis)
+        rows = [_rows(view) for view in views]
+        if None in rows:
+            return None
+        self._fresh(op.outputs)
+        whole_ref = self._ref(whole)
+        calls = []
+        for part, view, (count, row, stride) in zip(parts, views, rows):
+            if view.size == 0:
+                continue
+            ref = Ref(whole_ref.word, whole_ref.offset + _pointer(view) - _pointer(stand_in))
+            calls.append(CopyCall(*((self._ref(part), ref) if into else (ref, self._ref(part))),
+                                  count, row, (row, stride) if into else (stride, row)))
+        return calls
+
+    def _scan(self, op) -> ScanCall | None:
+        """A fold whose body is native throughout, as a loop: its body's calls on a frame of
+        the body's own."""
+        if not isinstance(op.primitive, Scan) or op.attrs["length"] < 1:
+            return None
+        body = self.exe.bodies[id(op)]
+        items = body.native.items
+        if len(items) > 1 or items and (not isinstance(items[0], Native) or items[0].views):
+            return None
+        n_state, n_xs = op.attrs["n_state"], op.attrs["n_xs"]
+        if any(v not in self.places or not self.places[v][1].flags.c_contiguous
+               or np_dtype(v.dtype) != dtype for v, (_, _, dtype) in zip(
+                   op.inputs, body.native.params)):
+            return None
+        results = body.native.writes()
+        if results is None:
+            return None
+        self._fresh(op.outputs)
+        ins, outs = op.inputs, op.outputs
+        states = tuple(State(self._ref(a), self._ref(b), self._static(
+            lambda arena, frame, size=nbytes(b): frame.hold(size))) for a, b in zip(ins[:n_state], outs[:n_state]))
+        return ScanCall(self._static(lambda arena, frame: frame.body(body)),
+                        items[0].calls if items else (), op.attrs["length"],
+                        bool(op.attrs.get("reverse")), states,
+                        tuple((self._ref(v), nbytes(v) // op.attrs["length"])
+                              for v in ins[n_state:n_state + n_xs]),
+                        tuple(self._ref(v) for v in ins[n_state + n_xs:]),
+                        tuple(w for w, _, _ in body.native.params), results,
+                        tuple((self._ref(v), nbytes(v) // op.attrs["length"])
+                              for v in outs[n_state:]))
+
+    def writes(self) -> tuple[tuple[int, bool, int], ...] | None:
+        """For each result, as a fold's loop fills it: the frame word that holds it, whether
+        it is copied from there after the call (a parameter, or a value already returned),
+        and its bytes; None where a result is neither made each call nor a parameter."""
+        made = {v: w for w, v, *_ in self.fresh}
+        params = {p: w for w, p, _ in self.params}
+        seen, writes = set(), []
+        for v in self.exe.function.results:
+            if v in made and v not in seen:
+                writes.append((made[v], False, nbytes(v)))
+            elif v in made or v in params:
+                writes.append((made.get(v, params.get(v)), True, nbytes(v)))
+            else:
+                return None
+            seen.add(v)
+        return tuple(writes)
 
     def _python_views(self, items: list) -> set[int]:
         """The placed views that Python reads (a host step's inputs, the results), which it
@@ -341,11 +422,37 @@ class _Frame:
         self.threads = 0
         self._scratch: dict[str, np.ndarray] = {}
         self.kept: dict[Value, np.ndarray] = {}    # what native calls write that no caller sees
+        self.held: list[object] = []               # the folds' spare states and arenas
+        self.bodies: list[_Frame] = []             # the folds' bodies' frames
         self.seen: dict[Value, np.ndarray] = {}    # the arena's, made and kept values Python reads
 
+    def hold(self, size: int) -> int:
+        """The address of `size` new bytes this frame keeps."""
+        held, base = empty_aligned(size, np.dtype(np.uint8), (size,))
+        self.held.append(held)
+        return base
+
+    def body(self, exe: Executable) -> int:
+        """The address of a new frame for a fold's body, with an arena of its own."""
+        arena = _Arena(exe)
+        body = exe.native._frame(arena)
+        self.bodies.append(body)
+        self.held.append(arena)                    # (its tables are the frame's)
+        # what the body makes each call but the loop does not place (a concat's inputs, which
+        # may be views of a result, are made each call), made once for the frame
+        placed = {word for word, copied, _ in exe.native.writes() if not copied}
+        for word, _, size, dtype, shape in exe.native.fresh:
+            if word not in placed:
+                made, body.words[word] = empty_aligned(size, dtype, shape)
+                self.held.append(made)
+        return body.address
+
     def scratch(self, threads: int) -> None:
-        """Each product's scratch for `threads` threads (the products run one at a time)."""
+        """Each product's scratch for `threads` threads (the products run one at a time), the
+        folds' bodies' too."""
         self.threads = threads
+        for body in self.bodies:
+            body.scratch(threads)
         for kernel, block in zip(self.kernels, self.blocks):
             have = self._scratch.get(kernel.dtype)
             if have is None or have.size < threads * kernel.tiles.scratch_elements + 64:
@@ -372,7 +479,23 @@ def _written(step) -> tuple[Value, ...]:
 
 def _shares(call: Call) -> bool:
     return (isinstance(call, RunCall) and call.shared or isinstance(call, ProductCall)
-            and (call.parts > 1 or call.epilogue is not None and call.epilogue.shared))
+            and (call.parts > 1 or call.epilogue is not None and call.epilogue.shared)
+            or isinstance(call, ScanCall) and any(map(_shares, call.calls)))
+
+
+def _rows(view: np.ndarray) -> tuple[int, int, int, int] | None:
+    """A view as rows of contiguous bytes the same distance apart: (rows, row bytes, bytes
+    between rows), or None where it is not."""
+    dims = [(n, s) for n, s in zip(view.shape, view.strides) if n != 1]
+    row = view.itemsize
+    while dims and dims[-1][1] == row:
+        row *= dims.pop()[0]
+    if not dims:
+        return 1, row, row
+    count, stride = dims.pop()
+    while dims and dims[-1][1] == stride * count:
+        count *= dims.pop()[0]
+    return None if dims else (count, row, stride)
 
 
 def _stand_in(v: Value) -> np.ndarray:

@@ -19,9 +19,11 @@ from runtime.step import Native
 from test_rows import reference
 
 EXAMPLES = Path(__file__).parent.parent.parent / "examples"
+PROGRAMS = Path(__file__).parent.parent / "programs"          # (lstm.bend)
 
 SOURCE = """
 from nn import softmax
+from lstm import Lstm, lstm_loss
 def mlp(x: f32[B, D], W: f32[D, H], b: f32[H], V2: f32[H, N]) -> f32[B, N]:
   return tanh(x @ W + b) @ V2
 
@@ -43,8 +45,26 @@ def lookup(C, x):
 
 def scattered(x: f32[V, E], i: i32[B], u: f32[B, E]) -> f32[V, E]:
   return scatter_add(x * 2.0, i, u)
+
+def lstm_grad(p: Lstm, xs: f32[T, B, D], h0: f32[B, H], c0: f32[B, H]) -> (f32, Lstm):
+  l, g = value_and_grad(lstm_loss, wrt=p)(p, xs, h0, c0)
+  return l, g
+
+def running(xs: f32[T, N], w: f32[N]) -> (f32[N], f32[N], f32[N], f32[T, 2 * N], f32[T]):
+  stacked, means = fold x in xs with total = 0.0, top = zeros([N]) - 1e9, kept = w:
+    total = total + x * w
+    top = maximum(top, x)
+    return concat([x, total], axis=0), mean(x)
+  return total, top, kept, stacked, means
 """
-PROGRAM = dsl.loads(SOURCE, device="cpu")
+
+
+def program() -> dsl.Program:
+    """SOURCE compiled anew (its imports from tests/programs)."""
+    return dsl.loads(SOURCE, name=str(PROGRAMS / "native_step.bend"), device="cpu")
+
+
+PROGRAM = program()
 rng = np.random.default_rng(5)
 
 
@@ -62,7 +82,16 @@ CASES = [("mlp", lambda n: [floats(n, 7), floats(7, 13), floats(13), floats(13, 
          ("attention", lambda n: [floats(2, n, 5), floats(2, n, 5)]),
          ("row", lambda n: [floats(3, n), floats(n, 5)]),
          ("embedding_grad", lambda n: [floats(11, 3), indices(11, n, 2)]),
-         ("scattered", lambda n: [floats(7, n), indices(7, 5), floats(5, n)])]
+         ("scattered", lambda n: [floats(7, n), indices(7, 5), floats(5, n)]),
+         ("running", lambda n: [floats(n, 6), floats(6)])]
+# folds whose compiled gradients are not the interpreter's bits: checked against the walk's
+# (a Python loop calling the compiled body)
+LOOPS = [("lstm_grad", lambda n: [cell(3, 5), floats(n, 2, 3), floats(2, 5), floats(2, 5)]),
+         ("lstm_grad", lambda n: [cell(n, 2), floats(4, 3, n), floats(3, 2), floats(3, 2)])]
+
+
+def cell(D: int, H: int) -> dict[str, np.ndarray]:
+    return {"Wx": floats(D, 4 * H), "Wh": floats(H, 4 * H), "b": floats(4 * H)}
 
 
 def lowered(name: str, args: list[np.ndarray]):
@@ -70,26 +99,33 @@ def lowered(name: str, args: list[np.ndarray]):
     return low.function, inputs.arrays
 
 
-def three_ways(case: tuple[str, int, int]) -> list[str]:
+def three_ways(case: tuple[int, int, int], cases: list = CASES) -> list[str]:
     """In a child: where the native step's results' bytes differ from the walk's and the
     interpreter's (its math functions the compiled ones: tests/backend/test_rows.py), every
     run shared by the threads and cut as finely as it goes."""
-    (name, make), n, threads = CASES[case[0]], case[1], case[2]
+    (name, make), n, threads = cases[case[0]], case[1], case[2]
     os.environ["DSLC_THREADS"] = str(threads)
     cpu.MIN_RUN_WORK, cpu.MIN_CHUNK_WORK, cpu.MIN_MULTIPLY_ADDS_PER_THREAD = 0, 1, 1
     fn, arrays = lowered(name, make(n))
     exe = Executable(fn)
-    native, walked, wanted = exe.run(arrays), exe.walk(arrays), reference(fn, arrays)
+    native, walked = exe.run(arrays), exe.walk(arrays)
+    wanted = reference(fn, arrays) if cases is CASES else walked
     return [f"result {i}: {how}" for i, (a, b, c) in enumerate(zip(native, walked, wanted))
             for how, other in (("walk", b), ("interpreter", c))
             if a.shape != other.shape or a.dtype != other.dtype or a.tobytes() != other.tobytes()]
 
 
-def test_the_native_step_has_the_bits_of_the_walk_and_the_interpreter():
-    cases = [(c, n, t) for c in range(len(CASES)) for n in (0, 1, 7, 13) for t in (1, 2, 3)]
-    outcomes = {case: (how, value) for case, how, value in isolated(three_ways, cases, 300, jobs=2)}
+def two_ways(case: tuple[int, int, int]) -> list[str]:
+    """three_ways for a case of LOOPS, against the walk alone."""
+    return three_ways(case, LOOPS)
+
+
+@pytest.mark.parametrize("check, cases", [(three_ways, CASES), (two_ways, LOOPS)])
+def test_the_native_step_has_the_bits_of_the_walk_and_the_interpreter(check, cases):
+    every = [(c, n, t) for c in range(len(cases)) for n in (0, 1, 7, 13) for t in (1, 2, 3)]
+    outcomes = {case: (how, value) for case, how, value in isolated(check, every, 300, jobs=2)}
     assert {case: o for case, o in outcomes.items() if o != ("ok", [])} == {}
-    assert len(outcomes) == len(cases)
+    assert len(outcomes) == len(every)
 
 
 def segments(exe: Executable) -> list[str]:
@@ -103,6 +139,15 @@ def test_a_step_without_host_steps_is_one_native_call():
     exe = Executable(fn)
     assert segments(exe) == ["ProductCall ProductCall"]
     assert exe.native.items[0].function is not None
+
+
+@pytest.mark.parametrize("entry, args, want", [
+    ("lstm_grad", [cell(3, 5), floats(6, 2, 3), floats(2, 5), floats(2, 5)],
+     ["ScanCall RunCall ScanCall"]),
+    ("running", [floats(5, 6), floats(6)], ["ScanCall"]),
+    ("running", [floats(0, 6), floats(6)], ["scan"])])
+def test_a_fold_whose_body_is_native_is_a_loop_in_the_native_call(entry, args, want):
+    assert segments(Executable(lowered(entry, args)[0])) == want
 
 
 def test_a_names_mlp_step_is_one_native_call():
@@ -130,7 +175,7 @@ def test_an_index_out_of_range_in_a_native_call_is_reported_as_the_walk_reports_
 
 
 def test_a_second_call_of_the_same_signature_is_not_lowered_again(monkeypatch):
-    prog = dsl.loads(SOURCE, device="cpu")
+    prog = program()
     lowerings = []
     lower = prog._specialisation                    # the full path: checked and lowered
     monkeypatch.setattr(prog, "_specialisation", lambda *a: lowerings.append(a[0]) or lower(*a))
@@ -144,7 +189,7 @@ def test_a_second_call_of_the_same_signature_is_not_lowered_again(monkeypatch):
 
 
 def test_a_wrong_input_after_a_fast_call_gets_the_full_paths_diagnostic():
-    prog = dsl.loads(SOURCE, device="cpu")
+    prog = program()
     C = floats(5, 3)
     prog.embedded(C)
     raises(lambda: prog.embedded(C[0]), "'C'")
@@ -153,7 +198,7 @@ def test_a_wrong_input_after_a_fast_call_gets_the_full_paths_diagnostic():
 
 
 def test_an_array_passed_twice_then_two_arrays_are_not_mixed_up():
-    prog = dsl.loads(SOURCE, device="cpu")
+    prog = program()
     q = floats(2, 3, 5)
     prog.attention(q, q)
     k = floats(2, 3, 5)
