@@ -180,7 +180,7 @@ def maker(fn: Function, v: Value) -> str:
 
 def test_every_entry_exports_or_says_which_op_it_cannot():
     texts, refused = exported()
-    assert len(texts) >= 380, f"only {len(texts)} of {len(cases())} entries exported"
+    assert len(texts) >= 485, f"only {len(texts)} of {len(cases())} entries exported"
     for case, e in refused.items():
         assert str(e).startswith("not expressible in MLIR yet: "), case
     located = sum(e.origin is not None for e in refused.values())
@@ -303,3 +303,19 @@ def test_a_function_iree_cannot_compile_is_a_dsl_error(tmp_path: Path):
     user_error(dslc("run", str(tmp_path / "f.bend"), "--entry", "f", "--inputs", str(tmp_path / "in.npz"),
                     "--device", "iree"), "error: IREE's compiler failed (target llvm-cpu): failed to "
                "legalize operation 'math.erfc' that was explicitly marked illegal (IREE's math library")
+
+
+EXACT = ROOT / "tests" / "programs" / "exact_ops.bend"
+
+
+def test_argmax_and_argmin_on_iree_pick_numpys_index_of_nan_ties_and_signed_zeros():
+    """The first NaN, else the first extreme; -0.0 ties with 0.0; -inf and +inf can win."""
+    nan, inf = np.nan, np.inf
+    x = np.array([[1.0, nan, 3.0, nan], [-0.0, 0.0, -inf, -inf], [inf, 2.0, inf, -1.0]], np.float32)
+    n = np.array([[0, 7, 7, -3], [-3, 5, -3, 5], [2, 2, 2, 2]], np.int32)
+    m = np.array([[False, True, True, False], [False] * 4, [True, False, False, True]])
+    got = dsl.load(str(EXACT), device="iree").extremes(x, n, m)
+    want = (np.argmax(x, 1), np.argmin(x, -1)[:, None], np.argmax(x), np.argmin(n, 0),
+            np.argmax(m, 1), np.argmin(n).reshape(1, 1))
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == np.int32 and g.tolist() == w.tolist()

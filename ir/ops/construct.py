@@ -7,8 +7,8 @@ import numpy as np
 
 from ir.dims import Dim
 from ir.ops.base import (Kind, OpError, Param, Primitive, Role, check_fill, check_shape, np_dtype,
-                         primitive, range_length)
-from ir.types import TensorType
+                         primitive, range_length, statics)
+from ir.types import FLOAT_DTYPES, TensorType
 
 
 class Filled(Primitive):
@@ -89,6 +89,28 @@ class Arange(Primitive):
                  dtype: str = "i32") -> np.ndarray:
         return np.arange(*_range(start, stop), step, dtype=np_dtype(dtype))
 
+    def mlir(self, w: Any, op: Any) -> list[str]:
+        """Element i of a linalg.generic as NumPy fills it: an integer start + i * step in i64
+        (wrapping to dtype); a float start + i * (second - start) in f32 (f64 for f64) from the
+        first two elements rounded to dtype, and those two as they are."""
+        a, b = statics(op), w.body
+        (start, stop), step, dtype = map(int, _range(a["start"], a["stop"])), a["step"], a["dtype"]
+
+        def element(args: list) -> list:
+            i = b.from_index(b.position(0), "i64")
+            if dtype not in FLOAT_DTYPES:
+                return [b.cast(b.add(b.const(start, "i64"), b.mul(i, b.const(step, "i64"))), "i64", dtype)]
+            ft = np_dtype("f64" if dtype == "f64" else "f32").type
+            with np.errstate(all="ignore"):          # (f16's may be inf, and inf - inf NaN)
+                first, second = (np_dtype(dtype).type(v) for v in (start, start + step))
+                delta = ft(second) - ft(first)
+            t = "f64" if dtype == "f64" else "f32"
+            x = b.cast(b.add(b.const(ft(first), t), b.mul(b.cast(i, "i64", t), b.const(delta, t))), t, dtype)
+            for k, value in ((1, second), (0, first)):
+                x = b.select(b.compare("==", i, b.const(k, "i64"), "i64"), b.const(value, dtype), x)
+            return [x]
+        return w.generic(op.outputs[0].shape, [dtype], [], element, hint=self.name)
+
 
 @primitive
 class Eye(Primitive):
@@ -106,6 +128,15 @@ class Eye(Primitive):
 
     def evaluate(self, n: int, m: int | None = None, dtype: str = "f32") -> np.ndarray:
         return np.eye(n, m, dtype=np_dtype(dtype))
+
+    def mlir(self, w: Any, op: Any) -> list[str]:
+        """1 where the row's index is the column's, else 0: a linalg.generic."""
+        b, out = w.body, op.outputs[0]
+
+        def element(args: list) -> list:
+            diagonal = b.compare("==", b.position(0), b.position(1), "index")
+            return [b.select(diagonal, b.const(1, out.dtype), b.const(0, out.dtype))]
+        return w.generic(out.shape, [out.dtype], [], element, hint=self.name)
 
 
 @primitive

@@ -306,10 +306,44 @@ class ArgReduction(Reduction):
     role = Role.HOST
     host = "an index of an extreme is not compiled yet"
 
+    better: ClassVar[str]                    # the comparison an element must win: > or <
+
     def check_axis(self, axis: Axes) -> Axes:
         if isinstance(axis, tuple):
             raise OpError(f"'{self.name}' takes one axis or None, got {axis}", "axis")
         return axis
+
+    def mlir(self, w: Any, op: Any) -> list[str]:
+        """A linalg.generic reducing the axis (of the flattened tensor for None) to the pair
+        (extreme, index), NumPy's: the first NaN, else the first extreme. The combination is
+        a total order on pairs, so IREE may reduce in any order and still find NumPy's."""
+        from ir.mlir import tensor_type
+        (x,), out = op.inputs, op.outputs[0]
+        axis, name, shape = statics(op)["axis"], w[x], x.shape
+        if axis is None:
+            name, shape, axis = w.reshape(name, shape, (prod(shape),), x.dtype), (prod(shape),), 0
+        axis %= len(shape)
+        kept = [n for i, n in enumerate(shape) if i != axis]
+        worst = np.inf if self.better == "<" else -np.inf
+        if x.dtype not in FLOAT_DTYPES:
+            worst = _identity(REGISTRY["max" if self.better == ">" else "min"], x.dtype)
+        inits = [w.filled(worst, kept, x.dtype, "init"), w.filled(0, kept, "i32", "init")]
+        b = w.body
+
+        def combine(args: list) -> list:
+            v, best, at = args
+            i = b.from_index(b.position(axis), "i32")
+            wins, tie = b.compare(self.better, v, best, x.dtype), b.compare("==", v, best, x.dtype)
+            if x.dtype in FLOAT_DTYPES:               # NaN wins over every number
+                nan, best_nan = b.isnan(v), b.isnan(best)
+                wins = b.or_(wins, b.and_(nan, b.xor(best_nan, b.const(True, "bool"))))
+                tie = b.or_(tie, b.and_(nan, best_nan))
+            take = b.or_(wins, b.and_(tie, b.compare("<", i, at, "i32")))
+            return [b.select(take, v, best), b.select(take, i, at)]
+        ins = [(name, tensor_type(shape, x.dtype), ", ".join(f"d{i}" for i in range(len(shape))))]
+        index = w.generic(shape, [x.dtype, "i32"], ins, combine, reduced=(axis,), inits=inits,
+                          hint=self.name)[1]
+        return [w.reshape(index, kept, out.shape, "i32")]
 
 
 @primitive
@@ -317,6 +351,7 @@ class ArgMax(ArgReduction):
     """The index of the first largest element."""
     name = surface = "argmax"
     numpy = staticmethod(np.argmax)
+    better = ">"
 
 
 @primitive
@@ -324,3 +359,4 @@ class ArgMin(ArgReduction):
     """The index of the first smallest element."""
     name = surface = "argmin"
     numpy = staticmethod(np.argmin)
+    better = "<"

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from functools import reduce
 from operator import mul
 from types import EllipsisType
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -574,6 +574,7 @@ class Triangle(Primitive):
     """x with the elements on one side of diagonal k of its last two axes set to zero."""
     host = "made by NumPy (a mask is made once)"
     params = (Param("x", Kind.TENSOR), Param("k", Kind.INT, 0))
+    keeps: ClassVar[str]                       # how a kept column j compares to i + k: <= or >=
 
     def infer(self, x: TensorType, k: int = 0) -> TensorType:
         if x.rank < 2:
@@ -583,11 +584,22 @@ class Triangle(Primitive):
     def vjp(self, b: Any, op: Any, cts: tuple) -> tuple:
         return (b.emit(self.name, cts[0], k=statics(op)["k"]),)
 
+    def mlir(self, w: Any, op: Any) -> list[str]:
+        """x, or 0 where column j and row i are on the other side of j = i + k: a linalg.generic."""
+        b, rank, k = w.body, len(op.inputs[0].shape), statics(op)["k"]
+
+        def element(args: list) -> Any:
+            i, j = b.position(rank - 2), b.position(rank - 1)
+            kept = b.compare(self.keeps, j, b.add(i, w.index_here(k)), "index")
+            return b.select(kept, args[0], b.const(0, op.outputs[0].dtype))
+        return [w.map(op, element)]
+
 
 @primitive
 class Tril(Triangle):
     """Keeps the elements on and below diagonal k (j <= i + k)."""
     name = surface = "tril"
+    keeps = "<="
 
     def evaluate(self, x: np.ndarray, k: int = 0) -> np.ndarray:
         return np.tril(x, k)
@@ -597,6 +609,7 @@ class Tril(Triangle):
 class Triu(Triangle):
     """Keeps the elements on and above diagonal k (j >= i + k)."""
     name = surface = "triu"
+    keeps = ">="
 
     def evaluate(self, x: np.ndarray, k: int = 0) -> np.ndarray:
         return np.triu(x, k)
