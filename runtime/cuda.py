@@ -1,6 +1,7 @@
-"""Running compiled code on an NVIDIA GPU: the plan of backend/schedule.py walked as the CPU
-runtime walks it, with device memory for buffers and the PTX kernels that backend/gpu_plan.py
-lowers it to (which kernel runs each step, its launch shape and integer arguments).
+"""Running compiled code on an NVIDIA GPU: the plan of backend/schedule.py walked by the one
+executor of runtime/executor.py, as the CPU runtime's is, with device memory for buffers and
+the PTX kernels that backend/gpu_plan.py lowers it to (which kernel runs each step, its
+launch shape and integer arguments).
 
 The PTX is loaded through pycuda (`module_from_buffer`) where it is installed, else through
 NVIDIA's `cuda.bindings`; both sit behind one small driver interface. Tensors stay on the
@@ -45,7 +46,7 @@ from backend.gpu_plan import (  # noqa: F401  (GpuKernels, module_ptx, copy_kern
     segments,
 )
 from backend.loops import LoopKernel
-from backend.schedule import ContractStep, HostStep, KernelStep, Plan, last_uses, made_once
+from backend.schedule import ContractStep, HostStep, KernelStep, Plan, Step, last_uses, made_once
 from frontend.diagnostics import DslError
 from ir import interp
 from ir.core import Function, Op, Value
@@ -57,7 +58,7 @@ from ir.ops.random import KeySplit
 from ir.ops.reduce import ArgReduction
 from ir.ops.shape import Concat, Rearrange, Split
 from ir.passes import for_backends
-from runtime import dlpack
+from runtime import dlpack, executor
 
 
 class DriverError(Exception):
@@ -478,7 +479,7 @@ class Executable:
     """An IR function compiled for the GPU: its plan, the loaded PTX module, and the
     executables of the scan and checkpoint bodies it holds. Same interface as the CPU's:
     `run(arrays)` takes NumPy or device arrays and returns DeviceArrays; in fast `numerics`
-    its products run on tensor cores (gpu_kernels)."""
+    its products run on tensor cores (gpu_kernels). It is the executor's device for its plan."""
 
     def __init__(self, fn: Function, name: str = "k", drv=None, numerics: str = "exact"):
         self.drv = drv or driver()
@@ -509,19 +510,27 @@ class Executable:
         self.sync = os.environ.get("DSLC_CUDA_SYNC") == "1"
 
     def run(self, arrays: list) -> list[DeviceArray]:
-        env: dict[Value, DeviceArray] = {p: self.to_device(a, p) for p, a in zip(self.function.params, arrays)}
+        return executor.execute(self.plan, self.dead, self, arrays)
+
+    # -------------------------------------------------------- the executor's device
+
+    def arguments(self, arrays: list) -> dict[Value, DeviceArray]:
         self.launched: list[str] = []
-        for step, dead in zip(self.plan.steps, self.dead):
-            if isinstance(step, KernelStep):
-                self.kernel(step, env)
-            elif isinstance(step, ContractStep):
-                self.contract(step, env)
-            else:
-                self.host(step.op, env)
-            for v in dead:                      # memory back as soon as nothing needs it
-                del env[v]
+        return {p: self.to_device(a, p) for p, a in zip(self.function.params, arrays)}
+
+    def launch(self, i: int, step: Step, env: dict[Value, DeviceArray]) -> None:
+        if isinstance(step, KernelStep):
+            self.kernel(step, env)
+        elif isinstance(step, ContractStep):
+            self.contract(step, env)
+        else:                                   # a view: a copy kernel, or a reshape's label
+            self.host(step.op, env)
+
+    def synchronise(self) -> None:
         if self.launched:
             self.wait()
+
+    def results(self, env: dict[Value, DeviceArray]) -> list[DeviceArray]:
         return [env[v] for v in self.function.results]
 
     def wait(self) -> None:
