@@ -336,7 +336,7 @@ class Program:
         from backend import cpu, nvptx, schedule, tensorcore
         from ir.ops.control import Scan
         from ir.ops.shape import Rearrange
-        from runtime.cuda import GpuKernels, gpu_kernels, gpu_schedule
+        from backend.gpu_plan import GpuKernels, gpu_kernels, gpu_schedule
         if target not in TARGETS:
             raise DslError(None, f"target= is one of {', '.join(TARGETS)}, got {target!r}")
         arch = gpu_arch(arch, target == "ptx", "target='ptx'")
@@ -471,7 +471,7 @@ class Program:
         from backend import cpu, loops, schedule
         check_sizes(self._def(name).name_span, name, low.function, MAX_BYTES, COMPILED)
         if level == "ptx":
-            from runtime.cuda import gpu_kernels, gpu_schedule
+            from backend.gpu_plan import gpu_kernels, gpu_schedule
             return gpu_kernels(gpu_schedule(for_backends(low.function), name, numerics), name,
                                numerics).ptx(arch)
         plan = schedule.schedule(for_backends(low.function), name)

@@ -41,7 +41,7 @@ from ir.core import Function, Op, Value, bind_inputs
 from ir.ops.base import Role, np_dtype
 from ir.ops.index import ScatterAdd
 from ir.passes import for_backends
-from runtime import cache
+from runtime import cache, executor
 
 if TYPE_CHECKING:
     from backend.contract import Matmul
@@ -120,28 +120,11 @@ class Executable:
             self._arenas.append(arena)
 
     def _walk(self, arena: _Arena, arrays: list[np.ndarray]) -> list[np.ndarray]:
-        env: dict[Value, np.ndarray] = dict(arena.views)
-        env.update(self.made)
-        env.update((p, _buffer(a, p)) for p, a in zip(self.function.params, arrays))
-        n = threads()
-        for i, dead in enumerate(self.dead):
-            self.step(i, env, arena, n)
-            for v in dead:                      # memory back as soon as nothing needs it
-                del env[v]
-        # a result never shares memory with a value made once, nor is a strided view
-        return [_copy(env[v], v) if v in self.made or v in self.views else env[v]
-                for v in self.function.results]
+        return executor.execute(self.plan, self.dead, _Host(self, arena, threads()), arrays)
 
     def step(self, i: int, env: dict[Value, np.ndarray], arena: _Arena, threads: int) -> None:
         """Step i of the plan, its inputs and outputs in env."""
-        launch = self.launches[i]
-        if launch is not None:
-            launch(env, arena.pointers[i], threads)
-            return
-        op = self.plan.steps[i].op
-        if op.outputs[0] not in self.made:
-            outs = self.host(op, [env[v] for v in op.inputs])
-            env.update((v, _buffer(a, v)) for v, a in zip(op.outputs, outs))
+        executor.step(i, self.plan.steps[i], _Host(self, arena, threads), env)
 
     def host(self, op: Op, inputs: list[np.ndarray]) -> list[np.ndarray]:
         if isinstance(op.primitive, ScatterAdd):    # (an embedding's gradient) compiled
@@ -154,6 +137,38 @@ class Executable:
         if op.primitive.role is Role.STRUCTURED:   # its body compiled
             return op.primitive.run(op, inputs, self.bodies[id(op)].run)
         return interp.evaluate(op, inputs)
+
+
+@dataclass(frozen=True)
+class _Host:
+    """The CPU as the executor's device (runtime/executor.py), for one call: its arena, and
+    the threads its runs and products share."""
+    exe: Executable
+    arena: _Arena
+    threads: int
+
+    def arguments(self, arrays: list[np.ndarray]) -> dict[Value, np.ndarray]:
+        env: dict[Value, np.ndarray] = dict(self.arena.views)
+        env.update(self.exe.made)
+        env.update((p, _buffer(a, p)) for p, a in zip(self.exe.function.params, arrays))
+        return env
+
+    def launch(self, i: int, step: Step, env: dict[Value, np.ndarray]) -> None:
+        self.exe.launches[i](env, self.arena.pointers[i], self.threads)
+
+    def host(self, op: Op, env: dict[Value, np.ndarray]) -> None:
+        if op.outputs[0] not in self.exe.made:
+            outs = self.exe.host(op, [env[v] for v in op.inputs])
+            env.update((v, _buffer(a, v)) for v, a in zip(op.outputs, outs))
+
+    def synchronise(self) -> None:
+        """Nothing to wait for: a kernel call returns with its work done."""
+
+    def results(self, env: dict[Value, np.ndarray]) -> list[np.ndarray]:
+        # a result never shares memory with a value made once, nor is a strided view
+        exe = self.exe
+        return [_copy(env[v], v) if v in exe.made or v in exe.views else env[v]
+                for v in exe.function.results]
 
 
 def _planned(fn: Function, name: str) -> tuple[Plan, Memory]:

@@ -1,5 +1,7 @@
-"""Running compiled code on an NVIDIA GPU: the plan of backend/schedule.py walked as the CPU
-runtime walks it, with device memory for buffers and PTX kernels (backend/nvptx.py).
+"""Running compiled code on an NVIDIA GPU: the plan of backend/schedule.py walked by the one
+executor of runtime/executor.py, as the CPU runtime's is, with device memory for buffers and
+the PTX kernels that backend/gpu_plan.py lowers it to (which kernel runs each step, its
+launch shape and integer arguments).
 
 The PTX is loaded through pycuda (`module_from_buffer`) where it is installed, else through
 NVIDIA's `cuda.bindings`; both sit behind one small driver interface. Tensors stay on the
@@ -26,27 +28,37 @@ import functools
 import math
 import os
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from backend import nvptx, scatter, tensorcore, views
-from backend.llvm import SCALAR
-from backend.loops import Instr, Load, LoopKernel
-from backend.schedule import PRODUCTS, ContractStep, HostStep, KernelStep, Plan, last_uses, made_once, schedule
+from backend import nvptx, scatter
+from backend.gpu_plan import (  # noqa: F401  (GpuKernels, module_ptx, copy_kernel: the names tests import from here)
+    GpuKernels,
+    Product,
+    compile_ptx,
+    copy_kernel,
+    draw_bounds,
+    gather_rows,
+    gpu_kernels,
+    gpu_schedule,
+    module_ptx,
+    segments,
+)
+from backend.loops import LoopKernel
+from backend.schedule import ContractStep, HostStep, KernelStep, Plan, Step, last_uses, made_once
 from frontend.diagnostics import DslError
 from ir import interp
 from ir.core import Function, Op, Value
 from ir.interp import EvalError
-from ir.ops.base import NUMPY_DTYPES, Primitive, Role, np_dtype
+from ir.ops.base import NUMPY_DTYPES, np_dtype
 from ir.ops.control import Checkpoint, Scan
-from ir.ops.index import ScatterAdd, Take
-from ir.ops.random import Bernoulli, KeySplit, Uniform
+from ir.ops.index import Take
+from ir.ops.random import KeySplit
 from ir.ops.reduce import ArgReduction
 from ir.ops.shape import Concat, Rearrange, Split
 from ir.passes import for_backends
-from runtime import cache, dlpack
+from runtime import dlpack, executor
 
 
 class DriverError(Exception):
@@ -463,100 +475,11 @@ def wait(drv, after: str, timeout: float | None = None) -> None:
 # Executables
 
 
-def compile_ptx(kernels: list, matmuls: tuple[str, ...], gathers: tuple[tuple[str, str], ...],
-                target: str, mmas: tuple[str, ...] = ()) -> str:
-    """The PTX of these kernels, from the on-disk cache where it holds exactly them."""
-    k = cache.key("ptx", repr(kernels), repr(matmuls), repr(gathers), target, repr(mmas),
-                  cache.code_digest("backend", "ir"))        # (the scalar bodies are in ir/ops)
-    cached = cache.load(k)
-    if cached is not None:
-        return cached.decode()
-    text = module_ptx(kernels, matmuls, gathers, mmas, target)
-    cache.store(k, text.encode())
-    return text
-
-
-def module_ptx(kernels: list, matmuls: tuple[str, ...], gathers: tuple[tuple[str, str], ...],
-               mmas: tuple[str, ...], target: str) -> str:
-    """One PTX module: the loop, contraction and gather kernels (backend/nvptx.py) and the
-    tensor-core kernels for the dtypes in `mmas` (backend/tensorcore.py)."""
-    module = nvptx.module_ir(kernels, matmuls, gathers=gathers)
-    return nvptx.assemble(str(tensorcore.module_ir(mmas, module=module)), target)
-
-
-def gpu_schedule(fn: Function, name: str, numerics: str = "exact") -> Plan:
-    """fn's plan on the GPU: in fast numerics the bf16 and f16 products too are contraction
-    steps, which the tensor cores compute."""
-    fast = tuple(dict.fromkeys(PRODUCTS + tensorcore.DTYPES))
-    return schedule(fn, name, fast if numerics == "fast" else PRODUCTS)
-
-
-@dataclass(frozen=True)
-class GpuKernels:
-    """What a plan runs on the GPU: its loop kernels and the copy kernels of its data movement
-    (by the id of the op they replace), their launch shapes, the dtypes of its products (on
-    the exact contraction kernel, or on tensor cores: mmas), and the gather kernel,
-    (primitive, dtype), of each take and scatter_add that runs on the GPU."""
-    kernels: list[LoopKernel]
-    copies: dict[int, LoopKernel]
-    launches: dict[str, nvptx.Launch]
-    matmuls: tuple[str, ...]
-    gathers: dict[int, tuple[Primitive, str]]
-    mmas: tuple[str, ...] = ()
-
-    @staticmethod
-    def joined(parts: list[GpuKernels]) -> GpuKernels:
-        """The kernels of several plans (an entry's and its folds' bodies') in one module."""
-        return GpuKernels([k for p in parts for k in p.kernels], {i: k for p in parts for i, k in p.copies.items()},
-                          {n: s for p in parts for n, s in p.launches.items()},
-                          tuple(sorted({d for p in parts for d in p.matmuls})),
-                          {i: g for p in parts for i, g in p.gathers.items()},
-                          tuple(sorted({d for p in parts for d in p.mmas})))
-
-    @property
-    def gather_kernels(self) -> tuple[tuple[Primitive, str], ...]:
-        """The gather kernels the module holds: one per (primitive, dtype) the plan uses."""
-        return tuple(sorted(set(self.gathers.values()), key=lambda g: (g[0].name, g[1])))
-
-    @property
-    def entries(self) -> list[str]:
-        """The PTX entry points, the contraction kernel's in each tile size included."""
-        return [s.entry for s in self.launches.values()] + \
-            [nvptx.matmul_entry(d, t) for d in self.matmuls for t in nvptx.TILES] + \
-            [tensorcore.entry(d) for d in self.mmas] + \
-            [nvptx.gather_entry(*g) for g in self.gather_kernels]
-
-    def ptx(self, arch: str) -> str:
-        return module_ptx(self.kernels, self.matmuls, self.gather_kernels, self.mmas, arch)
-
-    def product_launch(self, op: Op) -> nvptx.MatmulLaunch | None:
-        """The kernel and launch shape of a contraction step's product (None: it is empty)."""
-        return _Product.of(op, op.outputs[0].dtype in self.mmas).launch
-
-
-def gpu_kernels(plan: Plan, name: str, numerics: str = "exact") -> GpuKernels:
-    """The GPU kernels of a plan (no GPU needed: `dslc compile --target ptx` writes them); in
-    fast numerics, the products of tensorcore.DTYPES run on tensor cores."""
-    products = {s.op.outputs[0].dtype for s in plan.steps if isinstance(s, ContractStep)}
-    mmas = tuple(sorted(products & set(tensorcore.DTYPES))) if numerics == "fast" else ()
-    matmuls = tuple(sorted(products - set(mmas)))
-    copies = {id(s.op): k for i, s in enumerate(plan.steps)
-              if not isinstance(s, (KernelStep, ContractStep))
-              and (k := copy_kernel(f"{name}_copy{i}", s.op)) is not None}
-    kernels = plan.kernels + list(copies.values())
-    try:
-        launches = {k.name: nvptx.launch(k) for k in kernels}
-    except ValueError as e:                   # a kernel beyond what the GPU kernels cover
-        raise DslError(None, f"'{name}' cannot run on the GPU: {e}") from None
-    gathers = {id(s.op): g for s in plan.steps if isinstance(s, HostStep) and (g := gather_kernel(s.op))}
-    return GpuKernels(kernels, copies, launches, matmuls, gathers, mmas)
-
-
 class Executable:
     """An IR function compiled for the GPU: its plan, the loaded PTX module, and the
     executables of the scan and checkpoint bodies it holds. Same interface as the CPU's:
     `run(arrays)` takes NumPy or device arrays and returns DeviceArrays; in fast `numerics`
-    its products run on tensor cores (gpu_kernels)."""
+    its products run on tensor cores (gpu_kernels). It is the executor's device for its plan."""
 
     def __init__(self, fn: Function, name: str = "k", drv=None, numerics: str = "exact"):
         self.drv = drv or driver()
@@ -576,7 +499,7 @@ class Executable:
             except DriverError as e:
                 raise DslError(None, f"loading the GPU kernels of '{name}' failed: {e}") from None
         self.layouts: dict[Value, tuple[int, tuple[int, ...], np.dtype]] = {}
-        self.products = {id(s): _Product.of(s.op, s.op.outputs[0].dtype in gpu.mmas)
+        self.products = {id(s): Product.of(s.op, s.op.outputs[0].dtype in gpu.mmas)
                          for s in self.plan.steps if isinstance(s, ContractStep)}
         self.dead = last_uses(self.plan)
         self.bodies: dict[int, Executable] = {}
@@ -587,19 +510,27 @@ class Executable:
         self.sync = os.environ.get("DSLC_CUDA_SYNC") == "1"
 
     def run(self, arrays: list) -> list[DeviceArray]:
-        env: dict[Value, DeviceArray] = {p: self.to_device(a, p) for p, a in zip(self.function.params, arrays)}
+        return executor.execute(self.plan, self.dead, self, arrays)
+
+    # -------------------------------------------------------- the executor's device
+
+    def arguments(self, arrays: list) -> dict[Value, DeviceArray]:
         self.launched: list[str] = []
-        for step, dead in zip(self.plan.steps, self.dead):
-            if isinstance(step, KernelStep):
-                self.kernel(step, env)
-            elif isinstance(step, ContractStep):
-                self.contract(step, env)
-            else:
-                self.host(step.op, env)
-            for v in dead:                      # memory back as soon as nothing needs it
-                del env[v]
+        return {p: self.to_device(a, p) for p, a in zip(self.function.params, arrays)}
+
+    def launch(self, i: int, step: Step, env: dict[Value, DeviceArray]) -> None:
+        if isinstance(step, KernelStep):
+            self.kernel(step, env)
+        elif isinstance(step, ContractStep):
+            self.contract(step, env)
+        else:                                   # a view: a copy kernel, or a reshape's label
+            self.host(step.op, env)
+
+    def synchronise(self) -> None:
         if self.launched:
             self.wait()
+
+    def results(self, env: dict[Value, DeviceArray]) -> list[DeviceArray]:
         return [env[v] for v in self.function.results]
 
     def wait(self) -> None:
@@ -666,7 +597,7 @@ class Executable:
         self._launch(shape.entry, (shape.grid, 1, 1), shape.block, [env[v].ptr for v in args])
 
     def contract(self, step: ContractStep, env: dict[Value, DeviceArray]) -> None:
-        """out = a @ b by the tiled contraction kernel (its shapes worked out once, _Product),
+        """out = a @ b by the tiled contraction kernel (its shapes worked out once, Product),
         then its epilogue, if any, as a kernel of its own."""
         p = self.products[id(step)]
         (out,) = step.op.outputs
@@ -826,113 +757,6 @@ class Executable:
         keys = DeviceArray(_Buffer(self.memory, 8 * n, f"the keys of {shape.entry}"), (n, 2), np.uint32)
         self._launch(shape.entry, (shape.grid, 1, 1), shape.block, [env[op.inputs[0]].ptr, keys.ptr], [n])
         env.update((v, keys.part(2 * i, (2,))) for i, v in enumerate(op.outputs))
-
-
-def draw_bounds(op: Op) -> tuple[int, ...]:
-    """A uniform draw kernel's L, H and TOP (backend/nvptx.py), each the bits of a value of
-    the draw's dtype as a signed integer; nothing for bernoulli."""
-    if not isinstance(op.primitive, Uniform):
-        return ()
-    a = op.attrs
-    low, high, dtype = a.get("low", 0.0), a.get("high", 1.0), op.outputs[0].dtype
-    t = np_dtype(dtype)
-    signed = np.int64 if dtype == "f64" else np.int32
-    values = (t.type(low), t.type(high), Uniform.top(low, high, dtype))
-    return tuple(int(np.array(v, t).view(signed)) for v in values)
-
-
-@dataclass(frozen=True)
-class _Product:
-    """What a call of the contraction kernel (or, with mma, the tensor-core kernel, which
-    takes the same arguments) for `a @ b` needs besides the pointers (NumPy's rules for 1-D
-    operands and batch axes): an operand broadcast along some batch axes only is expanded on
-    the host first."""
-    shapes: tuple[tuple[int, ...], tuple[int, ...]]      # the operands as matrices
-    batch_shape: tuple[int, ...]
-    expand: tuple[bool, bool]
-    integers: tuple[int, ...]                            # m, n, k, the strides, m·n, batch
-    launch: nvptx.MatmulLaunch | None                    # None: C is empty
-    purpose: str                                         # of C's allocation
-
-    @staticmethod
-    def of(op: Op, mma: bool = False) -> _Product:
-        (a, b), (out,) = (v.shape for v in op.inputs), op.outputs
-        a2 = a if len(a) > 1 else (1,) + a
-        b2 = b if len(b) > 1 else b + (1,)
-        batch_shape = np.broadcast_shapes(a2[:-2], b2[:-2])
-        batch, (m, k), n = math.prod(batch_shape), a2[-2:], b2[-1]
-        alone = [math.prod(x[:-2]) == 1 for x in (a2, b2)]
-        expand = tuple(not one and x[:-2] != batch_shape for one, x in zip(alone, (a2, b2)))
-        strides = [0 if one else math.prod(x[-2:]) for one, x in zip(alone, (a2, b2))]
-        launching = tensorcore.launch if mma else nvptx.matmul_launch
-        launch = launching(out.dtype, batch, m, n) if batch * m * n else None
-        return _Product((a2, b2), batch_shape, expand, (m, n, k, *strides, m * n, batch), launch,
-                        f"the result of {launch.entry if launch else 'a product'}")
-
-
-def gather_kernel(op: Op) -> tuple[Primitive, str] | None:
-    """The gather kernel, (primitive, dtype), that runs a take, a concat or a split (of any
-    dtype: a copy), a scatter_add (of the values backend/scatter.py compiles for the CPU), a uniform or
-    bernoulli draw (f32 and f64: of its values, of bernoulli's p), a key's split, or an argmax
-    or argmin (of any dtype), else None."""
-    dtype = op.outputs[0].dtype if op.outputs else None
-    if isinstance(op.primitive, Take) and dtype in SCALAR:
-        return op.primitive, dtype
-    if isinstance(op.primitive, Concat) and dtype in SCALAR and all(v.dtype == dtype for v in op.inputs):
-        return op.primitive, dtype
-    if isinstance(op.primitive, Split) and dtype in SCALAR:
-        return op.primitive, dtype
-    if isinstance(op.primitive, Uniform) and dtype in ("f32", "f64"):
-        return op.primitive, dtype
-    if isinstance(op.primitive, KeySplit):
-        return op.primitive, "u32"
-    if isinstance(op.primitive, ArgReduction) and op.inputs[0].dtype in SCALAR:
-        return op.primitive, op.inputs[0].dtype                  # (its kernel reads x)
-    if isinstance(op.primitive, Bernoulli) and op.inputs[1].dtype in ("f32", "f64"):
-        return op.primitive, op.inputs[1].dtype                  # (its kernel reads p)
-    if isinstance(op.primitive, ScatterAdd) and dtype in scatter.FLOATS and \
-            op.inputs[0].dtype == op.inputs[2].dtype == dtype:
-        return op.primitive, dtype
-    return None
-
-
-def gather_rows(prim: Primitive, indices: np.ndarray, axis: int, size: int,
-                from_end: bool = True) -> np.ndarray:
-    """The indices as int64 rows in [0, size), flattened, negative ones counted from the end
-    (or out of range, without from_end); one out of range is the interpreter's EvalError, in
-    its words (NumPy's)."""
-    flat = indices.reshape(-1).astype(np.int64)
-    if isinstance(prim, Take) and size == 0 and flat.size:
-        raise EvalError(f"'{prim.name}' failed at run time: cannot do a non-empty take from an empty axes.")
-    rows = np.where(flat < 0, flat + size, flat) if from_end else flat
-    bad = np.flatnonzero((rows < 0) | (rows >= size))
-    if bad.size:
-        raise scatter.out_of_range(prim.name, flat[bad[0]], axis, size)
-    return rows
-
-
-def segments(rows: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
-    """scatter_add's order and bounds: the positions of the slices sorted by their row, stably
-    (so in index order within a row), and where each row's run starts (bounds[size] = n)."""
-    order = np.argsort(rows, kind="stable").astype(np.int64)
-    bounds = np.zeros(size + 1, np.int64)
-    np.cumsum(np.bincount(rows, minlength=size), out=bounds[1:])
-    return order, bounds
-
-
-def copy_kernel(name: str, op: Op) -> LoopKernel | None:
-    """A transpose, broadcast, index or slice as a map kernel that reads its input through
-    the op's view (backend/views.py: out[i] = x[offset + Σ i[d] · strides[d]]), so that it
-    runs on the GPU; None for other ops."""
-    copied = op.primitive.role is Role.VIEW and not isinstance(op.primitive, Rearrange)
-    if not copied or op.inputs[0].dtype not in SCALAR:
-        return None
-    (x,), (out,) = op.inputs, op.outputs
-    view = views.view_of(op, views.identity(x))
-    if view is None:
-        return None
-    return LoopKernel(name, out.shape, ((x.dtype, x.shape), (out.dtype, out.shape)),
-                      (Instr.read(Load(0, view.strides, view.offset), x.dtype),), ((1, 0),))
 
 
 _memories: dict[int, Memory] = {}
