@@ -64,7 +64,8 @@ def literal(value: Any, dtype: str) -> str:
                                "f64": np.float64}[dtype])
     if not np.isfinite(x):
         return "0x" + x.tobytes()[::-1].hex().upper()
-    return repr(float(x))
+    mantissa, e, exponent = repr(float(x)).partition("e")   # MLIR's floats need a point: 1.0e-12
+    return mantissa + ("" if "." in mantissa else ".0") + e + exponent
 
 
 @dataclass(frozen=True)

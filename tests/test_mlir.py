@@ -284,6 +284,15 @@ def test_dslc_train_device_iree_trains_as_the_cpu_backend_does(tmp_path: Path, e
             assert not beyond_iree_bound(got, want, np.abs(want)).any(), (k, got, want)
 
 
+@pytest.mark.parametrize("dtype, value", [("f64", "1e-12"), ("f32", "3e+38"), ("f64", "1e300"), ("f32", "-2.5")])
+def test_a_literal_in_exponent_notation_is_a_float_mlir_reads(dtype: str, value: str):
+    """repr writes 1e-12 without a point, which MLIR's lexer does not take as a float."""
+    source = f"def f(x: {dtype}[N]) -> {dtype}[N]:\n  return x + {value}\n"
+    x = np.arange(3, dtype=np_dtype(dtype))
+    want = dsl.loads(source, device="cpu").f(x)
+    assert dsl.loads(source, device="iree").f(x).tobytes() == want.tobytes()
+
+
 def test_device_iree_computes_f64_in_f64():
     """IREE demotes f64 to f32 unless told not to: then 1 + 1e-12 - 1 would be 0 (or the call
     would refuse its f64 arguments)."""
