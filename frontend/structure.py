@@ -110,9 +110,13 @@ def sliced(v: ListV | TupleV, lo, hi, step, span: Span):
         raise CheckError(span, "a slice step cannot be 0")
     if UNKNOWN in (lo, hi, step):
         return UNKNOWN if isinstance(v, TupleV) else ListV(None, _item(v), Dim.unknown())
-    if v.items is not None and all(b is None or isinstance(b, int) for b in (lo, hi, step)):
+    static = all(b is None or isinstance(b, int) for b in (lo, hi, step))
+    if v.items is not None and static:
         items = v.items[lo:hi:step]
         return TupleV(items) if isinstance(v, TupleV) else ListV.of(items)
+    if isinstance(v, TupleV):                   # its items' types are known one by one
+        raise CheckError(span, "a tuple is sliced by static ints only, and a bound of this slice "
+                               "is a size: index a tensor, or use a list")
     # a symbolic length or bound: taken to lie inside the list, as for tensors
     n = v.length
     if step not in (None, 1):

@@ -224,7 +224,8 @@ def test_resnet_and_its_batch_norms_match_a_pytorch_twin():
         for field in ("running_mean", "running_var"):
             np.testing.assert_allclose(leaf(p, name)[field], getattr(bn, field).numpy(), rtol=1e-4,
                                        atol=1e-6, err_msg=f"{name}.{field}")
-    test = resnet_loader().load("test")
+    loader = resnet_loader()
+    test = loader.rows("test", np.arange(loader.size("test")), 0, 1)
     got = dsl.load(str(EXAMPLES / "resnet_digits.bend"), device="cpu").evaluate(p, test["x"], test["y"])
     with torch.no_grad():
         for bn in twin.bns.values():
@@ -239,8 +240,8 @@ def test_resnet_buffers_have_no_gradient_and_adamw_leaves_them():
     for them, moves every trained leaf and leaves the buffers' bits as they were."""
     model = Model(str(EXAMPLES / "resnet_digits.bend"), dims={"C": 4}, device="cpu")
     p, s = model.init(0)
-    batch = {k: a[:16] for k, a in model.split("train").items()}
-    _, g = model.gradient(p, batch, dsl.key(0))
+    batch = model.split("train").fetch(np.arange(16))
+    _, g, _ = model.gradient(p, batch, dsl.key(0))
     ones = lambda t: {k: ones(v) for k, v in t.items()} if isinstance(t, dict) else np.ones_like(t)  # noqa: E731
     after, _ = model.update(p, (np.int32(200), *s[1:]), ones(g), 200)    # past the warm-up
     for name in RESNET_BNS:
