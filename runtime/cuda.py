@@ -33,16 +33,13 @@ from typing import Any
 import numpy as np
 
 from backend import nvptx, scatter
-from backend.gpu_plan import (  # noqa: F401  (GpuKernels, module_ptx, copy_kernel: the names tests import from here)
-    GpuKernels,
+from backend.gpu_plan import (
     Product,
     compile_ptx,
-    copy_kernel,
     draw_bounds,
     gather_rows,
     gpu_kernels,
     gpu_schedule,
-    module_ptx,
     segments,
 )
 from backend.loops import LoopKernel

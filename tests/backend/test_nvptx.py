@@ -20,7 +20,7 @@ from ir.ad import grad_function
 from ir.core import Builder, tensor_type
 from ir.numerics import CHUNK
 from ir.ops.index import ScatterAdd, Take
-from runtime.cuda import GpuKernels, gpu_kernels, gpu_schedule, module_ptx
+from backend.gpu_plan import GpuKernels, gpu_kernels, gpu_schedule, module_ptx
 from ir.ops.random import Bernoulli, KeySplit, Uniform
 from ir.ops.reduce import ArgMax, ArgMin
 from ir.ops.shape import Concat, SliceSpec, Split

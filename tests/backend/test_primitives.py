@@ -17,7 +17,7 @@ from ir.ops import REGISTRY
 from ir.ops.base import NUMPY_DTYPES, Kind, OpError, Primitive, Role, np_dtype
 from ir.ops.elementwise import MathFunction, Unary
 from runtime.cpu import Executable
-from runtime.cuda import gpu_kernels
+from backend.gpu_plan import gpu_kernels
 
 FLOATS = [0.0, -0.0, 1.0, -1.0, 0.5, -0.5, 1.5, 2.5, -2.5, 3.7, -3.7, np.inf, -np.inf, np.nan,
           1e-40, -1e-40, 3e38, -3e38, 8388609.0, -8388608.5]

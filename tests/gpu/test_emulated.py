@@ -22,7 +22,7 @@ from ir.core import Builder, tensor_type
 from ir.ops.base import Primitive
 from ir.ops.index import ScatterAdd, Take
 from ir.passes import optimize
-from runtime.cuda import copy_kernel, gather_rows, segments
+from backend.gpu_plan import copy_kernel, gather_rows, segments
 
 sys.path.insert(0, str(Path(__file__).parent))
 from emulator import Emulator  # noqa: E402
