@@ -164,10 +164,12 @@ class Body:
         return self._op(f"arith.shli {x.name}, {self.const(n, x.dtype).name} : {x.type}", x.dtype)
 
     def mul_wide(self, x: S, y: S) -> tuple[S, S]:
-        """The high and low words of the unsigned product x * y (Philox's mulhilo)."""
-        name = self.w.fresh("wide")
-        self.w.line(f"{name}:2 = arith.mului_extended {x.name}, {y.name} : {x.type}", located=False)
-        return S(f"{name}#1", x.dtype), S(f"{name}#0", x.dtype)
+        """The high and low words of the unsigned product x * y (Philox's mulhilo), through
+        i64: IREE's llvm-cpu cannot lower arith.mului_extended once it vectorises it."""
+        wide = [self._op(f"arith.extui {v.name} : {v.type} to i64", "i64") for v in (x, y)]
+        product = self._op(f"arith.muli {wide[0].name}, {wide[1].name} : i64", "i64")
+        high = self._op(f"arith.shrui {product.name}, {self.const(32, 'i64').name} : i64", "i64")
+        return tuple(self._op(f"arith.trunci {v.name} : i64 to {x.type}", x.dtype) for v in (high, product))
 
     def minimum(self, x: S, y: S) -> S:
         """The smaller, NaN if either is (NumPy's minimum)."""

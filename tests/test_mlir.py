@@ -1,7 +1,7 @@
 """The MLIR export (ir/mlir.py) checked by IREE against dslc's CPU backend: every entry point of
 tests/programs, tests/corpus/valid and examples, forward and gradient, exported, compiled by
-IREE (one module a file) and run on random inputs (the default run: tests/programs and two
-examples; DSLC_SLOW=1: every file).
+IREE (one module a file) and run on random inputs (the default run: tests/programs and the
+examples; DSLC_SLOW=1: the corpus too).
 
 Bounds (docs/numerics.md): a result computed only by exact operations (arithmetic, comparisons,
 casts, gathers, copies; no reduction, contraction or math-library function on its way) must
@@ -40,13 +40,18 @@ from runtime import cpu
 iree = pytest.importorskip("iree.compiler", reason="IREE is not installed (pip install 'dslc[iree]')")
 
 ROOT = Path(__file__).resolve().parents[1]
-FILES = sorted((ROOT / "tests" / "programs").glob("*.bend")) + \
-    sorted(p for p in (ROOT / "tests" / "corpus" / "valid").glob("*.bend") if re.match(r"\d\d_", p.name)) + \
-    sorted((ROOT / "examples").glob("*.bend"))
+FILES = {p.stem: p for p in sorted((ROOT / "tests" / "programs").glob("*.bend")) +
+         sorted(p for p in (ROOT / "tests" / "corpus" / "valid").glob("*.bend") if re.match(r"\d\d_", p.name)) +
+         sorted((ROOT / "examples").glob("*.bend"))}
 SIZE = 3                   # every dimension; static ints and list lengths are 2
-# IREE compiles about 5 s a file here: the default run checks these files, DSLC_SLOW=1 all of them
-QUICK = {p.stem for p in (ROOT / "tests" / "programs").glob("*.bend")} | {"xor", "names_mlp"}
+# IREE compiles a file in 1-15 s here: the default run checks the test programs and the
+# examples, DSLC_SLOW=1 the corpus too
+QUICK = {p.stem for p in (ROOT / "tests" / "programs").glob("*.bend")} | \
+    {p.stem for p in (ROOT / "examples").glob("*.bend")}
 needs_slow = pytest.mark.skipif(not os.environ.get("DSLC_SLOW"), reason="set DSLC_SLOW=1 for every file on IREE")
+BY_FILE = [pytest.param(stem, marks=[] if stem in QUICK else [needs_slow]) for stem in FILES]
+# What the exporter cannot write yet (docs/mlir.md): an entry may be refused only for one of these
+REFUSED = {"'flip'", "an index of negative step", "'debug'"}
 
 
 def specialised(prog: dsl.Program, name: str) -> Function | None:
@@ -69,19 +74,19 @@ def specialised(prog: dsl.Program, name: str) -> Function | None:
 
 
 @functools.cache
-def cases() -> dict[str, Function]:
-    """Every entry of FILES and its gradient with respect to its float inputs, by a unique name."""
+def cases(stem: str) -> dict[str, Function]:
+    """Every entry of one file and its gradient with respect to its float inputs, by a unique
+    name (built when a test asks, not as the tests are collected)."""
     found = {}
-    for k, path in enumerate(FILES):
-        prog = dsl.load(str(path), device="reference")
-        for name in prog.functions():
-            fn = specialised(prog, name)
-            if fn is None:
-                continue
-            found[f"{path.stem}.{name}"] = fn
-            floats = [i for i, v in enumerate(fn.params) if v.dtype in ("f16", "f32", "f64")]
-            if floats:
-                found[f"{path.stem}.{name}.grad"] = optimize(grad_function(fn, floats, with_value=True))
+    prog = dsl.load(str(FILES[stem]), device="reference")
+    for name in prog.functions():
+        fn = specialised(prog, name)
+        if fn is None:
+            continue
+        found[f"{stem}.{name}"] = fn
+        floats = [i for i, v in enumerate(fn.params) if v.dtype in ("f16", "f32", "f64")]
+        if floats:
+            found[f"{stem}.{name}.grad"] = optimize(grad_function(fn, floats, with_value=True))
     return found
 
 
@@ -90,9 +95,9 @@ def symbol(case: str) -> str:
 
 
 @functools.cache
-def exported() -> tuple[dict[str, str], dict[str, NotExpressible]]:
+def exported(stem: str) -> tuple[dict[str, str], dict[str, NotExpressible]]:
     texts, refused = {}, {}
-    for case, fn in cases().items():
+    for case, fn in cases(stem).items():
         try:
             texts[case] = function(fn, symbol(case))
         except NotExpressible as e:
@@ -107,7 +112,7 @@ def context(stem: str):
     from runtime.iree import compile_mlir
     config = iree.runtime.Config("local-task")
     ctx = iree.runtime.SystemContext(config=config)
-    vmfb = compile_mlir(module([t for case, t in exported()[0].items() if case.split(".")[0] == stem]))
+    vmfb = compile_mlir(module(list(exported(stem)[0].values())))
     ctx.add_vm_module(iree.runtime.VmModule.copy_buffer(ctx.instance, vmfb))
     return ctx
 
@@ -178,35 +183,44 @@ def maker(fn: Function, v: Value) -> str:
     return f"'{op.primitive.name}' at {op.origin.span if op.origin else '?'}"
 
 
-def test_every_entry_exports_or_says_which_op_it_cannot():
-    texts, refused = exported()
-    assert len(texts) >= 485, f"only {len(texts)} of {len(cases())} entries exported"
+@pytest.mark.parametrize("stem", BY_FILE)
+def test_every_entry_exports_or_names_an_op_not_yet_written_at_its_line(stem):
+    texts, refused = exported(stem)
     for case, e in refused.items():
-        assert str(e).startswith("not expressible in MLIR yet: "), case
+        assert str(e).removeprefix("not expressible in MLIR yet: ") in REFUSED, f"{case}: {e}"
     located = sum(e.origin is not None for e in refused.values())
-    assert located >= len(refused) - 4, "an op written in the source is refused at its line"
+    assert located >= len(refused) - 1, "an op written in the source is refused at its line"
 
 
-@pytest.mark.parametrize("case", [pytest.param(c, marks=[] if c.split(".")[0] in QUICK else [needs_slow])
-                                  for c in sorted(exported()[0])])
-def test_iree_agrees_with_the_cpu_backend(case):
-    fn = cases()[case]
+@needs_slow
+def test_most_entries_export():
+    assert sum(len(exported(stem)[0]) for stem in FILES) >= 485
+
+
+@pytest.mark.parametrize("stem", BY_FILE)
+def test_iree_agrees_with_the_cpu_backend(stem):
+    """Each exported entry of a file, forward and gradient, on IREE and on the CPU backend."""
+    for case, fn in cases(stem).items():
+        if case in exported(stem)[0]:
+            agrees(case, fn, context(stem).modules.module[symbol(case)])
+
+
+def agrees(case: str, fn: Function, entry) -> None:
+    from runtime.iree import _argument, _result
     arrays = inputs(fn)
     want = cpu.Executable(fn, "k").run(arrays)
-    from runtime.iree import _argument, _result
-    entry = context(case.split(".")[0]).modules.module[symbol(case)]
     out = entry(*(_argument(a, v.dtype) for a, v in zip(arrays, fn.params)))
     got = [_result(o, v.dtype, v.shape) for o, v in zip(out if isinstance(out, (tuple, list)) else (out,),
                                                          fn.results, strict=True)]
     loose = inexact(fn)
     scale = magnitudes(fn, arrays)
     for k, (g, w, m, v) in enumerate(zip(got, want, scale, fn.results, strict=True)):
-        assert g.dtype == w.dtype and g.shape == w.shape
+        assert g.dtype == w.dtype and g.shape == w.shape, case
         if v not in loose or w.dtype.kind not in "f":
-            assert g.tobytes() == w.tobytes(), f"result {k}, made by {maker(fn, v)}, differs in its bits"
+            assert g.tobytes() == w.tobytes(), f"{case}: result {k}, made by {maker(fn, v)}, differs in its bits"
             continue
         bad = beyond_iree_bound(g, w, m)
-        assert not bad.any(), (f"result {k}, made by {maker(fn, v)}, differs beyond the bound: "
+        assert not bad.any(), (f"{case}: result {k}, made by {maker(fn, v)}, differs beyond the bound: "
                                f"{g[bad][:3]} against {w[bad][:3]}")
 
 
