@@ -439,7 +439,10 @@ class Writer:
 
     def extract(self, x: str, shape: Sequence[int], dtype: str, window: Window,
                 to: Sequence[int], hint: str = "") -> str:
-        """The window of x (of shape) as a tensor of shape `to` (its unit axes may be dropped)."""
+        """The window of x (of shape) as a tensor of shape `to` (its unit axes may be dropped);
+        an empty window is an empty tensor (MLIR refuses a slice at offset 0 of an axis of 0)."""
+        if 0 in window.sizes:
+            return self.empty(to, dtype)
         name = self.fresh(hint)
         self.line(f"{name} = tensor.extract_slice {x}{window} : {tensor_type(shape, dtype)} to "
                   f"{tensor_type(to, dtype)}")
@@ -447,11 +450,28 @@ class Writer:
 
     def insert(self, y: str, y_shape: Sequence[int], into: str, shape: Sequence[int], dtype: str,
                window: Window, hint: str = "inserted") -> str:
-        """into (of shape) with y written over the window."""
+        """into (of shape) with y written over the window (into itself for an empty one)."""
+        if 0 in window.sizes:
+            return into
         name = self.fresh(hint)
         self.line(f"{name} = tensor.insert_slice {y} into {into}{window} : "
                   f"{tensor_type(y_shape, dtype)} into {tensor_type(shape, dtype)}")
         return name
+
+    def reverse(self, x: str, shape: Sequence[int], dtype: str, axes: Sequence[int],
+                hint: str = "flip") -> str:
+        """x with its elements in reverse order along axes (x itself for none): a linalg.generic
+        whose region extracts element n - 1 - i of such an axis (IREE's tiling takes an indexing
+        map of n - 1 - d for a map of increasing indices, and reads the wrong elements)."""
+        if not axes:
+            return x
+
+        def element(args: list[S]) -> list[S]:
+            at = [self.body.position(i) for i in range(len(shape))]
+            at = [self.body.sub(self.index_here(n - 1), p) if i in axes else p
+                  for i, (n, p) in enumerate(zip(shape, at))]
+            return [self.body.extract(x, tensor_type(shape, dtype), dtype, at)]
+        return self.generic(shape, [dtype], [], element, hint=hint)[0]
 
     def slice_at(self, x: str, shape: Sequence[int], dtype: str, t: str, hint: str = "") -> str:
         """Slice t (an index SSA value) of x along its first axis, without that axis."""
