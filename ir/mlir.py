@@ -420,14 +420,14 @@ class Writer:
                             inits=[init], hint=hint)[0]
 
     def loop(self, n: int, carried: Sequence[tuple[str, str]],
-             step: Callable[[str, list[str]], list[str]], hint: str) -> list[str]:
-        """scf.for over 0..n carrying tensors (initial SSA name, type); step(t, carried names)
-        writes one step and returns the tensors carried on."""
+             step: Callable[[str, list[str]], list[str]], hint: str, start: int = 0) -> list[str]:
+        """scf.for over start..n carrying tensors (initial SSA name, type); step(t, carried
+        names) writes one step and returns the tensors carried on."""
         t, result = self.fresh("t"), self.fresh(hint)
         iters = [self.fresh("acc") for _ in carried]
         types = ", ".join(ty for _, ty in carried)
         pairs = ", ".join(f"{i} = {c}" for i, (c, _) in zip(iters, carried))
-        self.line(f"{result}:{len(carried)} = scf.for {t} = {self.index(0)} to {self.index(n)} "
+        self.line(f"{result}:{len(carried)} = scf.for {t} = {self.index(start)} to {self.index(n)} "
                   f"step {self.index(1)} iter_args({pairs}) -> ({types}) {{", located=False)
 
         def body() -> None:

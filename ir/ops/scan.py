@@ -19,6 +19,7 @@ import ml_dtypes
 import numpy as np
 
 from ir import numerics
+from ir.mlir import Window, broadcast_map, tensor_type
 from ir.ops.base import (NUMERIC, Kind, Param, Primitive, Role, need, normalize_axes, np_dtype,
                          primitive, statics, type_of)
 from ir.ops.elementwise import MathFunction, Maximum, Minimum
@@ -57,6 +58,28 @@ class Cumulative(Primitive):
     def step(self, e: Any, acc: Any, x: Any, dtype: str) -> Any:
         """acc ⊕ x in a kernel, built with a target's scalar emitter e (backend/llvm.py)."""
         raise NotImplementedError
+
+    def mlir(self, w: Any, op: Any) -> list[str]:
+        """An scf.for along the axis from 1, carrying y[i-1] and y (at first x itself): step i
+        writes y[i] = y[i-1] ⊕ x[i], slices across the other axes, by a linalg.generic whose
+        region is `step`; so each line is accumulated in order, as the kernels do."""
+        (x,) = op.inputs
+        axis, shape, dtype = statics(op)["axis"] % len(x.shape), x.shape, x.dtype
+        if shape[axis] <= 1 or 0 in shape:
+            return [w[x]]
+        line = tuple(1 if i == axis else n for i, n in enumerate(shape))
+        same = broadcast_map(line, line)
+
+        def step(t: str, carried: list[str]) -> list[str]:
+            previous, y = carried
+            x_t = w.extract(w[x], shape, dtype, Window.along(shape, axis, t, 1), line, "x_t")
+            y_t = w.generic(line, [dtype], [(previous, tensor_type(line, dtype), same),
+                                            (x_t, tensor_type(line, dtype), same)],
+                            lambda args: [self.step(w.body, *args[:2], dtype)], hint=self.name)[0]
+            return [y_t, w.insert(y_t, line, y, shape, dtype, Window.along(shape, axis, t, 1))]
+        first = w.extract(w[x], shape, dtype, Window.along(shape, axis, 0, 1), line, "first")
+        return [w.loop(shape[axis], [(first, tensor_type(line, dtype)), (w[x], tensor_type(shape, dtype))],
+                       step, self.name, start=1)[1]]
 
 
 def _backwards(b: Any, v: Any, axis: int) -> Any:
