@@ -30,7 +30,7 @@ _MATH = {"exp": "math.exp", "exp2": "math.exp2", "log": "math.log", "log2": "mat
          "cosh": "math.cosh", "log1p": "math.log1p", "expm1": "math.expm1", "erf": "math.erf",
          "erfc": "math.erfc", "atan2": "math.atan2", "pow": "math.powf"}
 _INTRINSICS = {"llvm.floor": "math.floor", "llvm.ceil": "math.ceil", "llvm.trunc": "math.trunc",
-               "llvm.roundeven": "math.roundeven"}
+               "llvm.roundeven": "math.roundeven", "llvm.copysign": "math.copysign"}
 _PREDICATES = {"==": "eq", "!=": "ne", "<": "lt", "<=": "le", ">": "gt", ">=": "ge"}
 
 
@@ -123,7 +123,9 @@ class Body:
         return self._op(f"arith.{'divui' if dtype == 'u32' else 'divsi'} {x.name}, {y.name} : {x.type}", x.dtype)
 
     def remainder(self, x: S, y: S, dtype: str) -> S:
-        return self._op(f"arith.{'remui' if dtype == 'u32' else 'remsi'} {x.name}, {y.name} : {x.type}", x.dtype)
+        """x - y * quotient(x, y), the sign of x; of floats, C's fmod (exact)."""
+        op = "remf" if x.is_float else "remui" if dtype == "u32" else "remsi"
+        return self._op(f"arith.{op} {x.name}, {y.name} : {x.type}", x.dtype)
 
     def neg(self, x: S) -> S:
         if x.is_float:
@@ -182,7 +184,8 @@ class Body:
     def intrinsic(self, name: str, x: S, *more: S) -> S:
         if name not in _INTRINSICS:
             raise NotExpressible(f"the operation {name}")
-        return self._op(f"{_INTRINSICS[name]} {x.name} : {x.type}", x.dtype)
+        return self._op(f"{_INTRINSICS[name]} {', '.join(v.name for v in (x, *more))} : {x.type}",
+                        x.dtype)
 
     def math(self, function: str, *args: S) -> S:
         """A function of the math library: the math dialect's (IREE's approximation of it)."""
