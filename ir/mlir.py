@@ -639,8 +639,14 @@ def location(origin: Any) -> str:
     span = getattr(origin, "span", None)
     if span is None:
         return ""
-    path = span.source.path.replace("\\", "\\\\").replace('"', '\\"')
-    return f'loc("{path}":{span.line}:{span.col})'
+    return f'loc({string(span.source.path)}:{span.line}:{span.col})'
+
+
+def string(text: str) -> str:
+    """text as an MLIR string literal: a quote, a backslash and any byte that is not printable
+    ASCII written as its two hex digits (\\22)."""
+    return '"' + "".join(chr(c) if 32 <= c < 127 and c not in b'"\\' else f"\\{c:02X}"
+                         for c in text.encode()) + '"'
 
 
 def to_mlir(fn: Function, name: str | None = None, params: Sequence[str] | None = None) -> str:
