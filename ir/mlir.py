@@ -124,8 +124,48 @@ class Body:
 
     def remainder(self, x: S, y: S, dtype: str) -> S:
         """x - y * quotient(x, y), the sign of x; of floats, C's fmod (exact)."""
+        if dtype == "f64":
+            return self._fmod64(x, y)
         op = "remf" if x.is_float else "remui" if dtype == "u32" else "remsi"
         return self._op(f"arith.{op} {x.name}, {y.name} : {x.type}", x.dtype)
+
+    def _fmod64(self, x: S, y: S) -> S:
+        """fmod of f64, exactly, without arith.remf (IREE's llvm-cpu leaves it a call to the C
+        library's fmod, which its executables do not link): an scf.while that takes from |x|,
+        while |x| ≥ |y|, n copies of |y|·2^k (k makes n < 2^53; n from the rounded quotient,
+        at most one too many, put back) by one fma, exact, so 52 bits of quotient a step; then
+        x's sign. A NaN, x infinite or y 0 give glibc's NaN: x's, else y's, else the default."""
+        f64, i64, w = "f64", "i64", self.w
+
+        def bits(v: S) -> S:
+            return self._op(f"arith.bitcast {v.name} : f64 to i64", i64)
+        ax, ay, zero = self.abs(x, f64), self.abs(y, f64), self.const(0.0, f64)
+        finite = self.compare("<", ax, self.const(math.inf, f64), f64)
+        valid = self.and_(self.and_(finite, self.compare("==", y, y, f64)),
+                          self.compare("!=", ay, zero, f64))
+        y_bits = bits(ay)
+        left, start, r = w.fresh("fmod"), w.fresh("x"), S(w.fresh("x"), f64)
+        w.line(f"{left} = scf.while ({start} = {self.select(valid, ax, zero).name}) : (f64) -> f64 "
+               "{", located=False)
+        w.region(lambda: w.line(f"scf.condition({self.compare('>=', S(start, f64), ay, f64).name})"
+                                f" {start} : f64", located=False))
+        w.line("} do {", located=False)
+        w.lines.append("  " * w.depth + f"^bb0({r.name}: f64):")
+
+        def step() -> None:
+            gap = self.sub(self.sub(self.shift_right(bits(r), 52), self.shift_right(y_bits, 52)),
+                           self.const(52, i64))
+            k = self._op(f"arith.maxsi {gap.name}, {self.const(0, i64).name} : i64", i64)
+            y_k = self._op(f"arith.bitcast {self.add(y_bits, self.shift_left(k, 52)).name} : i64 "
+                           "to f64", f64)
+            n = self.intrinsic("llvm.trunc", self.div(r, y_k))
+            less = self._op(f"math.fma {self.neg(n).name}, {y_k.name}, {r.name} : f64", f64)
+            kept = self.select(self.compare("<", less, zero, f64), self.add(less, y_k), less)
+            w.line(f"scf.yield {kept.name} : f64", located=False)
+        w.region(step)
+        w.line("}", located=False)
+        nan = self.select(self.isnan(x), x, self.select(self.isnan(y), y, self.const(-math.nan, f64)))
+        return self.select(valid, self.intrinsic("llvm.copysign", S(left, f64), x), nan)
 
     def neg(self, x: S) -> S:
         if x.is_float:

@@ -32,8 +32,8 @@ def scans(x: f32[A, B], n: i32[A, B], d: f64[A, B], h: f16[A, B]):
 def lse(x: f32[A, B]) -> f32[A, B]:
   return logcumsumexp(x, 1)
 
-def floor_division(a: f32[A, B], b: f32[A, B], h: f16[A, B], g: f16[A, B]):
-  return a % b, a // b, h % g, h // g
+def floor_division(a: f32[A, B], b: f32[A, B], h: f16[A, B], g: f16[A, B], d: f64[A, B], e: f64[A, B]):
+  return a % b, a // b, h % g, h // g, d % e, d // e
 
 def strided(x: f32[A, B], w: f32[A, B]) -> f32:
   return sum(x[::-2, ::-1] * w[::-2, ::-1])
@@ -148,12 +148,16 @@ def test_logcumsumexp_on_iree_agrees_within_the_bound(sizes):
 @pytest.mark.parametrize("sizes", SIZES)
 def test_float_floor_division_and_modulo_on_iree_are_numpys(sizes):
     """Python's rules by NumPy's algorithm: the remainder has the divisor's sign, ±0.0 and
-    ±inf and NaN as NumPy gives them, a divisor of 0 gives ±inf or NaN; f16 through f32."""
+    ±inf and NaN as NumPy gives them, a divisor of 0 gives ±inf or NaN; f16 through f32, f64
+    with ratios up to 10^600 (IREE links no f64 fmod: dslc's own, exact)."""
     a, b = values(sizes, "f32", 8, scale=8.0), values(sizes, "f32", 9, scale=3.0)
     h, g = a.astype(np.float16), b.astype(np.float16)
-    got, want = run(sizes, "floor_division", a, b, h, g)
+    powers = 10.0 ** np.random.default_rng(10).integers(-300, 300, (2, *sizes))
+    d, e = a * powers[0], b * powers[1]
+    got, want = run(sizes, "floor_division", a, b, h, g, d, e)
     with np.errstate(all="ignore"):
-        same_bits(got, [np.mod(a, b), np.floor_divide(a, b), np.mod(h, g), np.floor_divide(h, g)])
+        same_bits(got, [np.mod(a, b), np.floor_divide(a, b), np.mod(h, g), np.floor_divide(h, g),
+                        np.mod(d, e), np.floor_divide(d, e)])
     same_bits(got, want)
 
 
@@ -163,12 +167,16 @@ def test_float_floor_division_on_iree_is_numpys_at_the_edges():
     68.99999), which NumPy snaps up."""
     edges = [0.0, -0.0, 1.0, -1.0, 0.5, -0.5, 3.0, -3.0, 0.1, 7.0, 1e30, -1e30, 2.5, np.inf,
              -np.inf, np.nan, 6.0, -2.0, 130.40001, 1.8778121, -45.772583, 1.6906437]
-    pairs = np.array([(p, q) for p in edges for q in edges], np.float32)
-    pairs = np.concatenate([pairs, np.ones((-len(pairs) % 35, 2), np.float32)])
-    for a, b in pairs.reshape(-1, 7, 5, 2).transpose(0, 3, 1, 2):
-        got, _ = run((7, 5), "floor_division", a, b, np.ones_like(a, np.float16), np.ones_like(b, np.float16))
+    wide = [1e300, -3e-300, 1.7976931348623157e308, 1e-290, 0.1, -7.0, np.nan]
+    pairs = np.array([(p, q, p, q) for p in edges for q in edges] +
+                     [(1, 1, p, q) for p in wide for q in wide])
+    pairs = np.concatenate([pairs, np.ones((-len(pairs) % 35, 4))])
+    for a, b, d, e in pairs.reshape(-1, 7, 5, 4).transpose(0, 3, 1, 2):
+        a, b, ones = a.astype(np.float32), b.astype(np.float32), np.ones_like(a, np.float16)
+        got, _ = run((7, 5), "floor_division", a, b, ones, ones, d, e)
         with np.errstate(all="ignore"):
-            same_bits(got[:2], [np.mod(a, b), np.floor_divide(a, b)])
+            same_bits(got[:2] + got[4:], [np.mod(a, b), np.floor_divide(a, b), np.mod(d, e),
+                                          np.floor_divide(d, e)])
 
 
 @pytest.mark.parametrize("sizes", [(7, 5), (0, 3)])

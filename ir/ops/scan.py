@@ -78,8 +78,8 @@ class Cumulative(Primitive):
                             lambda args: [self.step(w.body, *args[:2], dtype)], hint=self.name)[0]
             return [y_t, w.insert(y_t, line, y, shape, dtype, Window.along(shape, axis, t, 1))]
         first = w.extract(w[x], shape, dtype, Window.along(shape, axis, 0, 1), line, "first")
-        return [w.loop(shape[axis], [(first, tensor_type(line, dtype)), (w[x], tensor_type(shape, dtype))],
-                       step, self.name, start=1)[1]]
+        carried = [(first, tensor_type(line, dtype)), (w[x], tensor_type(shape, dtype))]
+        return [w.loop(shape[axis], carried, step, self.name, start=1)[1]]
 
 
 def _backwards(b: Any, v: Any, axis: int) -> Any:
