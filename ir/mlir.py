@@ -240,6 +240,17 @@ class Body:
         names = ", ".join(a.name for a in args)
         return self._op(f"{_MATH[function]} {names} : {x.type}", x.dtype, function)
 
+    def repeat(self, start: S, stop: S, initial: S, step: Callable[[S, S], S]) -> S:
+        """An scf.for over the indices start..stop inside a region, carrying one scalar from
+        initial: step(index, carried) writes one step and returns the scalar carried on."""
+        w = self.w
+        result, k, carried = w.fresh("repeat"), S(w.fresh("k"), "index"), S(w.fresh("acc"), initial.dtype)
+        w.line(f"{result} = scf.for {k.name} = {start.name} to {stop.name} step {w.index(1)} "
+               f"iter_args({carried.name} = {initial.name}) -> ({initial.type}) {{", located=False)
+        w.region(lambda: w.line(f"scf.yield {step(k, carried).name} : {initial.type}", located=False))
+        w.line("}", located=False)
+        return S(result, initial.dtype)
+
     # positions, for the regions of gathers and scatters
 
     def position(self, axis: int) -> S:
