@@ -27,9 +27,9 @@ lanes past N), so an edge of C costs neither a copy nor a whole tile's work. A j
 mr rows (a matrix-vector product: a decoder's token) packs nothing: one-row tiles of up to
 ROW_VECTORS vectors read A and B in place where B's rows are contiguous, and tiles of mr rows
 read a transposed B (x @ W.T: a tied embedding's logits) in blocks of width × width that they
-transpose in registers. A job whose K block of B (rows contiguous) fits in a quarter of L2
-(Tiles.in_place_bytes: the products of a 64³ and of a GPT's layers) packs nothing either: tiles
-of mr rows read A and B in place, B's rows as vectors, only a tile's last vector through a mask.
+transpose in registers. A job whose K block of B (rows contiguous) fits in half of L1
+(Tiles.in_place_bytes: a 64³, an attention head's products) packs nothing either: tiles of mr
+rows read A and B in place, B's rows as vectors, only a tile's last vector through a mask.
 
 Threads: C is cut into jobs (one batch entry × a block of rows × a block of columns, each
 running the whole K loop of its elements; about JOBS_PER_THREAD per thread where the shape
@@ -101,7 +101,7 @@ class Tiles:
     kc: int
     mc: int
     nc: int
-    in_place_bytes: int = 1 << 18
+    in_place_bytes: int = 1 << 15
 
     def __post_init__(self):
         if self.mc % self.mr or self.nc % self.nr:
@@ -121,8 +121,9 @@ def host_tiles(dtype: str) -> Tiles:
     """Tiles for this machine, measured on a Zen 4 (AVX-512, 32 KiB L1d, 1 MiB L2): a 6 × 4-vector
     tile (24 accumulators, 4 B vectors and a broadcast in 32 registers; B rows of 4 lines), a
     K block of 512 (C is reloaded once per 512 fmas) and a B panel of about 1 MiB; a K block of
-    B of up to 256 KiB read in place (5–15% faster than packing it from 64³ to 1024×512×128,
-    10% slower at 1 MiB). Without AVX-512 (16 registers) the 6 × 2-vector Haswell tile."""
+    B of up to 32 KiB read in place (64³: 10% faster than packing it; at 64 KiB, 1024×128×128,
+    and 256 KiB, 1024×512×128, packing it is 15% faster). Without AVX-512 (16 registers) the
+    6 × 2-vector Haswell tile."""
     features = llvm.get_host_cpu_features()
     vector_bytes = 64 if features.get("avx512f") else 32 if features.get("avx") else 16
     width = vector_bytes // SIZE[dtype]
