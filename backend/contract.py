@@ -87,6 +87,10 @@ ROW_VECTORS = 8     # the one-row tile's vectors: 8 independent fma chains
 COLUMN_VECTORS = 1  # the transposed-B tile's vectors: its width × width transpose fills the registers
 LAYOUTS = 256       # operand layouts a Matmul remembers (then it forgets them all)
 ARGUMENTS = 18      # NAME.task's array: A … b_col, scratch, next_job, epilogue, epilogue_table
+MIN_MULTIPLY_ADDS_PER_THREAD = 1 << 20     # a product's threads get at least this many
+                                           # (NAME.direct has it compiled in)
+MATRIX_VECTOR_COST = 16     # a product of one row tile's fmas cost about this many of a blocked
+                            # product's (they wait on loads of B from memory)
 
 
 @dataclass(frozen=True)
@@ -453,11 +457,12 @@ def build_matmul(module: ir.Module, name: str, dtype: str, tiles: Tiles | None =
     b.branch(head)
     b.position_at_end(done)
     b.ret_void()
-    _build_task(module, f"{name}.task", fn)
+    task = _build_task(module, f"{name}.task", fn)
+    _build_direct(module, f"{name}.direct", dtype, t, task)
     return fn
 
 
-def _build_task(module: ir.Module, name: str, kernel: ir.Function) -> None:
+def _build_task(module: ir.Module, name: str, kernel: ir.Function) -> ir.Function:
     """void task(int64_t *arguments, int64_t thread_index, int64_t thread_count): the kernel
     with its first ARGUMENTS arguments read from an array, as the thread team calls tasks."""
     fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [ir.IntType(8).as_pointer(), I64, I64]),
@@ -470,6 +475,79 @@ def _build_task(module: ir.Module, name: str, kernel: ir.Function) -> None:
             for v, a in zip(args, kernel.args)]
     b.call(kernel, args + [tid, count])
     b.ret_void()
+    return fn
+
+
+# NumPy's array object (PyArrayObject_fields in numpy/ndarraytypes.h) on a 64-bit CPython:
+# the byte offsets of the fields NAME.direct reads, checked once at import (numpy_layout_holds)
+OB_TYPE, DATA, NDIM, DIMENSIONS, STRIDES, DESCR, FLAGS = 8, 16, 24, 32, 40, 56, 64
+C_CONTIGUOUS, ALIGNED, WRITEABLE = 0x1, 0x100, 0x400      # NPY_ARRAY_… flags
+# NAME.direct's context: the words it compares objects with, and where it writes
+CONTEXT_TYPE, CONTEXT_DESCR, CONTEXT_ARGUMENTS = range(3)
+
+
+def _build_direct(module: ir.Module, name: str, dtype: str, t: Tiles, task: ir.Function
+                  ) -> None:
+    """i64 direct(PyObject *a, PyObject *b, PyObject *c, i64 *context, i64 threads): the
+    whole call of c = a @ b from Python for NumPy arrays of rank 2 and the kernel's dtype
+    (c C-contiguous and writable), read from the array objects themselves. Returns 0 (nothing
+    done) for any other operands; else the threads the product is worth, at most `threads`:
+    where 1, it is done (with the scratch of one thread); where more, its arguments are in the
+    block for NAME.task, which the caller runs on that many threads."""
+    i8p = ir.IntType(8).as_pointer()
+    fn = ir.Function(module, ir.FunctionType(I64, [i8p, i8p, i8p, I64.as_pointer(), I64]), name)
+    a, b_, c, context, threads = fn.args
+    e = _Emitter(fn, dtype, t)
+    b = e.b
+
+    def field(obj, offset: int, ty: ir.Type = I64) -> ir.Value:
+        return b.load(b.bitcast(b.gep(obj, [_i64(offset)]), ty.as_pointer()))
+
+    def unless(ok: ir.Value) -> None:
+        with b.if_then(b.not_(ok), likely=False):
+            b.ret(_i64(0))
+
+    def all_of(*conditions: ir.Value) -> ir.Value:
+        return functools.reduce(b.and_, conditions)
+
+    word = lambda i: b.load(e.at(context, i))
+    arrays = (a, b_, c)
+    # each field is read only once the ones before it say it is there: an object that is not
+    # an array has no NDIM, an array of rank 0 no DIMENSIONS
+    unless(all_of(*(b.icmp_signed("==", field(x, OB_TYPE), word(CONTEXT_TYPE)) for x in arrays)))
+    flags = [field(x, FLAGS, I32) for x in arrays]
+    wanted = [ALIGNED, ALIGNED, ALIGNED | C_CONTIGUOUS | WRITEABLE]
+    unless(all_of(*(b.icmp_signed("==", field(x, NDIM, I32), ir.Constant(I32, 2)) for x in arrays),
+                  *(b.icmp_signed("==", field(x, DESCR), word(CONTEXT_DESCR)) for x in arrays),
+                  *(b.icmp_signed("==", b.and_(f, ir.Constant(I32, w)), ir.Constant(I32, w))
+                    for f, w in zip(flags, wanted))))
+    dims = [[b.load(e.at(b.inttoptr(field(x, DIMENSIONS), I64.as_pointer()), i)) for i in (0, 1)]
+            for x in arrays]
+    strides = [[b.load(e.at(b.inttoptr(field(x, STRIDES), I64.as_pointer()), i)) for i in (0, 1)]
+               for x in arrays[:2]]
+    (m, k), (k_b, n), (m_c, n_c) = dims
+    size = SIZE[dtype]
+    unless(all_of(b.icmp_signed("==", k, k_b), b.icmp_signed("==", m, m_c),
+                  b.icmp_signed("==", n, n_c),
+                  *(b.icmp_signed("==", b.and_(s, _i64(size - 1)), _i64(0))
+                    for pair in strides for s in pair)))
+    # the threads it is worth (Matmul.worth for other operands)
+    work = b.mul(b.mul(m, n), k)
+    work = b.select(b.icmp_signed("<=", m, _i64(t.mr)), b.mul(work, _i64(MATRIX_VECTOR_COST)),
+                    work)
+    parts = e.min(threads, b.sdiv(work, _i64(MIN_MULTIPLY_ADDS_PER_THREAD)))
+    parts = b.select(b.icmp_signed("<", parts, _i64(1)), _i64(1), parts)
+    block = b.inttoptr(word(CONTEXT_ARGUMENTS), I64.as_pointer())
+    data = [field(x, DATA) for x in arrays]
+    (a_row, a_col), (b_row, b_col) = ([b.sdiv(s, _i64(size)) for s in pair] for pair in strides)
+    for i, value in enumerate(data + [_i64(1), m, n, k, _i64(0), _i64(0), b.mul(m, n),
+                                      a_row, a_col, b_row, b_col]):
+        b.store(value, e.at(block, i))
+    for i in (ARGUMENTS - 2, ARGUMENTS - 1, ARGUMENTS):    # no epilogue; next_job from 0
+        b.store(_i64(0), e.at(block, i))
+    with b.if_then(b.icmp_signed("==", parts, _i64(1))):
+        b.call(task, [b.bitcast(block, i8p), _i64(0), _i64(1)])
+    b.ret(parts)
 
 
 def _job(e: _Emitter, tiles, a, b_, c_base, mj, nj, K, N, a_pack, b_pack, finished) -> None:
@@ -787,6 +865,14 @@ class Matmul:
         self._arguments[ARGUMENTS - 3] = address(self._next_job)
         self._scratch = np.empty(0, dtype=NUMPY[self.dtype])
         self._layouts: dict[tuple, _Layout] = {}
+        self._direct = DIRECT(self.engine.get_function_address("matmul.direct"))
+        # (where NumPy's array objects are not laid out as NAME.direct reads them, no object
+        # has its type word 0: every call takes the checked path)
+        self._context = np.array([id(np.ndarray) if numpy_layout_holds() else 0,
+                                  id(np.dtype(NUMPY[dtype])), self._arguments_address],
+                                 dtype=np.int64)
+        self._context_address = address(self._context)
+        self.scratch(1)                                    # (for NAME.direct)
 
     @functools.cached_property
     def llvm_ir(self) -> str:
@@ -803,6 +889,24 @@ class Matmul:
                                      dtype=NUMPY[self.dtype])
             self._arguments[ARGUMENTS - 4] = aligned(self._scratch)
         return self._scratch
+
+    def worth(self, rows: int, multiply_adds: int, threads: int) -> int:
+        """How many of `threads` a product of C's `rows` rows (of each batch entry) and
+        `multiply_adds` fmas is worth (NAME.direct decides alike)."""
+        if rows <= self.tiles.mr:                  # B read in place, one load an fma
+            multiply_adds *= MATRIX_VECTOR_COST
+        return min(threads, max(1, multiply_adds // MIN_MULTIPLY_ADDS_PER_THREAD))
+
+    def direct(self, a: np.ndarray, b: np.ndarray, out: np.ndarray, threads: int) -> bool:
+        """out = a @ b on at most `threads` threads in one native call where a, b and out are
+        NumPy arrays of rank 2 and the kernel's dtype, out C-contiguous: whether it was (it
+        does nothing for other operands)."""
+        with self._lock:
+            parts = self._direct(a, b, out, self._context_address, threads)
+            if parts > 1:
+                self.scratch(parts)
+                team().run(self.task, self._arguments_address, parts)
+        return parts > 0
 
     def call(self, a: np.ndarray, b: np.ndarray, c: np.ndarray, scratch: np.ndarray,
              next_job: np.ndarray, thread_index: int, thread_count: int,
@@ -922,6 +1026,28 @@ _probe = np.zeros((2, 3))[:, 1:]
 if _data(_probe) != _probe.ctypes.data:      # (a Python whose ids are not addresses)
     def _data(x: np.ndarray) -> int:
         return x.ctypes.data
+
+
+DIRECT = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.py_object, ctypes.py_object, ctypes.py_object,
+                          ctypes.c_void_p, ctypes.c_int64)
+
+
+@functools.cache
+def numpy_layout_holds() -> bool:
+    """Whether this NumPy's array objects have the fields NAME.direct reads where it reads
+    them (OB_TYPE … FLAGS)."""
+    word = lambda x, offset, kind=ctypes.c_int64: kind.from_address(id(x) + offset).value
+    for x in (np.zeros((3, 5), np.float32)[:, 1:], np.zeros((2, 7), np.float64)):
+        dims, strides = (np.ctypeslib.as_array(ctypes.cast(word(x, at), ctypes.POINTER(
+            ctypes.c_int64)), (2,)) for at in (DIMENSIONS, STRIDES))
+        flags = word(x, FLAGS, ctypes.c_int32)
+        if (word(x, OB_TYPE), word(x, DATA), word(x, NDIM, ctypes.c_int32), tuple(dims),
+                tuple(strides), word(x, DESCR), bool(flags & C_CONTIGUOUS), bool(flags & ALIGNED),
+                bool(flags & WRITEABLE)) != (id(np.ndarray), x.ctypes.data, 2, x.shape, x.strides,
+                                             id(x.dtype), x.flags.c_contiguous, x.flags.aligned,
+                                             x.flags.writeable):
+            return False
+    return True
 
 
 def aligned(scratch: np.ndarray) -> int:
