@@ -342,7 +342,7 @@ def test_a_layout_seen_before_reads_the_new_operands(kernels):
 
 # ---------------------------------------------------------------- small and skinny products
 # A job reads B in place (tiles of mr rows) where its K block of B takes at most
-# Tiles.in_place_bytes, packs it past that, and runs one-row tiles at most mr rows: each side
+# Tiles.in_place_bytes, packs it past that, and streams B's rows at most mr rows: each side
 # of each switch gives the reference's bits and the always-packing kernel's.
 
 PROT_NONE = 0                  # (the mmap module names PROT_READ and PROT_WRITE only)
@@ -352,7 +352,7 @@ PACKING = {dtype: Matmul(dtype, dataclasses.replace(HOST[dtype], in_place_bytes=
 
 def switch_shapes(dtype: str) -> list[tuple[int, int, int]]:
     """(M, K, N) on both sides of the in-place bound (a K block of 512 rows × N columns), of
-    the K block, of the one-row tiles (M = mr), and with K and N 0, 1 and primes."""
+    the K block, of the streamed rows (M = mr), and with K and N 0, 1 and primes."""
     t = HOST[dtype]
     n_bound = t.in_place_bytes // (t.kc * SIZE[dtype])
     return [(13, t.kc, n_bound), (13, t.kc, n_bound + 1), (7, t.kc + 1, 40), (t.mr, 37, 33),
@@ -413,9 +413,9 @@ def read_at_page_end(case: tuple[str, int, int, int]) -> list:
 
 
 def test_no_path_reads_past_the_operands():
-    """Every edge width of the in-place and one-row tiles, B's last row ending at an
+    """Every edge width of the in-place tiles and the streamed rows, B's last row ending at an
     unreadable page (each case in a child process: a stray read is a crash there)."""
-    cases = [(dtype, m, k, n) for dtype in ("f32", "f64") for m in (1, 7)
+    cases = [(dtype, m, k, n) for dtype in ("f32", "f64") for m in (1, HOST[dtype].mr, 7)
              for n in (1, HOST[dtype].width - 1, HOST[dtype].width + 1, 2 * HOST[dtype].width,
                        HOST[dtype].nr + 3) for k in (1, 9)]
     outcomes = {case: (outcome, value)
