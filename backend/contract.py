@@ -1064,14 +1064,15 @@ def numpy_layout_holds() -> bool:
     them (OB_TYPE … FLAGS)."""
     word = lambda x, offset, kind=ctypes.c_int64: kind.from_address(id(x) + offset).value
     for x in (np.zeros((3, 5), np.float32)[:, 1:], np.zeros((2, 7), np.float64)):
-        dims, strides = (np.ctypeslib.as_array(ctypes.cast(word(x, at), ctypes.POINTER(
-            ctypes.c_int64)), (2,)) for at in (DIMENSIONS, STRIDES))
+        if (word(x, OB_TYPE), word(x, DATA), word(x, NDIM, ctypes.c_int32), word(x, DESCR)) \
+                != (id(np.ndarray), x.ctypes.data, 2, id(x.dtype)):
+            return False                 # (before following a pointer that may not be one)
+        dims, strides = (tuple(ctypes.cast(word(x, at), ctypes.POINTER(ctypes.c_int64))[:2])
+                         for at in (DIMENSIONS, STRIDES))
         flags = word(x, FLAGS, ctypes.c_int32)
-        if (word(x, OB_TYPE), word(x, DATA), word(x, NDIM, ctypes.c_int32), tuple(dims),
-                tuple(strides), word(x, DESCR), bool(flags & C_CONTIGUOUS), bool(flags & ALIGNED),
-                bool(flags & WRITEABLE)) != (id(np.ndarray), x.ctypes.data, 2, x.shape, x.strides,
-                                             id(x.dtype), x.flags.c_contiguous, x.flags.aligned,
-                                             x.flags.writeable):
+        if (dims, strides, bool(flags & C_CONTIGUOUS), bool(flags & ALIGNED),
+                bool(flags & WRITEABLE)) != (x.shape, x.strides, x.flags.c_contiguous,
+                                             x.flags.aligned, x.flags.writeable):
             return False
     return True
 

@@ -447,16 +447,17 @@ def test_numpy_arrays_are_laid_out_as_the_direct_call_reads_them():
 @pytest.mark.parametrize("dtype", ["f32", "f64"])
 @pytest.mark.parametrize("m, k, n", DIRECT_SHAPES)
 def test_a_direct_call_gives_the_checked_paths_bits(dtype, m, k, n):
-    """Contiguous, transposed and strided operands, on 1, 2 and 3 threads: the bits of the
-    checked path (the reference's), within K rounding errors of float64 NumPy."""
+    """Contiguous, transposed, strided and reversed operands, on 1, 2 and 3 threads: the bits
+    of the checked path (the reference's), within K roundings of float64 NumPy."""
     kernel = DIRECT[dtype]
     make = random_f32 if dtype == "f32" else short_f64
     a, a_t = make((m, k)), make((k, m)).T
     b, b_t, b_s = make((k, n)), make((n, k)).T, make((k, 2 * n))[:, ::2]
-    for x, y in [(a, b), (a_t, b), (a, b_t), (a_t, b_s)]:
+    for x, y in [(a, b), (a_t, b), (a, b_t), (a_t, b_s), (a[::-1], b[:, ::-1])]:
         want = kernel(x, y, threads=1)
         exact = x.astype(np.float64) @ y.astype(np.float64)
-        bound = k * np.finfo(NUMPY[dtype]).eps / 2 * (np.abs(x).astype(np.float64) @ np.abs(y))
+        # K roundings of at most half an ulp each, and as many in NumPy's float64 sums
+        bound = (k + 1) * np.finfo(NUMPY[dtype]).eps * (np.abs(x).astype(np.float64) @ np.abs(y))
         assert np.all(np.abs(want - exact) <= bound)
         for threads in (1, 2, 3):
             out = np.full((m, n), np.nan, NUMPY[dtype])
