@@ -924,9 +924,9 @@ class Matmul:
         return min(threads, max(1, multiply_adds // MIN_MULTIPLY_ADDS_PER_THREAD))
 
     def direct(self, a: np.ndarray, b: np.ndarray, out: np.ndarray, threads: int) -> bool:
-        """out = a @ b on at most `threads` threads in one native call where a, b and out are
-        NumPy arrays of rank 2 and the kernel's dtype, out C-contiguous: whether it was (it
-        does nothing for other operands)."""
+        """out = a @ b on at most `threads` threads where a, b and out are NumPy arrays of rank
+        2 and the kernel's dtype, out C-contiguous, by one native call (and the team's, where
+        it is worth more than one thread): whether it was (nothing is done for other operands)."""
         with self._lock:
             parts = self._direct(a, b, out, self._context_address, threads)
             if parts > 1:
