@@ -1,0 +1,103 @@
+"""sort, argsort, topk and take_along_axis exported as MLIR (ir/ops/order.py) and run on IREE
+give the CPU backend's bits: the stable order, NaN after +inf (first descending and in topk),
+-0.0 tied with 0.0, signed and unsigned integers and bools, at lengths 0, 1 and a prime, and
+their gradients (a scatter of the cotangent back to where each value came from)."""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+
+import dsl
+
+pytest.importorskip("iree.compiler", reason="IREE is not installed (pip install 'dslc[iree]')")
+
+SOURCE = """
+def orders(x: f32[B, N]) -> (f32[B, N], i32[B, N], f32[B, N], i32[B, N]):
+  return sort(x), argsort(x), sort(x, descending=True), argsort(x, descending=True)
+
+def columns(x: f32[N, B]) -> (f32[N, B], i32[N, B]):
+  return sort(x, axis=0, descending=True), argsort(x, axis=0)
+
+def best(x: f32[B, N]) -> (f32[B, N], i32[B, N], f32[B, 0], i32[B, 0]):
+  v, i = topk(x, N, largest=False)
+  none, at = topk(x, 0)
+  return v, i, none, at
+
+def three(x: f32[B, N]) -> (f32[B, 3], i32[B, 3], f32[3, N], i32[3, N]):
+  v, i = topk(x, 3)
+  w, j = topk(x, 3, axis=0, largest=False)
+  return v, i, w, j
+
+def integers(n: i32[B, N], u: u32[B, N], m: bool[B, N]) -> (i32[B, N], i32[B, N], u32[B, N], i32[B, N], bool[B, N], i32[B, N]):
+  return sort(n), argsort(n, descending=True), sort(u, descending=True), argsort(u), sort(m), argsort(m, descending=True)
+
+def gather(x: f32[B, N], i: i32[1, K], j: i64[B, 1], y: f32[1, N]) -> (f32[B, K], f32[B, 1], f32[B, N]):
+  return take_along_axis(x, i, 1), take_along_axis(x, j, -1), take_along_axis(y, argsort(x), 1)
+
+def weighted(x: f32[B, N], w: f32[B, N]) -> f32:
+  return sum(sort(x, descending=True) * w) + sum(take_along_axis(x, argsort(w), 1)) + sum(topk(x, 2)[0])
+"""
+
+# values with many ties, NaNs, infinities and both zeros
+FLOATS = np.array([np.nan, -0.0, 0.0, np.inf, -np.inf, 1.0, 1.0, -1.0, 2.5], np.float32)
+
+
+@functools.cache
+def program(device: str) -> dsl.Program:
+    return dsl.loads(SOURCE, device=device)
+
+
+def agree(entry: str, *arrays: np.ndarray) -> None:
+    """entry on IREE gives each of the CPU backend's results bit for bit."""
+    want = getattr(program("cpu"), entry)(*arrays)
+    got = getattr(program("iree"), entry)(*arrays)
+    for k, (g, w) in enumerate(zip(got, want, strict=True)):
+        g, w = np.asarray(g), np.asarray(w)
+        assert g.dtype == w.dtype and g.shape == w.shape, k
+        assert g.tobytes() == w.tobytes(), f"result {k}: {g.tolist()} against {w.tolist()}"
+
+
+def floats(shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).choice(FLOATS, shape)
+
+
+@pytest.mark.parametrize("n", [0, 1, 7])
+def test_sort_argsort_and_topk_give_the_cpu_backends_bits(n: int):
+    x = floats((3, n))
+    agree("orders", x)
+    agree("columns", floats((n, 3), 1))
+    agree("best", x)
+
+
+def test_topk_of_a_prime_length_along_either_axis_and_the_stable_order():
+    x = floats((5, 7), 2)
+    agree("three", x)
+    # a sort that kept equal elements out of input order would differ in argsort's indices
+    ties = np.array([[1.0, -0.0, 1.0, 0.0, np.nan, 1.0, np.nan]], np.float32)
+    agree("orders", ties)
+    assert program("iree").orders(ties)[1].tolist() == [[1, 3, 0, 2, 5, 4, 6]]
+
+
+def test_integers_unsigned_words_and_bools_sort_by_their_own_order():
+    rng = np.random.default_rng(3)
+    n = rng.integers(-3, 3, (2, 7)).astype(np.int32)
+    u = rng.choice(np.array([0, 1, 2 ** 31, 2 ** 32 - 1, 5], np.uint32), (2, 7))
+    agree("integers", n, u, rng.integers(0, 2, (2, 7)).astype(bool))
+
+
+def test_take_along_axis_broadcasts_and_counts_negative_indices_from_the_end():
+    x = floats((3, 7), 4)
+    i = np.array([[6, -1, 0, -7, 3]], np.int32)
+    agree("gather", x, i, np.array([[2], [-3], [0]], np.int64), floats((1, 7), 5))
+
+
+def test_the_gradients_of_sort_topk_and_take_along_axis_give_the_cpu_backends_bits():
+    """Each cotangent goes back to where its value came from (exact additions)."""
+    rng = np.random.default_rng(6)
+    x = (rng.integers(-2, 3, (2, 7)) / 2).astype(np.float32)     # ties, -0.0 from -0.0 / 2
+    w = rng.standard_normal((2, 7)).astype(np.float32)
+    want = program("cpu").grad("weighted", wrt="x")(x, w)
+    got = program("iree").grad("weighted", wrt="x")(x, w)
+    assert got.tobytes() == want.tobytes(), (got, want)
