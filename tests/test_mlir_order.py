@@ -5,6 +5,7 @@ their gradients (a scatter of the cotangent back to where each value came from).
 from __future__ import annotations
 
 import functools
+from typing import Callable
 
 import numpy as np
 import pytest
@@ -50,10 +51,15 @@ def program(device: str) -> dsl.Program:
 
 
 def agree(entry: str, *arrays: np.ndarray) -> None:
-    """entry on IREE gives each of the CPU backend's results bit for bit."""
-    want = getattr(program("cpu"), entry)(*arrays)
-    got = getattr(program("iree"), entry)(*arrays)
-    for k, (g, w) in enumerate(zip(got, want, strict=True)):
+    agree_on(program, entry, *arrays)
+
+
+def agree_on(source: Callable[[str], dsl.Program], entry: str, *arrays: np.ndarray) -> None:
+    """entry of source's program on IREE gives each of the CPU backend's results bit for bit."""
+    want = getattr(source("cpu"), entry)(*arrays)
+    got = getattr(source("iree"), entry)(*arrays)
+    tupled = lambda r: r if isinstance(r, tuple) else (r,)
+    for k, (g, w) in enumerate(zip(tupled(got), tupled(want), strict=True)):
         g, w = np.asarray(g), np.asarray(w)
         assert g.dtype == w.dtype and g.shape == w.shape, k
         assert g.tobytes() == w.tobytes(), f"result {k}: {g.tolist()} against {w.tolist()}"
@@ -101,3 +107,49 @@ def test_the_gradients_of_sort_topk_and_take_along_axis_give_the_cpu_backends_bi
     want = program("cpu").grad("weighted", wrt="x")(x, w)
     got = program("iree").grad("weighted", wrt="x")(x, w)
     assert got.tobytes() == want.tobytes(), (got, want)
+
+
+PRODUCTS = """
+def attention(q: f32[B, H, T, D], k: f32[B, H, D, S]) -> f32[B, H, T, S]:
+  return q @ k
+
+def rows(x: f32[B, T, D], w: f32[D, S], n: i32[B, T, D], m: i32[B, D, S]) -> (f32[B, T, S], i32[B, T, S], f32[B, S, T]):
+  return x @ w, n @ m, einsum("btd,ds->bst", x, w)
+
+def scores(q: f32[B, H, T, D], k: f32[B, H, D, S]) -> f32:
+  s = q @ k
+  return sum(s * s)
+"""
+
+
+@functools.cache
+def products(device: str) -> dsl.Program:
+    return dsl.loads(PRODUCTS, device=device)
+
+
+def test_a_batched_product_is_a_batch_matmul_over_the_collapsed_batch_axes():
+    text = products("iree").ir("attention", {"B": 2, "H": 3, "T": 5, "D": 7, "S": 4}, level="mlir")
+    assert "tensor.collapse_shape %q [[0, 1], [2], [3]] : tensor<2x3x5x7xf32> into tensor<6x5x7xf32>" in text
+    assert "linalg.batch_matmul ins(%lhs, %rhs : tensor<6x5x7xf32>, tensor<6x7x4xf32>)" in text
+    assert "tensor.expand_shape %matmul [[0, 1], [2], [3]] output_shape [2, 3, 5, 4]" in text
+    assert "linalg.generic" not in text
+    text = products("iree").ir("rows", {"B": 2, "T": 5, "D": 7, "S": 4}, level="mlir")
+    assert "linalg.matmul ins(%lhs, %w : tensor<10x7xf32>, tensor<7x4xf32>)" in text
+    assert "%einsum = linalg.generic" in text           # bst: not rows then columns
+
+
+@pytest.mark.parametrize("B, H, T, D, S", [(2, 3, 5, 7, 4), (1, 1, 1, 1, 1), (0, 2, 3, 2, 3),
+                                           (2, 1, 3, 0, 2)])
+def test_products_over_collapsed_axes_give_the_cpu_backends_bits(B, H, T, D, S):
+    """Each element's sum runs over k in order with fused multiply-adds from -0.0, on IREE's
+    llvm-cpu as in dslc's kernels: the same bits (an empty sum is -0.0)."""
+    rng = np.random.default_rng(7)
+    normal = lambda *shape: rng.standard_normal(shape).astype(np.float32)
+    integers = lambda *shape: rng.integers(-9, 9, shape).astype(np.int32)
+    q, k = normal(B, H, T, D), normal(B, H, D, S)
+    agree_on(products, "attention", q, k)
+    agree_on(products, "rows", normal(B, T, D), normal(D, S), integers(B, T, D), integers(B, D, S))
+    want = products("cpu").grad("scores", wrt=("q", "k"))(q, k)
+    got = products("iree").grad("scores", wrt=("q", "k"))(q, k)
+    for g, w in zip(got, want, strict=True):           # 2 s @ kᵀ and qᵀ @ 2 s: products alone
+        assert g.shape == w.shape and g.tobytes() == w.tobytes()
