@@ -1,16 +1,21 @@
 """sort, argsort, topk and take_along_axis exported as MLIR (ir/ops/order.py) and run on IREE
 give the CPU backend's bits: the stable order, NaN after +inf (first descending and in topk),
 -0.0 tied with 0.0, signed and unsigned integers and bools, at lengths 0, 1 and a prime, and
-their gradients (a scatter of the cotangent back to where each value came from)."""
+their gradients (a scatter of the cotangent back to where each value came from). So do
+products over collapsed batch axes (linalg.batch_matmul). IREE's CUDA backend compiles the
+quick files of tests/test_mlir.py; without a GPU, device="iree-cuda" says it has none."""
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import pytest
 
 import dsl
+from conftest import dslc, raises, user_error
+from test_mlir import QUICK, exported, needs_slow
 
 pytest.importorskip("iree.compiler", reason="IREE is not installed (pip install 'dslc[iree]')")
 
@@ -153,3 +158,47 @@ def test_products_over_collapsed_axes_give_the_cpu_backends_bits(B, H, T, D, S):
     got = products("iree").grad("scores", wrt=("q", "k"))(q, k)
     for g, w in zip(got, want, strict=True):           # 2 s @ kᵀ and qᵀ @ 2 s: products alone
         assert g.shape == w.shape and g.tobytes() == w.tobytes()
+
+
+def gpu_present() -> bool:
+    from runtime import iree
+    try:
+        iree.gpu_target()
+    except dsl.DslError:
+        return False
+    return True
+
+
+def test_device_iree_cuda_without_a_gpu_is_an_error_that_says_so(tmp_path: Path):
+    if gpu_present():
+        pytest.skip("a GPU is here")
+    raises(lambda: dsl.loads(SOURCE, device="iree-cuda"),
+           "IREE's runtime has no device for target cuda here (driver 'cuda': ")
+    (tmp_path / "f.bend").write_text(SOURCE)
+    np.savez(tmp_path / "in.npz", x=floats((2, 3)))
+    user_error(dslc("run", str(tmp_path / "f.bend"), "--entry", "orders", "--inputs",
+                    str(tmp_path / "in.npz"), "--device", "iree-cuda"),
+               "error: IREE's runtime has no device for target cuda here")
+
+
+# IREE's CUDA backend takes 15 to 30 s a file here for these, over a minute for the others
+CUDA_QUICK = {"attention", "conv2d", "exact_ops", "layer_norm", "random"}
+
+
+@pytest.mark.parametrize("stem", [pytest.param(s, marks=[] if s in CUDA_QUICK else [needs_slow])
+                                  for s in sorted(QUICK)])
+def test_the_quick_files_of_test_mlir_compile_for_cuda_sm_80(stem: str):
+    """What --device iree-cuda compiles: a file's entries and gradients in one module, by
+    IREE's CUDA backend (PTX for sm_80, which runs on every newer GPU)."""
+    from ir.mlir import module
+    from runtime.iree import compile_mlir, cuda_target
+    functions = [t for case, t in exported()[0].items() if case.split(".")[0] == stem]
+    assert functions and compile_mlir(module(functions), cuda_target("sm_80"))
+
+
+@pytest.mark.skipif(not gpu_present(), reason="no GPU here: running on IREE's CUDA backend is owed")
+def test_device_iree_cuda_sorts_as_the_cpu_backend_does():
+    x = floats((3, 7), 8)
+    want, got = program("cpu").orders(x), dsl.loads(SOURCE, device="iree-cuda").orders(x)
+    for g, w in zip(got, want, strict=True):
+        assert g.tobytes() == w.tobytes()
