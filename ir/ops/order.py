@@ -57,7 +57,7 @@ def _precedes_or_ties(e: Any, a: Any, b: Any, dtype: str) -> Any:
 def _places(w: Any, x: Any, axis: int, descending: bool) -> str:
     """Each element's place in the stable order along axis (i32, of x's shape): the number of
     elements j that come before it, those less than x[i] and those equal with j < i."""
-    from ir.mlir import tensor_type, type_of
+    from ir.mlir import type_of
     rank, n, e = len(x.shape), x.shape[axis], w.body
     others = ", ".join(f"d{rank}" if d == axis else f"d{d}" for d in range(rank))
     mine = ", ".join(f"d{d}" for d in range(rank))
