@@ -382,12 +382,23 @@ class Writer:
         self.line("  }")
         return name
 
+    def transpose(self, x: str, shape: Sequence[int], perm: Sequence[int], dtype: str,
+                  hint: str = "transpose") -> str:
+        """x (of shape) with its axes permuted (axis i of the result is axis perm[i] of x)."""
+        if list(perm) == sorted(perm):
+            return x
+        to = [shape[i] for i in perm]
+        init, name = self.empty(to, dtype), self.fresh(hint)
+        self.line(f"{name} = linalg.transpose ins({x} : {tensor_type(shape, dtype)}) outs({init} : "
+                  f"{tensor_type(to, dtype)}) permutation = [{', '.join(map(str, perm))}]")
+        return name
+
     def contract(self, operands: Sequence[tuple[Value, str]], result: str, out: Value,
                  hint: str) -> str:
         """A sum of products over letter-labelled axes (einsum's letters for each operand, and
         for the result `out`'s): linalg.matmul or batch_matmul where the letters say one once
-        each group of them is one axis, else a linalg.generic; each output element accumulates
-        from -0.0, as dslc's do."""
+        the operands' axes are permuted and grouped, else a linalg.generic; each output element
+        accumulates from -0.0, as dslc's do."""
         sizes: dict[str, int] = {}
         for v, letters in operands:
             for c, n in zip(letters, v.shape):
@@ -420,12 +431,14 @@ class Writer:
 
     def matrix_product(self, a: Value, b: Value, out: Value, product: MatrixProduct,
                        hint: str) -> str:
-        """a @ b as linalg.matmul, or batch_matmul with a batch: the operands collapsed to
-        [batch,] m, k and k, n and the product expanded back to out's shape."""
+        """a @ b as linalg.matmul, or batch_matmul with a batch: the operands permuted and
+        collapsed to [batch,] m, k and [batch,] k, n, the product expanded to out's shape."""
         batch = (product.batch,) if product.batch is not None else ()
         dtype, m, k, n = out.dtype, product.m, product.k, product.n
-        lhs = self.reshape(self[a], a.shape, batch + (m, k), dtype, "lhs")
-        rhs = self.reshape(self[b], b.shape, batch + (k, n), dtype, "rhs")
+        lhs, rhs = (self.reshape(self.transpose(self[v], v.shape, perm, dtype, name),
+                                 [v.shape[i] for i in perm], to, dtype, name)
+                    for v, perm, to, name in ((a, product.lhs, batch + (m, k), "lhs"),
+                                              (b, product.rhs, batch + (k, n), "rhs")))
         init = self.filled(_sum_zero(dtype), batch + (m, n), dtype, "zero")
         t = tensor_type(batch + (m, n), dtype)
         name = self.fresh(hint)
@@ -568,8 +581,11 @@ class Writer:
 
 @dataclass(frozen=True)
 class MatrixProduct:
-    """A contraction that is a (batched) matrix product once its batch letters, its rows',
-    its contracted and its columns' are each one axis: their sizes (batch None: no batch)."""
+    """A contraction that is a (batched) matrix product once its operands' axes are permuted
+    to batch, rows, contracted and batch, contracted, columns and each group is one axis:
+    those permutations, and the groups' sizes (batch None: no batch)."""
+    lhs: tuple[int, ...]
+    rhs: tuple[int, ...]
     batch: int | None
     m: int
     k: int
@@ -579,25 +595,26 @@ class MatrixProduct:
 def _matrix_product(terms: list[str], result: str, shapes: list[tuple[int, ...]],
                     sizes: dict[str, int]) -> MatrixProduct | None:
     """The matrix product this contraction is, if it is one: two operands without a broadcast
-    axis, lettered batch + rows + contracted and batch + contracted + columns, the result
-    batch + rows + columns (a batch that only the left operand has counts as rows), and
-    something to sum."""
+    axis or a diagonal, the result lettered batch + rows + columns (a batch that only the left
+    operand has counts as rows), and something to sum."""
     if len(terms) != 2 or any(n != sizes[c] for t, s in zip(terms, shapes) for c, n in zip(t, s)):
         return None
     (a, b), r = terms, result
     if any(len(set(t)) != len(t) for t in (a, b, r)):
         return None
     batch = "".join(c for c in r if c in a and c in b)
-    rows = "".join(c for c in a if c in r and c not in b)
+    rows = "".join(c for c in r if c in a and c not in b)
+    cols = "".join(c for c in r if c in b and c not in a)
     inner = "".join(c for c in a if c not in r)
-    cols = "".join(c for c in b if c in r and c not in a)
-    if not (rows and inner and cols) or (a, b, r) != (batch + rows + inner, batch + inner + cols,
-                                                      batch + rows + cols):
-        return None
     size = lambda letters: math.prod(sizes[c] for c in letters)
+    if not (rows and inner and cols) or r != batch + rows + cols or \
+            sorted(a) != sorted(batch + rows + inner) or sorted(b) != sorted(batch + inner + cols):
+        return None
     if size(inner) == 0:                 # (iree-compile 3.13 crashes on such a named product)
         return None
-    return MatrixProduct(size(batch) if batch else None, size(rows), size(inner), size(cols))
+    return MatrixProduct(tuple(a.index(c) for c in batch + rows + inner),
+                         tuple(b.index(c) for c in batch + inner + cols),
+                         size(batch) if batch else None, size(rows), size(inner), size(cols))
 
 
 def _sum_zero(dtype: str) -> Any:

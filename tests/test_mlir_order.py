@@ -2,11 +2,12 @@
 give the CPU backend's bits: the stable order, NaN after +inf (first descending and in topk),
 -0.0 tied with 0.0, signed and unsigned integers and bools, at lengths 0, 1 and a prime, and
 their gradients (a scatter of the cotangent back to where each value came from). So do
-products over collapsed batch axes (linalg.batch_matmul). IREE's CUDA backend compiles the
+products over permuted and collapsed batch axes (linalg.batch_matmul). IREE's CUDA backend compiles the
 quick files of tests/test_mlir.py; without a GPU, device="iree-cuda" says it has none."""
 from __future__ import annotations
 
 import functools
+import re
 from pathlib import Path
 from typing import Callable
 
@@ -115,8 +116,8 @@ def test_the_gradients_of_sort_topk_and_take_along_axis_give_the_cpu_backends_bi
 
 
 PRODUCTS = """
-def attention(q: f32[B, H, T, D], k: f32[B, H, D, S]) -> f32[B, H, T, S]:
-  return q @ k
+def attention(q: f32[B, H, T, D], k: f32[B, H, D, S], kt: f32[B, H, S, D]) -> (f32[B, H, T, S], f32[B, H, T, S]):
+  return q @ k, einsum("bhtd,bhsd->bhts", q, kt)
 
 def rows(x: f32[B, T, D], w: f32[D, S], n: i32[B, T, D], m: i32[B, D, S]) -> (f32[B, T, S], i32[B, T, S], f32[B, S, T]):
   return x @ w, n @ m, einsum("btd,ds->bst", x, w)
@@ -132,12 +133,14 @@ def products(device: str) -> dsl.Program:
     return dsl.loads(PRODUCTS, device=device)
 
 
-def test_a_batched_product_is_a_batch_matmul_over_the_collapsed_batch_axes():
+def test_a_batched_product_is_a_batch_matmul_over_permuted_and_collapsed_axes():
     text = products("iree").ir("attention", {"B": 2, "H": 3, "T": 5, "D": 7, "S": 4}, level="mlir")
     assert "tensor.collapse_shape %q [[0, 1], [2], [3]] : tensor<2x3x5x7xf32> into tensor<6x5x7xf32>" in text
     assert "linalg.batch_matmul ins(%lhs, %rhs : tensor<6x5x7xf32>, tensor<6x7x4xf32>)" in text
     assert "tensor.expand_shape %matmul [[0, 1], [2], [3]] output_shape [2, 3, 5, 4]" in text
-    assert "linalg.generic" not in text
+    assert re.search(r"linalg.transpose ins\(%kt : tensor<2x3x4x7xf32>\) outs\(%\w+ : "
+                     r"tensor<2x3x7x4xf32>\) permutation = \[0, 1, 3, 2\]", text)   # sd -> ds
+    assert text.count("linalg.batch_matmul") == 2 and "linalg.generic" not in text
     text = products("iree").ir("rows", {"B": 2, "T": 5, "D": 7, "S": 4}, level="mlir")
     assert "linalg.matmul ins(%lhs, %w : tensor<10x7xf32>, tensor<7x4xf32>)" in text
     assert "%einsum = linalg.generic" in text           # bst: not rows then columns
@@ -152,7 +155,7 @@ def test_products_over_collapsed_axes_give_the_cpu_backends_bits(B, H, T, D, S):
     normal = lambda *shape: rng.standard_normal(shape).astype(np.float32)
     integers = lambda *shape: rng.integers(-9, 9, shape).astype(np.int32)
     q, k = normal(B, H, T, D), normal(B, H, D, S)
-    agree_on(products, "attention", q, k)
+    agree_on(products, "attention", q, k, normal(B, H, S, D))
     agree_on(products, "rows", normal(B, T, D), normal(D, S), integers(B, T, D), integers(B, D, S))
     want = products("cpu").grad("scores", wrt=("q", "k"))(q, k)
     got = products("iree").grad("scores", wrt=("q", "k"))(q, k)
