@@ -407,6 +407,8 @@ class Writer:
         shape, to = tuple(shape), tuple(to)
         if shape == to:
             return x
+        if math.prod(shape) == 0:                   # no elements (and no grouping of a 0 axis)
+            return self.empty(to, dtype)
         if len(to) < len(shape) and (groups := _groups(shape, to)) is not None:
             name = self.fresh(hint)
             self.line(f"{name} = tensor.collapse_shape {x} {_reassociation(groups)} : "
@@ -436,25 +438,33 @@ class Writer:
         self.line("  }")
         return name
 
+    def transpose(self, x: str, shape: Sequence[int], perm: Sequence[int], dtype: str,
+                  hint: str = "transpose") -> str:
+        """x (of shape) with its axes permuted (axis i of the result is axis perm[i] of x)."""
+        if list(perm) == sorted(perm):
+            return x
+        to = [shape[i] for i in perm]
+        init, name = self.empty(to, dtype), self.fresh(hint)
+        self.line(f"{name} = linalg.transpose ins({x} : {tensor_type(shape, dtype)}) outs({init} : "
+                  f"{tensor_type(to, dtype)}) permutation = [{', '.join(map(str, perm))}]")
+        return name
+
     def contract(self, operands: Sequence[tuple[Value, str]], result: str, out: Value,
                  hint: str) -> str:
         """A sum of products over letter-labelled axes (einsum's letters for each operand, and
-        for the result `out`'s): linalg.matmul or batch_matmul where the letters say one,
-        else a linalg.generic; each output element accumulates from -0.0, as dslc's do."""
+        for the result `out`'s): linalg.matmul or batch_matmul where the letters say one once
+        the operands' axes are permuted and grouped, else a linalg.generic; each output element
+        accumulates from -0.0, as dslc's do."""
         sizes: dict[str, int] = {}
         for v, letters in operands:
             for c, n in zip(letters, v.shape):
-                sizes[c] = max(sizes.get(c, 1), n)
-        init = self.filled(-0.0 if out.dtype in FLOAT_DTYPES else 0, out.shape, out.dtype, "zero")
-        t = type_of(out)
-        named = _named_contraction([l for _, l in operands], result, [v.shape for v, _ in operands],
-                                   sizes)
-        if named:
-            name = self.fresh(hint)
-            ins = ", ".join(self[v] for v, _ in operands)
-            self.line(f"{name} = linalg.{named} ins({ins} : "
-                      f"{', '.join(type_of(v) for v, _ in operands)}) outs({init} : {t}) -> {t}")
-            return name
+                if sizes.get(c, 1) == 1:             # a length of 1 broadcasts, one of 0 does not
+                    sizes[c] = n
+        product = _matrix_product([l for _, l in operands], result, [v.shape for v, _ in operands],
+                                  sizes)
+        if product is not None:
+            return self.matrix_product(operands[0][0], operands[1][0], out, product, hint)
+        init = self.filled(_sum_zero(out.dtype), out.shape, out.dtype, "zero")
         order = result + "".join(dict.fromkeys(c for _, l in operands for c in l if c not in result))
         space = [sizes[c] for c in order]
         ins = [(self[v], type_of(v), ", ".join("0" if n == 1 and sizes[c] != 1 else f"d{order.index(c)}"
@@ -474,6 +484,24 @@ class Writer:
             return [self.body.add(acc, product)]
         return self.generic(space, [out.dtype], ins, body, reduced=range(len(result), len(order)),
                             inits=[init], hint=hint)[0]
+
+    def matrix_product(self, a: Value, b: Value, out: Value, product: MatrixProduct,
+                       hint: str) -> str:
+        """a @ b as linalg.matmul, or batch_matmul with a batch: the operands permuted and
+        collapsed to [batch,] m, k and [batch,] k, n, the product expanded to out's shape."""
+        batch = (product.batch,) if product.batch is not None else ()
+        dtype, m, k, n = out.dtype, product.m, product.k, product.n
+        lhs, rhs = (self.reshape(self.transpose(self[v], v.shape, perm, dtype, name),
+                                 [v.shape[i] for i in perm], to, dtype, name)
+                    for v, perm, to, name in ((a, product.lhs, batch + (m, k), "lhs"),
+                                              (b, product.rhs, batch + (k, n), "rhs")))
+        init = self.filled(_sum_zero(dtype), batch + (m, n), dtype, "zero")
+        t = tensor_type(batch + (m, n), dtype)
+        name = self.fresh(hint)
+        self.line(f"{name} = linalg.{'batch_matmul' if batch else 'matmul'} ins({lhs}, {rhs} : "
+                  f"{tensor_type(batch + (m, k), dtype)}, {tensor_type(batch + (k, n), dtype)}) "
+                  f"outs({init} : {t}) -> {t}")
+        return self.reshape(name, batch + (m, n), out.shape, dtype, hint)
 
     def loop(self, n: int, carried: Sequence[tuple[str, str]],
              step: Callable[[str, list[str]], list[str]], hint: str, start: int = 0) -> list[str]:
@@ -627,19 +655,47 @@ class Writer:
                 self.bind(v, n)
 
 
-def _named_contraction(terms: list[str], result: str, shapes: list[tuple[int, ...]],
-                       sizes: dict[str, int]) -> str | None:
-    """The linalg named op that is this contraction, if one is: no broadcast axis, and the
-    letters of a matrix product (with one shared batch axis for batch_matmul)."""
+@dataclass(frozen=True)
+class MatrixProduct:
+    """A contraction that is a (batched) matrix product once its operands' axes are permuted
+    to batch, rows, contracted and batch, contracted, columns and each group is one axis:
+    those permutations, and the groups' sizes (batch None: no batch)."""
+    lhs: tuple[int, ...]
+    rhs: tuple[int, ...]
+    batch: int | None
+    m: int
+    k: int
+    n: int
+
+
+def _matrix_product(terms: list[str], result: str, shapes: list[tuple[int, ...]],
+                    sizes: dict[str, int]) -> MatrixProduct | None:
+    """The matrix product this contraction is, if it is one: two operands without a broadcast
+    axis or a diagonal, the result lettered batch + rows + columns (a batch that only the left
+    operand has counts as rows), and something to sum."""
     if len(terms) != 2 or any(n != sizes[c] for t, s in zip(terms, shapes) for c, n in zip(t, s)):
         return None
     (a, b), r = terms, result
-    if len(a) == 2 and len(b) == 2 and a[1] == b[0] and r == a[0] + b[1] and len(set(r + a[1])) == 3:
-        return "matmul"
-    if len(a) == 3 and len(b) == 3 and a[0] == b[0] == r[0] and a[2] == b[1] and \
-            r == a[:2] + b[2] and len(set(r + a[2])) == 4:
-        return "batch_matmul"
-    return None
+    if any(len(set(t)) != len(t) for t in (a, b, r)):
+        return None
+    batch = "".join(c for c in r if c in a and c in b)
+    rows = "".join(c for c in r if c in a and c not in b)
+    cols = "".join(c for c in r if c in b and c not in a)
+    inner = "".join(c for c in a if c not in r)
+    size = lambda letters: math.prod(sizes[c] for c in letters)
+    if not (rows and inner and cols) or r != batch + rows + cols or \
+            sorted(a) != sorted(batch + rows + inner) or sorted(b) != sorted(batch + inner + cols):
+        return None
+    if size(inner) == 0:                 # (iree-compile 3.13 crashes on such a named product)
+        return None
+    return MatrixProduct(tuple(a.index(c) for c in batch + rows + inner),
+                         tuple(b.index(c) for c in batch + inner + cols),
+                         size(batch) if batch else None, size(rows), size(inner), size(cols))
+
+
+def _sum_zero(dtype: str) -> Any:
+    """What a contraction accumulates from: -0.0, which adds nothing, not even a sign."""
+    return -0.0 if dtype in FLOAT_DTYPES else 0
 
 
 def _element_dtype(t: str) -> str:
