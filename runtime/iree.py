@@ -6,6 +6,7 @@ and IREE's version."""
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
@@ -15,7 +16,7 @@ import numpy as np
 from frontend.diagnostics import DslError
 from ir.core import Function
 from ir.mlir import to_mlir
-from ir.ops.base import np_dtype
+from ir.ops.base import EvalError, np_dtype
 from runtime import cache
 
 # IREE demotes f64 to f32 by default: its functions would then refuse f64 arguments
@@ -130,7 +131,11 @@ class Executable:
 
     def run(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
         args = [_argument(a, v.dtype) for a, v in zip(arrays, self.function.params, strict=True)]
-        out = self.entry(*args)
+        try:
+            out = self.entry(*args)
+        except RuntimeError as e:                 # a cf.assert that failed: assert_finite's
+            failed = re.search(r"FAILED_PRECONDITION; (.*)", str(e), re.S)
+            raise EvalError(failed[1].strip() if failed else f"IREE's runtime failed: {e}") from None
         outs = out if isinstance(out, (tuple, list)) else (out,)
         return [_result(o, v.dtype, v.shape) for o, v in zip(outs, self.function.results, strict=True)]
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import dsl
-from conftest import beyond_iree_bound
+from conftest import beyond_iree_bound, raises
 from ir.ad import grad_function
 from ir.core import Function
 from ir.mlir import function, module
@@ -205,3 +205,11 @@ def test_assert_finite_on_iree_stops_the_call_with_its_message():
                f"infinity among its 35 values")
     with pytest.raises(Exception, match=re.escape(message)):
         run((7, 5), "checked", x, np.zeros((7, 5), np.int32))
+
+
+def test_a_failed_assert_finite_on_device_iree_is_a_dsl_error_naming_the_entry():
+    x = np.ones((2, 3), np.float32)
+    x[1, 1] = np.nan
+    raises(lambda: dsl.loads(SOURCE, device="iree").checked(x, np.zeros((2, 3), np.int32)),
+           f"while running 'checked': <string>:{CHECKED_LINE}:10: assert_finite failed: 'doubled' "
+           "has a NaN or an infinity among its 6 values")
