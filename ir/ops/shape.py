@@ -109,10 +109,7 @@ class Transpose(Primitive):
         perm = statics(op)["perm"]
         perm = tuple(reversed(range(len(x.shape)))) if perm is None else \
             normalize_axes(perm, len(x.shape), "x")
-        init, name = w.empty(out.shape, out.dtype), w.fresh("transpose")
-        w.line(f"{name} = linalg.transpose ins({w[x]} : {mlir_type(x)}) outs({init} : "
-               f"{mlir_type(out)}) permutation = [{', '.join(map(str, perm))}]")
-        return [name]
+        return [w.transpose(w[x], x.shape, perm, x.dtype)]
 
 
 @primitive
