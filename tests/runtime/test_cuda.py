@@ -21,11 +21,12 @@ from backend.contract import Matmul
 from backend.cpu import Compiled
 from frontend.diagnostics import DslError
 from ir.ops.base import np_dtype
-from ir.ops.random import Bernoulli, KeySplit, Uniform
+from ir.ops.random import Bernoulli, FoldIn, Key, KeySplit, Normal, Uniform
 from runtime import cuda
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "gpu"))          # (emulator.py: the fake driver's folds)
 import test_programs as programs  # noqa: E402
 
 
@@ -40,20 +41,21 @@ class FakeDriver:
         self.pending: tuple = ()
         self.uploads = self.allocs = self.launches = self.synchronized = 0
         self.pointers: list[list[int]] = []          # each launch's device pointers
+        self.entries: list[str] = []                 # each launch's entry
         self.downloaded: list[np.dtype] = []
         self.uploaded: list[tuple[str, tuple[int, ...]]] = []    # each upload's dtype and shape
         self.fail_launch: str | None = None
         self.fail_alloc_over: int | None = None
         self.never_done = False
 
-    def compile_ptx(self, kernels, matmuls, gathers, target, mmas=()):
-        self.pending = (list(kernels), matmuls, gathers, mmas)
+    def compile_ptx(self, kernels, matmuls, gathers, target, mmas=(), folds=()):
+        self.pending = (list(kernels), matmuls, gathers, mmas, folds)
         return "fake ptx"
 
     def load(self, ptx):
-        kernels, *_ = self.pending
+        kernels, *_, folds = self.pending
         return {"compiled": Compiled(kernels) if kernels else None,
-                "kernels": {nvptx.launch(k).entry: k for k in kernels}}
+                "kernels": {nvptx.launch(k).entry: k for k in kernels}, "folds": folds}
 
     def function(self, module, name):
         return module, name
@@ -91,6 +93,7 @@ class FakeDriver:
         if block > 1024:
             raise cuda.DriverError("cuLaunchKernel: invalid argument")
         self.launches += 1
+        self.entries.append(entry)
         self.pointers.append(list(pointers))
         if entry.startswith("dslc_matmul_"):
             return self.matmul(entry.split("_")[2], grid, pointers, integers)
@@ -102,8 +105,12 @@ class FakeDriver:
             x = device_array(pointers[0], outer * n * inner, np_dtype(dtype)).reshape(outer, n, inner)
             device_array(pointers[1], outer * inner, np.int32)[:] = getattr(np, prim)(x, axis=1).reshape(-1)
             return
-        if prim in ("uniform", "bernoulli", "key_split"):
+        if prim in ("uniform", "bernoulli", "normal", "key_split", "fold_in", "key"):
             return self.draw(prim, dtype, pointers, integers)
+        if entry in [f.entry for f in module["folds"]]:     # a persistent kernel: emulated
+            from emulator import Emulator
+            module.setdefault("emulator", Emulator([], folds=module["folds"]))
+            return module["emulator"].launch(entry, grid, block, pointers, integers)
         k = module["kernels"][entry]
         extent = k.extent
         module["compiled"].functions[k.name]((ctypes.c_void_p * len(pointers))(*pointers), 0, extent)
@@ -143,11 +150,20 @@ class FakeDriver:
                 out[:, r] += updates[:, s]
 
     def draw(self, prim, dtype, pointers, integers):
-        """The draw kernels' contract (backend/nvptx.py): the interpreter's draw of n elements
-        (of n keys, for split)."""
+        """The draw and key kernels' contract (backend/nvptx.py): the interpreter's draw of n
+        elements (of n keys, for split)."""
+        if prim == "key":
+            device_array(pointers[0], 2, np.uint32)[:] = Key().evaluate(integers[1] | integers[2] << 32)
+            return
         key, n, t = device_array(pointers[0], 2, np.uint32), integers[0], np_dtype(dtype)
         if prim == "key_split":
             device_array(pointers[1], 2 * n, np.uint32)[:] = np.concatenate(KeySplit().evaluate(key, n))
+            return
+        if prim == "fold_in":
+            device_array(pointers[2], 2, np.uint32)[:] = FoldIn().evaluate(key, device_array(pointers[1], 1, t)[0])
+            return
+        if prim == "normal":
+            device_array(pointers[1], n, t)[:] = Normal().evaluate(key, (n,), dtype)
             return
         if prim == "bernoulli":
             p = device_array(pointers[1], 1, t)[0]
@@ -177,6 +193,7 @@ class EmulatedDriver(FakeDriver):
     def launch(self, fn, grid, block, pointers, integers):
         (module, entry) = fn
         self.launches += 1
+        self.entries.append(entry)
         if not entry.startswith("dslc_matmul_"):
             grid = (min(grid[0], 2), 1, 1)          # a loop kernel's grid-stride loop covers the rest
         module["emulator"].launch(entry, grid, block, pointers, integers)
