@@ -333,6 +333,7 @@ def test_a_folds_manifest_step_holds_its_bodys_steps(tmp_path, target):
     if target == "ptx":
         ptx = (tmp_path / "kernels.ptx").read_text()
         assert all(f".entry {k['launch']['entry']}(" in ptx for k in manifest["kernels"])
+        assert f".entry {fold['persistent']}(" in ptx          # the body is small
 
 
 # ---------------------------------------------------------------- argmax, argmin
