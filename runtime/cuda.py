@@ -53,7 +53,7 @@ from ir.core import Function, Op, Value
 from ir.interp import EvalError
 from ir.ops.base import NUMPY_DTYPES, np_dtype
 from ir.ops.control import Checkpoint, Scan
-from ir.ops.index import Take
+from ir.ops.index import ScatterAdd, Take
 from ir.ops.random import Key, KeySplit
 from ir.ops.reduce import ArgReduction
 from ir.ops.shape import Concat, Rearrange, Split
@@ -75,6 +75,9 @@ DEVICE = 0          # the ordinal of the GPU the runtime opens, and whose memory
 class BindingsDriver:
     """The CUDA driver API through NVIDIA's cuda.bindings (cuda-python)."""
     name = "cuda.bindings"
+    graphs = True                     # it can capture and replay CUDA graphs
+    stream: Any = 0                   # where launches go: the legacy stream, or one capturing
+    capture_stream: Any = None
 
     def __init__(self):
         from cuda.bindings import driver as cu
@@ -123,10 +126,35 @@ class BindingsDriver:
                integers: list[int]) -> None:
         values = [ctypes.c_void_p(p) for p in pointers] + [ctypes.c_int64(i) for i in integers]
         params = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
-        self._call("cuLaunchKernel", fn, *grid, block, 1, 1, 0, 0, ctypes.addressof(params), 0)
+        self._call("cuLaunchKernel", fn, *grid, block, 1, 1, 0, self.stream, ctypes.addressof(params), 0)
 
     def synchronize(self) -> None:
         self._call("cuCtxSynchronize")
+
+    def begin_capture(self) -> None:
+        """Launches from now on are recorded into a graph instead of run, on a stream of our
+        own (the legacy stream cannot capture; ours is blocking, so it keeps the legacy
+        stream's order). Relaxed: an allocation while capturing is allowed."""
+        if self.capture_stream is None:
+            self.capture_stream = self._call("cuStreamCreate", 0)
+        self._call("cuStreamBeginCapture", self.capture_stream,
+                   self.cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED)
+        self.stream = self.capture_stream
+
+    def end_capture(self) -> Any:
+        """The launches recorded since begin_capture, as an executable graph."""
+        self.stream = 0
+        graph = self._call("cuStreamEndCapture", self.capture_stream)
+        try:
+            return self._call("cuGraphInstantiate", graph, 0)
+        finally:
+            self._call("cuGraphDestroy", graph)
+
+    def replay(self, graph: Any) -> None:
+        self._call("cuGraphLaunch", graph, self.capture_stream)
+
+    def free_graph(self, graph: Any) -> None:
+        self._call("cuGraphExecDestroy", graph)
 
     def record(self) -> Any:
         event = self._call("cuEventCreate", 2)            # CU_EVENT_DISABLE_TIMING
@@ -145,8 +173,9 @@ class BindingsDriver:
 
 
 class PycudaDriver:
-    """The CUDA driver API through pycuda."""
+    """The CUDA driver API through pycuda (without CUDA graphs: every call walks its plan)."""
     name = "pycuda"
+    graphs = False
 
     def __init__(self):
         import pycuda.driver as drv
@@ -512,9 +541,77 @@ class Executable:
                 self.bodies[id(step.op)] = Executable(step.op.body, f"{name}_b{i}", self.drv, numerics, fold)
         self.constants: dict[int, list[DeviceArray]] = {}    # host ops of no inputs, made once
         self.sync = os.environ.get("DSLC_CUDA_SYNC") == "1"
-
+        self.graphs = self.drv.graphs and os.environ.get("DSLC_CUDA_GRAPHS", "1") != "0" and \
+            not self.sync and all(self.capturable(s) for s in self.plan.steps)
+        self.graph: Graph | None = None
+        self.capturing = False
+        self.calls = 0
+        self.first_launches = 0             # kernels launched by the first call
     def run(self, arrays: list) -> list[DeviceArray]:
+        """The plan walked (at the first call, and at every call of a plan that cannot be a
+        CUDA graph or gains nothing from one), else its CUDA graph: captured at the second
+        call, replayed from then on. A replay costs a copy of each argument and result and
+        a launch of the graph, each about a kernel launch's time: it gains when the plan
+        launches more kernels than that."""
+        self.calls += 1
+        if self.graphs and self.calls > 1 and self.first_launches > len(arrays) + len(self.function.results) + 2:
+            if self.graph is None:
+                self.graph = self.capture(arrays)
+            return self.replay(arrays)
         return executor.execute(self.plan, self.dead, self, arrays)
+
+    # -------------------------------------------------------- CUDA graphs
+
+    def capturable(self, step: Step) -> bool:
+        """Whether a step only launches kernels, once its values made once are made: no
+        index, no value of the host, no copy a capture would forbid (a stepped fold's)."""
+        if isinstance(step, KernelStep):
+            return True
+        if isinstance(step, ContractStep):
+            return not any(self.products[id(step)].expand)
+        op = step.op
+        if isinstance(op.primitive, Scan):
+            return self.bodies[id(op)].persistent is not None
+        gathered = id(op) in self.gathers and not isinstance(op.primitive, (Take, ScatterAdd))
+        return isinstance(op.primitive, Rearrange) or id(op) in self.copies or gathered or made_once(op)
+
+    def capture(self, arrays: list) -> Graph:
+        """The plan's launches recorded (not run) as a CUDA graph, on buffers of its own: its
+        inputs, which each replay fills, and every value the walk makes, kept for as long as
+        the graph is."""
+        inputs = [self.empty(p, "an input of a CUDA graph") for p in self.function.params]
+        env = dict(zip(self.function.params, inputs))
+        self.launched = []
+        self.capturing = True
+        self.drv.begin_capture()
+        try:
+            for i, s in enumerate(self.plan.steps):
+                executor.step(i, s, self, env)
+        finally:
+            self.capturing = False
+            handle = self.drv.end_capture()          # (after a failure too: the stream stops capturing)
+        return Graph(self.drv, handle, inputs, self.results(env), list(env.values()), self.launched)
+
+    def replay(self, arrays: list) -> list[DeviceArray]:
+        """The graph run on this call's arguments (copied into its inputs), its results
+        copied out, so that they outlive the next replay."""
+        g = self.graph
+        for x, a, p in zip(g.inputs, arrays, self.function.params):
+            if isinstance(a, DeviceArray):
+                self.copy(x, self.to_device(a, p))
+            elif x.nbytes:
+                self.drv.upload(x.ptr, np.ascontiguousarray(np.asarray(a, dtype=x.dtype)).reshape(x.shape))
+        try:
+            self.drv.replay(g.handle)
+        except DriverError as e:
+            raise DslError(None, f"replaying the CUDA graph of '{self.function.name}' failed: {e}") from None
+        results = []
+        for r in g.results:
+            results.append(out := DeviceArray(_Buffer(self.memory, r.nbytes, "a result of a CUDA graph"), r.shape, r.dtype))
+            self.copy(out, r)
+        self.launched = list(g.entries)
+        self.wait()
+        return results
 
     # -------------------------------------------------------- the executor's device
 
@@ -531,7 +628,9 @@ class Executable:
             self.host(step.op, env)
 
     def synchronise(self) -> None:
-        if self.launched:
+        if self.calls == 1:
+            self.first_launches = len(self.launched)
+        if self.launched and not self.capturing:
             self.wait()
 
     def results(self, env: dict[Value, DeviceArray]) -> list[DeviceArray]:
@@ -586,7 +685,7 @@ class Executable:
         except DriverError as e:
             raise DslError(None, f"GPU kernel {entry} failed to launch: {e}") from None
         self.launched.append(entry)
-        if self.sync:
+        if self.sync and not self.capturing:
             self.wait()
 
     def kernel(self, step: KernelStep, env: dict[Value, DeviceArray]) -> None:
@@ -790,6 +889,22 @@ class Executable:
         env.update(zip(op.outputs, outs))
         if made_once(op):
             self.constants[id(op)] = outs
+
+
+class Graph:
+    """A plan's launches captured once as a CUDA graph, and the device buffers it reads and
+    writes: its inputs, its results and every value in between."""
+
+    def __init__(self, drv, handle: Any, inputs: list[DeviceArray], results: list[DeviceArray],
+                 values: list[DeviceArray], entries: list[str]):
+        self.drv, self.handle, self.inputs, self.results = drv, handle, inputs, results
+        self.values, self.entries = values, entries
+
+    def __del__(self):
+        try:
+            self.drv.free_graph(self.handle)
+        except Exception:            # at interpreter exit the driver may be gone already
+            pass
 
 
 _memories: dict[int, Memory] = {}
