@@ -294,7 +294,7 @@ def fold_kernel(op: Op, body: Plan, copies: dict[int, LoopKernel], name: str) ->
                 steps.append(call(step.epilogue.kernel, step.epilogue.args))
         elif isinstance(step.op.primitive, Rearrange):            # the same bytes
             places[step.op.outputs[0]] = places[step.op.inputs[0]]
-        elif step.op in constants:
+        elif any(step.op is c for c in constants):            # an argument (above)
             pass
         elif id(step.op) in copies:
             made(step.op.outputs)

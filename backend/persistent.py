@@ -10,15 +10,15 @@ iteration reading one copy and writing the next, so that a state result may be a
 the body, a parameter included. The scanned slices are read in place, and what a step emits
 is copied into its place in the stacked results.
 
-The rule (backend/gpu_plan.py's fold_kernel, docs/gpu.md): a fold's body is small when every step of its plan is a loop kernel
-without shared memory of its own, an exact f32 or f64 product of operands not broadcast
-along batch axes, a reshape or a strided copy; when the state twice and the body's values fit
-in ARENA bytes of shared memory; and when a step of the scan is at most WORK elements and
+The rule (backend/gpu_plan.py's fold_kernel, docs/gpu.md): a fold's body is small when
+every step of its plan is a loop kernel without shared memory of its own, an exact f32 or
+f64 product of operands not broadcast along batch axes, a reshape, a strided copy or a value
+made once (an argument of the kernel); when the state twice and the body's values fit in
+ARENA bytes of shared memory; and when a step of the scan is at most WORK elements and
 multiply-adds, so that one block does it at least as fast as the launches it saves cost.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from llvmlite import ir
