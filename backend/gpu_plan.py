@@ -10,40 +10,43 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from backend import nvptx, scatter, tensorcore, views
+from backend import nvptx, persistent, scatter, tensorcore, views
 from backend.llvm import SCALAR
 from backend.loops import Instr, Load, LoopKernel
-from backend.schedule import PRODUCTS, ContractStep, HostStep, KernelStep, Plan, schedule
+from backend.persistent import Call, Copy, FoldKernel, Place
+from backend.schedule import PRODUCTS, ContractStep, HostStep, KernelStep, Plan, made_once, schedule
 from frontend.diagnostics import DslError
-from ir.core import Function, Op
+from ir.core import Function, Op, Value
 from ir.interp import EvalError
 from ir.ops.base import Primitive, Role, np_dtype
 from ir.ops.index import ScatterAdd, Take
-from ir.ops.random import Bernoulli, KeySplit, Uniform
+from ir.ops.random import Bernoulli, FoldIn, Key, KeySplit, Normal, Uniform
 from ir.ops.reduce import ArgReduction
 from ir.ops.shape import Concat, Rearrange, Split
 from runtime import cache
 
 
 def compile_ptx(kernels: list, matmuls: tuple[str, ...], gathers: tuple[tuple[str, str], ...],
-                target: str, mmas: tuple[str, ...] = ()) -> str:
+                target: str, mmas: tuple[str, ...] = (), folds: tuple[FoldKernel, ...] = ()) -> str:
     """The PTX of these kernels, from the on-disk cache where it holds exactly them."""
-    k = cache.key("ptx", repr(kernels), repr(matmuls), repr(gathers), target, repr(mmas),
+    k = cache.key("ptx", repr(kernels), repr(matmuls), repr(gathers), target, repr(mmas), repr(folds),
                   cache.code_digest("backend", "ir"))        # (the scalar bodies are in ir/ops)
     cached = cache.load(k)
     if cached is not None:
         return cached.decode()
-    text = module_ptx(kernels, matmuls, gathers, mmas, target)
+    text = module_ptx(kernels, matmuls, gathers, mmas, target, folds)
     cache.store(k, text.encode())
     return text
 
 
 def module_ptx(kernels: list, matmuls: tuple[str, ...], gathers: tuple[tuple[str, str], ...],
-               mmas: tuple[str, ...], target: str) -> str:
-    """One PTX module: the loop, contraction and gather kernels (backend/nvptx.py) and the
-    tensor-core kernels for the dtypes in `mmas` (backend/tensorcore.py)."""
+               mmas: tuple[str, ...], target: str, folds: tuple[FoldKernel, ...] = ()) -> str:
+    """One PTX module: the loop, contraction and gather kernels (backend/nvptx.py), the
+    tensor-core kernels for the dtypes in `mmas` (backend/tensorcore.py) and the persistent
+    kernels of `folds` (backend/persistent.py)."""
     module = nvptx.module_ir(kernels, matmuls, gathers=gathers)
-    return nvptx.assemble(str(tensorcore.module_ir(mmas, module=module)), target)
+    module = persistent.module_ir(folds, module=tensorcore.module_ir(mmas, module=module))
+    return nvptx.assemble(str(module), target)
 
 
 def gpu_schedule(fn: Function, name: str, numerics: str = "exact") -> Plan:
@@ -65,6 +68,7 @@ class GpuKernels:
     matmuls: tuple[str, ...]
     gathers: dict[int, tuple[Primitive, str]]
     mmas: tuple[str, ...] = ()
+    folds: tuple[FoldKernel, ...] = ()      # a fold body's persistent kernel, where it has one
 
     @staticmethod
     def joined(parts: list[GpuKernels]) -> GpuKernels:
@@ -73,7 +77,8 @@ class GpuKernels:
                           {n: s for p in parts for n, s in p.launches.items()},
                           tuple(sorted({d for p in parts for d in p.matmuls})),
                           {i: g for p in parts for i, g in p.gathers.items()},
-                          tuple(sorted({d for p in parts for d in p.mmas})))
+                          tuple(sorted({d for p in parts for d in p.mmas})),
+                          tuple(f for p in parts for f in p.folds))
 
     @property
     def gather_kernels(self) -> tuple[tuple[Primitive, str], ...]:
@@ -86,19 +91,20 @@ class GpuKernels:
         return [s.entry for s in self.launches.values()] + \
             [nvptx.matmul_entry(d, t) for d in self.matmuls for t in nvptx.TILES] + \
             [tensorcore.entry(d) for d in self.mmas] + \
-            [nvptx.gather_entry(*g) for g in self.gather_kernels]
+            [nvptx.gather_entry(*g) for g in self.gather_kernels] + [f.entry for f in self.folds]
 
     def ptx(self, arch: str) -> str:
-        return module_ptx(self.kernels, self.matmuls, self.gather_kernels, self.mmas, arch)
+        return module_ptx(self.kernels, self.matmuls, self.gather_kernels, self.mmas, arch, self.folds)
 
     def product_launch(self, op: Op) -> nvptx.MatmulLaunch | None:
         """The kernel and launch shape of a contraction step's product (None: it is empty)."""
         return Product.of(op, op.outputs[0].dtype in self.mmas).launch
 
 
-def gpu_kernels(plan: Plan, name: str, numerics: str = "exact") -> GpuKernels:
+def gpu_kernels(plan: Plan, name: str, numerics: str = "exact", fold: Op | None = None) -> GpuKernels:
     """The GPU kernels of a plan (no GPU needed: `dslc compile --target ptx` writes them); in
-    fast numerics, the products of tensorcore.DTYPES run on tensor cores."""
+    fast numerics, the products of tensorcore.DTYPES run on tensor cores. The plan of a fold's
+    body (`fold`, the Scan op) has the fold's persistent kernel too where the body is small."""
     products = {s.op.outputs[0].dtype for s in plan.steps if isinstance(s, ContractStep)}
     mmas = tuple(sorted(products & set(tensorcore.DTYPES))) if numerics == "fast" else ()
     matmuls = tuple(sorted(products - set(mmas)))
@@ -111,7 +117,9 @@ def gpu_kernels(plan: Plan, name: str, numerics: str = "exact") -> GpuKernels:
     except ValueError as e:                   # a kernel beyond what the GPU kernels cover
         raise DslError(None, f"'{name}' cannot run on the GPU: {e}") from None
     gathers = {id(s.op): g for s in plan.steps if isinstance(s, HostStep) and (g := gather_kernel(s.op))}
-    return GpuKernels(kernels, copies, launches, matmuls, gathers, mmas)
+    persistent_fold = fold_kernel(fold, plan, copies, name) if fold is not None and not mmas else None
+    return GpuKernels(kernels, copies, launches, matmuls, gathers, mmas,
+                      (persistent_fold,) if persistent_fold else ())
 
 
 def draw_bounds(op: Op) -> tuple[int, ...]:
@@ -159,8 +167,8 @@ class Product:
 def gather_kernel(op: Op) -> tuple[Primitive, str] | None:
     """The gather kernel, (primitive, dtype), that runs a take, a concat or a split (of any
     dtype: a copy), a scatter_add (of the values backend/scatter.py compiles for the CPU), a uniform or
-    bernoulli draw (f32 and f64: of its values, of bernoulli's p), a key's split, or an argmax
-    or argmin (of any dtype), else None."""
+    bernoulli draw (f32 and f64: of its values, of bernoulli's p), a normal draw (f32), a key,
+    a key's split or fold_in (of i's dtype), or an argmax or argmin (of any dtype), else None."""
     dtype = op.outputs[0].dtype if op.outputs else None
     if isinstance(op.primitive, Take) and dtype in SCALAR:
         return op.primitive, dtype
@@ -170,8 +178,12 @@ def gather_kernel(op: Op) -> tuple[Primitive, str] | None:
         return op.primitive, dtype
     if isinstance(op.primitive, Uniform) and dtype in ("f32", "f64"):
         return op.primitive, dtype
-    if isinstance(op.primitive, KeySplit):
+    if isinstance(op.primitive, Normal) and dtype == "f32":
+        return op.primitive, dtype
+    if isinstance(op.primitive, (KeySplit, Key)):
         return op.primitive, "u32"
+    if isinstance(op.primitive, FoldIn):
+        return op.primitive, op.inputs[1].dtype                  # (its kernel reads i)
     if isinstance(op.primitive, ArgReduction) and op.inputs[0].dtype in SCALAR:
         return op.primitive, op.inputs[0].dtype                  # (its kernel reads x)
     if isinstance(op.primitive, Bernoulli) and op.inputs[1].dtype in ("f32", "f64"):
@@ -219,3 +231,108 @@ def copy_kernel(name: str, op: Op) -> LoopKernel | None:
         return None
     return LoopKernel(name, out.shape, ((x.dtype, x.shape), (out.dtype, out.shape)),
                       (Instr.read(Load(0, view.strides, view.offset), x.dtype),), ((1, 0),))
+
+
+# ---------------------------------------------------------------- a fold's persistent kernel
+
+def _nbytes(v: Value) -> int:
+    return math.prod(v.shape) * np_dtype(v.dtype).itemsize
+
+
+def _aligned(n: int) -> int:
+    return -(-n // persistent.ALIGN) * persistent.ALIGN
+
+
+def fold_kernel(op: Op, body: Plan, copies: dict[int, LoopKernel], name: str) -> FoldKernel | None:
+    """The persistent kernel (backend/persistent.py) of a fold (a Scan op) whose body's GPU
+    plan is `body` (its copy kernels by op id, as GpuKernels has them), if the body is small
+    (persistent.py's rule), else None."""
+    a = op.attrs
+    n_state, n_xs, length = a["n_state"], a["n_xs"], a["length"]
+    fn = body.function
+    inputs = len(op.inputs)
+    places: dict[Value, Place] = {}
+    constants = made_once_ops(body)             # made once, passed after the fold's outputs
+    places.update((v, Place(inputs + len(op.outputs) + i)) for i, v in enumerate(v for c in constants for v in c.outputs))
+    state_offsets, offset = [], 0
+    for v in fn.params[:n_state]:
+        state_offsets.append(offset)
+        offset += _aligned(_nbytes(v))
+    state_bytes = offset
+    places.update((v, Place(-1, o, parity=0)) for v, o in zip(fn.params[:n_state], state_offsets))
+    places.update((v, Place(n_state + q, per_step=_nbytes(v))) for q, v in enumerate(fn.params[n_state:n_state + n_xs]))
+    places.update((v, Place(i)) for i, v in enumerate(fn.params[n_state + n_xs:], n_state + n_xs))
+    offset = 2 * state_bytes
+    work = 0
+
+    def made(values) -> None:
+        nonlocal offset
+        for v in values:
+            places[v] = Place(-1, offset)
+            offset += _aligned(_nbytes(v))
+
+    def call(k: LoopKernel, args) -> Call | None:
+        nonlocal work
+        if nvptx.launch(k).shared:
+            return None
+        work += nvptx.extent(k) * max(k.n, 1)
+        return Call(k, tuple(places[v] for v in args))
+
+    steps: list[Call | persistent.Product] = []
+    for step in body.steps:
+        if isinstance(step, KernelStep):
+            made(step.writes)
+            steps.append(call(step.kernel, step.args))
+        elif isinstance(step, ContractStep):
+            product = _product_in_fold(step.op, places, made)
+            if product is None:
+                return None
+            work += product.m * product.n * max(product.k, 1) * product.batch
+            steps.append(product)
+            if step.epilogue:
+                made(step.epilogue.writes)
+                steps.append(call(step.epilogue.kernel, step.epilogue.args))
+        elif isinstance(step.op.primitive, Rearrange):            # the same bytes
+            places[step.op.outputs[0]] = places[step.op.inputs[0]]
+        elif any(step.op is c for c in constants):            # an argument (above)
+            pass
+        elif id(step.op) in copies:
+            made(step.op.outputs)
+            steps.append(call(copies[id(step.op)], step.op.inputs + step.op.outputs))
+        else:
+            return None
+        if steps and steps[-1] is None:
+            return None
+    if offset > persistent.ARENA or work > persistent.WORK:
+        return None
+    count = lambda v: math.prod(v.shape)
+    state = lambda j, parity: Place(-1, state_offsets[j], parity=parity)
+    results = tuple(Copy(places[v], state(j, 1) if j < n_state else
+                         Place(inputs + j, per_step=_nbytes(v)), v.dtype, count(v))
+                    for j, v in enumerate(fn.results))
+    start = tuple(Copy(Place(j), state(j, 0), v.dtype, count(v)) for j, v in enumerate(fn.params[:n_state]))
+    end = tuple(Copy(state(j, 0), Place(inputs + j), v.dtype, count(v)) for j, v in enumerate(fn.params[:n_state]))
+    return FoldKernel(f"{name}_fold", length, bool(a.get("reverse")),
+                      inputs + len(op.outputs) + sum(len(c.outputs) for c in constants),
+                      state_bytes, max(offset, persistent.ALIGN), start, tuple(steps), results, end)
+
+
+def _product_in_fold(op: Op, places: dict[Value, Place], made) -> persistent.Product | None:
+    """A product the block computes, its result placed by `made`; None for one it does not
+    (another dtype, or an operand broadcast along some batch axes)."""
+    dtype = op.outputs[0].dtype
+    if dtype not in ("f32", "f64"):
+        return None
+    shapes = Product.of(op)
+    if any(shapes.expand):
+        return None
+    m, n, k, sa, sb, _, batch = shapes.integers
+    made(op.outputs)
+    a, b = (places[v] for v in op.inputs)
+    return persistent.Product(dtype, m, n, k, sa, sb, batch, (a, b, places[op.outputs[0]]))
+
+
+def made_once_ops(plan: Plan) -> list[Op]:
+    """The ops of a plan that a runtime makes once (constants): a persistent kernel takes
+    their values as arguments, after the fold's."""
+    return [s.op for s in plan.steps if isinstance(s, HostStep) and made_once(s.op)]

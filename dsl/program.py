@@ -364,9 +364,10 @@ class Program:
         ids = {v: i for i, v in enumerate(fn.params)}
         parts = []                  # (plan, its GPU kernels) of the entry and of each fold's body
 
-        def described(plan: schedule.Plan, name: str) -> list[dict]:
-            """The steps of a plan, its kernels added to parts (a fold's body's in its step)."""
-            gpu = gpu_kernels(plan, name, numerics) if target == "ptx" else None
+        def described(plan: schedule.Plan, name: str, fold=None) -> list[dict]:
+            """The steps of a plan, its kernels added to parts (a fold's body's in its step,
+            with the fold's persistent kernel where the body is small)."""
+            gpu = gpu_kernels(plan, name, numerics, fold) if target == "ptx" else None
             parts.append((plan, gpu))
             for step in plan.steps:
                 for v in schedule.writes(step):
@@ -396,9 +397,12 @@ class Program:
                 for v in body.params:
                     ids.setdefault(v, len(ids))
                 a = s.op.attrs
-                steps = described(plan_of(body, body_name), body_name)
+                at = len(parts)
+                steps = described(plan_of(body, body_name), body_name, s.op)
+                folds = parts[at][1].folds if target == "ptx" else ()
                 return {"fold": a["length"], "reverse": bool(a.get("reverse")), "state": a["n_state"],
                         "scanned": a["n_xs"], "inputs": inputs, "outputs": outputs,
+                        "persistent": folds[0].entry if folds else None,
                         "body": {"params": [ids[v] for v in body.params],
                                  "results": [ids[v] for v in body.results], "steps": steps}}
             if schedule.made_once(s.op):                  # made when loaded, for every call

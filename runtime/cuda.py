@@ -14,10 +14,12 @@ Transposes, broadcasts, indexing and slices run as strided-copy kernels, reshape
 re-label the device buffer. `take` and `scatter_add` run as gather kernels: only their
 integer indices come to the host, to be checked there as the interpreter checks them and
 made into the kernels' int64 arrays. A concatenation (a split) is a launch of the concat
-(split) kernel for each input (result); a uniform or bernoulli draw, or a key's split, a
-launch of its Philox kernel; an argmax or argmin a launch of its extreme kernel. A fold runs
-its body's kernels step by step, its state and slices on the device. The other host steps
-(normal draws…) still run on the host, with a copy each way. A failed allocation or launch
+(split) kernel for each input (result); a uniform, bernoulli or normal draw, a key, or a
+key's split or fold_in, a launch of its Philox kernel; an argmax or argmin a launch of its
+extreme kernel. A fold whose body is small runs as one launch of its persistent kernel
+(backend/persistent.py); another runs its body's kernels step by step, its state and slices
+on the device. The other host steps (an f64 normal draw…) still run on the host, with a copy each
+way. A failed allocation or launch
 is a DslError naming the kernel, and a wait for the GPU gives up after DSLC_CUDA_TIMEOUT seconds (default
 120) rather than hang.
 """
@@ -40,6 +42,7 @@ from backend.gpu_plan import (
     gather_rows,
     gpu_kernels,
     gpu_schedule,
+    made_once_ops,
     segments,
 )
 from backend.loops import LoopKernel
@@ -50,8 +53,8 @@ from ir.core import Function, Op, Value
 from ir.interp import EvalError
 from ir.ops.base import NUMPY_DTYPES, np_dtype
 from ir.ops.control import Checkpoint, Scan
-from ir.ops.index import Take
-from ir.ops.random import KeySplit
+from ir.ops.index import ScatterAdd, Take
+from ir.ops.random import Key, KeySplit
 from ir.ops.reduce import ArgReduction
 from ir.ops.shape import Concat, Rearrange, Split
 from ir.passes import for_backends
@@ -72,6 +75,9 @@ DEVICE = 0          # the ordinal of the GPU the runtime opens, and whose memory
 class BindingsDriver:
     """The CUDA driver API through NVIDIA's cuda.bindings (cuda-python)."""
     name = "cuda.bindings"
+    graphs = True                     # it can capture and replay CUDA graphs
+    stream: Any = 0                   # where launches go: the legacy stream, or one capturing
+    capture_stream: Any = None
 
     def __init__(self):
         from cuda.bindings import driver as cu
@@ -120,10 +126,35 @@ class BindingsDriver:
                integers: list[int]) -> None:
         values = [ctypes.c_void_p(p) for p in pointers] + [ctypes.c_int64(i) for i in integers]
         params = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
-        self._call("cuLaunchKernel", fn, *grid, block, 1, 1, 0, 0, ctypes.addressof(params), 0)
+        self._call("cuLaunchKernel", fn, *grid, block, 1, 1, 0, self.stream, ctypes.addressof(params), 0)
 
     def synchronize(self) -> None:
         self._call("cuCtxSynchronize")
+
+    def begin_capture(self) -> None:
+        """Launches from now on are recorded into a graph instead of run, on a stream of our
+        own (the legacy stream cannot capture; ours is blocking, so it keeps the legacy
+        stream's order). Relaxed: an allocation while capturing is allowed."""
+        if self.capture_stream is None:
+            self.capture_stream = self._call("cuStreamCreate", 0)
+        self._call("cuStreamBeginCapture", self.capture_stream,
+                   self.cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED)
+        self.stream = self.capture_stream
+
+    def end_capture(self) -> Any:
+        """The launches recorded since begin_capture, as an executable graph."""
+        self.stream = 0
+        graph = self._call("cuStreamEndCapture", self.capture_stream)
+        try:
+            return self._call("cuGraphInstantiate", graph, 0)
+        finally:
+            self._call("cuGraphDestroy", graph)
+
+    def replay(self, graph: Any) -> None:
+        self._call("cuGraphLaunch", graph, self.capture_stream)
+
+    def free_graph(self, graph: Any) -> None:
+        self._call("cuGraphExecDestroy", graph)
 
     def record(self) -> Any:
         event = self._call("cuEventCreate", 2)            # CU_EVENT_DISABLE_TIMING
@@ -142,8 +173,9 @@ class BindingsDriver:
 
 
 class PycudaDriver:
-    """The CUDA driver API through pycuda."""
+    """The CUDA driver API through pycuda (without CUDA graphs: every call walks its plan)."""
     name = "pycuda"
+    graphs = False
 
     def __init__(self):
         import pycuda.driver as drv
@@ -478,18 +510,21 @@ class Executable:
     `run(arrays)` takes NumPy or device arrays and returns DeviceArrays; in fast `numerics`
     its products run on tensor cores (gpu_kernels). It is the executor's device for its plan."""
 
-    def __init__(self, fn: Function, name: str = "k", drv=None, numerics: str = "exact"):
+    def __init__(self, fn: Function, name: str = "k", drv=None, numerics: str = "exact",
+                 fold: Op | None = None):
         self.drv = drv or driver()
         self.memory = _memory(self.drv)
         fn = for_backends(fn)
         self.function = fn
         self.plan: Plan = gpu_schedule(fn, name, numerics)
-        gpu = gpu_kernels(self.plan, name, numerics)
+        gpu = gpu_kernels(self.plan, name, numerics, fold)
+        self.persistent = gpu.folds[0] if gpu.folds else None     # (a fold's body: its kernel)
         self.matmuls, self.copies, self.launches = gpu.matmuls, gpu.copies, gpu.launches
         self.gathers = gpu.gathers
         self.functions: dict[str, Any] = {}
-        if gpu.kernels or self.matmuls or gpu.mmas or self.gathers:
-            text = compile_ptx(gpu.kernels, self.matmuls, gpu.gather_kernels, arch(self.drv), gpu.mmas)
+        if gpu.kernels or self.matmuls or gpu.mmas or self.gathers or gpu.folds:
+            text = compile_ptx(gpu.kernels, self.matmuls, gpu.gather_kernels, arch(self.drv), gpu.mmas,
+                               gpu.folds)
             try:
                 module = self.drv.load(text)
                 self.functions = {e: self.drv.function(module, e) for e in gpu.entries}
@@ -502,12 +537,81 @@ class Executable:
         self.bodies: dict[int, Executable] = {}
         for i, step in enumerate(self.plan.steps):
             if isinstance(step, HostStep) and step.op.body is not None:
-                self.bodies[id(step.op)] = Executable(step.op.body, f"{name}_b{i}", self.drv, numerics)
+                fold = step.op if isinstance(step.op.primitive, Scan) else None
+                self.bodies[id(step.op)] = Executable(step.op.body, f"{name}_b{i}", self.drv, numerics, fold)
         self.constants: dict[int, list[DeviceArray]] = {}    # host ops of no inputs, made once
         self.sync = os.environ.get("DSLC_CUDA_SYNC") == "1"
-
+        self.graphs = self.drv.graphs and os.environ.get("DSLC_CUDA_GRAPHS", "1") != "0" and \
+            not self.sync and all(self.capturable(s) for s in self.plan.steps)
+        self.graph: Graph | None = None
+        self.capturing = False
+        self.calls = 0
+        self.first_launches = 0             # kernels launched by the first call
     def run(self, arrays: list) -> list[DeviceArray]:
+        """The plan walked (at the first call, and at every call of a plan that cannot be a
+        CUDA graph or gains nothing from one), else its CUDA graph: captured at the second
+        call, replayed from then on. A replay costs a copy of each argument and result and
+        a launch of the graph, each about a kernel launch's time: it gains when the plan
+        launches more kernels than that."""
+        self.calls += 1
+        if self.graphs and self.calls > 1 and self.first_launches > len(arrays) + len(self.function.results) + 2:
+            if self.graph is None:
+                self.graph = self.capture(arrays)
+            return self.replay(arrays)
         return executor.execute(self.plan, self.dead, self, arrays)
+
+    # -------------------------------------------------------- CUDA graphs
+
+    def capturable(self, step: Step) -> bool:
+        """Whether a step only launches kernels, once its values made once are made: no
+        index, no value of the host, no copy a capture would forbid (a stepped fold's)."""
+        if isinstance(step, KernelStep):
+            return True
+        if isinstance(step, ContractStep):
+            return not any(self.products[id(step)].expand)
+        op = step.op
+        if isinstance(op.primitive, Scan):
+            return self.bodies[id(op)].persistent is not None
+        gathered = id(op) in self.gathers and not isinstance(op.primitive, (Take, ScatterAdd))
+        return isinstance(op.primitive, Rearrange) or id(op) in self.copies or gathered or made_once(op)
+
+    def capture(self, arrays: list) -> Graph:
+        """The plan's launches recorded (not run) as a CUDA graph, on buffers of its own: its
+        inputs, which each replay fills, and every value the walk makes, kept for as long as
+        the graph is."""
+        inputs = [self.empty(p, "an input of a CUDA graph") for p in self.function.params]
+        env = dict(zip(self.function.params, inputs))
+        self.launched = []
+        self.capturing = True
+        self.drv.begin_capture()
+        try:
+            for i, s in enumerate(self.plan.steps):
+                executor.step(i, s, self, env)
+        finally:
+            self.capturing = False
+            handle = self.drv.end_capture()          # (after a failure too: the stream stops capturing)
+        return Graph(self.drv, handle, inputs, self.results(env), list(env.values()), self.launched)
+
+    def replay(self, arrays: list) -> list[DeviceArray]:
+        """The graph run on this call's arguments (copied into its inputs), its results
+        copied out, so that they outlive the next replay."""
+        g = self.graph
+        for x, a, p in zip(g.inputs, arrays, self.function.params):
+            if isinstance(a, DeviceArray):
+                self.copy(x, self.to_device(a, p))
+            elif x.nbytes:
+                self.drv.upload(x.ptr, np.ascontiguousarray(np.asarray(a, dtype=x.dtype)).reshape(x.shape))
+        try:
+            self.drv.replay(g.handle)
+        except DriverError as e:
+            raise DslError(None, f"replaying the CUDA graph of '{self.function.name}' failed: {e}") from None
+        results = []
+        for r in g.results:
+            results.append(out := DeviceArray(_Buffer(self.memory, r.nbytes, "a result of a CUDA graph"), r.shape, r.dtype))
+            self.copy(out, r)
+        self.launched = list(g.entries)
+        self.wait()
+        return results
 
     # -------------------------------------------------------- the executor's device
 
@@ -524,7 +628,9 @@ class Executable:
             self.host(step.op, env)
 
     def synchronise(self) -> None:
-        if self.launched:
+        if self.calls == 1:
+            self.first_launches = len(self.launched)
+        if self.launched and not self.capturing:
             self.wait()
 
     def results(self, env: dict[Value, DeviceArray]) -> list[DeviceArray]:
@@ -572,13 +678,14 @@ class Executable:
     # -------------------------------------------------------- steps
 
     def _launch(self, entry: str, grid: tuple[int, int, int], block: int, pointers: list[int],
-                integers: list[int] = ()) -> None:
+                integers: list[int] = (), function: Any = None) -> None:
+        """Launch an entry of this module (or `function`, another module's)."""
         try:
-            self.drv.launch(self.functions[entry], grid, block, pointers, list(integers))
+            self.drv.launch(function or self.functions[entry], grid, block, pointers, list(integers))
         except DriverError as e:
             raise DslError(None, f"GPU kernel {entry} failed to launch: {e}") from None
         self.launched.append(entry)
-        if self.sync:
+        if self.sync and not self.capturing:
             self.wait()
 
     def kernel(self, step: KernelStep, env: dict[Value, DeviceArray]) -> None:
@@ -628,8 +735,11 @@ class Executable:
         if isinstance(op.primitive, (Concat, Split)) and id(op) in self.gathers:
             self.slabs(op, env)
             return
-        if isinstance(op.primitive, KeySplit):
-            self.split_key(op, env)
+        if id(op) in self.constants:
+            env.update(zip(op.outputs, self.constants[id(op)]))
+            return
+        if isinstance(op.primitive, nvptx.KEYS):
+            self.make_key(op, env)
             return
         if isinstance(op.primitive, ArgReduction) and id(op) in self.gathers:
             try:
@@ -645,9 +755,6 @@ class Executable:
                 self.gather(op, env)
             except EvalError as e:                  # an index out of range, found on the host
                 raise e.at(op) from None
-            return
-        if id(op) in self.constants:
-            env.update(zip(op.outputs, self.constants[id(op)]))
             return
         body = self.bodies.get(id(op))
         if isinstance(op.primitive, Scan):
@@ -701,7 +808,7 @@ class Executable:
             start += n
 
     def draw(self, op: Op, env: dict[Value, DeviceArray]) -> None:
-        """A uniform or bernoulli draw by its draw kernel, from the key on the device."""
+        """A uniform, bernoulli or normal draw by its draw kernel, from the key on the device."""
         prim, dtype = self.gathers[id(op)]
         (out,) = op.outputs
         n = math.prod(out.shape)
@@ -715,6 +822,9 @@ class Executable:
         """A scan (Scan.run's meaning) on the device: its body's executable run step by step
         on the state's DeviceArrays and each step's slices of the scanned inputs, read in
         place; each step's emitted values copied into their place in the stacked results."""
+        if body.persistent:
+            self.persistent_fold(op, body, env)
+            return
         a = op.attrs
         n_state, n_xs, length = a["n_state"], a["n_xs"], a["length"]
         inputs = [env[v] for v in op.inputs]
@@ -726,6 +836,23 @@ class Executable:
             for into, y in zip(stacked, outs[n_state:]):
                 self.copy(into.part(t * y.size, y.shape), y)
         env.update(zip(op.outputs, state + stacked))
+
+    def persistent_fold(self, op: Op, body: Executable, env: dict[Value, DeviceArray]) -> None:
+        """A fold whose body is small by its persistent kernel (backend/persistent.py): one
+        launch of one block for the whole scan."""
+        shape = body.persistent.launch
+        outs = [self.empty(v, f"a result of {shape.entry}") for v in op.outputs]
+        made = [a for c in made_once_ops(body.plan) for a in body.once(c)]
+        self._launch(shape.entry, (shape.grid, 1, 1), shape.block,
+                     [a.ptr for a in [env[v] for v in op.inputs] + outs + made], (), body.functions[shape.entry])
+        env.update(zip(op.outputs, outs))
+
+    def once(self, op: Op) -> list[DeviceArray]:
+        """The values of an op made once (of no inputs), made at the first call."""
+        if id(op) not in self.constants:
+            outs = interp.evaluate(op, [])
+            self.constants[id(op)] = [self.to_device(a, v) for a, v in zip(outs, op.outputs)]
+        return self.constants[id(op)]
 
     def copy(self, dst: DeviceArray, src: DeviceArray) -> None:
         if src.nbytes:
@@ -747,13 +874,37 @@ class Executable:
             self._launch(shape.entry, (shape.grid, 1, 1), shape.block, [env[x].ptr, result.ptr],
                          [outer, n, inner])
 
-    def split_key(self, op: Op, env: dict[Value, DeviceArray]) -> None:
-        """split(k, n) by its kernel: the n keys made in one buffer, each output a part of it."""
-        n = len(op.outputs)
-        shape = nvptx.gather_launch(op.primitive, "u32", n)
+    def make_key(self, op: Op, env: dict[Value, DeviceArray]) -> None:
+        """split(k, n), fold_in(k, i) or key(seed) by its key kernel: the keys made in one
+        buffer, each output a part of it; key(seed)'s made once."""
+        prim, dtype = self.gathers[id(op)]
+        n = len(op.outputs) if isinstance(prim, KeySplit) else 1
+        shape = nvptx.gather_launch(prim, dtype, n)
         keys = DeviceArray(_Buffer(self.memory, 8 * n, f"the keys of {shape.entry}"), (n, 2), np.uint32)
-        self._launch(shape.entry, (shape.grid, 1, 1), shape.block, [env[op.inputs[0]].ptr, keys.ptr], [n])
-        env.update((v, keys.part(2 * i, (2,))) for i, v in enumerate(op.outputs))
+        seed = op.attrs.get("seed", 0)
+        integers = [n, seed & 0xFFFFFFFF, seed >> 32] if isinstance(prim, Key) else [n]
+        self._launch(shape.entry, (shape.grid, 1, 1), shape.block,
+                     [env[v].ptr for v in op.inputs] + [keys.ptr], integers)
+        outs = [keys.part(2 * i, (2,)) for i in range(n)]
+        env.update(zip(op.outputs, outs))
+        if made_once(op):
+            self.constants[id(op)] = outs
+
+
+class Graph:
+    """A plan's launches captured once as a CUDA graph, and the device buffers it reads and
+    writes: its inputs, its results and every value in between."""
+
+    def __init__(self, drv, handle: Any, inputs: list[DeviceArray], results: list[DeviceArray],
+                 values: list[DeviceArray], entries: list[str]):
+        self.drv, self.handle, self.inputs, self.results = drv, handle, inputs, results
+        self.values, self.entries = values, entries
+
+    def __del__(self):
+        try:
+            self.drv.free_graph(self.handle)
+        except Exception:            # at interpreter exit the driver may be gone already
+            pass
 
 
 _memories: dict[int, Memory] = {}

@@ -1,10 +1,13 @@
 """GPU benchmarks for scripts/gpu-check: fp32 `@` at 4096³ (exact mode) against cuBLAS through
-torch with TF32 off, and the 4-layer GPT training step of benchmarks/train_step.py against
-torch eager on the same GPU. Prints each ratio beside its target; --json writes them."""
+torch with TF32 off, the 4-layer GPT training step of benchmarks/train_step.py against
+torch eager on the same GPU, a small RNN's fold as one persistent kernel against its body
+launched step by step, and an MLP's training step as a CUDA graph against its plan walked.
+Prints each ratio beside its target; --json writes them."""
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -79,6 +82,64 @@ def gpt_step(repeat: int) -> dict:
             "target": "<= 1.5", "first_call_s": compile_s}
 
 
+RNN = """
+def f(xs: f32[T, B, I], w: f32[I, H], u: f32[H, H], h0: f32[B, H]) -> f32[T, B, H]:
+  hs = fold x in xs with h = h0:
+    h = tanh(x @ w + h @ u)
+    return h
+  return hs
+"""
+
+MLP_STEP = """
+def step(w1: f32[D, D], w2: f32[D, D], w3: f32[D, 10], x: f32[B, D], lr: f32) -> (f32[D, D], f32[D, D], f32[D, 10], f32):
+  def loss(w1, w2, w3):
+    y = tanh(tanh(x @ w1) @ w2) @ w3
+    return mean(y * y)
+  l, g = value_and_grad(loss, wrt=(w1, w2, w3))(w1, w2, w3)
+  return w1 - lr * g[0], w2 - lr * g[1], w3 - lr * g[2], l
+"""
+
+
+def persistent_fold(repeat: int) -> dict:
+    """A small RNN's fold over 1000 steps: one persistent kernel, against its body's kernels
+    launched step by step (the rule's WORK at 0)."""
+    import dsl
+    from backend import persistent
+    rng = np.random.default_rng(0)
+    args = [rng.standard_normal(s).astype(np.float32) for s in ((1000, 4, 8), (8, 16), (16, 16), (4, 16))]
+    one = dsl.loads(RNN, device="cuda")
+    ours = timed(lambda: one.f(*args), repeat, lambda: None)
+    work, persistent.WORK = persistent.WORK, 0
+    try:
+        stepped = dsl.loads(RNN, device="cuda")
+        theirs = timed(lambda: stepped.f(*args), repeat, lambda: None)
+    finally:
+        persistent.WORK = work
+    return {"persistent_ms": ours * 1e3, "stepped_ms": theirs * 1e3, "speedup": theirs / ours, "target": ">= 1"}
+
+
+def cuda_graph(repeat: int) -> dict:
+    """A 3-layer MLP's training step (about 20 launches) replayed as a CUDA graph, against
+    the same plan walked at each call (DSLC_CUDA_GRAPHS=0)."""
+    import dsl
+    rng = np.random.default_rng(0)
+    src = MLP_STEP.replace("D", "256").replace("B", "64")
+    state = [rng.standard_normal(s).astype(np.float32) * 0.05 for s in ((256, 256), (256, 256), (256, 10))]
+    x = rng.standard_normal((64, 256)).astype(np.float32)
+    times = {}
+    for graphs in ("1", "0"):
+        os.environ["DSLC_CUDA_GRAPHS"] = graphs      # (read when the first call makes the executable)
+        prog = dsl.loads(src, device="cuda")
+        weights = list(state)
+
+        def step():
+            weights[:] = prog.step(*weights, x, np.float32(0.01))[:3]
+        times[graphs] = timed(step, repeat, lambda: None)
+    del os.environ["DSLC_CUDA_GRAPHS"]
+    return {"graph_ms": times["1"] * 1e3, "walked_ms": times["0"] * 1e3, "speedup": times["0"] / times["1"],
+            "target": ">= 1"}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--n", type=int, default=4096)
@@ -86,7 +147,9 @@ def main() -> None:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     results = {}
-    for name, run in (("matmul", lambda: matmul(args.n, args.repeat)), ("gpt_step", lambda: gpt_step(args.repeat))):
+    for name, run in (("matmul", lambda: matmul(args.n, args.repeat)), ("gpt_step", lambda: gpt_step(args.repeat)),
+                      ("persistent_fold", lambda: persistent_fold(args.repeat)),
+                      ("cuda_graph", lambda: cuda_graph(10 * args.repeat))):
         try:
             results[name] = run()
         except Exception as e:            # report the others: a partial result is a result

@@ -29,6 +29,12 @@ def _unit64(lo: np.ndarray, hi: np.ndarray, plus_one: bool = False) -> np.ndarra
     return (v + np.uint64(int(plus_one))).astype(np.float64) * 2.0 ** -53
 
 
+def _rounded(f: Any, x: np.ndarray) -> np.ndarray:
+    """f(x) correctly rounded for the float32 x a normal draw feeds it: f in float64, rounded
+    (docs/random.md §5; float64 x as NumPy computes it)."""
+    return f(x.astype(np.float64)).astype(x.dtype) if x.dtype == np.float32 else f(x)
+
+
 def _dims(shape: tuple[int, ...]) -> tuple[Dim, ...]:
     return tuple(Dim.const(int(d)) for d in shape)
 
@@ -275,7 +281,8 @@ class Normal(Draw):
 
     def evaluate(self, k: np.ndarray, shape: tuple[int, ...], dtype: str = "f32") -> np.ndarray:
         """Box-Muller on pairs: elements 2m, 2m+1 are r cos(t), r sin(t) with
-        r = sqrt(-2 log u1), t = 2pi u2; in f64 for f64, else in f32 then rounded to dtype."""
+        r = sqrt(-2 log u1), t = 2pi u2; in f64 for f64, else in f32 (log, cos and sin
+        correctly rounded) then rounded to dtype."""
         self.infer(KeyType(), _dims(shape), dtype)
         out, n = np_dtype(dtype), int(np.prod(shape))
         pairs = (n + 1) // 2
@@ -285,9 +292,9 @@ class Normal(Draw):
         else:
             s, ft = philox.stream(k, 2 * pairs), np.float32
             u1, u2 = _unit(s[0::2], True), _unit(s[1::2])
-        r = np.sqrt(ft(-2) * np.log(u1))
+        r = np.sqrt(ft(-2) * _rounded(np.log, u1))
         t = TWO_PI[ft] * u2
-        z = np.stack([r * np.cos(t), r * np.sin(t)], axis=-1).reshape(-1)[:n]
+        z = np.stack([r * _rounded(np.cos, t), r * _rounded(np.sin, t)], axis=-1).reshape(-1)[:n]
         return z.astype(out).reshape(shape)
 
     def mlir(self, w: Any, op: Any) -> list[str]:

@@ -15,7 +15,7 @@ import llvmlite.binding as llvm
 import ml_dtypes
 import numpy as np
 
-from backend import nvptx, tensorcore
+from backend import nvptx, persistent, tensorcore
 from backend.cpu import optimise, target_machine
 
 SREGS = ("tid.x", "ntid.x", "ctaid.x", "nctaid.x", "ctaid.y", "nctaid.y", "ctaid.z", "nctaid.z")
@@ -183,11 +183,13 @@ for _name, _fn in _CALLBACKS.items():
 
 
 class Emulator:
-    """The kernels, contraction and gather kernels of one module, JIT-compiled for the host."""
+    """The kernels, contraction, gather, tensor-core and persistent fold kernels of one module,
+    JIT-compiled for the host."""
 
     def __init__(self, kernels, matmuls: tuple[str, ...] = (), gathers: tuple[tuple[str, str], ...] = (),
-                 mmas: tuple[str, ...] = ()):
-        mod = llvm.parse_assembly(str(nvptx.module_ir(kernels, matmuls, nvptx.emulator(), gathers)))
+                 mmas: tuple[str, ...] = (), folds: tuple = ()):
+        module = nvptx.module_ir(kernels, matmuls, nvptx.emulator(), gathers)
+        mod = llvm.parse_assembly(str(persistent.module_ir(folds, nvptx.emulator(), module)))
         if mmas:
             mod.link_in(llvm.parse_assembly(str(tensorcore.module_ir(mmas, nvptx.emulator()))))
             mod.link_in(llvm.parse_assembly(_mma_bridges()))

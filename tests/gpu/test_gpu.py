@@ -142,6 +142,36 @@ def test_integer_division_concatenation_draws_and_folds_on_the_device_are_bit_id
         assert_same(getattr(gpu, call)(*args), getattr(cpu, call)(*args))
 
 
+@pytest.mark.parametrize("n", [0, 1, 13, 100_003])
+def test_normals_keys_and_fold_in_on_the_device_are_bit_identical(n):
+    """normal (log, cos and sin rounded from the math library's f64), fold_in of i32, i64
+    and u32, and keys, made by their kernels (tests/runtime/test_on_device.py's program)."""
+    sys.path.insert(0, str(ROOT / "tests" / "runtime"))
+    from test_on_device import KEYS_AND_NORMALS
+    gpu, cpu = both(KEYS_AND_NORMALS.replace("N", str(n)))
+    args = (dsl.key(n), np.int32(-1), np.int64(-1), np.uint32(2 ** 32 - 1))
+    for _ in range(2):                       # the second: key(seed)'s made once, a CUDA graph's replay
+        assert_same(gpu.f(*args), cpu.f(*args))
+
+
+@pytest.mark.parametrize("t", [1, 11, 500])
+def test_persistent_folds_and_cuda_graphs_are_bit_identical(t):
+    """An RNN's loss and gradient (a persistent kernel for each fold) and a training step
+    replayed as a CUDA graph (tests/runtime/test_on_device.py's and test_cuda.py's programs),
+    at every call; the graph is captured once."""
+    sys.path.insert(0, str(ROOT / "tests" / "runtime"))
+    from test_cuda import GRAPHED
+    from test_on_device import RNN
+    rng = np.random.default_rng(t)
+    (gpu, cpu), wrt = both(RNN), ("w", "u", "h0")
+    args = [special(rng, (t, 4, 3))] + [rng.standard_normal(s).astype(np.float32) for s in ((3, 5), (5, 5), (4, 5))]
+    assert_same(gpu.value_and_grad("loss", wrt=wrt)(*args), cpu.value_and_grad("loss", wrt=wrt)(*args))
+    gpu, cpu = both(GRAPHED)
+    for i in range(4):
+        step = [rng.standard_normal(s).astype(np.float32) for s in ((4, 3), (3,), (5, 4))] + [dsl.key(i), np.float32(0.1)]
+        assert_same(gpu.step(*step), cpu.step(*step))
+
+
 def test_broadcasts_casts_and_selections_are_bit_identical():
     gpu, cpu = both("def f(x: f32[A, B], b: f32[B], i: i32[A, 1]) -> (f32[A, B], i32[A, B], bool[A, B]):\n"
                     "  y = where(x > b, x / b, maximum(x, b) - cast(i, f32))\n"

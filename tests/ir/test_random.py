@@ -196,7 +196,7 @@ def test_normal_follows_the_box_muller_formula() -> None:
     r = np.sqrt(-2 * np.log(u1))
     want = np.stack([r * np.cos(t), r * np.sin(t)], axis=-1).ravel()[:1001]
     np.testing.assert_allclose(z, want, rtol=2e-6, atol=2e-6)
-    assert bits(z[:4]) == ["3f7dbb34", "bf6cb6ad", "bf1e1ba1", "bef6d1aa"]
+    assert bits(z[:4]) == ["3f7dbb34", "bf6cb6ad", "bf1e1ba1", "bef6d1ac"]     # docs/random.md §7
 
 
 def test_bernoulli_rate() -> None:

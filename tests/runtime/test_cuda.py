@@ -21,39 +21,46 @@ from backend.contract import Matmul
 from backend.cpu import Compiled
 from frontend.diagnostics import DslError
 from ir.ops.base import np_dtype
-from ir.ops.random import Bernoulli, KeySplit, Uniform
+from ir.ops.random import Bernoulli, FoldIn, Key, KeySplit, Normal, Uniform
 from runtime import cuda
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "gpu"))          # (emulator.py: the fake driver's folds)
 import test_programs as programs  # noqa: E402
 
 
 class FakeDriver:
-    """Host memory as device memory; a module is the loop kernels it was compiled from."""
+    """Host memory as device memory; a module is the loop kernels it was compiled from. A
+    CUDA graph is the list of launches made while capturing (which run none), and what else
+    a capture forbids (a copy, an upload, a wait) fails as the driver would fail it."""
     name = "fake"
     capability = (9, 0)
     device_name = "fake GPU"
+    graphs = True
 
     def __init__(self):
         self.blocks: dict[int, np.ndarray] = {}
         self.pending: tuple = ()
         self.uploads = self.allocs = self.launches = self.synchronized = 0
         self.pointers: list[list[int]] = []          # each launch's device pointers
+        self.entries: list[str] = []                 # each launch's entry
         self.downloaded: list[np.dtype] = []
         self.uploaded: list[tuple[str, tuple[int, ...]]] = []    # each upload's dtype and shape
         self.fail_launch: str | None = None
         self.fail_alloc_over: int | None = None
         self.never_done = False
+        self.recording: list | None = None           # a graph's launches, while capturing
+        self.captures = self.replays = 0
 
-    def compile_ptx(self, kernels, matmuls, gathers, target, mmas=()):
-        self.pending = (list(kernels), matmuls, gathers, mmas)
+    def compile_ptx(self, kernels, matmuls, gathers, target, mmas=(), folds=()):
+        self.pending = (list(kernels), matmuls, gathers, mmas, folds)
         return "fake ptx"
 
     def load(self, ptx):
-        kernels, *_ = self.pending
+        kernels, *_, folds = self.pending
         return {"compiled": Compiled(kernels) if kernels else None,
-                "kernels": {nvptx.launch(k).entry: k for k in kernels}}
+                "kernels": {nvptx.launch(k).entry: k for k in kernels}, "folds": folds}
 
     def function(self, module, name):
         return module, name
@@ -73,16 +80,42 @@ class FakeDriver:
         del self.blocks[ptr]
 
     def upload(self, ptr, array):
+        self.uncaptured("cuMemcpyHtoD")
         self.uploads += 1
         self.uploaded.append((array.dtype.name, array.shape))
         ctypes.memmove(ptr, array.ctypes.data, array.nbytes)
 
     def download(self, array, ptr):
+        self.uncaptured("cuMemcpyDtoH")
         self.downloaded.append(array.dtype)
         ctypes.memmove(array.ctypes.data, ptr, array.nbytes)
 
     def copy(self, dst, src, nbytes):
+        self.uncaptured("cuMemcpyDtoD")
         ctypes.memmove(dst, src, nbytes)
+
+    def begin_capture(self):
+        assert self.recording is None, "a capture inside a capture"
+        self.recording = []
+
+    def end_capture(self):
+        graph, self.recording = self.recording, None
+        self.captures += 1
+        return graph
+
+    def replay(self, graph):
+        self.uncaptured("cuGraphLaunch")
+        self.replays += 1
+        for launch in graph:
+            self.run(*launch)
+
+    def free_graph(self, graph):
+        pass
+
+    def uncaptured(self, call: str) -> None:
+        """A call the legacy stream makes, which a capture in progress forbids."""
+        if self.recording is not None:
+            raise cuda.DriverError(f"{call}: operation not permitted when stream is capturing")
 
     def launch(self, fn, grid, block, pointers, integers):
         (module, entry) = fn
@@ -90,7 +123,16 @@ class FakeDriver:
             raise cuda.DriverError("cuLaunchKernel: too many resources requested for launch")
         if block > 1024:
             raise cuda.DriverError("cuLaunchKernel: invalid argument")
+        if self.recording is not None:
+            self.recording.append((fn, grid, block, list(pointers), list(integers)))
+            return
+        self.run(fn, grid, block, pointers, integers)
+
+    def run(self, fn, grid, block, pointers, integers):
+        """A launch, run now."""
+        (module, entry) = fn
         self.launches += 1
+        self.entries.append(entry)
         self.pointers.append(list(pointers))
         if entry.startswith("dslc_matmul_"):
             return self.matmul(entry.split("_")[2], grid, pointers, integers)
@@ -102,8 +144,12 @@ class FakeDriver:
             x = device_array(pointers[0], outer * n * inner, np_dtype(dtype)).reshape(outer, n, inner)
             device_array(pointers[1], outer * inner, np.int32)[:] = getattr(np, prim)(x, axis=1).reshape(-1)
             return
-        if prim in ("uniform", "bernoulli", "key_split"):
+        if prim in ("uniform", "bernoulli", "normal", "key_split", "fold_in", "key"):
             return self.draw(prim, dtype, pointers, integers)
+        if entry in [f.entry for f in module["folds"]]:     # a persistent kernel: emulated
+            from emulator import Emulator
+            module.setdefault("emulator", Emulator([], folds=module["folds"]))
+            return module["emulator"].launch(entry, grid, block, pointers, integers)
         k = module["kernels"][entry]
         extent = k.extent
         module["compiled"].functions[k.name]((ctypes.c_void_p * len(pointers))(*pointers), 0, extent)
@@ -143,11 +189,20 @@ class FakeDriver:
                 out[:, r] += updates[:, s]
 
     def draw(self, prim, dtype, pointers, integers):
-        """The draw kernels' contract (backend/nvptx.py): the interpreter's draw of n elements
-        (of n keys, for split)."""
+        """The draw and key kernels' contract (backend/nvptx.py): the interpreter's draw of n
+        elements (of n keys, for split)."""
+        if prim == "key":
+            device_array(pointers[0], 2, np.uint32)[:] = Key().evaluate(integers[1] | integers[2] << 32)
+            return
         key, n, t = device_array(pointers[0], 2, np.uint32), integers[0], np_dtype(dtype)
         if prim == "key_split":
             device_array(pointers[1], 2 * n, np.uint32)[:] = np.concatenate(KeySplit().evaluate(key, n))
+            return
+        if prim == "fold_in":
+            device_array(pointers[2], 2, np.uint32)[:] = FoldIn().evaluate(key, device_array(pointers[1], 1, t)[0])
+            return
+        if prim == "normal":
+            device_array(pointers[1], n, t)[:] = Normal().evaluate(key, (n,), dtype)
             return
         if prim == "bernoulli":
             p = device_array(pointers[1], 1, t)[0]
@@ -157,9 +212,11 @@ class FakeDriver:
         device_array(pointers[1], n, t)[:] = Uniform().evaluate(key, (n,), low, high, dtype)
 
     def synchronize(self):
+        self.uncaptured("cuCtxSynchronize")
         self.synchronized += 1
 
     def record(self):
+        self.uncaptured("cuEventRecord")
         return object()
 
     def done(self, event):
@@ -174,9 +231,10 @@ class EmulatedDriver(FakeDriver):
         from emulator import Emulator
         return {"emulator": Emulator(*self.pending)}
 
-    def launch(self, fn, grid, block, pointers, integers):
+    def run(self, fn, grid, block, pointers, integers):
         (module, entry) = fn
         self.launches += 1
+        self.entries.append(entry)
         if not entry.startswith("dslc_matmul_"):
             grid = (min(grid[0], 2), 1, 1)          # a loop kernel's grid-stride loop covers the rest
         module["emulator"].launch(entry, grid, block, pointers, integers)
@@ -327,10 +385,63 @@ def test_results_stay_on_the_device_and_go_back_in_without_a_copy(fake):
     assert float(l1) == float(cl) and w2.numpy().shape == (4, 3)
 
 
-def test_buffers_are_reused_across_calls(fake):
+GRAPHED = """
+def step(w: f32[4, 3], b: f32[3], x: f32[5, 4], k: Key, lr: f32) -> (f32[4, 3], f32[3], f32, f32[5, 3]):
+  def loss(w, b):
+    h = tanh(x @ w + b) * cast(bernoulli(k, 0.8, [5, 3]), f32)
+    hs = fold r in h with s = b:
+      s = s * 0.5 + r
+      return s
+    return mean(h * h) + sum(hs) * 0.01
+  l, g = value_and_grad(loss, wrt=(w, b))(w, b)
+  return w - lr * g[0], b - lr * g[1], l, concat([x[:, :3], normal(k, [5, 1])], axis=1) @ w
+"""
+
+
+def test_a_cuda_graphs_replays_give_the_bits_of_plain_runs(fake, monkeypatch):
+    """A training step (products, a persistent fold and its reverse, draws, a concat) is
+    captured once, at its second call, and replayed after: each call's results are those of
+    a plain walk of the plan and the CPU's, and a replay's results outlive the next one.
+    (The kernels are the fake driver's; the emulated ones give the CPU's bits elsewhere.)"""
+    rng = np.random.default_rng(0)
+    calls = [[rng.standard_normal(s).astype(np.float32) for s in ((4, 3), (3,), (5, 4))] +
+             [dsl.key(i), np.float32(0.1)] for i in range(3)]
+    prog = dsl.loads(GRAPHED, device="cuda")
+    got = [prog.step(*args) for args in calls]
+    assert (fake.captures, fake.replays) == (1, 2)
+    monkeypatch.setenv("DSLC_CUDA_GRAPHS", "0")
+    plain, cpu = dsl.loads(GRAPHED, device="cuda"), dsl.loads(GRAPHED, device="cpu")
+    for args, g in zip(calls, got):
+        assert_same(g, plain.step(*args))
+        assert_same(g, cpu.step(*args))
+    assert (fake.captures, fake.replays) == (1, 2)
+    w, b = got[1][:2]                     # parameters going back in: copied into the graph's inputs
+    assert_same(prog.step(w, b, *calls[2][2:]), cpu.step(w.numpy(), b.numpy(), *calls[2][2:]))
+
+
+def test_a_capture_makes_no_call_a_capture_forbids(fake):
+    """The fake driver fails an upload, a download, a copy or a wait while capturing, as
+    CUDA does: the capture of a step with a gather (whose indices come to the host) is not
+    attempted, and the plan is walked at every call."""
+    src = "def f(E: f32[9, 4], i: i32[3]) -> f32[3, 4]:\n  return tanh(E[i]) * 2.0 + sum(E)\n"
+    prog = dsl.loads(src, device="cuda")
+    for _ in range(3):
+        prog.f(np.ones((9, 4), np.float32), np.arange(3, dtype=np.int32))
+    assert fake.captures == 0
+    fake.begin_capture()
+    with pytest.raises(cuda.DriverError, match="not permitted when stream is capturing"):
+        fake.upload(0, np.zeros(1))
+
+
+@pytest.mark.parametrize("graphs", ["1", "0"])
+def test_buffers_are_reused_across_calls(fake, monkeypatch, graphs):
+    """After the first call (and the second, which may capture a CUDA graph and the buffers
+    it keeps), a call allocates nothing."""
+    monkeypatch.setenv("DSLC_CUDA_GRAPHS", graphs)
     prog = dsl.loads(STEP, device="cuda")
     w, x = np.ones((4, 3), np.float32), np.ones((5, 4), np.float32)
-    prog.step(w, x, np.float32(0.1))
+    for _ in range(2):
+        prog.step(w, x, np.float32(0.1))
     allocs = fake.allocs
     for _ in range(3):
         prog.step(w, x, np.float32(0.1))
@@ -506,6 +617,9 @@ class MockBindings:
         CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75
         CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76
 
+    class CUstreamCaptureMode:
+        CU_STREAM_CAPTURE_MODE_RELAXED = 2
+
     def __init__(self):
         self.calls: list[tuple] = []
 
@@ -545,6 +659,15 @@ class MockBindings:
 
     def _cuEventCreate(self, flags):
         return 0, "event"
+
+    def _cuStreamCreate(self, flags):
+        return 0, "stream"
+
+    def _cuStreamEndCapture(self, stream):
+        return 0, "graph"
+
+    def _cuGraphInstantiate(self, graph, flags):
+        return 0, "graph exec"
 
     def _cuEventQuery(self, event):
         return (0,)
@@ -598,6 +721,23 @@ def test_the_bindings_driver_loads_ptx_null_terminated_and_reports_errors():
     drv.upload(0x7000, array)
     assert mock.calls[-1] == ("cuMemcpyHtoD", (0x7000, array.ctypes.data, 16))
     assert drv.done(drv.record())
+
+
+def test_the_bindings_driver_captures_launches_on_its_own_stream_and_replays_them():
+    """CUDA cannot capture the legacy stream: a capture begins on a stream of the driver's
+    (relaxed, so that an allocation may happen meanwhile), the launches go there, and the
+    graph is instantiated, its template destroyed, and launched on that stream."""
+    drv, mock = bindings_driver()
+    drv.begin_capture()
+    drv.launch("f", (1, 1, 1), 256, [], [])
+    graph = drv.end_capture()
+    drv.launch("f", (1, 1, 1), 256, [], [])
+    drv.replay(graph)
+    drv.free_graph(graph)
+    assert [(name, args if name != "cuLaunchKernel" else args[8]) for name, args in mock.calls] == [
+        ("cuStreamCreate", (0,)), ("cuStreamBeginCapture", ("stream", 2)), ("cuLaunchKernel", "stream"),
+        ("cuStreamEndCapture", ("stream",)), ("cuGraphInstantiate", ("graph", 0)), ("cuGraphDestroy", ("graph",)),
+        ("cuLaunchKernel", 0), ("cuGraphLaunch", ("graph exec", "stream")), ("cuGraphExecDestroy", ("graph exec",))]
 
 
 def test_debug_and_assert_finite_on_the_gpu_are_the_cpus(fake, capsys):

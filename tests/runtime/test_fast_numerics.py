@@ -28,25 +28,9 @@ from conftest import dslc, quick  # noqa: E402
 PRODUCT = "def f(a: {t}[B, M, K], b: {t}[K, N]) -> {t}[B, M, N]:\n  return a @ b\n"
 
 
-class Recorded:
-    """A driver that keeps the entry point of each launch."""
-
-    def __init__(self):
-        super().__init__()
-        self.entries: list[str] = []
-
-    def launch(self, fn, grid, block, pointers, integers):
-        self.entries.append(fn[1])
-        return super().launch(fn, grid, block, pointers, integers)
-
-
-class RecordedEmulator(Recorded, EmulatedDriver):
-    pass
-
-
 @pytest.fixture
 def emulated(monkeypatch):
-    return install(monkeypatch, RecordedEmulator())
+    return install(monkeypatch, EmulatedDriver())          # (its entries: each launch run's)
 
 
 def product_program(dtype: str, device: str = "cuda"):
@@ -159,20 +143,17 @@ class FakeTensorCores(FakeDriver):
     TF32 (to nearest, ties away), the products summed in float64, rounded to f32 and then to
     the result's dtype. It is not the hardware's order: what it tests is the plumbing."""
 
-    def launch(self, fn, grid, block, pointers, integers):
+    def run(self, fn, grid, block, pointers, integers):
         (_, entry) = fn
         if not entry.startswith("dslc_mma_"):
-            return super().launch(fn, grid, block, pointers, integers)
+            return super().run(fn, grid, block, pointers, integers)
+        self.entries.append(entry)
         dtype = NUMPY[entry.removeprefix("dslc_mma_")]
         m, n, k, sa, sb, _, batch = integers
         a = device_array(pointers[0], (batch if sa else 1) * m * k, dtype).reshape(-1, m, k)
         b = device_array(pointers[1], (batch if sb else 1) * k * n, dtype).reshape(-1, k, n)
         c = tf32(a).astype(np.float64) @ tf32(b).astype(np.float64)
         device_array(pointers[2], batch * m * n, dtype)[:] = c.astype(np.float32).astype(dtype).reshape(-1)
-
-
-class RecordedFake(Recorded, FakeTensorCores):
-    pass
 
 
 def tf32(x: np.ndarray) -> np.ndarray:
@@ -184,7 +165,7 @@ def tf32(x: np.ndarray) -> np.ndarray:
 
 @pytest.fixture
 def fake(monkeypatch):
-    return install(monkeypatch, RecordedFake())
+    return install(monkeypatch, FakeTensorCores())
 
 
 def test_dslc_run_with_fast_numerics_uses_the_tensor_cores(fake, tmp_path):

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import backend.persistent
 import dsl
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -141,6 +142,30 @@ def test_keys_split_on_the_device_are_the_references(request, driver):
     assert [int(w) for w in dsl.loads(SPLITS, device="cuda").f(dsl.key(0))[0].words] == [0x2DCE73E5, 0x1348E23F]
 
 
+KEYS_AND_NORMALS = """
+def f(k: Key, i: i32, j: i64, u: u32) -> (f32[N], f32[N, 2], Key, Key, Key, Key, Key):
+  a = fold_in(k, i)
+  return (normal(a, [N]), normal(fold_in(k, 3), [N, 2]), a, fold_in(k, j), fold_in(a, u), key(0),
+          key(18446744073709551615))
+"""
+
+
+@pytest.mark.parametrize("driver", ["fake", "emulated"])
+@pytest.mark.parametrize("n", SIZES + [10 ** 5])
+def test_normal_fold_in_and_key_run_on_the_device(request, driver, n):
+    """docs/random.md's bits: f32 normal draws (an odd count keeps a last cosine) from keys
+    folded on the device with an i32, an i64 and a u32 (-1 sign-extended, 2**32 - 1 not), and
+    keys of the smallest and largest seeds, made on the device once."""
+    drv = request.getfixturevalue(driver)
+    args = [dsl.key(n), np.int32(-1), np.int64(-1), np.uint32(2 ** 32 - 1)]
+    src = KEYS_AND_NORMALS.replace("N", str(n))
+    got = on_device(drv, src, "f", args)
+    assert np.asarray(got[2].words).tolist() != np.asarray(got[4].words).tolist()
+    assert [np.asarray(k.words).tolist() for k in got[5:]] == [[0, 0], [2 ** 32 - 1] * 2]
+    if n:
+        assert_same(got[:2], dsl.loads(src, device="reference").f(*args)[:2])
+
+
 # ---------------------------------------------------------------- fold
 
 FOLD = """
@@ -160,18 +185,46 @@ def loss(xs: f32[T, 3, 2], w: f32[2, 2], h0: f32[3, 2]) -> f32:
 
 @pytest.mark.parametrize("driver", ["fake", "emulated"])
 @pytest.mark.parametrize("t", SIZES)
-def test_a_fold_runs_its_body_on_the_device(request, driver, t):
+@pytest.mark.parametrize("persistent", [True, False])
+def test_a_fold_runs_its_body_on_the_device(request, monkeypatch, driver, t, persistent):
     """State, scanned slices and the stacked emits (a tensor and a scalar per step) stay on
-    the device; its gradient (a reverse scan) gives the CPU's bits."""
+    the device; its gradient (a reverse scan) gives the CPU's bits. The body is small: one
+    launch of its persistent kernel, or, with the rule's WORK at 0, its kernels at each step."""
     drv = request.getfixturevalue(driver)
+    if not persistent:
+        monkeypatch.setattr(backend.persistent, "WORK", 0)
     rng = np.random.default_rng(t)
     args = [signed_zeros(rng, t, 3, 2), rng.standard_normal((2, 2)).astype(np.float32),
             signed_zeros(rng, 3, 2)]
-    launches = drv.launches
     on_device(drv, FOLD, "f", args)
-    assert drv.launches - launches >= t          # the body's kernels, at each step
+    del drv.entries[:]
+    dsl.loads(FOLD, device="cuda").f(*args)
+    assert (drv.entries == ["f_b0_fold"]) if persistent else len(drv.entries) >= 2 * t
     got = dsl.loads(FOLD, device="cuda").value_and_grad("loss", wrt=("w", "h0"))(*args)
     assert_same(got, dsl.loads(FOLD, device="cpu").value_and_grad("loss", wrt=("w", "h0"))(*args))
+
+
+RNN = """
+def loss(xs: f32[T, 4, 3], w: f32[3, 5], u: f32[5, 5], h0: f32[4, 5]) -> f32:
+  hs, ss, ms = fold x in xs with h = h0, c = h0:
+    h, c = tanh(x @ w + h @ u - c), c * 0.5 + h
+    return h, sum(h * c), max(c)
+  return sum(hs * hs) + sum(ss) - sum(ms)
+"""
+
+
+@pytest.mark.parametrize("t", [1, 11])
+def test_an_rnns_persistent_folds_give_the_cpus_bits(emulated, t):
+    """Two states (each a function of both), two products a step, reductions, a constant made
+    once and three emitted values: the loss and its gradient (a reverse fold) by one launch
+    of the emulated persistent kernel each."""
+    drv = emulated
+    rng = np.random.default_rng(t)
+    args = [signed_zeros(rng, t, 4, 3)] + [rng.standard_normal(s).astype(np.float32) for s in ((3, 5), (5, 5), (4, 5))]
+    wrt = ("w", "u", "h0")
+    got = dsl.loads(RNN, device="cuda").value_and_grad("loss", wrt=wrt)(*args)
+    assert_same(got, dsl.loads(RNN, device="cpu").value_and_grad("loss", wrt=wrt)(*args))
+    assert len([e for e in drv.entries if e.endswith("_fold")]) == 2
 
 
 def test_the_bindings_driver_copies_device_to_device():
@@ -280,6 +333,7 @@ def test_a_folds_manifest_step_holds_its_bodys_steps(tmp_path, target):
     if target == "ptx":
         ptx = (tmp_path / "kernels.ptx").read_text()
         assert all(f".entry {k['launch']['entry']}(" in ptx for k in manifest["kernels"])
+        assert f".entry {fold['persistent']}(" in ptx          # the body is small
 
 
 # ---------------------------------------------------------------- argmax, argmin
