@@ -447,6 +447,8 @@ class Calls:
                 raise CheckError(wrt_span, f"cannot differentiate with respect to '{name}': {problem}")
             grads.append(strip_origin(v))
         if self.builder is not None:
+            if isinstance(value, UnknownV) or isinstance(aux, UnknownV):
+                return UNKNOWN                     # an error in f, already reported
             value, aux, grads = self.lowered_grad(g, args, kwargs, spans, value, aux)
         grad = TupleV(tuple(grads)) if g.wrt_tuple else grads[0]
         if g.with_value:

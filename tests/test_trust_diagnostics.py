@@ -83,3 +83,13 @@ def test_values_the_language_defines_raise_no_numpy_warning():
         assert prog.k() == np.iinfo(np.int32).min
         got = prog.c(np.array([np.nan, np.inf, -1.5], np.float32))
     assert got.tolist() == [np.iinfo(np.int32).min, np.iinfo(np.int32).min, -1]
+
+
+def test_an_error_in_a_function_reached_only_through_its_gradient_is_a_diagnostic():
+    """Lowering went on with the unknown value the error left (an AttributeError)."""
+    source = ("def loss(w: f32[5, 3], s: int) -> f32:\n"
+              "  return mean(tanh(w) * bernoulli(key(s), 0.8, [5, 3]))\n\n"
+              "def g(w: f32[5, 3], s: int) -> (f32, f32[5, 3]):\n"
+              "  return value_and_grad(loss, wrt=w)(w, s)\n")
+    raises(lambda: dsl.loads(source, name="m.bend").g(np.ones((5, 3), np.float32), 3),
+           "m.bend:2:23: error: cannot mix f32[5, 3] and bool[5, 3] in '*'", "note: in 'loss' called from m.bend:5:10")
