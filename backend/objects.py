@@ -20,7 +20,7 @@ import llvmlite.binding as llvm
 from llvmlite import ir
 
 from backend import cpu
-from backend.llvm import kernel_function
+from backend.llvm import kernel_function, size_free
 from backend.loops import LoopKernel
 from runtime import cache
 
@@ -82,7 +82,8 @@ def pieces(kernels: list[LoopKernel], runs: tuple[cpu.Run, ...]) -> tuple[list[P
         distinct.setdefault(symbol, KernelPiece(dataclasses.replace(anonymous, name=symbol)))
     slots = {k.name: len(k.buffers) for k in kernels}
     for run in runs:
-        anonymous = dataclasses.replace(run, name="", kernels=tuple(symbols[k] for k in run.kernels))
+        anonymous = dataclasses.replace(run.size_free(), name="",
+                                        kernels=tuple(symbols[k] for k in run.kernels))
         sync_slot = run.offsets[-1] + slots[run.kernels[-1]]
         symbol = symbols[run.name] = "r" + _digest(repr((anonymous, sync_slot)))
         distinct.setdefault(symbol, RunPiece(dataclasses.replace(anonymous, name=symbol), sync_slot))
@@ -90,8 +91,10 @@ def pieces(kernels: list[LoopKernel], runs: tuple[cpu.Run, ...]) -> tuple[list[P
 
 
 def _anonymous(k: LoopKernel) -> LoopKernel:
-    """k without its name or its stages' (which name nothing in its code)."""
-    return dataclasses.replace(k, name="", stages=tuple(_anonymous(s) for s in k.stages))
+    """k without its name or its stages' (which name nothing in its code), nor the sizes its
+    code does not read (backend/llvm.py's size_free)."""
+    return size_free(dataclasses.replace(
+        k, name="", stages=tuple(dataclasses.replace(s, name="") for s in k.stages)))
 
 
 def _digest(text: str) -> str:
