@@ -128,7 +128,8 @@ def _run_body(fn: ir.Function, run: Run, entries: list[ir.Function], sync_slot: 
             b.call(entry, [b.gep(table, [c(offset)]), c(0), extent])
         b.ret_void()
     per_thread = b.mul(threads, c(4))
-    for j, (entry, offset, extent, grain) in enumerate(zip(entries, run.offsets, extents, run.grains)):
+    for j, (entry, offset, extent, grain) in enumerate(zip(entries, run.offsets, extents,
+                                                           run.grains)):
         claimed, done = word(LINE * 2 * j), word(LINE * (2 * j + 1))
         units = b.sdiv(b.add(extent, c(grain - 1)), c(grain))
         chunks = _min(b, size(2 * j + 1), per_thread)

@@ -233,7 +233,6 @@ def size_free(k: LoopKernel) -> LoopKernel:
     axis stays: grain reads it."""
     bounded = len(k.shape) > 1 or len(k.shape) == 1 and not (k.is_reduction or k.is_scan)
     buffers = tuple((dtype, ()) for dtype, _ in k.buffers)
-
     shape = lambda kernel: (1,) + kernel.shape[1:] if bounded else kernel.shape
     stages = tuple(dataclasses.replace(s, shape=shape(s), buffers=buffers) for s in k.stages)
     return dataclasses.replace(k, shape=shape(k), buffers=buffers, stages=stages)

@@ -2,9 +2,9 @@
 of its loop IR less its name and the sizes its code does not read (the layers of a model
 repeat the same kernels; so does a new batch size), a run by the kernels it calls and how;
 each piece is cached on disk on its own, so that a changed program recompiles only what
-changed; the pieces not cached are compiled by worker processes beside
-this one (llvmlite holds one lock over every call into LLVM: threads would take turns), then
-linked in one MCJIT engine."""
+changed; the pieces not cached are compiled by worker processes beside this one (llvmlite
+holds one lock over every call into LLVM: threads would take turns), then linked in one MCJIT
+engine."""
 from __future__ import annotations
 
 import contextlib

@@ -125,7 +125,7 @@ class ScanCall:
 Call = RunCall | ProductCall | ScatterCall | TakeCall | CopyCall | ScanCall
 
 
-def module_ir(segments: list[tuple[Call, ...]], sizes_from: int = 0) -> tuple[ir.Module, list[int]]:
+def module_ir(segments: list[tuple[Call, ...]], sizes_from: int) -> tuple[ir.Module, list[int]]:
     """`segment{j}(i64 *frame, i64 threads) -> i64` for each segment, and the sizes its code
     reads from the frame's words sizes_from on: the calls' offsets, lengths and strides, so
     that the module is the same at every batch size (and compiled once)."""
@@ -146,7 +146,8 @@ def compile_segments(segments: list[tuple[Call, ...]], sizes_from: int
     module, sizes = module_ir(segments, sizes_from)
     text = str(module)
     engine = cpu.jit(("step", hashlib.sha256(text.encode()).hexdigest()), lambda: text)
-    return engine, [engine.get_function_address(f"segment{j}") for j in range(len(segments))], sizes
+    addresses = [engine.get_function_address(f"segment{j}") for j in range(len(segments))]
+    return engine, addresses, sizes
 
 
 class _Segment:

@@ -1,8 +1,9 @@
 """A new batch size of a compiled program (docs/cpu.md, "Sizes at run time"): its kernels,
 runs and native steps are the ones compiled at another size, and give the bits that a process
 compiling the program at that size alone gives, near the interpreter's values; only
-kernels whose code reads the batch size (a reduction over it) are compiled again. Each program runs in a child process of its own
-compile cache, where a crash is a finding rather than the end of the run."""
+kernels whose code reads the batch size (a reduction over it) are compiled again. Each program
+runs in a child process of its own compile cache, where a crash is a finding rather than the
+end of the run."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -71,7 +72,8 @@ def runs(case: tuple) -> dict:
 def children(tmp_path_factory) -> tuple[dict, dict]:
     """The program at every size in one process, and at each size in a process of its own."""
     folder = tmp_path_factory.mktemp("sizes")
-    cases = [(str(folder / "together"), SIZES)] + [(str(folder / f"b{n}"), (n,)) for n in SIZES[:-1]]
+    cases = [(str(folder / "together"), SIZES)]
+    cases += [(str(folder / f"b{n}"), (n,)) for n in SIZES[:-1]]
     done = {}
     for case, outcome, value in isolated(runs, cases, timeout=900, jobs=2):
         assert outcome == "ok", (case, outcome, value)
