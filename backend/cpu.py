@@ -4,6 +4,7 @@ kernels are called through one function each."""
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import threading
 from dataclasses import dataclass
 from typing import Callable
@@ -53,7 +54,9 @@ def machine_key(opt: int) -> tuple[str, ...]:
 class Run:
     """Kernels called one after another by one function, `name(i8** table, i64 thread,
     i64 threads)`, a task of backend/team.py: kernel i gets the table from offsets[i] on and
-    ranges of [0, extents[i]). One call from Python, not one per kernel."""
+    ranges of [0, extents[i]). One call from Python, not one per kernel. The extents and the
+    chunks are read from the table (size_words), not built into the code: a run's code serves
+    every batch size."""
     name: str
     kernels: tuple[str, ...]
     offsets: tuple[int, ...]
@@ -61,10 +64,18 @@ class Run:
     chunks: tuple[int, ...]         # the most chunks each kernel is worth cutting into
     grains: tuple[int, ...]         # what each kernel's chunks start on a multiple of
 
+    def size_words(self) -> tuple[int, ...]:
+        """The table's words after its synchronisation slot: each kernel's extent and chunks."""
+        return tuple(word for pair in zip(self.extents, self.chunks) for word in pair)
+
+    def size_free(self) -> Run:
+        """The run less what its code reads from the table."""
+        return dataclasses.replace(self, extents=(), chunks=())
+
 
 # How the threads of a run share it (a call for one thread runs the kernels whole, touching
-# nothing else): the table's last slot points at zeroed i64 words, each counter on its own
-# cache line. Each kernel's range is cut into chunks (up to 4 a thread, no more than
+# nothing else): the table's slot after the kernels' points at zeroed i64 words, each counter
+# on its own cache line. Each kernel's range is cut into chunks (up to 4 a thread, no more than
 # Run.chunks) that threads claim by an atomic add on the kernel's `claimed` counter;
 # a chunk's points are computed whole by whoever claims it, so the bits do not depend on the
 # threads. Nobody starts kernel i + 1 before kernel i's `done` counter reaches its chunks.
@@ -110,23 +121,25 @@ def _run_body(fn: ir.Function, run: Run, entries: list[ir.Function], sync_slot: 
     c = lambda n: ir.Constant(I64, n)
     words = b.bitcast(b.load(b.gep(table, [c(sync_slot)])), I64.as_pointer())
     word = lambda i: b.gep(words, [c(i)])
+    size = lambda i: b.ptrtoint(b.load(b.gep(table, [c(sync_slot + 1 + i)])), I64)
+    extents = [size(2 * j) for j in range(len(entries))]
     with b.if_then(b.icmp_signed("==", threads, c(1))):      # alone: no counters, no waits
-        for entry, offset, extent in zip(entries, run.offsets, run.extents):
-            b.call(entry, [b.gep(table, [c(offset)]), c(0), c(extent)])
+        for entry, offset, extent in zip(entries, run.offsets, extents):
+            b.call(entry, [b.gep(table, [c(offset)]), c(0), extent])
         b.ret_void()
     per_thread = b.mul(threads, c(4))
-    for j, (entry, offset, extent, most, grain) in enumerate(zip(entries, run.offsets, run.extents,
-                                                                  run.chunks, run.grains)):
+    for j, (entry, offset, extent, grain) in enumerate(zip(entries, run.offsets, extents,
+                                                           run.grains)):
         claimed, done = word(LINE * 2 * j), word(LINE * (2 * j + 1))
-        units = c(-(-extent // grain))
-        chunks = _min(b, c(most), per_thread)
+        units = b.sdiv(b.add(extent, c(grain - 1)), c(grain))
+        chunks = _min(b, size(2 * j + 1), per_thread)
         head, body, after = (b.append_basic_block(f"k{j}_{x}") for x in ("claim", "chunk", "done"))
         b.branch(head)
         b.position_at_end(head)
         chunk = b.atomic_rmw("add", claimed, c(1), "monotonic")
         b.cbranch(b.icmp_signed("<", chunk, chunks), body, after)
         b.position_at_end(body)
-        lo, hi = (_min(b, b.mul(b.sdiv(b.mul(units, at), chunks), c(grain)), c(extent))
+        lo, hi = (_min(b, b.mul(b.sdiv(b.mul(units, at), chunks), c(grain)), extent)
                   for at in (chunk, b.add(chunk, c(1))))
         b.call(entry, [b.gep(table, [c(offset)]), lo, hi])
         b.atomic_rmw("add", done, c(1), "release")

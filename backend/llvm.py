@@ -9,6 +9,7 @@ computes it, so results do not depend on the thread count. Scalar operations are
 from the exact-mode math library (backend/mathlib.py), never from LLVM intrinsics or libm."""
 from __future__ import annotations
 
+import dataclasses
 from math import prod
 from typing import Any, Callable
 
@@ -225,6 +226,18 @@ def kernel_function(module: ir.Module, k: LoopKernel) -> ir.Function:
     return fn
 
 
+def size_free(k: LoopKernel) -> LoopKernel:
+    """k less what kernel_function does not read: its buffers' shapes and, where the caller's
+    range [lo, hi) bounds it, its first axis's extent (1 here), so that the kernels of a
+    program at two batch sizes are one piece of code. A reduction's or a scan's single kept
+    axis stays: grain reads it."""
+    bounded = len(k.shape) > 1 or len(k.shape) == 1 and not (k.is_reduction or k.is_scan)
+    buffers = tuple((dtype, ()) for dtype, _ in k.buffers)
+    shape = lambda kernel: (1,) + kernel.shape[1:] if bounded else kernel.shape
+    stages = tuple(dataclasses.replace(s, shape=shape(s), buffers=buffers) for s in k.stages)
+    return dataclasses.replace(k, shape=shape(k), buffers=buffers, stages=stages)
+
+
 def grain(k: LoopKernel) -> int:
     """What the start of a thread's range should be a multiple of, for speed alone: LANES
     for a reduction whose result points are reduced LANES at a time side by side (where its
@@ -240,12 +253,13 @@ def grain(k: LoopKernel) -> int:
 
 
 def unravel(b: ir.IRBuilder, flat: ir.Value, shape: tuple[int, ...]) -> list[ir.Value]:
-    """The index of position `flat` in a row-major space of `shape`."""
+    """The index of position `flat` (< the space's size) in a row-major space of `shape`; the
+    first axis's extent is not read (see size_free)."""
     index, rest = [], flat
-    for d in reversed(shape):
+    for d in reversed(shape[1:]):
         index.append(b.urem(rest, ir.Constant(I64, d)))
         rest = b.udiv(rest, ir.Constant(I64, d))
-    return index[::-1]
+    return [rest] + index[::-1] if shape else []
 
 
 def loop(b: ir.IRBuilder, start: ir.Value, stop: ir.Value, body: Callable[[ir.Value], None],

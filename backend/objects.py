@@ -1,9 +1,10 @@
 """A program's object code, made once for each distinct piece: a kernel is named by a digest
-of its loop IR less its name (the layers of a model repeat the same kernels), a run by the
-kernels it calls and how; each piece is cached on disk on its own, so that a changed program
-recompiles only what changed; the pieces not cached are compiled by worker processes beside
-this one (llvmlite holds one lock over every call into LLVM: threads would take turns), then
-linked in one MCJIT engine."""
+of its loop IR less its name and the sizes its code does not read (the layers of a model
+repeat the same kernels; so does a new batch size), a run by the kernels it calls and how;
+each piece is cached on disk on its own, so that a changed program recompiles only what
+changed; the pieces not cached are compiled by worker processes beside this one (llvmlite
+holds one lock over every call into LLVM: threads would take turns), then linked in one MCJIT
+engine."""
 from __future__ import annotations
 
 import contextlib
@@ -20,7 +21,7 @@ import llvmlite.binding as llvm
 from llvmlite import ir
 
 from backend import cpu
-from backend.llvm import kernel_function
+from backend.llvm import kernel_function, size_free
 from backend.loops import LoopKernel
 from runtime import cache
 
@@ -82,7 +83,8 @@ def pieces(kernels: list[LoopKernel], runs: tuple[cpu.Run, ...]) -> tuple[list[P
         distinct.setdefault(symbol, KernelPiece(dataclasses.replace(anonymous, name=symbol)))
     slots = {k.name: len(k.buffers) for k in kernels}
     for run in runs:
-        anonymous = dataclasses.replace(run, name="", kernels=tuple(symbols[k] for k in run.kernels))
+        anonymous = dataclasses.replace(run.size_free(), name="",
+                                        kernels=tuple(symbols[k] for k in run.kernels))
         sync_slot = run.offsets[-1] + slots[run.kernels[-1]]
         symbol = symbols[run.name] = "r" + _digest(repr((anonymous, sync_slot)))
         distinct.setdefault(symbol, RunPiece(dataclasses.replace(anonymous, name=symbol), sync_slot))
@@ -90,8 +92,10 @@ def pieces(kernels: list[LoopKernel], runs: tuple[cpu.Run, ...]) -> tuple[list[P
 
 
 def _anonymous(k: LoopKernel) -> LoopKernel:
-    """k without its name or its stages' (which name nothing in its code)."""
-    return dataclasses.replace(k, name="", stages=tuple(_anonymous(s) for s in k.stages))
+    """k without its name or its stages' (which name nothing in its code), nor the sizes its
+    code does not read (backend/llvm.py's size_free)."""
+    return size_free(dataclasses.replace(
+        k, name="", stages=tuple(dataclasses.replace(s, name="") for s in k.stages)))
 
 
 def _digest(text: str) -> str:

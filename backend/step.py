@@ -125,27 +125,36 @@ class ScanCall:
 Call = RunCall | ProductCall | ScatterCall | TakeCall | CopyCall | ScanCall
 
 
-def module_ir(segments: list[tuple[Call, ...]]) -> ir.Module:
-    """`segment{j}(i64 *frame, i64 threads) -> i64` for each segment."""
+def module_ir(segments: list[tuple[Call, ...]], sizes_from: int) -> tuple[ir.Module, list[int]]:
+    """`segment{j}(i64 *frame, i64 threads) -> i64` for each segment, and the sizes its code
+    reads from the frame's words sizes_from on: the calls' offsets, lengths and strides, so
+    that the module is the same at every batch size (and compiled once)."""
     module = ir.Module(name="dslc_step")
     module.triple = cpu.llvm.get_default_triple()
+    sizes: list[int] = []
     for j, calls in enumerate(segments):
         fn = ir.Function(module, ir.FunctionType(I64, [I64.as_pointer(), I64]), name=f"segment{j}")
         fn.args[0].add_attribute("noalias")
-        _Segment(fn).emit(calls)
-    return module
+        _Segment(fn, sizes, sizes_from).emit(calls)
+    return module, sizes
 
 
-def compile_segments(segments: list[tuple[Call, ...]]) -> tuple[object, list[int]]:
-    """The engine that holds the segments' code (keep it alive) and each one's address."""
-    text = str(module_ir(segments))
+def compile_segments(segments: list[tuple[Call, ...]], sizes_from: int
+                     ) -> tuple[object, list[int], list[int]]:
+    """The engine that holds the segments' code (keep it alive), each one's address, and the
+    sizes the frame holds from word sizes_from on."""
+    module, sizes = module_ir(segments, sizes_from)
+    text = str(module)
     engine = cpu.jit(("step", hashlib.sha256(text.encode()).hexdigest()), lambda: text)
-    return engine, [engine.get_function_address(f"segment{j}") for j in range(len(segments))]
+    addresses = [engine.get_function_address(f"segment{j}") for j in range(len(segments))]
+    return engine, addresses, sizes
 
 
 class _Segment:
-    def __init__(self, fn: ir.Function):
+    def __init__(self, fn: ir.Function, sizes: list[int], sizes_from: int):
         self.frame, self.threads = fn.args
+        self.top = self.frame                   # the segment's frame, where the sizes are
+        self.sizes, self.sizes_from = sizes, sizes_from
         self.b = ir.IRBuilder(fn.append_basic_block("entry"))
         self.failed = fn.append_basic_block("failed")
         ir.IRBuilder(self.failed).ret(ir.Constant(I64, 1))
@@ -171,11 +180,17 @@ class _Segment:
     def word(self, i: int) -> ir.Value:
         return self.b.load(self.b.gep(self.frame, [ir.Constant(I64, i)]))
 
+    def size(self, n: int) -> ir.Value:
+        """n, read from the segment's frame: a size, which the code does not hold."""
+        self.sizes.append(n)
+        at = ir.Constant(I64, self.sizes_from + len(self.sizes) - 1)
+        return self.b.load(self.b.gep(self.top, [at]))
+
     def pointer(self, i: int, type_: ir.Type = I8P) -> ir.Value:
         return self.b.inttoptr(self.word(i), type_)
 
     def address(self, ref: Ref) -> ir.Value:
-        return self.b.add(self.word(ref.word), ir.Constant(I64, ref.offset))
+        return self.b.add(self.word(ref.word), self.size(ref.offset))
 
     def store(self, value: ir.Value, base: ir.Value, slot: int) -> None:
         self.b.store(value, self.b.gep(base, [ir.Constant(I64, slot)]))
@@ -217,7 +232,7 @@ class _Segment:
         self.store(ir.Constant(I64, 0), block, ARGUMENTS)         # the job counter
         task = self.pointer(call.task, _TASK.as_pointer())
         argument = b.bitcast(block, I8P)
-        parts = ir.Constant(I64, call.parts)
+        parts = self.size(call.parts)
         parts = b.select(b.icmp_signed("<", self.threads, parts), self.threads, parts)
         with b.if_else(b.icmp_signed("<=", parts, ir.Constant(I64, 1))) as (one, many):
             with one:
@@ -234,35 +249,39 @@ class _Segment:
         type_ = ir.FunctionType(I64, [I8P] * len(call.operands) + [I64] * len(call.sizes))
         fn = self.pointer(call.function, type_.as_pointer())
         bad = b.call(fn, [b.inttoptr(self.address(r), I8P) for r in call.operands] +
-                     [ir.Constant(I64, n) for n in call.sizes])
+                     [self.size(n) for n in call.sizes])
         go_on = b.append_basic_block("scattered")
         b.cbranch(b.icmp_signed(">=", bad, ir.Constant(I64, 0)), self.failed, go_on)
         b.position_at_end(go_on)
 
-    def copy_bytes(self, destination: ir.Value, source: ir.Value, size: int) -> None:
+    def copy_bytes(self, destination: ir.Value, source: ir.Value, size: ir.Value) -> None:
         b = self.b
         b.call(self.memcpy, [b.inttoptr(destination, I8P), b.inttoptr(source, I8P),
-                             ir.Constant(I64, size), ir.Constant(ir.IntType(1), 0)])
+                             size, ir.Constant(ir.IntType(1), 0)])
 
     def copy(self, call: CopyCall) -> None:
         b = self.b
         source, destination = self.address(call.source), self.address(call.destination)
-        (from_, to) = (ir.Constant(I64, s) for s in call.strides)
-        loop(b, ir.Constant(I64, 0), ir.Constant(I64, call.rows), lambda r: self.copy_bytes(
-            b.add(destination, b.mul(r, to)), b.add(source, b.mul(r, from_)), call.row))
+        (from_, to), row = (self.size(s) for s in call.strides), self.size(call.row)
+        loop(b, ir.Constant(I64, 0), self.size(call.rows), lambda r: self.copy_bytes(
+            b.add(destination, b.mul(r, to)), b.add(source, b.mul(r, from_)), row))
 
     def scan(self, call: ScanCall) -> None:
         b = self.b
         outer, body = self.frame, self.pointer(call.body, I64.as_pointer())
-        last = ir.Constant(I64, call.length - 1)
+        length = self.size(call.length)
+        last = b.sub(length, ir.Constant(I64, 1))
         zero = ir.Constant(I64, 0)
+        sequences = [(ref, self.size(stride)) for ref, stride in call.sequences]
+        emits = [(ref, self.size(stride)) for ref, stride in call.emits]
+        copies = [self.size(size) for _, _, size in call.results]
 
         def even(n: ir.Value) -> ir.Value:
             return b.icmp_signed("==", b.and_(n, ir.Constant(I64, 1)), zero)
 
         def step(k: ir.Value) -> None:
             t = b.sub(last, k) if call.reverse else k
-            at = lambda ref, stride: b.add(self.address(ref), b.mul(t, ir.Constant(I64, stride)))
+            at = lambda ref, stride: b.add(self.address(ref), b.mul(t, stride))
             finals = [self.address(s.final) for s in call.states]
             spares = [self.word(s.spare) for s in call.states]
             # step k writes the final buffer where length - 1 - k is even, and reads what step
@@ -271,10 +290,10 @@ class _Segment:
             first = b.icmp_signed("==", k, zero)
             values = [b.select(first, self.address(s.initial), b.select(read, f, x))
                       for s, f, x in zip(call.states, finals, spares)]
-            values += [at(ref, stride) for ref, stride in call.sequences]
+            values += [at(ref, stride) for ref, stride in sequences]
             values += [self.address(ref) for ref in call.constants]
             destinations = [b.select(writing, f, x) for f, x in zip(finals, spares)]
-            destinations += [at(ref, stride) for ref, stride in call.emits]
+            destinations += [at(ref, stride) for ref, stride in emits]
             self.frame = body
             for word, value in zip(call.params, values):
                 self.store(value, body, word)
@@ -282,9 +301,9 @@ class _Segment:
                 if not copied:
                     self.store(destination, body, word)
             self.calls(call.calls)
-            for (word, copied, size), destination in zip(call.results, destinations):
+            for (word, copied, _), size, destination in zip(call.results, copies, destinations):
                 if copied:
                     self.copy_bytes(destination, self.word(word), size)
             self.frame = outer
 
-        loop(b, zero, ir.Constant(I64, call.length), step)
+        loop(b, zero, length, step)

@@ -284,8 +284,8 @@ class _Arena:
 class _RunLaunch:
     """How a run is called: its function (and its address, for the team), the kernels'
     argument slots end to end (the ones the arena does not fix filled each call), the values
-    it allocates, the elements its kernels visit in all (whether it is worth sharing) and its
-    kernels."""
+    it allocates, the elements its kernels visit in all (whether it is worth sharing), its
+    kernels and the sizes its table holds (backend/cpu.py's Run.size_words)."""
     fn: Callable
     address: int
     args: tuple[Value, ...]
@@ -293,6 +293,7 @@ class _RunLaunch:
     fresh: tuple[Value, ...]
     work: int
     kernels: int
+    sizes: tuple[int, ...]
 
     @staticmethod
     def of(run: Run, steps: list[KernelStep], memory: Memory, compiled: Compiled) -> _RunLaunch:
@@ -301,10 +302,11 @@ class _RunLaunch:
         return _RunLaunch(fn, ctypes.cast(fn, ctypes.c_void_p).value, args,
                           tuple((i, v) for i, v in enumerate(args) if v not in memory.offsets),
                           tuple(v for s in steps for v in s.writes if v not in memory.offsets),
-                          sum(_work(s.kernel) for s in steps), len(steps))
+                          sum(_work(s.kernel) for s in steps), len(steps), run.size_words())
 
     def pointers(self, views: dict[Value, np.ndarray]) -> _RunTable:
-        return _RunTable(_table(self.args + (None,), views), self.kernels)
+        return _RunTable(_table(self.args + (None,) * (1 + len(self.sizes)), views), self.kernels,
+                         self.sizes)
 
     def __call__(self, env: dict[Value, np.ndarray], pointers: _RunTable, threads: int) -> None:
         self.bind(env, pointers)
@@ -366,14 +368,16 @@ class _ContractLaunch:
 
 
 class _RunTable:
-    """A run's argument table in one arena, whose last slot points at the run's
-    synchronisation words (backend/cpu.py)."""
+    """A run's argument table in one arena, ending in the slot that points at the run's
+    synchronisation words and the run's sizes (backend/cpu.py)."""
 
-    def __init__(self, table: ctypes.Array, kernels: int):
+    def __init__(self, table: ctypes.Array, kernels: int, sizes: tuple[int, ...]):
         self.table = table
         self.address = ctypes.addressof(table)
         self.words = np.zeros(sync_words(kernels), np.int64)
-        table[-1] = self.words.ctypes.data
+        sync = len(table) - 1 - len(sizes)
+        table[sync] = self.words.ctypes.data
+        table[sync + 1:] = sizes
 
 
 def _table(args: tuple[Value | None, ...], views: dict[Value, np.ndarray]) -> ctypes.Array:

@@ -331,7 +331,10 @@ class NativeStep:
         native = [c for x in items if not isinstance(x, InPython)
                   if len(c := tuple(c for c in x if not isinstance(c, _Placed))) > 1
                   or c and not isinstance(c[0], RunCall)]
-        self.engine, addresses = compile_segments(native) if native else (None, [])
+        self.engine, addresses, sizes = (compile_segments(native, self.size) if native
+                                         else (None, [], []))
+        for n in sizes:                         # (the words from self.size on, in order)
+            self._static(lambda arena, frame, n=n: n)
         functions = dict(zip(native, map(SegmentFn, addresses)))
         made: list[Native | InPython] = []
         for x in items:

@@ -1,0 +1,110 @@
+"""A new batch size of a compiled program (docs/cpu.md, "Sizes at run time"): its kernels,
+runs and native steps are the ones compiled at another size, and give the bits that a process
+compiling the program at that size alone gives, near the interpreter's values; only
+kernels whose code reads the batch size (a reduction over it) are compiled again. Each program
+runs in a child process of its own compile cache, where a crash is a finding rather than the
+end of the run."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import isolated
+
+SOURCE = """
+from nn import gelu, layer_norm, softmax
+
+def forward(w1: f32[D, H], b1: f32[H], w2: f32[H, V], x: f32[B, D]) -> f32[B, V]:
+  return softmax(layer_norm(gelu(x @ w1 + b1)) @ w2)
+
+def loss(w1: f32[D, H], b1: f32[H], w2: f32[H, V], x: f32[B, D]) -> f32:
+  p = forward(w1, b1, w2, x)
+  return sum(p * p)
+
+def gradient(w1: f32[D, H], b1: f32[H], w2: f32[H, V], x: f32[B, D]) -> (f32[D, H], f32[H], f32[H, V]):
+  return grad(loss, wrt=(w1, b1, w2))(w1, b1, w2, x)
+"""
+D, H, V = 32, 256, 48
+# a size whose runs the threads share (runtime/cpu.py's MIN_RUN_WORK), a prime, an empty batch,
+# one row, and a size met before; the first compiles the program and the thread team
+SIZES = (2053, 7, 0, 1, 16)
+ENTRIES = ("forward", "gradient")
+
+
+def weights() -> list[np.ndarray]:
+    r = np.random.default_rng(0)
+    return [(r.standard_normal(s) * 0.2).astype(np.float32) for s in ((D, H), (H,), (H, V))]
+
+
+def x_of(batch: int) -> np.ndarray:
+    return np.random.default_rng(batch).standard_normal((batch, D)).astype(np.float32)
+
+
+def objects(folder: str) -> int:
+    """The pieces of object code compiled into a cache folder so far (runtime/cache.py)."""
+    return sum(1 for _ in Path(folder).rglob("*.o"))
+
+
+def bits(out) -> list[bytes]:
+    return [np.asarray(a).tobytes() for a in (out if isinstance(out, tuple) else (out,))]
+
+
+def runs(case: tuple) -> dict:
+    """In a child, on 2 threads with its own cache folder case[0]: each entry called at each
+    size of case[1] in turn; for each call, its results' bytes and the pieces it compiled."""
+    import os
+    folder, sizes = case
+    os.environ.update(DSLC_CACHE_DIR=folder, DSLC_THREADS="2")
+    import dsl
+    prog = dsl.loads(SOURCE, device="cpu")
+    done = {}
+    for batch in sizes:
+        for entry in ENTRIES:
+            before = objects(folder)
+            out = getattr(prog, entry)(*weights(), x_of(batch))
+            done[entry, batch] = {"bits": bits(out), "compiled": objects(folder) - before}
+    return done
+
+
+@pytest.fixture(scope="module")
+def children(tmp_path_factory) -> tuple[dict, dict]:
+    """The program at every size in one process, and at each size in a process of its own."""
+    folder = tmp_path_factory.mktemp("sizes")
+    cases = [(str(folder / "together"), SIZES)]
+    cases += [(str(folder / f"b{n}"), (n,)) for n in SIZES[:-1]]
+    done = {}
+    for case, outcome, value in isolated(runs, cases, timeout=900, jobs=2):
+        assert outcome == "ok", (case, outcome, value)
+        done.update({(case[1] if len(case[1]) == 1 else None, *k): v for k, v in value.items()})
+    together = {k[1:]: v for k, v in done.items() if k[0] is None}
+    return together, {k[1:]: v for k, v in done.items() if k[0] is not None}
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+@pytest.mark.parametrize("batch", SIZES[:-1])
+def test_every_batch_size_in_one_process_gives_the_bits_of_a_fresh_process(children, entry, batch):
+    together, alone = children
+    assert together[entry, batch]["bits"] == alone[entry, batch]["bits"]
+    # near the interpreter, whose exp and erf are NumPy's, not the exact-mode library's: a
+    # gradient's sums over 2053 rows carry their few ulps' difference (docs/numerics.md)
+    import dsl
+    definition = getattr(dsl.loads(SOURCE, device="reference"), entry)(*weights(), x_of(batch))
+    for got, want in zip(alone[entry, batch]["bits"], bits(definition)):
+        got, want = np.frombuffer(got, np.float32), np.frombuffer(want, np.float32)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6 * np.abs(want).max(initial=0))
+
+
+def test_a_new_batch_size_compiles_no_kernel(children):
+    together, _ = children
+    assert together["forward", 2053]["compiled"] > 0
+    assert together["forward", 7]["compiled"] == together["forward", 16]["compiled"] == 0
+
+
+def test_a_reduction_over_the_batch_is_what_a_gradient_compiles_again(children):
+    together, _ = children
+    # the bias's gradient and the loss's sum (reductions over the batch) and their runs read
+    # the batch size; the products, the rows and the maps are the ones compiled at 2053
+    first, new = (together["gradient", n]["compiled"] for n in (2053, 7))
+    assert 0 < new <= 4 < first
