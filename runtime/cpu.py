@@ -67,8 +67,8 @@ class Executable:
     """An IR function compiled for the host: its plan, its kernels, its buffer plan, and the
     executables of the scan and checkpoint bodies it holds."""
 
-    def __init__(self, fn: Function, name: str = "k"):
-        self.plan, self.memory = _planned(fn, name)
+    def __init__(self, fn: Function, name: str = "k", planned: tuple[Plan, Memory] | None = None):
+        self.plan, self.memory = planned or _planned(fn, name)
         self.function = fn = self.plan.function
         steps = self.plan.steps
         # what needs no input is made once: constants, zeros, aranges (never written to)
@@ -171,15 +171,18 @@ class _Host:
                 for v in exe.function.results]
 
 
+def plan(fn: Function, name: str) -> tuple[Plan, Memory]:
+    """fn's plan and buffer plan (the plan holds its own copy of the function, which the
+    executable then runs)."""
+    made = schedule(for_backends(fn), name)
+    return made, plan_memory(made)
+
+
 def _planned(fn: Function, name: str) -> tuple[Plan, Memory]:
-    """fn's plan and buffer plan, from the on-disk cache when this scheduler planned exactly
-    this function before (the plan holds its own copy of the function, which the executable
-    then runs)."""
-    def plan() -> tuple[Plan, Memory]:
-        made = schedule(for_backends(fn), name)
-        return made, plan_memory(made)
+    """plan(fn, name), from the on-disk cache when this scheduler planned exactly this function
+    before."""
     k = cache.key("plan", cache.code_digest("backend", "ir"), name, _digest(fn))
-    return cache.memo(k, plan)
+    return cache.memo(k, lambda: plan(fn, name))
 
 
 def _digest(fn: Function) -> str:
