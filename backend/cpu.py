@@ -165,7 +165,7 @@ def jit(key: tuple[str, ...], build: Callable[[], ir.Module | str]) -> llvm.Exec
     name everything the module depends on) for this backend's code, the IR's (where the
     primitives' scalar bodies are) and this machine: then build() is not even called."""
     machine = target_machine()
-    k = cache.key(*key, *machine_key(3))
+    k = jit_key(key)
     cached = cache.load(k)
     if cached is not None:
         engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), machine)
@@ -178,6 +178,11 @@ def jit(key: tuple[str, ...], build: Callable[[], ir.Module | str]) -> llvm.Exec
         engine.set_object_cache(lambda _, data: cache.store(k, data), lambda _: None)
     engine.finalize_object()
     return engine
+
+
+def jit_key(key: tuple[str, ...]) -> str:
+    """The compile cache's key of the object code jit(key, …) makes."""
+    return cache.key(*key, *machine_key(3))
 
 
 class Compiled:
