@@ -21,7 +21,7 @@ from dsl.inputs import (COMPILED, MAX_BYTES, Inputs, abstract_inputs, bind_pytho
 from dsl.specialisations import Specialisation, Specialisations, kept_per_entry
 from dsl.values import unflatten
 from frontend import ast
-from frontend.check import Checker, deep, raise_collected
+from frontend.check import Checker, deep, raise_collected, without_gc
 from frontend.calls import _not_differentiable
 from frontend.diagnostics import CheckError, DslError, Note, Source, did_you_mean
 from frontend.lower import Layout, LoweringError, flatten, trained_leaves
@@ -174,7 +174,9 @@ class Program:
         def compiled(fn: Function):
             check_sizes(span, name, fn, memory_bytes(), "an array may take here (the smaller "
                         "of 2**40 and this machine's memory)")
-            return self.executable(fn)
+            # (the backend, like the front end, makes many objects and few cycles worth
+            # collecting before it is done: collections would cost a sixth of its Python time)
+            return without_gc(lambda: self.executable(fn))()
         try:
             return spec.executable(grad, compiled).run(arrays)
         except interp.EvalError as e:
@@ -546,7 +548,7 @@ class Program:
         if isinstance(found, Stored) and isinstance(found.lowered, Lowered):
             self._stored[found.lowered.function] = found
             return found.lowered
-        low = deep(lambda: self._lower(d, b, inputs))
+        low = deep(without_gc(lambda: self._lower(d, b, inputs)))
         entry = self._stored[low.function] = Stored(k, low, None)
         if self.device != "cpu":            # on the CPU, stored with its plan at the first call
             cache.store_value(k, entry)
