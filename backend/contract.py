@@ -24,12 +24,12 @@ nothing.
 Tiles: the register tile is mr rows × 1 to nv vectors; each tile of C runs the narrowest
 tile function that covers its columns, and reads and writes C through masks (rows past M,
 lanes past N), so an edge of C costs neither a copy nor a whole tile's work. A job of at most
-mr rows (a matrix-vector product: a decoder's token) packs nothing: one-row tiles of up to
-ROW_VECTORS vectors read A and B in place where B's rows are contiguous, and tiles of mr rows
+mr rows (a matrix-vector product: a decoder's token) packs nothing: where B's rows are
+contiguous it streams STREAM_ROWS of them at a time across all its columns, and tiles of mr rows
 read a transposed B (x @ W.T: a tied embedding's logits) in blocks of width × width that they
-transpose in registers. A job whose K block of B (rows contiguous) fits in a quarter of L2
-(Tiles.in_place_bytes: the products of a 64³ and of a GPT's layers) packs nothing either: tiles
-of mr rows read A and B in place, B's rows as vectors, only a tile's last vector through a mask.
+transpose in registers. A job whose K block of B (rows contiguous) fits in half of L1
+(Tiles.in_place_bytes: a 64³, an attention head's products) packs nothing either: tiles of mr
+rows read A and B in place, B's rows as vectors, only a tile's last vector through a mask.
 
 Threads: C is cut into jobs (one batch entry × a block of rows × a block of columns, each
 running the whole K loop of its elements; about JOBS_PER_THREAD per thread where the shape
@@ -83,10 +83,14 @@ UNROLL = 4      # k steps per trip of the register tile's main loop
 JOBS_PER_THREAD = 4   # so that a thread the OS holds up leaves a share to the others
 MIN_JOB_ROWS = 96     # each job packs its B panel: fewer rows would not pay for it
 PACK_ROWS = 16  # rows of a B of general strides packed per pass (a cache line of f32)
-ROW_VECTORS = 8     # the one-row tile's vectors: 8 independent fma chains
+STREAM_ROWS = 4     # rows of B a matrix-vector product streams at once (4 fmas a load of C)
 COLUMN_VECTORS = 1  # the transposed-B tile's vectors: its width × width transpose fills the registers
 LAYOUTS = 256       # operand layouts a Matmul remembers (then it forgets them all)
 ARGUMENTS = 18      # NAME.task's array: A … b_col, scratch, next_job, epilogue, epilogue_table
+MIN_MULTIPLY_ADDS_PER_THREAD = 1 << 20     # a product's threads get at least this many
+                                           # (NAME.direct has it compiled in)
+MATRIX_VECTOR_COST = 16     # a product of one row tile's fmas cost about this many of a blocked
+                            # product's (they wait on loads of B from memory)
 
 
 @dataclass(frozen=True)
@@ -101,7 +105,7 @@ class Tiles:
     kc: int
     mc: int
     nc: int
-    in_place_bytes: int = 1 << 18
+    in_place_bytes: int = 1 << 15
 
     def __post_init__(self):
         if self.mc % self.mr or self.nc % self.nr:
@@ -121,8 +125,9 @@ def host_tiles(dtype: str) -> Tiles:
     """Tiles for this machine, measured on a Zen 4 (AVX-512, 32 KiB L1d, 1 MiB L2): a 6 × 4-vector
     tile (24 accumulators, 4 B vectors and a broadcast in 32 registers; B rows of 4 lines), a
     K block of 512 (C is reloaded once per 512 fmas) and a B panel of about 1 MiB; a K block of
-    B of up to 256 KiB read in place (5–15% faster than packing it from 64³ to 1024×512×128,
-    10% slower at 1 MiB). Without AVX-512 (16 registers) the 6 × 2-vector Haswell tile."""
+    B of up to 32 KiB read in place (64³: 10% faster than packing it; at 64 KiB, 1024×128×128,
+    and 256 KiB, 1024×512×128, packing it is 15% faster). Without AVX-512 (16 registers) the
+    6 × 2-vector Haswell tile."""
     features = llvm.get_host_cpu_features()
     vector_bytes = 64 if features.get("avx512f") else 32 if features.get("avx") else 16
     width = vector_bytes // SIZE[dtype]
@@ -367,8 +372,6 @@ def build_matmul(module: ir.Module, name: str, dtype: str, tiles: Tiles | None =
     t = tiles or host_tiles(dtype)
     tiles_by_width = [_build_tile(module, f"{name}.tile{nv}", dtype, t, nv)
                       for nv in range(1, t.nv + 1)]
-    rows_by_width = [_build_tile(module, f"{name}.row{nv}", dtype, t, nv, "rows", 1)
-                     for nv in range(1, ROW_VECTORS + 1)]
     in_place_by_width = [_build_tile(module, f"{name}.in_place{nv}", dtype, t, nv, "rows")
                          for nv in range(1, t.nv + 1)]
     columns_by_width = [_build_tile(module, f"{name}.columns{nv}", dtype, t, nv, "columns")
@@ -446,17 +449,18 @@ def build_matmul(module: ir.Module, name: str, dtype: str, tiles: Tiles | None =
                 lo = b.add(first_row, i)
                 b.call(epilogue, [epilogue_table, lo, b.add(lo, m)])
 
-        _job(e, (tiles_by_width, rows_by_width, columns_by_width, in_place_by_width),
+        _job(e, (tiles_by_width, columns_by_width, in_place_by_width),
              (a_base, a_row, a_col),
              (b_base, b_row, b_col), c_base, mj, nj, K, N, a_pack, b_pack, finished)
     b.branch(head)
     b.position_at_end(done)
     b.ret_void()
-    _build_task(module, f"{name}.task", fn)
+    task = _build_task(module, f"{name}.task", fn)
+    _build_direct(module, f"{name}.direct", dtype, t, task)
     return fn
 
 
-def _build_task(module: ir.Module, name: str, kernel: ir.Function) -> None:
+def _build_task(module: ir.Module, name: str, kernel: ir.Function) -> ir.Function:
     """void task(int64_t *arguments, int64_t thread_index, int64_t thread_count): the kernel
     with its first ARGUMENTS arguments read from an array, as the thread team calls tasks."""
     fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [ir.IntType(8).as_pointer(), I64, I64]),
@@ -469,6 +473,79 @@ def _build_task(module: ir.Module, name: str, kernel: ir.Function) -> None:
             for v, a in zip(args, kernel.args)]
     b.call(kernel, args + [tid, count])
     b.ret_void()
+    return fn
+
+
+# NumPy's array object (PyArrayObject_fields in numpy/ndarraytypes.h) on a 64-bit CPython:
+# the byte offsets of the fields NAME.direct reads, checked once at import (numpy_layout_holds)
+OB_TYPE, DATA, NDIM, DIMENSIONS, STRIDES, DESCR, FLAGS = 8, 16, 24, 32, 40, 56, 64
+C_CONTIGUOUS, ALIGNED, WRITEABLE = 0x1, 0x100, 0x400      # NPY_ARRAY_… flags
+# NAME.direct's context: the words it compares objects with, and where it writes
+CONTEXT_TYPE, CONTEXT_DESCR, CONTEXT_ARGUMENTS = range(3)
+
+
+def _build_direct(module: ir.Module, name: str, dtype: str, t: Tiles, task: ir.Function
+                  ) -> None:
+    """i64 direct(PyObject *a, PyObject *b, PyObject *c, i64 *context, i64 threads): the
+    whole call of c = a @ b from Python for NumPy arrays of rank 2 and the kernel's dtype
+    (c C-contiguous and writable), read from the array objects themselves. Returns 0 (nothing
+    done) for any other operands; else the threads the product is worth, at most `threads`:
+    where 1, it is done (with the scratch of one thread); where more, its arguments are in the
+    block for NAME.task, which the caller runs on that many threads."""
+    i8p = ir.IntType(8).as_pointer()
+    fn = ir.Function(module, ir.FunctionType(I64, [i8p, i8p, i8p, I64.as_pointer(), I64]), name)
+    a, b_, c, context, threads = fn.args
+    e = _Emitter(fn, dtype, t)
+    b = e.b
+
+    def field(obj, offset: int, ty: ir.Type = I64) -> ir.Value:
+        return b.load(b.bitcast(b.gep(obj, [_i64(offset)]), ty.as_pointer()))
+
+    def unless(ok: ir.Value) -> None:
+        with b.if_then(b.not_(ok), likely=False):
+            b.ret(_i64(0))
+
+    def all_of(*conditions: ir.Value) -> ir.Value:
+        return functools.reduce(b.and_, conditions)
+
+    word = lambda i: b.load(e.at(context, i))
+    arrays = (a, b_, c)
+    # each field is read only once the ones before it say it is there: an object that is not
+    # an array has no NDIM, an array of rank 0 no DIMENSIONS
+    unless(all_of(*(b.icmp_signed("==", field(x, OB_TYPE), word(CONTEXT_TYPE)) for x in arrays)))
+    flags = [field(x, FLAGS, I32) for x in arrays]
+    wanted = [ALIGNED, ALIGNED, ALIGNED | C_CONTIGUOUS | WRITEABLE]
+    unless(all_of(*(b.icmp_signed("==", field(x, NDIM, I32), ir.Constant(I32, 2)) for x in arrays),
+                  *(b.icmp_signed("==", field(x, DESCR), word(CONTEXT_DESCR)) for x in arrays),
+                  *(b.icmp_signed("==", b.and_(f, ir.Constant(I32, w)), ir.Constant(I32, w))
+                    for f, w in zip(flags, wanted))))
+    dims = [[b.load(e.at(b.inttoptr(field(x, DIMENSIONS), I64.as_pointer()), i)) for i in (0, 1)]
+            for x in arrays]
+    strides = [[b.load(e.at(b.inttoptr(field(x, STRIDES), I64.as_pointer()), i)) for i in (0, 1)]
+               for x in arrays[:2]]
+    (m, k), (k_b, n), (m_c, n_c) = dims
+    size = SIZE[dtype]
+    unless(all_of(b.icmp_signed("==", k, k_b), b.icmp_signed("==", m, m_c),
+                  b.icmp_signed("==", n, n_c),
+                  *(b.icmp_signed("==", b.and_(s, _i64(size - 1)), _i64(0))
+                    for pair in strides for s in pair)))
+    # the threads it is worth (Matmul.worth for other operands)
+    work = b.mul(b.mul(m, n), k)
+    work = b.select(b.icmp_signed("<=", m, _i64(t.mr)), b.mul(work, _i64(MATRIX_VECTOR_COST)),
+                    work)
+    parts = e.min(threads, b.sdiv(work, _i64(MIN_MULTIPLY_ADDS_PER_THREAD)))
+    parts = b.select(b.icmp_signed("<", parts, _i64(1)), _i64(1), parts)
+    block = b.inttoptr(word(CONTEXT_ARGUMENTS), I64.as_pointer())
+    data = [field(x, DATA) for x in arrays]
+    (a_row, a_col), (b_row, b_col) = ([b.sdiv(s, _i64(size)) for s in pair] for pair in strides)
+    for i, value in enumerate(data + [_i64(1), m, n, k, _i64(0), _i64(0), b.mul(m, n),
+                                      a_row, a_col, b_row, b_col]):
+        b.store(value, e.at(block, i))
+    for i in (ARGUMENTS - 2, ARGUMENTS - 1, ARGUMENTS):    # no epilogue; next_job from 0
+        b.store(_i64(0), e.at(block, i))
+    with b.if_then(b.icmp_signed("==", parts, _i64(1))):
+        b.call(task, [b.bitcast(block, i8p), _i64(0), _i64(1)])
+    b.ret(parts)
 
 
 def _job(e: _Emitter, tiles, a, b_, c_base, mj, nj, K, N, a_pack, b_pack, finished) -> None:
@@ -477,7 +554,7 @@ def _job(e: _Emitter, tiles, a, b_, c_base, mj, nj, K, N, a_pack, b_pack, finish
     finished(i, m) emits what follows once rows [i, i + m) are final (after the last K block
     of each block of mc rows, which is in L2)."""
     b, t = e.b, e.tiles
-    packed_tiles, row_tiles, column_tiles, in_place_tiles = tiles
+    packed_tiles, column_tiles, in_place_tiles = tiles
     with b.if_then(b.icmp_signed("==", K, _i64(0)), likely=False):
         minus_zero = ir.Constant(e.scalar, -0.0)
         with e.loop(0, mj, 1, "zr") as i, e.loop(0, nj, 1, "zc") as j:
@@ -489,7 +566,7 @@ def _job(e: _Emitter, tiles, a, b_, c_base, mj, nj, K, N, a_pack, b_pack, finish
     # accumulated -0.0 into +0.0, and 0·inf into NaN.
     # B is packed for reuse across row tiles. A job of at most one row tile (a matrix-vector
     # product, a decoder's token) reads B in place instead (packing would cost more than the
-    # fmas): its rows with the one-row tiles where they are contiguous, its columns with the
+    # fmas): streaming its rows where they are contiguous, its columns with the
     # transposing tiles where those are (x @ W.T, q @ K.T). So does a job whose K block of B
     # is in cache (rows contiguous): its reads of B cost less than a copy of them.
     few = b.icmp_signed("<=", mj, _i64(t.mr))
@@ -497,7 +574,7 @@ def _job(e: _Emitter, tiles, a, b_, c_base, mj, nj, K, N, a_pack, b_pack, finish
     by_columns = b.and_(few, b.icmp_signed("==", b_[1], _i64(1)))
     with b.if_else(by_rows) as (rows_in_place, other):
         with rows_in_place:
-            _rows_in_place(e, row_tiles, a, b_, c_base, mj, nj, K, N, finished)
+            _rows_streamed(e, a, b_, c_base, mj, nj, K, N, finished)
         with other:
             with b.if_else(by_columns) as (columns_in_place, packed):
                 with columns_in_place:
@@ -530,21 +607,49 @@ def _columns_in_place(e: _Emitter, column_tiles, a, b_, c_base, mj, nj, K, N, fi
         finished(_i64(0), mj)
 
 
-def _rows_in_place(e: _Emitter, rows_by_width, a, b_, c_base, mj, nj, K, N, finished) -> None:
-    """_job's elements row by row with the one-row tiles, A and B read in place (b_col is 1)."""
+def _rows_streamed(e: _Emitter, a, b_, c_base, mj, nj, K, N, finished) -> None:
+    """_job's elements with B (b_col 1) read in place, STREAM_ROWS rows of it at a time across
+    all nj columns for each of the mj rows of C in turn: those rows of B stay in cache while
+    C's rows take them, and B passes once, in the order of its rows, as prefetchers follow.
+    Only a row's last vector goes through a mask (with every load and store of C masked the
+    loop ran 2.5 times slower)."""
     b, t = e.b, e.tiles
     (a_base, a_row, a_col), (b_base, b_row, _) = a, b_
-    wide = ROW_VECTORS * t.width
-    # ORDER: each element runs each K block once, the blocks in increasing order
-    with e.loop(0, K, t.kc, "pr") as pc:
-        kc = e.min(t.kc, b.sub(K, pc))
-        first = b.icmp_signed("==", pc, _i64(0))
-        with e.loop(0, nj, wide, "jw") as jr, e.loop(0, mj, 1, "iw") as i:
-            n = e.min(wide, b.sub(nj, jr))
-            _call_narrowest(e, rows_by_width, n,
-                            [e.at(a_base, b.mul(i, a_row), b.mul(pc, a_col)), a_row, a_col,
-                             e.at(b_base, b.mul(pc, b_row), jr), b_row, kc,
-                             e.at(c_base, b.mul(i, N), jr), N, first, _i64(1), n])
+    fma = e.intrinsic(f"llvm.fma.{overload_suffix(e.vec)}", e.vec, [e.vec] * 3)
+    zero = ir.Constant(e.vec, [-0.0] * t.width)
+
+    def sweep(i, k0, rows: int) -> None:
+        """C[i, :nj] gains A[i, k]·B[k, :nj] for k = k0, …, k0 + rows - 1."""
+        a_i, c_i = e.at(a_base, b.mul(i, a_row)), e.at(c_base, b.mul(i, N))
+        ks = [b.add(k0, _i64(u)) for u in range(rows)]
+        a_k = [e.splat(b.load(e.at(a_i, b.mul(k, a_col)), align=e.align)) for k in ks]
+        b_k = [e.at(b_base, b.mul(k, b_row)) for k in ks]
+        first = b.icmp_signed("==", k0, _i64(0))
+
+        def vector(j, mask=None) -> None:
+            load = e.load_vec if mask is None else (lambda at: e.masked_load(at, mask))
+            c_at = e.at(c_i, j)
+            # ORDER: from -0.0 at k = 0, else from the sum up to k0 as it was stored; then
+            # the k of this sweep in increasing order
+            acc = b.select(first, zero, load(c_at))
+            for u in range(rows):
+                acc = b.call(fma, [a_k[u], load(e.at(b_k[u], j)), acc])
+            if mask is None:
+                e.store_vec(acc, c_at)
+            else:
+                e.masked_store(acc, c_at, mask)
+
+        full = b.sub(nj, b.srem(nj, _i64(t.width)))
+        with e.loop(0, full, t.width, "sj") as j:
+            vector(j)
+        with b.if_then(b.icmp_signed("<", full, nj)):
+            vector(full, e.lanes_below(b.sub(nj, full), 0))
+
+    whole = b.sub(K, b.srem(K, _i64(STREAM_ROWS)))
+    with e.loop(0, whole, STREAM_ROWS, "sk") as k0, e.loop(0, mj, 1, "si") as i:
+        sweep(i, k0, STREAM_ROWS)
+    with e.loop(whole, K, 1, "st") as k0, e.loop(0, mj, 1, "sr") as i:   # K's last rows
+        sweep(i, k0, 1)
     with b.if_then(b.icmp_signed(">", K, _i64(0))):
         finished(_i64(0), mj)
 
@@ -785,6 +890,14 @@ class Matmul:
         self._arguments[ARGUMENTS - 3] = address(self._next_job)
         self._scratch = np.empty(0, dtype=NUMPY[self.dtype])
         self._layouts: dict[tuple, _Layout] = {}
+        self._direct = DIRECT(self.engine.get_function_address("matmul.direct"))
+        # (where NumPy's array objects are not laid out as NAME.direct reads them, no object
+        # has its type word 0: every call takes the checked path)
+        self._context = np.array([id(np.ndarray) if numpy_layout_holds() else 0,
+                                  id(np.dtype(NUMPY[dtype])), self._arguments_address],
+                                 dtype=np.int64)
+        self._context_address = address(self._context)
+        self.scratch(1)                                    # (for NAME.direct)
 
     @staticmethod
     def key(dtype: str, tiles: Tiles) -> tuple[str, ...]:
@@ -806,6 +919,24 @@ class Matmul:
                                      dtype=NUMPY[self.dtype])
             self._arguments[ARGUMENTS - 4] = aligned(self._scratch)
         return self._scratch
+
+    def worth(self, rows: int, multiply_adds: int, threads: int) -> int:
+        """How many of `threads` a product of C's `rows` rows (of each batch entry) and
+        `multiply_adds` fmas is worth (NAME.direct decides alike)."""
+        if rows <= self.tiles.mr:                  # B read in place, one load an fma
+            multiply_adds *= MATRIX_VECTOR_COST
+        return min(threads, max(1, multiply_adds // MIN_MULTIPLY_ADDS_PER_THREAD))
+
+    def direct(self, a: np.ndarray, b: np.ndarray, out: np.ndarray, threads: int) -> bool:
+        """out = a @ b on at most `threads` threads where a, b and out are NumPy arrays of rank
+        2 and the kernel's dtype, out C-contiguous, by one native call (and the team's, where
+        it is worth more than one thread): whether it was (nothing is done for other operands)."""
+        with self._lock:
+            parts = self._direct(a, b, out, self._context_address, threads)
+            if parts > 1:
+                self.scratch(parts)
+                team().run(self.task, self._arguments_address, parts)
+        return parts > 0
 
     def call(self, a: np.ndarray, b: np.ndarray, c: np.ndarray, scratch: np.ndarray,
              next_job: np.ndarray, thread_index: int, thread_count: int,
@@ -925,6 +1056,29 @@ _probe = np.zeros((2, 3))[:, 1:]
 if _data(_probe) != _probe.ctypes.data:      # (a Python whose ids are not addresses)
     def _data(x: np.ndarray) -> int:
         return x.ctypes.data
+
+
+DIRECT = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.py_object, ctypes.py_object, ctypes.py_object,
+                          ctypes.c_void_p, ctypes.c_int64)
+
+
+@functools.cache
+def numpy_layout_holds() -> bool:
+    """Whether this NumPy's array objects have the fields NAME.direct reads where it reads
+    them (OB_TYPE … FLAGS)."""
+    word = lambda x, offset, kind=ctypes.c_int64: kind.from_address(id(x) + offset).value
+    for x in (np.zeros((3, 5), np.float32)[:, 1:], np.zeros((2, 7), np.float64)):
+        if (word(x, OB_TYPE), word(x, DATA), word(x, NDIM, ctypes.c_int32), word(x, DESCR)) \
+                != (id(np.ndarray), x.ctypes.data, 2, id(x.dtype)):
+            return False                 # (before following a pointer that may not be one)
+        dims, strides = (tuple(ctypes.cast(word(x, at), ctypes.POINTER(ctypes.c_int64))[:2])
+                         for at in (DIMENSIONS, STRIDES))
+        flags = word(x, FLAGS, ctypes.c_int32)
+        if (dims, strides, bool(flags & C_CONTIGUOUS), bool(flags & ALIGNED),
+                bool(flags & WRITEABLE)) != (x.shape, x.strides, x.flags.c_contiguous,
+                                             x.flags.aligned, x.flags.writeable):
+            return False
+    return True
 
 
 def aligned(scratch: np.ndarray) -> int:

@@ -5,8 +5,11 @@ dslc / NumPy (target: at least 0.7). Then the products of a 4-layer GPT training
 the ratio dslc / torch (1 or less is as fast). Then small and skinny products (64³, a decoder's
 token, the medium products of the GPT step's forward and backward passes) as the runtime calls
 them (runtime.cpu.matmul), beside NumPy and torch: the ratios dslc / NumPy and dslc / torch,
-and dslc's GFLOP/s as a share of its rate at the largest of --sizes. Rates are best-of-N wall
-clock, the sides interleaved so that all see the same background load."""
+and dslc's GFLOP/s as a share of its rate at the largest of --sizes. Last, where a call's
+time goes (--calls): the kernel alone (called n times from a native loop), the direct call
+from Python (Matmul.direct), the runtime's (runtime.cpu.matmul), the checked path
+(Matmul.__call__) and NumPy's, on one thread (--calls: only that). Rates are best-of-N wall clock, the sides
+interleaved so that all see the same background load."""
 from __future__ import annotations
 
 import argparse
@@ -63,6 +66,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=10, help="timed calls in a row; best is kept")
     ap.add_argument("--rounds", type=int, default=3, help="alternations of the two sides")
     ap.add_argument("--dtype", default="f32", choices=["f32", "f64"])
+    ap.add_argument("--calls", action="store_true",
+                    help="only where a call's time goes (the kernel alone and each route)")
     args = ap.parse_args()
     # OpenBLAS reads its thread count once, when NumPy is first imported.
     os.environ["OPENBLAS_NUM_THREADS"] = str(args.threads)
@@ -70,6 +75,10 @@ def main() -> None:
     import numpy as np
     from backend.contract import Matmul
 
+    rng = np.random.default_rng(0)
+    if args.calls:
+        calls(args, rng)
+        return
     kernel = Matmul(args.dtype)
     load = os.getloadavg()[0]
     print(f"tiles {kernel.tiles}, {args.threads} threads, best of {args.rounds}×{args.repeat}; "
@@ -77,7 +86,6 @@ def main() -> None:
     if load > 0.5:
         print("warning: other processes are running; wall-clock rates will scatter")
     print(f"{'n':>6} {'numpy GFLOP/s':>14} {'dslc GFLOP/s':>13} {'ratio':>6}")
-    rng = np.random.default_rng(0)
     dtype = np.float32 if args.dtype == "f32" else np.float64
     large = None                                   # dslc's rate at the largest size
     for n in sorted(args.sizes):
@@ -90,6 +98,7 @@ def main() -> None:
         large = gflops["dslc"]
     gpt_products(kernel, args, rng)
     small_products(args, rng, large)
+    calls(args, rng)
 
 
 def gpt_products(kernel, args, rng) -> None:
@@ -173,6 +182,70 @@ def small_products(args, rng, large: float | None) -> None:
         print(f"{name:>18} {f'{m}x{k}x{n}':>15} {us['dslc']:>8.1f} {us['numpy']:>8.1f} "
               f"{peer['torch'][0]} {peer['iree'][0]} {us['dslc'] / us['numpy']:>7.2f} "
               f"{peer['torch'][1]} {peer['iree'][1]} {share}")
+
+
+CALL_SHAPES = [(4, 4, 4), (64, 64, 64), (1, 768, 2304)]
+
+
+def native_loop():
+    """loop(task, arguments, next_job, n): the kernel's task run n times on one thread, its job
+    counter reset before each, as a ctypes function (no Python between the calls)."""
+    import ctypes
+    from llvmlite import ir
+    from backend import cpu
+    i8p, i64 = ir.IntType(8).as_pointer(), ir.IntType(64)
+    task = ir.FunctionType(ir.VoidType(), [i8p, i64, i64]).as_pointer()
+    module = ir.Module(name="matmul_loop")
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [task, i8p, i64.as_pointer(), i64]),
+                     "loop")
+    run, arguments, next_job, n = fn.args
+    entry, body, done = (fn.append_basic_block(name) for name in ("entry", "body", "done"))
+    b = ir.IRBuilder(entry)
+    b.branch(body)
+    b.position_at_end(body)
+    i = b.phi(i64)
+    b.store(ir.Constant(i64, 0), next_job)
+    b.call(run, [arguments, ir.Constant(i64, 0), ir.Constant(i64, 1)])
+    step = b.add(i, ir.Constant(i64, 1))
+    i.add_incoming(ir.Constant(i64, 0), entry)
+    i.add_incoming(step, body)
+    b.cbranch(b.icmp_signed("<", step, n), body, done)
+    b.position_at_end(done)
+    b.ret_void()
+    engine = cpu.jit(("matmul_loop",), lambda: module)
+    call = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                            ctypes.c_int64)(engine.get_function_address("loop"))
+    return engine, call
+
+
+def calls(args, rng) -> None:
+    """Where a call's time goes, on one thread: CALL_SHAPES by the kernel alone and by each
+    route from Python (us a call, best of --rounds × --repeat batches of n calls)."""
+    import numpy as np
+    from backend.contract import ARGUMENTS, Matmul
+    from runtime.cpu import matmul
+    dtype = np.float32 if args.dtype == "f32" else np.float64
+    kernel = Matmul(args.dtype)
+    engine, loop = native_loop()
+    print(f"\nwhere a call's time goes, 1 thread (us a call; NumPy on {args.threads} threads)")
+    print(f"{'M x K x N':>15} {'kernel':>8} {'direct':>8} {'runtime':>8} {'checked':>8} "
+          f"{'numpy':>8}")
+    for m, k, n in CALL_SHAPES:
+        a, b = rng.standard_normal((m, k)).astype(dtype), rng.standard_normal((k, n)).astype(dtype)
+        out = np.empty((m, n), dtype)
+        count = max(1, 2_000_000 // (m * k * n + 50_000))
+        assert kernel.direct(a, b, out, 1)              # the argument block now holds a, b, out
+        block = kernel._arguments_address
+
+        def batch(call):
+            return lambda: [call() for _ in range(count)]
+        runs = {"kernel": lambda: loop(kernel.task, block, block + 8 * ARGUMENTS, count),
+                "direct": batch(lambda: kernel.direct(a, b, out, 1)),
+                "runtime": batch(lambda: matmul(a, b, out, 1)),
+                "checked": batch(lambda: kernel(a, b, threads=1, out=out)),
+                "numpy": batch(lambda: np.matmul(a, b, out=out))}
+        us = {side: t / count * 1e6 for side, t in best_of(runs, args.rounds, args.repeat).items()}
+        print(f"{f'{m}x{k}x{n}':>15}" + "".join(f" {us[side]:>8.2f}" for side in runs))
 
 
 if __name__ == "__main__":

@@ -290,8 +290,8 @@ ARCH = ("the GPU architecture to build the PTX for: sm_80, sm_86, sm_89, sm_90 (
 NUMERICS = ("exact (the default: the same bits on every device) or fast (on the GPU, products "
             "on tensor cores: bf16 and f16 inputs, f32 ones rounded to TF32, f32 sums)")
 DEVICE = ("where to run: auto (the GPU if one is usable, else the CPU; $DSLC_DEVICE overrides), "
-          "cpu, cuda, reference (the NumPy interpreter), or iree (IREE's CPU backend, "
-          "needs dslc[iree])")
+          "cpu, cuda, reference (the NumPy interpreter), iree (IREE's CPU backend, needs "
+          "dslc[iree]) or iree-cuda (IREE's CUDA backend on the GPU)")
 
 
 def specialising(sub: argparse._SubParsersAction, name: str, summary: str, description: str,
@@ -378,7 +378,7 @@ def parser() -> argparse.ArgumentParser:
                      "printing it")
     run.add_argument("--dims", type=parse_dims, metavar="NAME=INT,…",
                      help="the entry's static parameters (k=2); the arrays give the sizes")
-    run.add_argument("--device", choices=["auto", "reference", "cpu", "cuda", "iree"], default="auto",
+    run.add_argument("--device", choices=["auto", "reference", "cpu", "cuda", "iree", "iree-cuda"], default="auto",
                      help=DEVICE)
     run.add_argument("--numerics", choices=["exact", "fast"], default="exact", help=NUMERICS)
     run.set_defaults(run=cmd_run)
@@ -404,7 +404,7 @@ def parser() -> argparse.ArgumentParser:
                        help="delete the checkpoints already in the checkpoint directory and start afresh")
     train.add_argument("--plot", metavar="LOSS.png",
                        help="draw the loss curves into an image (.png, .svg, .pdf …; needs dslc[plot])")
-    train.add_argument("--device", choices=["auto", "reference", "cpu", "cuda", "iree"], default="auto",
+    train.add_argument("--device", choices=["auto", "reference", "cpu", "cuda", "iree", "iree-cuda"], default="auto",
                        help=DEVICE)
     train.add_argument("--numerics", choices=["exact", "fast"], default="exact", help=NUMERICS)
     train.add_argument("--micro-batches", type=positive, metavar="M",

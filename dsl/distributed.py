@@ -5,9 +5,11 @@ exchange their sums through MPI on the host, or through NCCL from GPU to GPU: tw
 communicators under one schedule, `reduce`."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import re
+import select
 import shutil
 import signal
 import subprocess
@@ -333,16 +335,65 @@ def launch(ranks: int, argv: list[str]) -> int:
                                  stderr=subprocess.PIPE, text=True, bufsize=1)
         errors = threading.Thread(target=_relay_errors, args=(child.stderr,))
         errors.start()
+        ends = Ends(Path(pids), ranks)
         try:
-            _relay(child.stdout, Path(pids))
+            _relay(child.stdout, ends)
             return _status(child.wait())
         except KeyboardInterrupt:
             child.send_signal(signal.SIGINT)               # mpiexec passes it on to the ranks
-            _relay(child.stdout, Path(pids))
+            _relay(child.stdout, ends)
             child.wait()
             raise
         finally:
+            ends.close()
             errors.join()
+
+
+class Ends:
+    """The order in which the ranks' processes end, each watched through a pidfd (Linux): once
+    one rank dies, mpiexec kills the others, and MPICH's banner may name one of those."""
+
+    def __init__(self, pids: Path, ranks: int):
+        self.pids, self.ranks = pids, ranks
+        self.order: list[list[int]] = []           # the processes seen to end, a poll at a time
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def rank(self, pid: int) -> str | None:
+        """The rank that process `pid` was, as it wrote it at its start."""
+        where = self.pids / str(pid)
+        return where.read_text() if where.exists() else None
+
+    def first(self) -> int | None:
+        """The process id of the rank that ended first, if it was seen to end alone."""
+        return self.order[0][0] if self.order and len(self.order[0]) == 1 else None
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _watch(self) -> None:
+        if not hasattr(os, "pidfd_open"):                # not Linux: the banner alone names
+            return
+        poller, watched = select.poll(), {}
+        try:
+            while not self._stop.is_set():
+                if len(watched) < self.ranks:             # ranks write their pid as they start
+                    for name in os.listdir(self.pids):
+                        if int(name) not in watched.values():
+                            with contextlib.suppress(OSError):    # gone already
+                                fd = os.pidfd_open(int(name))
+                                watched[fd] = int(name)
+                                poller.register(fd, select.POLLIN)
+                ended = poller.poll(10)
+                if ended:
+                    self.order.append([watched[fd] for fd, _ in ended])
+                for fd, _ in ended:
+                    poller.unregister(fd)
+        finally:
+            for fd in watched:
+                os.close(fd)
 
 
 MPI_ABORT = re.compile(r"Abort\(\d+\) on node \d+ \(rank \d+ in comm \d+\): application called MPI_Abort")
@@ -359,7 +410,7 @@ def _relay_errors(stream) -> None:
         after_abort = bool(MPI_ABORT.match(line))
 
 
-def _relay(stream, pids: Path) -> None:
+def _relay(stream, ends: Ends) -> None:
     """Copy the ranks' stdout, replacing the banner MPICH prints there about a process that
     ended badly with a diagnostic on stderr that names its rank."""
     banner: list[str] = []
@@ -367,7 +418,7 @@ def _relay(stream, pids: Path) -> None:
         if line.startswith("=====") or banner:
             banner.append(line)
             if line.startswith("Please see the FAQ"):
-                print(_death(banner, pids) or "".join(banner), file=sys.stderr, flush=True)
+                print(_death(banner, ends) or "".join(banner), file=sys.stderr, flush=True)
                 banner = []
         else:
             sys.stdout.write(line)
@@ -376,14 +427,20 @@ def _relay(stream, pids: Path) -> None:
         sys.stderr.write("".join(banner))
 
 
-def _death(banner: list[str], pids: Path) -> str | None:
+def _death(banner: list[str], ends: Ends) -> str | None:
+    """The banner as a line naming the rank that died first: the banner's own process, or,
+    where that one ended after another, the other (whose cause MPICH does not print)."""
     text = "".join(banner)
     pid, why = re.search(r"PID (\d+)", text), re.search(r"EXIT STRING: (.*)", text)
-    where = pids / pid.group(1) if pid else None
-    if where is None or not where.exists():
+    named = int(pid.group(1)) if pid else None
+    first = ends.first()
+    if first is not None and first != named and ends.rank(first) is not None:
+        return (f"dslc: rank {ends.rank(first)} (process {first}) ended first, unexpectedly; "
+                "mpiexec stopped the other ranks")
+    if named is None or ends.rank(named) is None:
         return None
     cause = why.group(1).strip() if why else "an error"
-    return (f"dslc: rank {where.read_text()} (process {pid.group(1)}) ended with {cause}; "
+    return (f"dslc: rank {ends.rank(named)} (process {named}) ended with {cause}; "
             "mpiexec stopped the other ranks")
 
 

@@ -197,8 +197,9 @@ class Program:
         if self.device == "cuda":
             from runtime.cuda import Executable
             options = {"numerics": self.numerics}      # (fast numerics is exact off the GPU)
-        elif self.device == "iree":
-            from runtime.iree import Executable
+        elif self.device in ("iree", "iree-cuda"):
+            from runtime.iree import HOST, Executable, gpu_target
+            options = {"target": gpu_target() if self.device == "iree-cuda" else HOST}
         else:
             from runtime.cpu import Executable
             options = {"planned": self._plan(fn)}
@@ -607,7 +608,7 @@ _PIN_NOTE = Note("give in --dims (dims=) the sizes it needs; the dimensions --di
 LEVELS = ("tensor", "loops", "llvm", "ptx", "mlir")     # what Program.ir shows
 TARGETS = ("cpu", "ptx")                         # what Program.compile_to writes
 NUMERICS = ("exact", "fast")                    # fast: products on tensor cores (GPU only)
-DEVICES = ("auto", "cpu", "cuda", "reference", "iree")   # auto: $DSLC_DEVICE, else the GPU if usable, else the CPU
+DEVICES = ("auto", "cpu", "cuda", "reference", "iree", "iree-cuda")   # auto: $DSLC_DEVICE, else the GPU if usable, else the CPU
 
 
 def gpu_arch(arch: str | None, ptx: bool, needs: str) -> str | None:
@@ -637,13 +638,16 @@ def pick_device(device: str) -> str:
             from runtime import cuda
             return "cuda" if cuda.usable() else "cpu"
         if device not in DEVICES or device == "auto":
-            raise DslError(None, f"DSLC_DEVICE must be one of cpu, cuda, reference, iree, got {device!r}")
+            raise DslError(None, f"DSLC_DEVICE must be one of cpu, cuda, reference, iree, iree-cuda, "
+                                 f"got {device!r}")
     if device == "cuda":
         from runtime import cuda
         cuda.driver()                     # raises DslError saying why no GPU is usable
-    if device == "iree":
+    if device in ("iree", "iree-cuda"):
         from runtime import iree
         iree.version()                    # raises DslError saying how to install IREE
+    if device == "iree-cuda":
+        iree.gpu_target()                 # raises DslError where IREE finds no GPU
     return device
 
 

@@ -30,7 +30,7 @@ _MATH = {"exp": "math.exp", "exp2": "math.exp2", "log": "math.log", "log2": "mat
          "cosh": "math.cosh", "log1p": "math.log1p", "expm1": "math.expm1", "erf": "math.erf",
          "erfc": "math.erfc", "atan2": "math.atan2", "pow": "math.powf"}
 _INTRINSICS = {"llvm.floor": "math.floor", "llvm.ceil": "math.ceil", "llvm.trunc": "math.trunc",
-               "llvm.roundeven": "math.roundeven"}
+               "llvm.roundeven": "math.roundeven", "llvm.copysign": "math.copysign"}
 _PREDICATES = {"==": "eq", "!=": "ne", "<": "lt", "<=": "le", ">": "gt", ">=": "ge"}
 
 
@@ -123,7 +123,49 @@ class Body:
         return self._op(f"arith.{'divui' if dtype == 'u32' else 'divsi'} {x.name}, {y.name} : {x.type}", x.dtype)
 
     def remainder(self, x: S, y: S, dtype: str) -> S:
-        return self._op(f"arith.{'remui' if dtype == 'u32' else 'remsi'} {x.name}, {y.name} : {x.type}", x.dtype)
+        """x - y * quotient(x, y), the sign of x; of floats, C's fmod (exact)."""
+        if dtype == "f64":
+            return self._fmod64(x, y)
+        op = "remf" if x.is_float else "remui" if dtype == "u32" else "remsi"
+        return self._op(f"arith.{op} {x.name}, {y.name} : {x.type}", x.dtype)
+
+    def _fmod64(self, x: S, y: S) -> S:
+        """fmod of f64, exactly, without arith.remf (IREE's llvm-cpu leaves it a call to the C
+        library's fmod, which its executables do not link): an scf.while that takes from |x|,
+        while |x| ≥ |y|, n copies of |y|·2^k (k makes n < 2^53; n from the rounded quotient,
+        at most one too many, put back) by one fma, exact, so 52 bits of quotient a step; then
+        x's sign. A NaN, x infinite or y 0 give glibc's NaN: x's, else y's, else the default."""
+        f64, i64, w = "f64", "i64", self.w
+
+        def bits(v: S) -> S:
+            return self._op(f"arith.bitcast {v.name} : f64 to i64", i64)
+        ax, ay, zero = self.abs(x, f64), self.abs(y, f64), self.const(0.0, f64)
+        finite = self.compare("<", ax, self.const(math.inf, f64), f64)
+        valid = self.and_(self.and_(finite, self.compare("==", y, y, f64)),
+                          self.compare("!=", ay, zero, f64))
+        y_bits = bits(ay)
+        left, start, r = w.fresh("fmod"), w.fresh("x"), S(w.fresh("x"), f64)
+        w.line(f"{left} = scf.while ({start} = {self.select(valid, ax, zero).name}) : (f64) -> f64 "
+               "{", located=False)
+        w.region(lambda: w.line(f"scf.condition({self.compare('>=', S(start, f64), ay, f64).name})"
+                                f" {start} : f64", located=False))
+        w.line("} do {", located=False)
+        w.lines.append("  " * w.depth + f"^bb0({r.name}: f64):")
+
+        def step() -> None:
+            gap = self.sub(self.sub(self.shift_right(bits(r), 52), self.shift_right(y_bits, 52)),
+                           self.const(52, i64))
+            k = self._op(f"arith.maxsi {gap.name}, {self.const(0, i64).name} : i64", i64)
+            y_k = self._op(f"arith.bitcast {self.add(y_bits, self.shift_left(k, 52)).name} : i64 "
+                           "to f64", f64)
+            n = self.intrinsic("llvm.trunc", self.div(r, y_k))
+            less = self._op(f"math.fma {self.neg(n).name}, {y_k.name}, {r.name} : f64", f64)
+            kept = self.select(self.compare("<", less, zero, f64), self.add(less, y_k), less)
+            w.line(f"scf.yield {kept.name} : f64", located=False)
+        w.region(step)
+        w.line("}", located=False)
+        nan = self.select(self.isnan(x), x, self.select(self.isnan(y), y, self.const(-math.nan, f64)))
+        return self.select(valid, self.intrinsic("llvm.copysign", S(left, f64), x), nan)
 
     def neg(self, x: S) -> S:
         if x.is_float:
@@ -164,10 +206,12 @@ class Body:
         return self._op(f"arith.shli {x.name}, {self.const(n, x.dtype).name} : {x.type}", x.dtype)
 
     def mul_wide(self, x: S, y: S) -> tuple[S, S]:
-        """The high and low words of the unsigned product x * y (Philox's mulhilo)."""
-        name = self.w.fresh("wide")
-        self.w.line(f"{name}:2 = arith.mului_extended {x.name}, {y.name} : {x.type}", located=False)
-        return S(f"{name}#1", x.dtype), S(f"{name}#0", x.dtype)
+        """The high and low words of the unsigned product x * y (Philox's mulhilo), through
+        i64: IREE's llvm-cpu cannot lower arith.mului_extended once it vectorises it."""
+        wide = [self._op(f"arith.extui {v.name} : {v.type} to i64", "i64") for v in (x, y)]
+        product = self._op(f"arith.muli {wide[0].name}, {wide[1].name} : i64", "i64")
+        high = self._op(f"arith.shrui {product.name}, {self.const(32, 'i64').name} : i64", "i64")
+        return tuple(self._op(f"arith.trunci {v.name} : i64 to {x.type}", x.dtype) for v in (high, product))
 
     def minimum(self, x: S, y: S) -> S:
         """The smaller, NaN if either is (NumPy's minimum)."""
@@ -182,7 +226,8 @@ class Body:
     def intrinsic(self, name: str, x: S, *more: S) -> S:
         if name not in _INTRINSICS:
             raise NotExpressible(f"the operation {name}")
-        return self._op(f"{_INTRINSICS[name]} {x.name} : {x.type}", x.dtype)
+        return self._op(f"{_INTRINSICS[name]} {', '.join(v.name for v in (x, *more))} : {x.type}",
+                        x.dtype)
 
     def math(self, function: str, *args: S) -> S:
         """A function of the math library: the math dialect's (IREE's approximation of it)."""
@@ -196,6 +241,17 @@ class Body:
             raise NotExpressible(f"the math function {function}")
         names = ", ".join(a.name for a in args)
         return self._op(f"{_MATH[function]} {names} : {x.type}", x.dtype, function)
+
+    def repeat(self, start: S, stop: S, initial: S, step: Callable[[S, S], S]) -> S:
+        """An scf.for over the indices start..stop inside a region, carrying one scalar from
+        initial: step(index, carried) writes one step and returns the scalar carried on."""
+        w = self.w
+        result, k, carried = w.fresh("repeat"), S(w.fresh("k"), "index"), S(w.fresh("acc"), initial.dtype)
+        w.line(f"{result} = scf.for {k.name} = {start.name} to {stop.name} step {w.index(1)} "
+               f"iter_args({carried.name} = {initial.name}) -> ({initial.type}) {{", located=False)
+        w.region(lambda: w.line(f"scf.yield {step(k, carried).name} : {initial.type}", located=False))
+        w.line("}", located=False)
+        return S(result, initial.dtype)
 
     # positions, for the regions of gathers and scatters
 
@@ -351,6 +407,8 @@ class Writer:
         shape, to = tuple(shape), tuple(to)
         if shape == to:
             return x
+        if math.prod(shape) == 0:                   # no elements (and no grouping of a 0 axis)
+            return self.empty(to, dtype)
         if len(to) < len(shape) and (groups := _groups(shape, to)) is not None:
             name = self.fresh(hint)
             self.line(f"{name} = tensor.collapse_shape {x} {_reassociation(groups)} : "
@@ -380,25 +438,33 @@ class Writer:
         self.line("  }")
         return name
 
+    def transpose(self, x: str, shape: Sequence[int], perm: Sequence[int], dtype: str,
+                  hint: str = "transpose") -> str:
+        """x (of shape) with its axes permuted (axis i of the result is axis perm[i] of x)."""
+        if list(perm) == sorted(perm):
+            return x
+        to = [shape[i] for i in perm]
+        init, name = self.empty(to, dtype), self.fresh(hint)
+        self.line(f"{name} = linalg.transpose ins({x} : {tensor_type(shape, dtype)}) outs({init} : "
+                  f"{tensor_type(to, dtype)}) permutation = [{', '.join(map(str, perm))}]")
+        return name
+
     def contract(self, operands: Sequence[tuple[Value, str]], result: str, out: Value,
                  hint: str) -> str:
         """A sum of products over letter-labelled axes (einsum's letters for each operand, and
-        for the result `out`'s): linalg.matmul or batch_matmul where the letters say one,
-        else a linalg.generic; each output element accumulates from -0.0, as dslc's do."""
+        for the result `out`'s): linalg.matmul or batch_matmul where the letters say one once
+        the operands' axes are permuted and grouped, else a linalg.generic; each output element
+        accumulates from -0.0, as dslc's do."""
         sizes: dict[str, int] = {}
         for v, letters in operands:
             for c, n in zip(letters, v.shape):
-                sizes[c] = max(sizes.get(c, 1), n)
-        init = self.filled(-0.0 if out.dtype in FLOAT_DTYPES else 0, out.shape, out.dtype, "zero")
-        t = type_of(out)
-        named = _named_contraction([l for _, l in operands], result, [v.shape for v, _ in operands],
-                                   sizes)
-        if named:
-            name = self.fresh(hint)
-            ins = ", ".join(self[v] for v, _ in operands)
-            self.line(f"{name} = linalg.{named} ins({ins} : "
-                      f"{', '.join(type_of(v) for v, _ in operands)}) outs({init} : {t}) -> {t}")
-            return name
+                if sizes.get(c, 1) == 1:             # a length of 1 broadcasts, one of 0 does not
+                    sizes[c] = n
+        product = _matrix_product([l for _, l in operands], result, [v.shape for v, _ in operands],
+                                  sizes)
+        if product is not None:
+            return self.matrix_product(operands[0][0], operands[1][0], out, product, hint)
+        init = self.filled(_sum_zero(out.dtype), out.shape, out.dtype, "zero")
         order = result + "".join(dict.fromkeys(c for _, l in operands for c in l if c not in result))
         space = [sizes[c] for c in order]
         ins = [(self[v], type_of(v), ", ".join("0" if n == 1 and sizes[c] != 1 else f"d{order.index(c)}"
@@ -419,15 +485,33 @@ class Writer:
         return self.generic(space, [out.dtype], ins, body, reduced=range(len(result), len(order)),
                             inits=[init], hint=hint)[0]
 
+    def matrix_product(self, a: Value, b: Value, out: Value, product: MatrixProduct,
+                       hint: str) -> str:
+        """a @ b as linalg.matmul, or batch_matmul with a batch: the operands permuted and
+        collapsed to [batch,] m, k and [batch,] k, n, the product expanded to out's shape."""
+        batch = (product.batch,) if product.batch is not None else ()
+        dtype, m, k, n = out.dtype, product.m, product.k, product.n
+        lhs, rhs = (self.reshape(self.transpose(self[v], v.shape, perm, dtype, name),
+                                 [v.shape[i] for i in perm], to, dtype, name)
+                    for v, perm, to, name in ((a, product.lhs, batch + (m, k), "lhs"),
+                                              (b, product.rhs, batch + (k, n), "rhs")))
+        init = self.filled(_sum_zero(dtype), batch + (m, n), dtype, "zero")
+        t = tensor_type(batch + (m, n), dtype)
+        name = self.fresh(hint)
+        self.line(f"{name} = linalg.{'batch_matmul' if batch else 'matmul'} ins({lhs}, {rhs} : "
+                  f"{tensor_type(batch + (m, k), dtype)}, {tensor_type(batch + (k, n), dtype)}) "
+                  f"outs({init} : {t}) -> {t}")
+        return self.reshape(name, batch + (m, n), out.shape, dtype, hint)
+
     def loop(self, n: int, carried: Sequence[tuple[str, str]],
-             step: Callable[[str, list[str]], list[str]], hint: str) -> list[str]:
-        """scf.for over 0..n carrying tensors (initial SSA name, type); step(t, carried names)
-        writes one step and returns the tensors carried on."""
+             step: Callable[[str, list[str]], list[str]], hint: str, start: int = 0) -> list[str]:
+        """scf.for over start..n carrying tensors (initial SSA name, type); step(t, carried
+        names) writes one step and returns the tensors carried on."""
         t, result = self.fresh("t"), self.fresh(hint)
         iters = [self.fresh("acc") for _ in carried]
         types = ", ".join(ty for _, ty in carried)
         pairs = ", ".join(f"{i} = {c}" for i, (c, _) in zip(iters, carried))
-        self.line(f"{result}:{len(carried)} = scf.for {t} = {self.index(0)} to {self.index(n)} "
+        self.line(f"{result}:{len(carried)} = scf.for {t} = {self.index(start)} to {self.index(n)} "
                   f"step {self.index(1)} iter_args({pairs}) -> ({types}) {{", located=False)
 
         def body() -> None:
@@ -439,7 +523,10 @@ class Writer:
 
     def extract(self, x: str, shape: Sequence[int], dtype: str, window: Window,
                 to: Sequence[int], hint: str = "") -> str:
-        """The window of x (of shape) as a tensor of shape `to` (its unit axes may be dropped)."""
+        """The window of x (of shape) as a tensor of shape `to` (its unit axes may be dropped);
+        an empty window is an empty tensor (MLIR refuses a slice at offset 0 of an axis of 0)."""
+        if 0 in window.sizes:
+            return self.empty(to, dtype)
         name = self.fresh(hint)
         self.line(f"{name} = tensor.extract_slice {x}{window} : {tensor_type(shape, dtype)} to "
                   f"{tensor_type(to, dtype)}")
@@ -447,11 +534,28 @@ class Writer:
 
     def insert(self, y: str, y_shape: Sequence[int], into: str, shape: Sequence[int], dtype: str,
                window: Window, hint: str = "inserted") -> str:
-        """into (of shape) with y written over the window."""
+        """into (of shape) with y written over the window (into itself for an empty one)."""
+        if 0 in window.sizes:
+            return into
         name = self.fresh(hint)
         self.line(f"{name} = tensor.insert_slice {y} into {into}{window} : "
                   f"{tensor_type(y_shape, dtype)} into {tensor_type(shape, dtype)}")
         return name
+
+    def reverse(self, x: str, shape: Sequence[int], dtype: str, axes: Sequence[int],
+                hint: str = "flip") -> str:
+        """x with its elements in reverse order along axes (x itself for none): a linalg.generic
+        whose region extracts element n - 1 - i of such an axis (IREE's tiling takes an indexing
+        map of n - 1 - d for a map of increasing indices, and reads the wrong elements)."""
+        if not axes:
+            return x
+
+        def element(args: list[S]) -> list[S]:
+            at = [self.body.position(i) for i in range(len(shape))]
+            at = [self.body.sub(self.index_here(n - 1), p) if i in axes else p
+                  for i, (n, p) in enumerate(zip(shape, at))]
+            return [self.body.extract(x, tensor_type(shape, dtype), dtype, at)]
+        return self.generic(shape, [dtype], [], element, hint=hint)[0]
 
     def slice_at(self, x: str, shape: Sequence[int], dtype: str, t: str, hint: str = "") -> str:
         """Slice t (an index SSA value) of x along its first axis, without that axis."""
@@ -551,19 +655,47 @@ class Writer:
                 self.bind(v, n)
 
 
-def _named_contraction(terms: list[str], result: str, shapes: list[tuple[int, ...]],
-                       sizes: dict[str, int]) -> str | None:
-    """The linalg named op that is this contraction, if one is: no broadcast axis, and the
-    letters of a matrix product (with one shared batch axis for batch_matmul)."""
+@dataclass(frozen=True)
+class MatrixProduct:
+    """A contraction that is a (batched) matrix product once its operands' axes are permuted
+    to batch, rows, contracted and batch, contracted, columns and each group is one axis:
+    those permutations, and the groups' sizes (batch None: no batch)."""
+    lhs: tuple[int, ...]
+    rhs: tuple[int, ...]
+    batch: int | None
+    m: int
+    k: int
+    n: int
+
+
+def _matrix_product(terms: list[str], result: str, shapes: list[tuple[int, ...]],
+                    sizes: dict[str, int]) -> MatrixProduct | None:
+    """The matrix product this contraction is, if it is one: two operands without a broadcast
+    axis or a diagonal, the result lettered batch + rows + columns (a batch that only the left
+    operand has counts as rows), and something to sum."""
     if len(terms) != 2 or any(n != sizes[c] for t, s in zip(terms, shapes) for c, n in zip(t, s)):
         return None
     (a, b), r = terms, result
-    if len(a) == 2 and len(b) == 2 and a[1] == b[0] and r == a[0] + b[1] and len(set(r + a[1])) == 3:
-        return "matmul"
-    if len(a) == 3 and len(b) == 3 and a[0] == b[0] == r[0] and a[2] == b[1] and \
-            r == a[:2] + b[2] and len(set(r + a[2])) == 4:
-        return "batch_matmul"
-    return None
+    if any(len(set(t)) != len(t) for t in (a, b, r)):
+        return None
+    batch = "".join(c for c in r if c in a and c in b)
+    rows = "".join(c for c in r if c in a and c not in b)
+    cols = "".join(c for c in r if c in b and c not in a)
+    inner = "".join(c for c in a if c not in r)
+    size = lambda letters: math.prod(sizes[c] for c in letters)
+    if not (rows and inner and cols) or r != batch + rows + cols or \
+            sorted(a) != sorted(batch + rows + inner) or sorted(b) != sorted(batch + inner + cols):
+        return None
+    if size(inner) == 0:                 # (iree-compile 3.13 crashes on such a named product)
+        return None
+    return MatrixProduct(tuple(a.index(c) for c in batch + rows + inner),
+                         tuple(b.index(c) for c in batch + inner + cols),
+                         size(batch) if batch else None, size(rows), size(inner), size(cols))
+
+
+def _sum_zero(dtype: str) -> Any:
+    """What a contraction accumulates from: -0.0, which adds nothing, not even a sign."""
+    return -0.0 if dtype in FLOAT_DTYPES else 0
 
 
 def _element_dtype(t: str) -> str:
@@ -616,8 +748,14 @@ def location(origin: Any) -> str:
     span = getattr(origin, "span", None)
     if span is None:
         return ""
-    path = span.source.path.replace("\\", "\\\\").replace('"', '\\"')
-    return f'loc("{path}":{span.line}:{span.col})'
+    return f'loc({string(span.source.path)}:{span.line}:{span.col})'
+
+
+def string(text: str) -> str:
+    """text as an MLIR string literal: a quote, a backslash and any byte that is not printable
+    ASCII written as its two hex digits (\\22)."""
+    return '"' + "".join(chr(c) if 32 <= c < 127 and c not in b'"\\' else f"\\{c:02X}"
+                         for c in text.encode()) + '"'
 
 
 def to_mlir(fn: Function, name: str | None = None, params: Sequence[str] | None = None) -> str:

@@ -53,9 +53,6 @@ if TYPE_CHECKING:
 ROOT = Path(__file__).resolve().parents[1]
 MIN_RUN_WORK = 1 << 19      # elements a run's kernels visit, in all: below this, one thread
 MIN_CHUNK_WORK = 1 << 12    # elements of one chunk of a kernel in a run (see backend/cpu.py)
-MIN_MULTIPLY_ADDS_PER_THREAD = 1 << 20     # a contraction's threads get at least this many
-MATRIX_VECTOR_COST = 16     # a product of one row tile's fmas cost about this many of a blocked
-                            # product's (they wait on loads of B from memory)
 
 
 def threads() -> int:
@@ -394,8 +391,9 @@ def _table(args: tuple[Value | None, ...], views: dict[Value, np.ndarray]) -> ct
     return (ctypes.c_void_p * len(args))(*[views[v].ctypes.data if v in views else 0 for v in args])
 
 
-_matmuls: dict[str, Matmul] = {}
-_beside: dict[str, subprocess.Popen] = {}   # product kernels another process is compiling
+_matmuls: dict[np.dtype, Matmul] = {}
+_MATMUL_DTYPES = {np.dtype(np.float32): "f32", np.dtype(np.float64): "f64"}
+_beside: dict[str, subprocess.Popen] = {}   # product kernels another process is compiling, by dtype
 
 
 def compile_products_beside(fn: Function) -> None:
@@ -405,7 +403,8 @@ def compile_products_beside(fn: Function) -> None:
     program's own kernels, not after them."""
     from backend.contract import Matmul, host_tiles
     dtypes = {op.outputs[0].dtype for op in _ops(fn) if op.primitive.role is Role.CONTRACTION}
-    for dtype in sorted(dtypes & set(_MATMUL_DTYPES.values()) - _matmuls.keys() - _beside.keys()):
+    made = {_MATMUL_DTYPES[d] for d in _matmuls}
+    for dtype in sorted(dtypes & set(_MATMUL_DTYPES.values()) - made - _beside.keys()):
         if cache.load(jit_key(Matmul.key(dtype, host_tiles(dtype)))) is None:
             command = (f"import sys; sys.path[0] = {str(ROOT)!r}; "
                        f"from backend.contract import Matmul; Matmul({dtype!r})")
@@ -417,7 +416,6 @@ def compile_products_beside(fn: Function) -> None:
 def _ops(fn: Function) -> list[Op]:
     """fn's ops and its bodies', all the way down."""
     return [o for op in fn.ops for o in (op, *(_ops(op.body) if op.body is not None else ()))]
-_MATMUL_DTYPES = {np.dtype(np.float32): "f32", np.dtype(np.float64): "f64"}
 
 
 def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray, threads: int,
@@ -426,6 +424,8 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray, threads: int,
     with the canonical k order: the reference's bits (on any number of threads). An epilogue
     (a kernel over out's rows and its table's address) is run by the kernel on each block of
     rows it finishes where it can: returns whether it did (else the caller runs it)."""
+    if epilogue is None and _matmul(out.dtype).direct(a, b, out, threads):
+        return False
     kernel, a2, b2, parts = product(a, b, out, threads)
     fused = epilogue is not None and kernel.fuses(b2.shape[-1])
     kernel(a2, b2, threads=parts, out=out, epilogue=epilogue if fused else (0, 0))
@@ -436,20 +436,22 @@ def product(a: np.ndarray, b: np.ndarray, out: np.ndarray, threads: int
             ) -> tuple[Matmul, np.ndarray, np.ndarray, int]:
     """The contraction kernel for out's dtype, a and b as matrices (a 1-D operand as a row or
     a column), and how many of `threads` the product is worth."""
-    dtype = _MATMUL_DTYPES[out.dtype]
-    if dtype not in _matmuls:
-        from backend.contract import Matmul
-        beside = _beside.pop(dtype, None)
-        if beside is not None:              # it stores the kernel in the cache, or fails: then made here
-            beside.wait()
-        _matmuls[dtype] = Matmul(dtype)
     a2 = a[None, :] if a.ndim == 1 else a
     b2 = b[:, None] if b.ndim == 1 else b
-    kernel = _matmuls[dtype]
-    work = out.size * a2.shape[-1]
-    if a2.shape[-2] <= kernel.tiles.mr:        # the kernel reads B in place, one load an fma
-        work *= MATRIX_VECTOR_COST
-    return kernel, a2, b2, min(threads, max(1, work // MIN_MULTIPLY_ADDS_PER_THREAD))
+    kernel = _matmul(out.dtype)
+    return kernel, a2, b2, kernel.worth(a2.shape[-2], out.size * a2.shape[-1], threads)
+
+
+def _matmul(dtype: np.dtype) -> Matmul:
+    """The contraction kernel for arrays of dtype (made on first use)."""
+    kernel = _matmuls.get(dtype)
+    if kernel is None:
+        from backend.contract import Matmul
+        beside = _beside.pop(_MATMUL_DTYPES[dtype], None)
+        if beside is not None:              # it stores the kernel in the cache, or fails: then made here
+            beside.wait()
+        kernel = _matmuls[dtype] = Matmul(_MATMUL_DTYPES[dtype])
+    return kernel
 
 
 def _empty(v: Value) -> np.ndarray:

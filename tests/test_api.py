@@ -128,7 +128,7 @@ def test_compile_for_another_device(prog):
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"device": "gpu"}, "device must be one of auto, cpu, cuda, reference, iree, got 'gpu'"),
+    ({"device": "gpu"}, "device must be one of auto, cpu, cuda, reference, iree, iree-cuda, got 'gpu'"),
     ({"numerics": "bogus"}, "numerics= is one of exact, fast, got 'bogus'"),
     ({"numerics": 1}, "numerics= is one of exact, fast, got 1"),
 ])

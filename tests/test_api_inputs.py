@@ -245,7 +245,7 @@ ONE = "def f(x: f32) -> f32:\n  return x\n"
     (lambda: dsl.loads(None), "got None"),
     (lambda: dsl.loads(ONE, name="\ud800"), "dsl.loads's name must be a path"),
     (lambda: dsl.loads(ONE + "# \ud800\n"), "not valid Unicode: a lone surrogate '\\ud800' at offset"),
-    (lambda: dsl.loads(ONE, device="gpu"), "device must be one of auto, cpu, cuda, reference, iree, got 'gpu'"),
+    (lambda: dsl.loads(ONE, device="gpu"), "device must be one of auto, cpu, cuda, reference, iree, iree-cuda, got 'gpu'"),
     (lambda: dsl.key(-1), "a seed is an integer in [0, 2**64), got -1"),
     (lambda: dsl.key(2 ** 64), "got 18446744073709551616"), (lambda: dsl.key("1"), "got '1'"),
     (lambda: dsl.key(1.5), "got 1.5"), (lambda: dsl.key(True), "got True"),
@@ -256,7 +256,7 @@ def test_loading_and_keys_refuse_bad_arguments(call, fragment):
 
 def test_a_bad_dslc_device_variable_is_a_dsl_error(monkeypatch):
     monkeypatch.setenv("DSLC_DEVICE", "bogus")
-    raises(lambda: dsl.loads(ONE), "DSLC_DEVICE must be one of cpu, cuda, reference, iree, got 'bogus'")
+    raises(lambda: dsl.loads(ONE), "DSLC_DEVICE must be one of cpu, cuda, reference, iree, iree-cuda, got 'bogus'")
 
 
 def test_has_aux_is_a_bool(prog):

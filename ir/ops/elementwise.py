@@ -636,14 +636,20 @@ class Div(Binary):
 
 
 class IntegerDivision(Binary):
-    """// or %: a kernel for integers; for floats, NumPy's rules (from fmod) on the host."""
+    """// or %: a kernel for integers; for floats, NumPy's rules (from fmod) on the host, and
+    the same operations in MLIR."""
     compiled = INT_DTYPES
     host = "float // and % (NumPy's rules, from fmod) are evaluated by NumPy"
+    part: ClassVar[int]                            # of the floor division: 0 quotient, 1 remainder
+
+    def scalar(self, e: Any, args: list, dtypes: list[str], dtype: str, attrs: dict) -> Any:
+        return _floor_divmod(e, *args, dtype)[self.part]
 
     def mlir(self, w: Any, op: Any) -> list[str]:
-        if op.outputs[0].dtype not in INT_DTYPES:
-            return Primitive.mlir(self, w, op)             # (not expressible)
-        return super().mlir(w, op)
+        dtype = op.outputs[0].dtype
+        if dtype in INT_DTYPES:
+            return super().mlir(w, op)
+        return [w.map(op, lambda args: _float_floor_divmod(w.body, *args, dtype)[self.part])]
 
 
 @primitive
@@ -651,9 +657,7 @@ class Mod(IntegerDivision):
     """a % b with Python's sign rule (the result takes b's sign)."""
     name, symbol = "mod", "%"
     reference = staticmethod(np.mod)
-
-    def scalar(self, e: Any, args: list, dtypes: list[str], dtype: str, attrs: dict) -> Any:
-        return _floor_divmod(e, *args, dtype)[1]
+    part = 1
 
     def backward(self, b: Any, ct: Any, lhs: Any, rhs: Any, y: Any) -> tuple[Any, Any]:
         return ct, b.emit("neg", b.emit("mul", ct, b.emit("floordiv", lhs, rhs)))
@@ -665,9 +669,7 @@ class FloorDiv(IntegerDivision):
     name, symbol = "floordiv", "//"
     reference = staticmethod(np.floor_divide)
     differentiable = False
-
-    def scalar(self, e: Any, args: list, dtypes: list[str], dtype: str, attrs: dict) -> Any:
-        return _floor_divmod(e, *args, dtype)[0]
+    part = 0
 
 
 def _floor_divmod(e: Any, a: Any, b: Any, dtype: str) -> tuple[Any, Any]:
@@ -688,6 +690,28 @@ def _floor_divmod(e: Any, a: Any, b: Any, dtype: str) -> tuple[Any, Any]:
         over = e.and_(e.compare("!=", r, zero, dtype), other_sign)
         q, r = e.select(over, e.sub(q, one), q), e.select(over, e.add(r, d), r)
     return e.select(by_zero, zero, q), r
+
+
+def _float_floor_divmod(e: Any, a: Any, b: Any, dtype: str) -> tuple[Any, Any]:
+    """a // b and a % b of floats as NumPy computes them (its npy_divmod; in f32 for f16 and
+    bf16): from r = fmod(a, b), exact, the quotient (a - r) / b, both moved down by one b where
+    r is not 0 and its sign is not b's, the quotient snapped to an integer (floor, + 1 past a
+    half); a zero remainder takes b's sign, a zero quotient that of a / b. A divisor of 0
+    gives a / b and NaN."""
+    wide = "f32" if dtype in ("f16", "bf16") else dtype
+    a, b = e.cast(a, dtype, wide), e.cast(b, dtype, wide)
+    zero, one, half = (e.const(v, wide, a) for v in (0.0, 1.0, 0.5))
+    ratio, r = e.div(a, b), e.remainder(a, b, wide)
+    q = e.div(e.sub(a, r), b)
+    nonzero = e.compare("!=", r, zero, wide)                      # (NaN too, as C's `if (r)`)
+    moves = e.and_(nonzero, e.xor(e.compare("<", b, zero, wide), e.compare("<", r, zero, wide)))
+    r = e.select(moves, e.add(r, b), e.select(nonzero, r, e.intrinsic("llvm.copysign", zero, b)))
+    q = e.select(moves, e.sub(q, one), q)
+    floor = e.intrinsic("llvm.floor", q)
+    snapped = e.select(e.compare(">", e.sub(q, floor), half, wide), e.add(floor, one), floor)
+    q = e.select(e.compare("!=", q, zero, wide), snapped, e.intrinsic("llvm.copysign", zero, ratio))
+    q = e.select(e.compare("==", b, zero, wide), ratio, q)
+    return e.cast(q, wide, dtype), e.cast(r, wide, dtype)
 
 
 def _power(a: np.ndarray, b: np.ndarray) -> np.ndarray:

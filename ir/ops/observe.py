@@ -1,16 +1,23 @@
 """Observing a running program: `debug` prints a summary of a value, `assert_finite` stops the
 run when a value holds a NaN or an infinity. Both are effects (ir/ops/base.py): kept though
 their result is unused, run in program order on the host, and given the op's origin (where
-the source wrote them) by the interpreter, which they print or report."""
+the source wrote them) by the interpreter, which they print or report.
+
+In MLIR (device="iree"), assert_finite is a check in the module (cf.assert), which stops the
+call with an error status and this op's message; debug passes x on and prints nothing, for
+upstream MLIR has no operation that prints, and IREE's own (a trace) is outside it."""
 from __future__ import annotations
 
+import math
 import sys
 from typing import Any
 
 import numpy as np
 
-from ir.ops.base import EvalError, Kind, Param, Primitive, is_float, primitive, type_of
-from ir.types import TensorType
+from ir.mlir import S, string, tensor_type
+from ir.ops.base import EvalError, Kind, Param, Primitive, is_float, primitive, statics, type_of
+from ir.ops.elementwise import IsFinite
+from ir.types import FLOAT_DTYPES, TensorType
 
 
 class Effect(Primitive):
@@ -22,6 +29,9 @@ class Effect(Primitive):
 
     def infer(self, x: TensorType, label: str) -> TensorType:
         return x
+
+    def mlir(self, w: Any, op: Any) -> list[str]:
+        return [w[op.inputs[0]]]
 
 
 @primitive
@@ -48,6 +58,29 @@ class AssertFinite(Effect):
                             f"{_count(int(np.isinf(x).sum()), 'infinity', 'infinities')} among "
                             f"its {x.size} values", origin)
         return x
+
+    def mlir(self, w: Any, op: Any) -> list[str]:
+        """cf.assert that every element is finite (a linalg.generic reducing x to an i1), with
+        the interpreter's message but for the counts, which the module does not keep."""
+        (x,), label = op.inputs, statics(op)["label"]
+        if x.dtype not in FLOAT_DTYPES:
+            return [w[x]]
+        rank = len(x.shape)
+
+        def finite(args: list[S]) -> list[S]:
+            value, so_far = args
+            return [w.body.and_(IsFinite().scalar(w.body, [value], [x.dtype], "bool", {}), so_far)]
+        every = w.generic(x.shape, ["bool"], [(w[x], tensor_type(x.shape, x.dtype),
+                                               ", ".join(f"d{i}" for i in range(rank)))],
+                          finite, reduced=range(rank), inits=[w.filled(True, (), "bool", "all")],
+                          hint="finite")[0]
+        ok = w.fresh("ok")
+        w.line(f"{ok} = tensor.extract {every}[] : tensor<i1>")
+        where = f"{op.origin}: " * (op.origin is not None)
+        values = _count(math.prod(x.shape), "value", "values")
+        w.line(f"cf.assert {ok}, " + string(f"{where}assert_finite failed: '{label}' has a NaN or "
+                                            f"an infinity among its {values}"))
+        return [w[x]]
 
 
 def summary(x: np.ndarray) -> str:

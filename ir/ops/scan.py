@@ -19,10 +19,15 @@ import ml_dtypes
 import numpy as np
 
 from ir import numerics
+from ir.mlir import S, Window, broadcast_map, tensor_type
 from ir.ops.base import (NUMERIC, Kind, Param, Primitive, Role, need, normalize_axes, np_dtype,
                          primitive, statics, type_of)
 from ir.ops.elementwise import MathFunction, Maximum, Minimum
 from ir.types import FLOAT_DTYPES, TensorType
+
+
+# elements of a scan's axis that one linalg.generic accumulates (docs/mlir.md)
+CHUNK = 32
 
 
 class Cumulative(Primitive):
@@ -57,6 +62,65 @@ class Cumulative(Primitive):
     def step(self, e: Any, acc: Any, x: Any, dtype: str) -> Any:
         """acc ⊕ x in a kernel, built with a target's scalar emitter e (backend/llvm.py)."""
         raise NotImplementedError
+
+    def mlir(self, w: Any, op: Any) -> list[str]:
+        """Chunks of CHUNK elements along the axis, each a linalg.generic whose element j
+        accumulates, in an scf.for, the chunk's elements 0..j onto the previous chunk's last
+        (for the first chunk, onto its element 0); an scf.for over the chunks carries that last
+        line and the result. Each element is the kernels' y[i] = y[i-1] ⊕ x[i] chain, so the
+        bits are theirs; the chunks bound the work to CHUNK steps an element and the loop IREE
+        runs on its host (slow: about 0.4 ms a step) to n / CHUNK steps."""
+        (x,) = op.inputs
+        axis, shape, dtype = statics(op)["axis"] % len(x.shape), x.shape, x.dtype
+        n, b = shape[axis], w.body
+        if n <= 1 or 0 in shape:
+            return [w[x]]
+
+        def sized(k: int) -> tuple[int, ...]:
+            return tuple(k if i == axis else m for i, m in enumerate(shape))
+
+        def chunk(offset: int | str, size: int, previous: str | None) -> str:
+            """x's elements offset..offset + size along the axis, scanned onto `previous`."""
+            part = w.extract(w[x], shape, dtype, Window.along(shape, axis, offset, size),
+                             sized(size), "chunk")
+
+            def element(args: list[S]) -> list[S]:
+                at = [b.position(i) for i in range(len(shape))]
+
+                def read(k: S) -> S:
+                    return b.extract(part, tensor_type(sized(size), dtype), dtype,
+                                     [k if i == axis else p for i, p in enumerate(at)])
+                first = args[0] if previous else read(w.index_here(0))
+                start = w.index_here(0 if previous else 1)
+                stop = b.add(at[axis], w.index_here(1))
+                return [b.repeat(start, stop, first, lambda k, acc: self.step(b, acc, read(k), dtype))]
+            ins = [(previous, tensor_type(sized(1), dtype), broadcast_map(sized(1), sized(size)))] \
+                if previous else []
+            return w.generic(sized(size), [dtype], ins, element, hint=self.name)[0]
+
+        def last(part: str, size: int) -> str:
+            return w.extract(part, sized(size), dtype, Window.along(sized(size), axis, size - 1, 1),
+                             sized(1), "last")
+
+        whole, tail = divmod(n, CHUNK)
+        if not whole:
+            return [chunk(0, n, None)]
+        head = chunk(0, CHUNK, None)
+        y = w.insert(head, sized(CHUNK), w.empty(shape, dtype), shape, dtype,
+                     Window.along(shape, axis, 0, CHUNK))
+
+        def step(t: str, carried: list[str]) -> list[str]:
+            previous, y = carried
+            offset = b.mul(S(t, "index"), w.index_here(CHUNK)).name
+            part = chunk(offset, CHUNK, previous)
+            return [last(part, CHUNK), w.insert(part, sized(CHUNK), y, shape, dtype,
+                                                Window.along(shape, axis, offset, CHUNK))]
+        previous, y = w.loop(whole, [(last(head, CHUNK), tensor_type(sized(1), dtype)),
+                                     (y, tensor_type(shape, dtype))], step, self.name, start=1)
+        if tail:
+            y = w.insert(chunk(whole * CHUNK, tail, previous), sized(tail), y, shape, dtype,
+                         Window.along(shape, axis, whole * CHUNK, tail))
+        return [y]
 
 
 def _backwards(b: Any, v: Any, axis: int) -> Any:

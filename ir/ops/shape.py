@@ -17,7 +17,7 @@ from ir.dims import Dim
 from ir.ops.base import (Kind, OpError, Param, Primitive, Role, check_fill, check_shape,
                          common_dtype, format_shape, merge_dims, normalize_axes, np_dtype,
                          primitive, range_length, statics, type_of, unbroadcast)
-from ir.mlir import NotExpressible, Window, type_of as mlir_type
+from ir.mlir import Window, type_of as mlir_type
 from ir.types import TensorType, TupleType, Type, UnknownType
 
 Axes = None | int | tuple[int, ...]
@@ -398,8 +398,9 @@ class Index(Primitive):
 
     def mlir(self, w: Any, op: Any) -> list[str]:
         (x,), out = op.inputs, op.outputs[0]
-        window = _window(x.shape, op.attrs["items"])
-        return [w.extract(w[x], x.shape, x.dtype, window, out.shape, "item")]
+        window, flipped = _window(x.shape, op.attrs["items"])
+        return [w.extract(w.reverse(w[x], x.shape, x.dtype, flipped), x.shape, x.dtype, window,
+                          out.shape, "item")]
 
     def vjp(self, b: Any, op: Any, cts: tuple) -> tuple:
         return (b.emit("unindex", cts[0], items=op.attrs["items"], shape=op.inputs[0].shape),)
@@ -410,20 +411,24 @@ def _numpy_index(items: tuple[IndexItem, ...]) -> tuple[Any, ...]:
                  for it in items)
 
 
-def _window(shape: tuple[int, ...], items: tuple[IndexItem, ...]) -> Window:
-    """The window of a tensor of `shape` that x[items] reads (an int item: one element, its
-    axis dropped)."""
-    offsets, sizes, strides = [], [], []
-    for item, n in zip(_full(items, len(shape)), shape):
+def _window(shape: tuple[int, ...],
+            items: tuple[IndexItem, ...]) -> tuple[Window, tuple[int, ...]]:
+    """The window that x[items] reads (an int item: one element, its axis dropped) of x, a
+    tensor of `shape`, reversed along the axes returned: those of a negative step, whose
+    elements the window then reads forwards (MLIR's strides are positive)."""
+    offsets, sizes, strides, flipped = [], [], [], []
+    for axis, (item, n) in enumerate(zip(_full(items, len(shape)), shape)):
         if isinstance(item, SliceSpec):
             bounds = [None if b is None else Dim.of(b).value for b in (item.lo, item.hi, item.step)]
             start, stop, step = slice(*bounds).indices(n)
-            if step < 0:
-                raise NotExpressible("an index of negative step")
-            offsets.append(start), sizes.append(len(range(start, stop, step))), strides.append(step)
+            size = len(range(start, stop, step))
+            if step < 0:                           # element i of x is n - 1 - i of reversed x
+                flipped.append(axis)
+                start, step = n - 1 - start, -step
+            offsets.append(start), sizes.append(size), strides.append(step)
         else:
             offsets.append(Dim.of(item).value % n), sizes.append(1), strides.append(1)
-    return Window(tuple(offsets), tuple(sizes), tuple(strides))
+    return Window(tuple(offsets), tuple(sizes), tuple(strides)), tuple(flipped)
 
 
 def _full(items: tuple[IndexItem, ...], rank: int) -> list[IndexItem]:
@@ -466,8 +471,9 @@ class Unindex(Primitive):
     def mlir(self, w: Any, op: Any) -> list[str]:
         (x,), out = op.inputs, op.outputs[0]
         zeros = w.filled(0, out.shape, out.dtype, "zeros")
-        window = _window(out.shape, op.attrs["items"])
-        return [w.insert(w[x], x.shape, zeros, out.shape, out.dtype, window, "unindex")]
+        window, flipped = _window(out.shape, op.attrs["items"])
+        inserted = w.insert(w[x], x.shape, zeros, out.shape, out.dtype, window, "unindex")
+        return [w.reverse(inserted, out.shape, out.dtype, flipped)]
 
     def vjp(self, b: Any, op: Any, cts: tuple) -> tuple:
         return (b.emit("index", cts[0], items=op.attrs["items"]),)
@@ -497,9 +503,10 @@ class Slice(Primitive):
 
     def mlir(self, w: Any, op: Any) -> list[str]:
         (x,), out, a = op.inputs, op.outputs[0], statics(op)
-        window = _window(x.shape, _along(a["axis"] % len(x.shape),
-                                         SliceSpec(a["start"], a["stop"], a["step"])))
-        return [w.extract(w[x], x.shape, x.dtype, window, out.shape, "slice")]
+        window, flipped = _window(x.shape, _along(a["axis"] % len(x.shape),
+                                                  SliceSpec(a["start"], a["stop"], a["step"])))
+        return [w.extract(w.reverse(w[x], x.shape, x.dtype, flipped), x.shape, x.dtype, window,
+                          out.shape, "slice")]
 
     def vjp(self, b: Any, op: Any, cts: tuple) -> tuple:
         a, x = statics(op), op.inputs[0]
@@ -565,6 +572,11 @@ class Flip(Primitive):
 
     def evaluate(self, x: np.ndarray, axis: Axes = None) -> np.ndarray:
         return np.flip(x, axis)
+
+    def mlir(self, w: Any, op: Any) -> list[str]:
+        (x,) = op.inputs
+        axes = normalize_axes(statics(op)["axis"], len(x.shape), x)
+        return [w.reverse(w[x], x.shape, x.dtype, axes)]
 
     def vjp(self, b: Any, op: Any, cts: tuple) -> tuple:
         return (b.emit("flip", cts[0], axis=statics(op)["axis"]),)

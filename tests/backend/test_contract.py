@@ -16,7 +16,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from backend.contract import NUMPY, SIZE, Matmul, Tiles, host_tiles
+from backend.contract import NUMPY, SIZE, Matmul, Tiles, host_tiles, numpy_layout_holds
 from conftest import isolated
 from ir.ops import REGISTRY
 
@@ -342,7 +342,7 @@ def test_a_layout_seen_before_reads_the_new_operands(kernels):
 
 # ---------------------------------------------------------------- small and skinny products
 # A job reads B in place (tiles of mr rows) where its K block of B takes at most
-# Tiles.in_place_bytes, packs it past that, and runs one-row tiles at most mr rows: each side
+# Tiles.in_place_bytes, packs it past that, and streams B's rows at most mr rows: each side
 # of each switch gives the reference's bits and the always-packing kernel's.
 
 PROT_NONE = 0                  # (the mmap module names PROT_READ and PROT_WRITE only)
@@ -352,7 +352,7 @@ PACKING = {dtype: Matmul(dtype, dataclasses.replace(HOST[dtype], in_place_bytes=
 
 def switch_shapes(dtype: str) -> list[tuple[int, int, int]]:
     """(M, K, N) on both sides of the in-place bound (a K block of 512 rows × N columns), of
-    the K block, of the one-row tiles (M = mr), and with K and N 0, 1 and primes."""
+    the K block, of the streamed rows (M = mr), and with K and N 0, 1 and primes."""
     t = HOST[dtype]
     n_bound = t.in_place_bytes // (t.kc * SIZE[dtype])
     return [(13, t.kc, n_bound), (13, t.kc, n_bound + 1), (7, t.kc + 1, 40), (t.mr, 37, 33),
@@ -413,11 +413,72 @@ def read_at_page_end(case: tuple[str, int, int, int]) -> list:
 
 
 def test_no_path_reads_past_the_operands():
-    """Every edge width of the in-place and one-row tiles, B's last row ending at an
+    """Every edge width of the in-place tiles and the streamed rows, B's last row ending at an
     unreadable page (each case in a child process: a stray read is a crash there)."""
-    cases = [(dtype, m, k, n) for dtype in ("f32", "f64") for m in (1, 7)
+    cases = [(dtype, m, k, n) for dtype in ("f32", "f64") for m in (1, HOST[dtype].mr, 7)
              for n in (1, HOST[dtype].width - 1, HOST[dtype].width + 1, 2 * HOST[dtype].width,
                        HOST[dtype].nr + 3) for k in (1, 9)]
     outcomes = {case: (outcome, value)
                 for case, outcome, value in isolated(read_at_page_end, cases, timeout=300)}
     assert outcomes == {case: ("ok", []) for case in cases}
+
+
+# ---------------------------------------------------------------- the direct call from Python
+# Matmul.direct reads NumPy's array objects in native code: a call of 2-D operands of the
+# kernel's dtype is one native call, with the bits of the checked path; anything else is
+# refused untouched, for the checked path to take.
+
+DIRECT_SHAPES = [(0, 3, 4), (3, 0, 4), (4, 3, 0), (1, 1, 1), (7, 13, 29), (31, 37, 41),
+                 (64, 64, 64), (1, 768, 2304), (1024, 512, 128), (1024, 128, 512),
+                 (512, 1024, 128), (6, 97, 65)]
+
+
+DIRECT = {dtype: Matmul(dtype) for dtype in ("f32", "f64")}
+
+
+class Subclass(np.ndarray):
+    pass
+
+
+def test_numpy_arrays_are_laid_out_as_the_direct_call_reads_them():
+    assert numpy_layout_holds()
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f64"])
+@pytest.mark.parametrize("m, k, n", DIRECT_SHAPES)
+def test_a_direct_call_gives_the_checked_paths_bits(dtype, m, k, n):
+    """Contiguous, transposed, strided and reversed operands, on 1, 2 and 3 threads: the bits
+    of the checked path (the reference's), within K roundings of float64 NumPy."""
+    kernel = DIRECT[dtype]
+    make = random_f32 if dtype == "f32" else short_f64
+    a, a_t = make((m, k)), make((k, m)).T
+    b, b_t, b_s = make((k, n)), make((n, k)).T, make((k, 2 * n))[:, ::2]
+    for x, y in [(a, b), (a_t, b), (a, b_t), (a_t, b_s), (a[::-1], b[:, ::-1])]:
+        want = kernel(x, y, threads=1)
+        exact = x.astype(np.float64) @ y.astype(np.float64)
+        # K roundings of at most half an ulp each, and as many in NumPy's float64 sums
+        bound = (k + 1) * np.finfo(NUMPY[dtype]).eps * (np.abs(x).astype(np.float64) @ np.abs(y))
+        assert np.all(np.abs(want - exact) <= bound)
+        for threads in (1, 2, 3):
+            out = np.full((m, n), np.nan, NUMPY[dtype])
+            assert kernel.direct(x, y, out, threads), (x.strides, y.strides, threads)
+            assert bits(out) == bits(want), (x.strides, y.strides, threads)
+
+
+def test_a_direct_call_refuses_what_it_does_not_read():
+    """Other dtypes, ranks, a non-contiguous or read-only `out`, misfit shapes, subclasses,
+    lists and scalars: refused, `out` untouched (the checked path takes them)."""
+    kernel = DIRECT["f32"]
+    a, b = random_f32((4, 5)), random_f32((5, 3))
+    out = np.full((4, 3), np.nan, np.float32)
+    read_only = np.full((4, 3), np.nan, np.float32)
+    read_only.flags.writeable = False
+    misaligned = np.frombuffer(bytearray(4 * 5 * 4 + 1), np.float32, 20, 1).reshape(4, 5)
+    for x, y, z in [(a.astype(np.float64), b, out), (a, b, out.astype(np.float64)),
+                    (a[None], b, out[None]), (a, b[:, 0], out[:, 0]), (a, b[:4], out),
+                    (a, b, np.full((3, 4), np.nan, np.float32).T), (a, b, read_only),
+                    (a, b, np.full((4, 4), np.nan, np.float32)), (a.view(Subclass), b, out),
+                    (a.tolist(), b, out), (np.float32(1), b, out), (misaligned, b, out),
+                    (a, b.view(np.dtype(np.float32).newbyteorder(">")), out)]:
+        assert not kernel.direct(x, y, z, 2)
+        assert np.isnan(z).all()

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import dsl
+from backend import contract
 from backend.step import ScatterCall, TakeCall
 from conftest import isolated, raises
 from runtime import cpu
@@ -105,7 +106,7 @@ def three_ways(case: tuple[int, int, int], cases: list = CASES) -> list[str]:
     run shared by the threads and cut as finely as it goes."""
     (name, make), n, threads = cases[case[0]], case[1], case[2]
     os.environ["DSLC_THREADS"] = str(threads)
-    cpu.MIN_RUN_WORK, cpu.MIN_CHUNK_WORK, cpu.MIN_MULTIPLY_ADDS_PER_THREAD = 0, 1, 1
+    cpu.MIN_RUN_WORK, cpu.MIN_CHUNK_WORK, contract.MIN_MULTIPLY_ADDS_PER_THREAD = 0, 1, 1
     fn, arrays = lowered(name, make(n))
     exe = Executable(fn)
     native, walked = exe.run(arrays), exe.walk(arrays)
