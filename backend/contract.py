@@ -877,8 +877,7 @@ class Matmul:
 
     def __init__(self, dtype: str, tiles: Tiles | None = None):
         self.dtype, self.tiles = dtype, tiles or host_tiles(dtype)
-        self.engine = cpu.jit(("matmul", dtype, repr(self.tiles)),
-                              lambda: self.llvm_ir)
+        self.engine = cpu.jit(self.key(dtype, self.tiles), lambda: self.llvm_ir)
         self.fn = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * 3, *[ctypes.c_int64] * 11,
                                    *[ctypes.c_void_p] * 4, *[ctypes.c_int64] * 2)(
             self.engine.get_function_address("matmul"))
@@ -899,6 +898,11 @@ class Matmul:
                                  dtype=np.int64)
         self._context_address = address(self._context)
         self.scratch(1)                                    # (for NAME.direct)
+
+    @staticmethod
+    def key(dtype: str, tiles: Tiles) -> tuple[str, ...]:
+        """What names the kernel's object code (with backend/cpu.py's jit_key)."""
+        return ("matmul", dtype, repr(tiles))
 
     @functools.cached_property
     def llvm_ir(self) -> str:

@@ -172,13 +172,13 @@ def address(a) -> int:
         return a.ctypes.data
 
 
-def jit(key: tuple[str, ...], build: Callable[[], ir.Module | str]) -> llvm.ExecutionEngine:
-    """An MCJIT engine for the module build() makes (or its text), optimised at O3 for the host CPU. Its
+def jit(key: tuple[str, ...], build: Callable[[], ir.Module | str], opt: int = 3) -> llvm.ExecutionEngine:
+    """An MCJIT engine for the module build() makes (or its text), optimised at level `opt` for the host CPU. Its
     object code comes from the on-disk cache when there is an entry under key (which must
     name everything the module depends on) for this backend's code, the IR's (where the
     primitives' scalar bodies are) and this machine: then build() is not even called."""
-    machine = target_machine()
-    k = cache.key(*key, *machine_key(3))
+    machine = target_machine(opt)
+    k = jit_key(key, opt)
     cached = cache.load(k)
     if cached is not None:
         engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), machine)
@@ -186,11 +186,16 @@ def jit(key: tuple[str, ...], build: Callable[[], ir.Module | str]) -> llvm.Exec
     else:
         mod = llvm.parse_assembly(str(build()))
         mod.verify()
-        optimise(mod)
+        optimise(mod, opt)
         engine = llvm.create_mcjit_compiler(mod, machine)
         engine.set_object_cache(lambda _, data: cache.store(k, data), lambda _: None)
     engine.finalize_object()
     return engine
+
+
+def jit_key(key: tuple[str, ...], opt: int = 3) -> str:
+    """The compile cache's key of the object code jit(key, …, opt) makes."""
+    return cache.key(*key, *machine_key(opt))
 
 
 class Compiled:

@@ -231,6 +231,8 @@ def g(w: f32[V, D], i: i32[N], x: f32[D, D]) -> f32[V, D]:
 # made before the clock starts; it prints the seconds to its first call's end.
 def first_call(side: str) -> float:
     import dsl
+    import dsl.program      # dslc's own imports, which `import dsl` leaves to its first use
+    import runtime.cpu
     if side == "runtime":
         w, x = np.ones((5, 8), np.float32), np.ones((8, 8), np.float32)
         dsl.loads(RUNTIME, name=str(ts.MODELS / "runtime.bend"), device="cpu").g(w, np.arange(3, dtype=np.int32), x)

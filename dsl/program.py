@@ -21,7 +21,7 @@ from dsl.inputs import (COMPILED, MAX_BYTES, Inputs, abstract_inputs, bind_pytho
 from dsl.specialisations import Specialisation, Specialisations, kept_per_entry
 from dsl.values import unflatten
 from frontend import ast
-from frontend.check import Checker, deep, raise_collected
+from frontend.check import Checker, deep, raise_collected, without_gc
 from frontend.calls import _not_differentiable
 from frontend.diagnostics import CheckError, DslError, Note, Source, did_you_mean
 from frontend.lower import Layout, LoweringError, flatten, trained_leaves
@@ -55,6 +55,16 @@ class Lowered:
 
 
 @dataclass(frozen=True)
+class Stored:
+    """A program's entry point compiled for one input signature, as the compile cache holds it
+    under `key`: its lowering, and on the CPU, once it has run, its plan (runtime/cpu.py), so
+    that a warm load neither lowers nor schedules."""
+    key: str
+    lowered: Lowered
+    plan: Any                       # (Plan, Memory), or None
+
+
+@dataclass(frozen=True)
 class Interpreted:
     """device="reference": a function run by the interpreter, as an executable is run."""
     function: Function
@@ -78,6 +88,7 @@ class Program:
         self._entries: dict[str, Compiled] = {}
         self._devices: dict[tuple[str, str], Program] = {}   # on the other devices and numerics
         self._signatures: dict[str, Signatures] = {}   # each entry's fast path (dsl/fastcall.py)
+        self._stored: weakref.WeakKeyDictionary[Function, Stored] = weakref.WeakKeyDictionary()
 
     def __getattr__(self, name: str) -> Compiled:
         if name.startswith("_"):
@@ -163,7 +174,9 @@ class Program:
         def compiled(fn: Function):
             check_sizes(span, name, fn, memory_bytes(), "an array may take here (the smaller "
                         "of 2**40 and this machine's memory)")
-            return self.executable(fn)
+            # (the backend, like the front end, makes many objects and few cycles worth
+            # collecting before it is done: collections would cost a sixth of its Python time)
+            return without_gc(lambda: self.executable(fn))()
         try:
             return spec.executable(grad, compiled).run(arrays)
         except interp.EvalError as e:
@@ -189,6 +202,7 @@ class Program:
             options = {"target": gpu_target() if self.device == "iree-cuda" else HOST}
         else:
             from runtime.cpu import Executable
+            options = {"planned": self._plan(fn)}
         return Executable(fn, fn.name, **options)
 
     def grad(self, name: str, wrt: str | tuple[str, ...], has_aux: bool = False):
@@ -530,13 +544,45 @@ class Program:
         return Inputs(abstract, arrays, arg_leaves)
 
     def _lowered(self, d: ast.Def, b: Builder, inputs: Inputs) -> Lowered:
-        """d lowered for these inputs, from the on-disk cache (runtime/cache.py) when the same
-        sources were lowered for the same input signature before."""
+        """d lowered for these inputs: from the program's entry in the on-disk cache
+        (runtime/cache.py) when these sources were compiled for this input signature before,
+        with the plan its first call then made on the CPU."""
+        from runtime import cache
+        k = self._entry_key(d, inputs)
+        found = cache.load_value(k)
+        if isinstance(found, Stored) and isinstance(found.lowered, Lowered):
+            self._stored[found.lowered.function] = found
+            return found.lowered
+        low = deep(without_gc(lambda: self._lower(d, b, inputs)))
+        entry = self._stored[low.function] = Stored(k, low, None)
+        if self.device != "cpu":            # on the CPU, stored with its plan at the first call
+            cache.store_value(k, entry)
+        return low
+
+    def _entry_key(self, d: ast.Def, inputs: Inputs) -> str:
+        """The cache key of entry d for these inputs: everything its lowering and its plan
+        depend on (the program's sources, the imported and the standard library's included;
+        the input signature; the device and numerics; the code of dslc that makes them; this
+        CPU), besides the versions every key covers."""
         from runtime import cache
         sources = sorted((m.path, m.source.text) for m in self._resolved.modules.values())
-        k = cache.key("lowered", cache.code_digest("frontend", "ir", "dsl"), repr(sources),
-                      d.name, repr(inputs.key))
-        return cache.memo(k, lambda: deep(lambda: self._lower(d, b, inputs)))
+        return cache.key("program", cache.code_digest("frontend", "ir", "dsl", "backend", "runtime"),
+                         repr(sources), d.name, repr(inputs.key), self.device, self.numerics,
+                         cache.host())
+
+    def _plan(self, fn: Function) -> Any:
+        """The host plan of an entry point's own function (None for another function: a
+        gradient's, whose plan runtime/cpu.py caches by its IR), made at its first call and
+        stored with its lowering as the program's cache entry."""
+        from runtime import cache
+        from runtime.cpu import plan
+        entry = self._stored.get(fn)
+        if entry is None:
+            return None
+        if entry.plan is None:
+            entry = self._stored[fn] = replace(entry, plan=plan(fn, fn.name))
+            cache.store_value(entry.key, entry)
+        return entry.plan
 
     def _lower(self, d: ast.Def, b: Builder, inputs: Inputs) -> Lowered:
         low = self._traced(d, b, inputs)

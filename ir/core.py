@@ -29,7 +29,7 @@ class Value:
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return tuple(d.value for d in self.type.shape) if isinstance(self.type, TensorType) else (2,)
+        return tuple([d.value for d in self.type.shape]) if isinstance(self.type, TensorType) else (2,)
 
     @property
     def dtype(self) -> str:

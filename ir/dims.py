@@ -45,12 +45,13 @@ class Dim:
     @property
     def value(self) -> int | None:
         """The integer this dimension is, when it is a constant."""
-        if self.unknown_:
+        terms = self.terms                  # (the hottest property of the compiler: no list made)
+        if self.unknown_ or len(terms) > 1:
             return None
-        if not self.terms:
+        if not terms:
             return 0
-        (mono, c), *rest = self.terms
-        return c if mono == () and not rest else None
+        mono, c = terms[0]
+        return c if mono == () else None
 
     def free_vars(self) -> frozenset[str]:
         """The variables this dimension depends on, those of its floor divisions included."""

@@ -178,7 +178,12 @@ def fold_constants(fn: Function) -> Function:
 
 
 def _literal(a: np.ndarray):
-    return a.item() if a.ndim == 0 else tuple(_literal(x) for x in a)
+    """a as nested tuples of Python scalars (tolist converts in C what item() per element did)."""
+    return _tuples(a.tolist())
+
+
+def _tuples(x):
+    return tuple(map(_tuples, x)) if type(x) is list else x
 
 
 def optimize(fn: Function) -> Function:

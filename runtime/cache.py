@@ -52,6 +52,14 @@ def versions() -> str:
     return f"dslc {dslc}; llvmlite {llvmlite.__version__}; llvm {llvm.llvm_version_info}"
 
 
+@functools.cache
+def host() -> str:
+    """This machine, as object code and what is planned for it depend on it: LLVM's target
+    triple, CPU name and CPU features."""
+    import llvmlite.binding as llvm
+    return f"{llvm.get_default_triple()}; {llvm.get_host_cpu_name()}; {llvm.get_host_cpu_features().flatten()}"
+
+
 def cache_dir() -> Path:
     return Path(os.environ.get("DSLC_CACHE_DIR") or Path.home() / ".cache" / "dslc")
 

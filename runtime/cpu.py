@@ -5,19 +5,23 @@ plan of backend/schedule.py), runs of consecutive kernels are one call each (sha
 threads when large enough), and plans come from the compile cache when they can."""
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
 import os
+import subprocess
+import sys
 from dataclasses import dataclass
 from itertools import accumulate
 from math import prod
+from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
 from backend import scatter
-from backend.cpu import Compiled, Run, address, sync_words
+from backend.cpu import Compiled, Run, address, jit_key, sync_words
 from backend.llvm import grain
 from backend.loops import LoopKernel
 from backend.schedule import (
@@ -46,6 +50,7 @@ from runtime import cache, executor
 if TYPE_CHECKING:
     from backend.contract import Matmul
 
+ROOT = Path(__file__).resolve().parents[1]
 MIN_RUN_WORK = 1 << 19      # elements a run's kernels visit, in all: below this, one thread
 MIN_CHUNK_WORK = 1 << 12    # elements of one chunk of a kernel in a run (see backend/cpu.py)
 
@@ -64,8 +69,8 @@ class Executable:
     """An IR function compiled for the host: its plan, its kernels, its buffer plan, and the
     executables of the scan and checkpoint bodies it holds."""
 
-    def __init__(self, fn: Function, name: str = "k"):
-        self.plan, self.memory = _planned(fn, name)
+    def __init__(self, fn: Function, name: str = "k", planned: tuple[Plan, Memory] | None = None):
+        self.plan, self.memory = planned or _planned(fn, name)
         self.function = fn = self.plan.function
         steps = self.plan.steps
         # what needs no input is made once: constants, zeros, aranges (never written to)
@@ -168,15 +173,20 @@ class _Host:
                 for v in exe.function.results]
 
 
+def plan(fn: Function, name: str) -> tuple[Plan, Memory]:
+    """fn's plan and buffer plan (the plan holds its own copy of the function, which the
+    executable then runs)."""
+    fn = for_backends(fn)
+    compile_products_beside(fn)
+    made = schedule(fn, name)
+    return made, plan_memory(made)
+
+
 def _planned(fn: Function, name: str) -> tuple[Plan, Memory]:
-    """fn's plan and buffer plan, from the on-disk cache when this scheduler planned exactly
-    this function before (the plan holds its own copy of the function, which the executable
-    then runs)."""
-    def plan() -> tuple[Plan, Memory]:
-        made = schedule(for_backends(fn), name)
-        return made, plan_memory(made)
+    """plan(fn, name), from the on-disk cache when this scheduler planned exactly this function
+    before."""
     k = cache.key("plan", cache.code_digest("backend", "ir"), name, _digest(fn))
-    return cache.memo(k, plan)
+    return cache.memo(k, lambda: plan(fn, name))
 
 
 def _digest(fn: Function) -> str:
@@ -387,6 +397,29 @@ def _table(args: tuple[Value | None, ...], views: dict[Value, np.ndarray]) -> ct
 
 _matmuls: dict[np.dtype, Matmul] = {}
 _MATMUL_DTYPES = {np.dtype(np.float32): "f32", np.dtype(np.float64): "f64"}
+_beside: dict[str, subprocess.Popen] = {}   # product kernels another process is compiling, by dtype
+
+
+def compile_products_beside(fn: Function) -> None:
+    """Start compiling the product kernel of each dtype fn's contractions take, where it is
+    neither made nor cached, in a process of its own: the largest single compilation of a
+    program (shared by every program) then goes on while this process plans and compiles the
+    program's own kernels, not after them."""
+    from backend.contract import Matmul, host_tiles
+    dtypes = {op.outputs[0].dtype for op in _ops(fn) if op.primitive.role is Role.CONTRACTION}
+    made = {_MATMUL_DTYPES[d] for d in _matmuls}
+    for dtype in sorted(dtypes & set(_MATMUL_DTYPES.values()) - made - _beside.keys()):
+        if cache.load(jit_key(Matmul.key(dtype, host_tiles(dtype)))) is None:
+            command = (f"import sys; sys.path[0] = {str(ROOT)!r}; "
+                       f"from backend.contract import Matmul; Matmul({dtype!r})")
+            with contextlib.suppress(OSError):      # then this process compiles it, at its first use
+                _beside[dtype] = subprocess.Popen([sys.executable, "-c", command], stdin=subprocess.DEVNULL,
+                                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _ops(fn: Function) -> list[Op]:
+    """fn's ops and its bodies', all the way down."""
+    return [o for op in fn.ops for o in (op, *(_ops(op.body) if op.body is not None else ()))]
 
 
 def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray, threads: int,
@@ -418,6 +451,9 @@ def _matmul(dtype: np.dtype) -> Matmul:
     kernel = _matmuls.get(dtype)
     if kernel is None:
         from backend.contract import Matmul
+        beside = _beside.pop(_MATMUL_DTYPES[dtype], None)
+        if beside is not None:              # it stores the kernel in the cache, or fails: then made here
+            beside.wait()
         kernel = _matmuls[dtype] = Matmul(_MATMUL_DTYPES[dtype])
     return kernel
 

@@ -297,6 +297,113 @@ def test_new_cache_folders_are_writable_by_this_user_only(tmp_path, monkeypatch)
 
 
 # ---------------------------------------------------------------------------------------------
+# A program's entry (dsl/program.py): an entry point's lowering and its plan, stored as one
+# entry under a key that covers everything they depend on; any change is a miss, built again.
+
+MAIN = "from nn import relu\nfrom lib import twice\n\ndef f(x: f32[N]) -> f32:\n  return sum(relu(twice(x)) * x)\n"
+LIB = "def twice(x):\n  return 2.0 * x\n"
+
+
+@pytest.fixture
+def sources(tmp_path, monkeypatch):
+    """main.bend, importing lib.bend beside it and nn from a copy of the standard library."""
+    from frontend import resolve
+    folder = tmp_path / "src"
+    folder.mkdir()
+    (folder / "main.bend").write_text(MAIN)
+    (folder / "lib.bend").write_text(LIB)
+    stdlib = shutil.copytree(resolve.STDLIB_DIR, tmp_path / "stdlib")
+    monkeypatch.setattr(resolve, "STDLIB_DIR", stdlib)
+    return folder
+
+
+def run_main(folder: Path, n: int = 5, numerics: str = "exact") -> float:
+    import dsl
+    return float(dsl.load(folder / "main.bend", device="cpu", numerics=numerics).f(np.arange(n, dtype=np.float32)))
+
+
+def made(monkeypatch) -> list[str]:
+    """What each run from now on lowers and plans afresh: 'lowered' and 'planned', in order."""
+    import dsl.program
+    import runtime.cpu
+    done: list[str] = []
+    lower, plan = dsl.program.Program._lower, runtime.cpu.plan
+    monkeypatch.setattr(dsl.program.Program, "_lower", lambda *a: done.append("lowered") or lower(*a))
+    monkeypatch.setattr(runtime.cpu, "plan", lambda *a: done.append("planned") or plan(*a))
+    return done
+
+
+def test_a_warm_load_neither_lowers_nor_plans(cache_dir, sources, monkeypatch):
+    assert run_main(sources) == 60.0
+    done = made(monkeypatch)
+    assert run_main(sources) == 60.0 and done == []
+
+
+def append(path: Path, text: str) -> None:
+    path.write_text(path.read_text() + text)
+
+
+CHANGES = {
+    "the program's text": lambda src, mp: append(src / "main.bend", "\n# a comment\n"),
+    "an imported module's text": lambda src, mp: append(src / "lib.bend", "\n# a comment\n"),
+    "the standard library's text": lambda src, mp: append(
+        __import__("frontend.resolve").resolve.STDLIB_DIR / "nn.bend", "\n# a comment\n"),
+    "dslc's version": lambda src, mp: mp.setattr(cache, "versions", lambda: "dslc 9.9"),
+    "dslc's code": lambda src, mp: mp.setattr(cache, "code_digest", lambda *folders: "changed"),
+    "the CPU": lambda src, mp: mp.setattr(cache, "host", lambda: "x86_64-unknown-linux-gnu; znver9; +avx1024"),
+}
+
+
+@pytest.mark.parametrize("change", CHANGES)
+def test_a_change_to_anything_the_entry_depends_on_is_a_miss(cache_dir, sources, monkeypatch, change):
+    assert run_main(sources) == 60.0
+    CHANGES[change](sources, monkeypatch)
+    done = made(monkeypatch)
+    assert run_main(sources) == 60.0 and done == ["lowered", "planned"]
+    assert run_main(sources) == 60.0 and done == ["lowered", "planned"]     # then a hit
+
+
+@pytest.mark.parametrize("signature, want", [({"n": 6}, 110.0), ({"numerics": "fast"}, 60.0)])
+def test_another_input_signature_or_numerics_is_another_entry(cache_dir, sources, monkeypatch,
+                                                              signature, want):
+    assert run_main(sources) == 60.0
+    done = made(monkeypatch)
+    assert run_main(sources, **signature) == want and done == ["lowered", "planned"]
+    assert run_main(sources) == 60.0 and done == ["lowered", "planned"]     # the first kept
+
+
+@pytest.mark.parametrize("damage", ["flip a byte", "truncate", "sealed garbage", "sealed other value"])
+def test_a_damaged_program_entry_is_built_again(cache_dir, sources, monkeypatch, damage):
+    from dsl.program import Stored
+    stored = []
+    store_value = cache.store_value
+    monkeypatch.setattr(cache, "store_value",
+                        lambda k, v: (stored.append(k) if isinstance(v, Stored) else None, store_value(k, v)))
+    assert run_main(sources) == 60.0
+    (k,) = stored
+    entry = cache._path(k, "val")
+    {"flip a byte": flip, "truncate": lambda e: e.write_bytes(e.read_bytes()[:-100]),
+     "sealed garbage": lambda e: sealed(e, os.urandom(300)),
+     "sealed other value": lambda e: sealed(e, __import__("runtime.codec").codec.encode((1, 2)))}[damage](entry)
+    done = made(monkeypatch)
+    assert run_main(sources) == 60.0 and done == ["lowered", "planned"]
+    assert isinstance(cache.load_value(k), Stored)                  # stored again
+
+
+def test_the_product_kernel_is_compiled_beside_a_cold_plan_not_after_it(cache_dir, monkeypatch):
+    import dsl
+    import runtime.cpu
+    from backend.contract import Matmul
+    monkeypatch.setattr(runtime.cpu, "_matmuls", {})            # as in a new process
+    monkeypatch.setattr(Matmul, "llvm_ir", property(lambda self: pytest.fail("compiled here")))
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((200, 300), np.float32), rng.standard_normal((300, 100), np.float32)
+    got = dsl.loads("def f(a: f32[M, K], b: f32[K, N]) -> f32[M, N]:\n  return a @ b\n",
+                    device="cpu").f(a, b)
+    np.testing.assert_allclose(got, a.astype(np.float64) @ b.astype(np.float64), rtol=1e-5, atol=1e-4)
+
+
+# ---------------------------------------------------------------------------------------------
 # A corpus of damaged entries, each met by a new process through the public API: every run
 # gives the right answer, having ignored and rebuilt what it could not trust.
 
