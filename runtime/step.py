@@ -7,18 +7,20 @@ arrays), so a call writes its arguments' and results' addresses and makes one ca
 from __future__ import annotations
 
 import ctypes
+import sys
 from dataclasses import dataclass
+from itertools import accumulate
 from math import prod
 from typing import Callable
 
 import numpy as np
 
 from backend import scatter
-from backend.contract import ARGUMENTS, NUMPY, Matmul, aligned
+from backend.contract import ARGUMENTS, DATA_FIELD, NUMPY, Matmul, aligned
 from backend.cpu import address, sync_words
-from backend.schedule import ContractStep, HostStep, KernelStep, ViewStep, nbytes
-from backend.step import (HEADER, TEAM_BOX, TEAM_RUN, Call, CopyCall, ProductCall, Ref, RunCall,
-                          ScanCall, ScatterCall, State, TakeCall, compile_segments)
+from backend.schedule import ALIGN, ContractStep, HostStep, KernelStep, ViewStep, nbytes
+from backend.step import (HEADER, TEAM_BOX, TEAM_RUN, AddressCall, Call, CopyCall, ProductCall,
+                          Ref, RunCall, ScanCall, ScatterCall, State, TakeCall, compile_segments)
 from backend.team import MAX_THREADS, team
 from ir.core import Value
 from ir.ops.base import np_dtype
@@ -31,6 +33,10 @@ from runtime.cpu import (Executable, _Arena, _copy, _made_once, empty_aligned,
 
 SegmentFn = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64)
 ARENA = HEADER                      # the frame word of the arena's (aligned) base
+BYTE = np.dtype(np.uint8)
+# CPython's id of an object is its address: the first segment reads each argument's data
+# address from the array object itself (backend/step.py's AddressCall)
+BY_ID = sys.implementation.name == "cpython"
 
 
 @dataclass(frozen=True)
@@ -90,7 +96,12 @@ class NativeStep:
                 items[-1] += native
         views = self._python_views(items)
         self.items = self._segments(items, views)
-        self.bases = np.array([w for w, _, _ in self.params] + [w for w, *_ in self.fresh], np.intp)
+        self.bases = np.array([w for w, _, _ in self.params], np.intp)
+        # what a call makes lies in one block of memory, each value on a cache line of its own:
+        # one allocation a call, not one a value
+        self.fresh_words = np.array([w for w, *_ in self.fresh], np.intp)
+        sizes = [-(-size // ALIGN) * ALIGN for _, _, size, _, _ in self.fresh]
+        self.fresh_offsets = np.array([0, *accumulate(sizes)], np.int64)
         self.places.clear()         # the stand-ins' memory back (their small pages are touched)
         kept = {v for _, v, _, _, _ in self.kept}
         self.needed = tuple(v for v in self._read_by_python()
@@ -331,7 +342,9 @@ class NativeStep:
         native = [c for x in items if not isinstance(x, InPython)
                   if len(c := tuple(c for c in x if not isinstance(c, _Placed))) > 1
                   or c and not isinstance(c[0], RunCall)]
-        self.engine, addresses = compile_segments(native) if native else (None, [])
+        first = [(AddressCall(tuple(w for w, _, _ in self.params), DATA_FIELD),) + native[0]
+                 ] if native and BY_ID else native[:1]
+        self.engine, addresses = compile_segments(first + native[1:]) if native else (None, [])
         functions = dict(zip(native, map(SegmentFn, addresses)))
         made: list[Native | InPython] = []
         for x in items:
@@ -358,11 +371,13 @@ class NativeStep:
         bases = []                              # written to the frame at once
         for (_, p, dtype), a in zip(self.params, arrays):
             env[p] = a = np.asarray(a, dtype, order="C")        # (runtime/cpu.py's _buffer)
-            bases.append(address(a))
-        for _, v, size, dtype, shape in self.fresh:
-            env[v], base = empty_aligned(size, dtype, shape)
-            bases.append(base)
-        words[self.bases] = bases
+            bases.append(a)
+        words[self.bases] = [*map(id, bases)] if BY_ID else [*map(address, bases)]
+        offsets = self.fresh_offsets
+        block, base = empty_aligned(int(offsets[-1]), BYTE, (int(offsets[-1]),))
+        words[self.fresh_words] = offsets[:-1] + base
+        for (_, v, _, dtype, shape), at in zip(self.fresh, offsets.tolist()):
+            env[v] = np.ndarray(shape, dtype, block, at)
         for item in self.items:
             if isinstance(item, InPython):
                 exe.step(item.step, env, arena, n)
