@@ -29,6 +29,11 @@ TEAM_RUN, TEAM_BOX = 0, 1          # the frame's first words: team.run's address
 HEADER = 2
 
 _TASK = ir.FunctionType(ir.VoidType(), [I8P, I64, I64])
+# backend/contract.py's kernel: A, B, C, 11 sizes and strides, scratch, next_job, epilogue,
+# its table, thread_index, thread_count
+_KERNEL = ir.FunctionType(ir.VoidType(), [I8P] * 3 + [I64] * 11 + [I8P, I64.as_pointer(), I8P,
+                                                                     I8P, I64, I64])
+KERNEL = ARGUMENTS + 1             # a product block's word for the kernel's address (outer)
 _TEAM_RUN = ir.FunctionType(ir.VoidType(), [I64.as_pointer(), _TASK.as_pointer(), I8P, I64])
 
 
@@ -56,13 +61,20 @@ class ProductCall:
     """A contraction (backend/contract.py's task): A, B and C's addresses written to its
     argument block (the rest fixed there), its job counter zeroed, then called on up to
     `parts` threads; its epilogue's table filled first, and the epilogue run after it where
-    the product does not call it."""
+    the product does not call it.
+
+    A batched product whose operands' batch axes do not step through memory as one (q @ kᵀ
+    of heads sliced from one qkv array) keeps its leading batch axes `outer`, (count, and the
+    bytes A, B and C move along it) each: one product a point of them, the kernel read in
+    place, the points shared among the threads (each runs its points' products alone)."""
     task: int                               # frame words: the task's address,
     block: int                              # and its block's (the job counter at ARGUMENTS)
     operands: tuple[Ref, Ref, Ref]
     parts: int
     epilogue: RunCall | None
     fused: bool
+    outer: tuple[tuple[int, int, int, int], ...] = ()
+    kernel: int = 0                         # a frame word: the kernel's own address, for outer
 
 
 @dataclass(frozen=True)
@@ -227,7 +239,11 @@ class _Segment:
         for i, ref in enumerate(call.operands):
             self.store(self.address(ref), block, i)
         self.store(ir.Constant(I64, 0), block, ARGUMENTS)         # the job counter
-        task = self.pointer(call.task, _TASK.as_pointer())
+        if call.outer:                     # the points' counter, and the kernel for the task
+            self.store(self.word(call.kernel), block, KERNEL)
+            task = _points_task(self.b.module, call.outer)
+        else:
+            task = self.pointer(call.task, _TASK.as_pointer())
         argument = b.bitcast(block, I8P)
         parts = ir.Constant(I64, call.parts)
         parts = b.select(b.icmp_signed("<", self.threads, parts), self.threads, parts)
@@ -306,3 +322,45 @@ class _Segment:
             self.frame = outer
 
         loop(b, zero, ir.Constant(I64, call.length), step)
+
+
+def _points_task(module: ir.Module, outer: tuple[tuple[int, int, int, int], ...]) -> ir.Function:
+    """`task(i64 *block, i64 thread, i64 threads)`: the products at the points of the outer
+    batch axes, each point claimed from the block's job counter and run by the claiming thread
+    alone (thread_count 1, its own job counter, its own scratch: the kernel's thread index)."""
+    name = "points" + "_".join(f"{n}x{a}x{b}x{c}" for n, a, b, c in outer).replace("-", "m")
+    if name in module.globals:
+        return module.globals[name]
+    fn = ir.Function(module, _TASK, name=name)
+    fn.linkage = "internal"
+    argument, thread, _ = fn.args
+    entry = fn.append_basic_block("entry")
+    b = ir.IRBuilder(entry)
+    block = b.bitcast(argument, I64.as_pointer())
+    word = lambda i: b.load(b.gep(block, [ir.Constant(I64, i)]))
+    jobs = b.alloca(I64)
+    head, body, done = (fn.append_basic_block(s) for s in ("point", "product", "done"))
+    b.branch(head)
+    b.position_at_end(head)
+    point = b.atomic_rmw("add", b.gep(block, [ir.Constant(I64, ARGUMENTS)]), ir.Constant(I64, 1),
+                         "monotonic")
+    total = 1
+    for n, *_ in outer:
+        total *= n
+    b.cbranch(b.icmp_signed("<", point, ir.Constant(I64, total)), body, done)
+    b.position_at_end(body)
+    bases = [word(i) for i in range(3)]
+    rest = point
+    for n, *steps in reversed(outer):                # the last outer axis varies fastest
+        at = b.srem(rest, ir.Constant(I64, n))
+        rest = b.sdiv(rest, ir.Constant(I64, n))
+        bases = [b.add(base, b.mul(at, ir.Constant(I64, step))) for base, step in zip(bases, steps)]
+    b.store(ir.Constant(I64, 0), jobs)
+    kernel = b.inttoptr(word(KERNEL), _KERNEL.as_pointer())
+    null = ir.Constant(I8P, None)
+    b.call(kernel, [b.inttoptr(v, I8P) for v in bases] + [word(i) for i in range(3, 14)]
+           + [b.inttoptr(word(ARGUMENTS - 4), I8P), jobs, null, null, thread, ir.Constant(I64, 1)])
+    b.branch(head)
+    b.position_at_end(done)
+    b.ret_void()
+    return fn

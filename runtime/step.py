@@ -179,15 +179,21 @@ class NativeStep:
         (a_ref, a), (b_ref, b) = (self.places[v] for v in step.op.inputs)
         c = self.places[out][1] if out in self.places else _stand_in(out)
         kernel, a2, b2, parts = product(a, b, c, MAX_THREADS)
-        a3, b3, c3, _ = kernel.operands(a2, b2, c)
-        if not all(x.size == 0 or np.may_share_memory(x, y) for x, y in ((a3, a), (b3, b), (c3, c))):
+        outer, (a3, b3, c3) = (), kernel.operands(a2, b2, c)[:3]
+        for points in range(1, c.ndim - 2):    # batch axes that are not one: a loop of products
+            if _in_place((a3, b3, c3), (a, b, c)):
+                break
+            outer, inner = _outer_axes(a2, b2, c, points)
+            a3, b3, c3 = kernel.operands(*inner)[:3]
+            parts = min(parts, prod(n for n, *_ in outer))
+        if not _in_place((a3, b3, c3), (a, b, c)):
             return None                        # a copy made per call: the walk's business
         self._fresh([out])
         c_ref = self._ref(out)
         refs = tuple(Ref(r.word, r.offset + _pointer(x) - _pointer(y))
                      for r, x, y in ((a_ref, a3, a), (b_ref, b3, b), (c_ref, c3, c)))
         epilogue = None
-        fused = launch.epilogue is not None and kernel.fuses(b2.shape[-1])
+        fused = launch.epilogue is not None and kernel.fuses(b2.shape[-1]) and not outer
         if launch.epilogue is not None:
             epilogue = self._run(launch.epilogue, i)
         words = np.zeros(ARGUMENTS, np.int64)
@@ -197,7 +203,9 @@ class NativeStep:
         block = self._word()
         self.products.append((block, words, kernel, i if fused else -1))
         return ProductCall(self._static(lambda arena, frame: kernel.task), block, refs, parts,
-                           epilogue, fused)
+                           epilogue, fused, outer, self._static(
+                               lambda arena, frame: ctypes.cast(kernel.fn, ctypes.c_void_p).value)
+                           if outer else 0)
 
     def _scatter(self, op) -> ScatterCall | None:
         if not isinstance(op.primitive, ScatterAdd):
@@ -496,6 +504,22 @@ def _shares(call: Call) -> bool:
     return (isinstance(call, RunCall) and call.shared or isinstance(call, ProductCall)
             and (call.parts > 1 or call.epilogue is not None and call.epilogue.shared)
             or isinstance(call, ScanCall) and any(map(_shares, call.calls)))
+
+
+def _in_place(operands: tuple[np.ndarray, ...], arrays: tuple[np.ndarray, ...]) -> bool:
+    """Whether the product's operands, as its kernel takes them, are the arrays in place."""
+    return all(x.size == 0 or np.may_share_memory(x, y) for x, y in zip(operands, arrays))
+
+
+def _outer_axes(a: np.ndarray, b: np.ndarray, c: np.ndarray, points: int
+                ) -> tuple[tuple[tuple[int, int, int, int], ...], tuple[np.ndarray, ...]]:
+    """A batched product c = a @ b split at its first `points` batch axes: each axis's
+    (count, and the bytes a, b and c move along it), and the product at the first point."""
+    shape = c.shape[:-2]
+    a, b = (np.broadcast_to(x, shape + x.shape[-2:]) for x in (a, b))
+    first = (0,) * points
+    return (tuple((n, *(x.strides[k] for x in (a, b, c))) for k, n in enumerate(shape[:points])),
+            (a[first], b[first], c[first]))
 
 
 def _rows(view: np.ndarray) -> tuple[int, int, int, int] | None:
