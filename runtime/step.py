@@ -27,8 +27,8 @@ from ir.ops.base import np_dtype
 from ir.ops.control import Scan
 from ir.ops.index import ScatterAdd, Take
 from ir.ops.shape import Concat, Split
-from runtime import cpu
-from runtime.cpu import (Executable, _Arena, _copy, _made_once, empty_aligned,
+from runtime import cpu, executor
+from runtime.cpu import (Executable, _Arena, _copy, _Host, _made_once, empty_aligned,
                          _RunLaunch, _View, product, threads)
 
 SegmentFn = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64)
@@ -47,25 +47,28 @@ class _Placed:
 
 @dataclass(frozen=True)
 class Native:
-    """A segment: the views Python reads that it makes (NumPy's, cheap), then its call."""
+    """A segment: the bases of the values Python made before it written to the frame, the
+    views Python reads that it makes (NumPy's, cheap), then its call."""
     function: Callable | None
     calls: tuple[Call, ...]
     views: tuple[int, ...]          # steps
     team: bool                      # whether any call in it may share work among threads
     alone: int | None               # the step of a lone run, called as the walk calls it
+    bases: tuple[tuple[int, Value], ...] = ()
 
 
 @dataclass(frozen=True)
 class InPython:
-    """A step run by Python as the step-by-step walk runs it; the bases it makes written to
-    the frame after it."""
+    """A step run by Python as the step-by-step walk runs it (while the segments are made);
+    the bases it makes, written to the frame by the next segment."""
     step: int
     bases: tuple[tuple[int, Value], ...]
 
 
 class NativeStep:
     """How an executable runs: which steps are native and in which segment, the frame's words
-    and what fills them, and the values Python needs to see."""
+    and what fills them, and the values Python needs to see. `items` is the order of the
+    executor's walk: the numbers of the steps Python runs, and the segments."""
 
     def __init__(self, exe: Executable):
         self.exe = exe
@@ -337,14 +340,14 @@ class NativeStep:
         runs it calls, and the results."""
         exe = self.exe
         steps = exe.plan.steps
-        python = [x.step for x in self.items if isinstance(x, InPython)]
+        python = [x for x in self.items if isinstance(x, int)]
         views = [i for x in self.items if isinstance(x, Native) for i in x.views]
         alone = [x.alone for x in self.items if isinstance(x, Native) and x.alone is not None]
         return ({v for i in python + views for v in steps[i].op.inputs}
                 | {v for i in python for v in _written(steps[i])}
                 | {v for i in alone for _, v in exe.launches[i].patches} | set(exe.function.results))
 
-    def _segments(self, items: list, views: set[int]) -> list[Native | InPython]:
+    def _segments(self, items: list, views: set[int]) -> list[Native | int]:
         """The native calls between Python steps compiled, one function each, with the views
         Python makes before each."""
         native = [c for x in items if not isinstance(x, InPython)
@@ -354,61 +357,36 @@ class NativeStep:
                  ] if native and BY_ID else native[:1]
         self.engine, addresses = compile_segments(first + native[1:]) if native else (None, [])
         functions = dict(zip(native, map(SegmentFn, addresses)))
-        made: list[Native | InPython] = []
+        made: list[Native | int] = []
+        bases: tuple[tuple[int, Value], ...] = ()       # Python's since the last segment
         for x in items:
             if isinstance(x, InPython):
-                made.append(x)
+                made.append(x.step)
+                bases += x.bases
                 continue
             calls = tuple(c for c in x if not isinstance(c, _Placed))
-            made.append(Native(functions.get(calls), calls,
-                               tuple(c.step for c in x if isinstance(c, _Placed) and c.step in views),
-                               any(_shares(c) for c in calls),
-                               self._runs[calls[0]] if calls and calls not in functions else None))
-        return [x for x in made if isinstance(x, InPython) or x.calls or x.views]
+            if calls or any(c.step in views for c in x):
+                made.append(Native(functions.get(calls), calls,
+                                   tuple(c.step for c in x if isinstance(c, _Placed) and c.step in views),
+                                   any(_shares(c) for c in calls),
+                                   self._runs[calls[0]] if calls and calls not in functions else None,
+                                   bases))
+                bases = ()
+        return made
 
     # -- calling -----------------------------------------------------------------------------
 
     def run(self, arena: _Arena, arrays: list[np.ndarray]) -> list[np.ndarray]:
-        exe = self.exe
+        """The executor's walk of the steps and segments, on the CPU with this arena's frame."""
         frame = arena.frame if arena.frame is not None else self._frame(arena)
-        words = frame.words
         n = threads()
         if n > frame.threads:
             frame.scratch(n)
-        env = dict(frame.seen)
-        bases = []                              # written to the frame at once
-        for (_, p, dtype), a in zip(self.params, arrays):
-            env[p] = a = np.asarray(a, dtype, order="C")        # (runtime/cpu.py's _buffer)
-            bases.append(a)
-        words[self.bases] = [*map(id, bases)] if BY_ID else [*map(address, bases)]
-        offsets = self.fresh_offsets
-        block, base = empty_aligned(int(offsets[-1]), BYTE, (int(offsets[-1]),))
-        words[self.fresh_words] = offsets[:-1] + base
-        for (_, v, _, dtype, shape), at in zip(self.fresh, offsets.tolist()):
-            env[v] = np.ndarray(shape, dtype, block, at)
-        for item in self.items:
-            if isinstance(item, InPython):
-                exe.step(item.step, env, arena, n)
-                for word, v in item.bases:
-                    words[word] = address(env[v])
-                continue
-            for i in item.views:
-                exe.launches[i](env, None, n)
-            if item.alone is not None:          # (a module for one call would not pay)
-                exe.launches[item.alone].patch(env, arena.pointers[item.alone])
-                exe.launches[item.alone].run(arena.pointers[item.alone], n)
-                continue
-            if item.function is None:
-                continue
-            held = team().hold(n) if item.team else 1
-            try:
-                failed = item.function(frame.address, held)
-            finally:
-                if held > 1:
-                    team().release()
-            if failed:                  # an index out of range: the walk finds and reports it
-                return exe.walk(arrays)
-        return [_copy(env[v], v) if copied else env[v] for v, copied in self.results]
+        try:
+            return executor.execute(self.exe.plan, None, _Segments(self.exe, arena, n, self, frame),
+                                    arrays, self.items)
+        except _OutOfRange:             # the walk finds the index and reports it
+            return self.exe.walk(arrays)
 
     def _frame(self, arena: _Arena) -> _Frame:
         frame = arena.frame = _Frame(self.size, self.products)
@@ -427,6 +405,55 @@ class NativeStep:
         everything = {**arena.views, **self.exe.made, **frame.kept}
         frame.seen = {v: everything[v] for v in self.needed}
         return frame
+
+
+class _OutOfRange(Exception):
+    """A segment's scatter or gather met an index out of range."""
+
+
+@dataclass(frozen=True)
+class _Segments(_Host):
+    """The CPU as the executor's device with a native step's frame: the arguments' and the
+    results' bases written to it, and its segments called."""
+    native: NativeStep
+    frame: _Frame
+
+    def arguments(self, arrays: list[np.ndarray]) -> dict[Value, np.ndarray]:
+        native, words = self.native, self.frame.words
+        env = dict(self.frame.seen)
+        bases = []                              # written to the frame at once
+        for (_, p, dtype), a in zip(native.params, arrays):
+            env[p] = a = np.asarray(a, dtype, order="C")        # (runtime/cpu.py's _buffer)
+            bases.append(a)
+        words[native.bases] = [*map(id, bases)] if BY_ID else [*map(address, bases)]
+        offsets = native.fresh_offsets
+        block, base = empty_aligned(int(offsets[-1]), BYTE, (int(offsets[-1]),))
+        words[native.fresh_words] = offsets[:-1] + base
+        for (_, v, _, dtype, shape), at in zip(native.fresh, offsets.tolist()):
+            env[v] = np.ndarray(shape, dtype, block, at)
+        return env
+
+    def segment(self, segment: Native, env: dict[Value, np.ndarray]) -> None:
+        exe, words, n = self.exe, self.frame.words, self.threads
+        for word, v in segment.bases:
+            words[word] = address(env[v])
+        for i in segment.views:
+            exe.launches[i](env, None, n)
+        if segment.alone is not None:           # (a module for one call would not pay)
+            exe.launches[segment.alone].patch(env, self.arena.pointers[segment.alone])
+            exe.launches[segment.alone].run(self.arena.pointers[segment.alone], n)
+        elif segment.function is not None:
+            held = team().hold(n) if segment.team else 1
+            try:
+                failed = segment.function(self.frame.address, held)
+            finally:
+                if held > 1:
+                    team().release()
+            if failed:
+                raise _OutOfRange
+
+    def results(self, env: dict[Value, np.ndarray]) -> list[np.ndarray]:
+        return [_copy(env[v], v) if copied else env[v] for v, copied in self.native.results]
 
 
 class _Frame:

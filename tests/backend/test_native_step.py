@@ -153,7 +153,7 @@ def test_the_native_step_has_the_bits_of_the_walk_and_the_interpreter(check, cas
 def segments(exe: Executable) -> list[str]:
     """The plan's items: the native calls of each segment, and the steps Python runs."""
     return [" ".join(type(c).__name__ for c in x.calls) if isinstance(x, Native) else
-            exe.plan.steps[x.step].op.primitive.name for x in exe.native.items]
+            exe.plan.steps[x].op.primitive.name for x in exe.native.items]
 
 
 def test_a_step_without_host_steps_is_one_native_call():
