@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from math import prod
 
 from llvmlite import ir
 
@@ -344,10 +345,8 @@ def _points_task(module: ir.Module, outer: tuple[tuple[int, int, int, int], ...]
     b.position_at_end(head)
     point = b.atomic_rmw("add", b.gep(block, [ir.Constant(I64, ARGUMENTS)]), ir.Constant(I64, 1),
                          "monotonic")
-    total = 1
-    for n, *_ in outer:
-        total *= n
-    b.cbranch(b.icmp_signed("<", point, ir.Constant(I64, total)), body, done)
+    points = ir.Constant(I64, prod(n for n, *_ in outer))
+    b.cbranch(b.icmp_signed("<", point, points), body, done)
     b.position_at_end(body)
     bases = [word(i) for i in range(3)]
     rest = point
@@ -358,8 +357,9 @@ def _points_task(module: ir.Module, outer: tuple[tuple[int, int, int, int], ...]
     b.store(ir.Constant(I64, 0), jobs)
     kernel = b.inttoptr(word(KERNEL), _KERNEL.as_pointer())
     null = ir.Constant(I8P, None)
-    b.call(kernel, [b.inttoptr(v, I8P) for v in bases] + [word(i) for i in range(3, 14)]
-           + [b.inttoptr(word(ARGUMENTS - 4), I8P), jobs, null, null, thread, ir.Constant(I64, 1)])
+    scratch = ARGUMENTS - 4                         # (after the sizes and strides)
+    b.call(kernel, [b.inttoptr(v, I8P) for v in bases] + [word(i) for i in range(3, scratch)]
+           + [b.inttoptr(word(scratch), I8P), jobs, null, null, thread, ir.Constant(I64, 1)])
     b.branch(head)
     b.position_at_end(done)
     b.ret_void()
