@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from math import prod
 
 from llvmlite import ir
 
@@ -29,6 +30,11 @@ TEAM_RUN, TEAM_BOX = 0, 1          # the frame's first words: team.run's address
 HEADER = 2
 
 _TASK = ir.FunctionType(ir.VoidType(), [I8P, I64, I64])
+# backend/contract.py's kernel: A, B, C, 11 sizes and strides, scratch, next_job, epilogue,
+# its table, thread_index, thread_count
+_KERNEL = ir.FunctionType(ir.VoidType(), [I8P] * 3 + [I64] * 11 + [I8P, I64.as_pointer(), I8P,
+                                                                     I8P, I64, I64])
+KERNEL = ARGUMENTS + 1             # a product block's word for the kernel's address (outer)
 _TEAM_RUN = ir.FunctionType(ir.VoidType(), [I64.as_pointer(), _TASK.as_pointer(), I8P, I64])
 
 
@@ -56,13 +62,20 @@ class ProductCall:
     """A contraction (backend/contract.py's task): A, B and C's addresses written to its
     argument block (the rest fixed there), its job counter zeroed, then called on up to
     `parts` threads; its epilogue's table filled first, and the epilogue run after it where
-    the product does not call it."""
+    the product does not call it.
+
+    A batched product whose operands' batch axes do not step through memory as one (q @ kᵀ
+    of heads sliced from one qkv array) keeps its leading batch axes `outer`, (count, and the
+    bytes A, B and C move along it) each: one product a point of them, the kernel read in
+    place, the points shared among the threads (each runs its points' products alone)."""
     task: int                               # frame words: the task's address,
     block: int                              # and its block's (the job counter at ARGUMENTS)
     operands: tuple[Ref, Ref, Ref]
     parts: int
     epilogue: RunCall | None
     fused: bool
+    outer: tuple[tuple[int, int, int, int], ...] = ()
+    kernel: int = 0                         # a frame word: the kernel's own address, for outer
 
 
 @dataclass(frozen=True)
@@ -122,7 +135,17 @@ class ScanCall:
     emits: tuple[tuple[Ref, int], ...]
 
 
-Call = RunCall | ProductCall | ScatterCall | TakeCall | CopyCall | ScanCall
+@dataclass(frozen=True)
+class AddressCall:
+    """Frame words that hold the address of an array object on entry, each replaced by the
+    address of the array's data: the object's word `field` bytes in (NumPy's data pointer).
+    A call's first segment starts with it, so that Python writes each argument's id, not its
+    address, which costs it twenty times more."""
+    words: tuple[int, ...]
+    field: int
+
+
+Call = RunCall | ProductCall | ScatterCall | TakeCall | CopyCall | ScanCall | AddressCall
 
 
 def module_ir(segments: list[tuple[Call, ...]], sizes_from: int) -> tuple[ir.Module, list[int]]:
@@ -177,6 +200,8 @@ class _Segment:
                 self.copy(call)
             elif isinstance(call, ScanCall):
                 self.scan(call)
+            elif isinstance(call, AddressCall):
+                self.addresses(call)
             else:
                 self.indexed(call)
 
@@ -233,7 +258,11 @@ class _Segment:
         for i, ref in enumerate(call.operands):
             self.store(self.address(ref), block, i)
         self.store(ir.Constant(I64, 0), block, ARGUMENTS)         # the job counter
-        task = self.pointer(call.task, _TASK.as_pointer())
+        if call.outer:                     # the points' counter, and the kernel for the task
+            self.store(self.word(call.kernel), block, KERNEL)
+            task = _points_task(self.b.module, call.outer)
+        else:
+            task = self.pointer(call.task, _TASK.as_pointer())
         argument = b.bitcast(block, I8P)
         parts = self.size(call.parts)
         parts = b.select(b.icmp_signed("<", self.threads, parts), self.threads, parts)
@@ -245,6 +274,12 @@ class _Segment:
         if call.epilogue is not None and not call.fused:
             self.run(RunCall(call.epilogue.function, call.epilogue.table, call.epilogue.words,
                              call.epilogue.sync, (), call.epilogue.shared))
+
+    def addresses(self, call: AddressCall) -> None:
+        for word in call.words:
+            field = self.b.add(self.word(word), ir.Constant(I64, call.field))
+            data = self.b.load(self.b.inttoptr(field, I64.as_pointer()))
+            self.store(data, self.frame, word)
 
     def indexed(self, call: ScatterCall | TakeCall) -> None:
         """A scatter or a gather; a bad index ends the segment."""
@@ -310,3 +345,44 @@ class _Segment:
             self.frame = outer
 
         loop(b, zero, length, step)
+
+
+def _points_task(module: ir.Module, outer: tuple[tuple[int, int, int, int], ...]) -> ir.Function:
+    """`task(i64 *block, i64 thread, i64 threads)`: the products at the points of the outer
+    batch axes, each point claimed from the block's job counter and run by the claiming thread
+    alone (thread_count 1, its own job counter, its own scratch: the kernel's thread index)."""
+    name = "points" + "_".join(f"{n}x{a}x{b}x{c}" for n, a, b, c in outer).replace("-", "m")
+    if name in module.globals:
+        return module.globals[name]
+    fn = ir.Function(module, _TASK, name=name)
+    fn.linkage = "internal"
+    argument, thread, _ = fn.args
+    entry = fn.append_basic_block("entry")
+    b = ir.IRBuilder(entry)
+    block = b.bitcast(argument, I64.as_pointer())
+    word = lambda i: b.load(b.gep(block, [ir.Constant(I64, i)]))
+    jobs = b.alloca(I64)
+    head, body, done = (fn.append_basic_block(s) for s in ("point", "product", "done"))
+    b.branch(head)
+    b.position_at_end(head)
+    point = b.atomic_rmw("add", b.gep(block, [ir.Constant(I64, ARGUMENTS)]), ir.Constant(I64, 1),
+                         "monotonic")
+    points = ir.Constant(I64, prod(n for n, *_ in outer))
+    b.cbranch(b.icmp_signed("<", point, points), body, done)
+    b.position_at_end(body)
+    bases = [word(i) for i in range(3)]
+    rest = point
+    for n, *steps in reversed(outer):                # the last outer axis varies fastest
+        at = b.srem(rest, ir.Constant(I64, n))
+        rest = b.sdiv(rest, ir.Constant(I64, n))
+        bases = [b.add(base, b.mul(at, ir.Constant(I64, step))) for base, step in zip(bases, steps)]
+    b.store(ir.Constant(I64, 0), jobs)
+    kernel = b.inttoptr(word(KERNEL), _KERNEL.as_pointer())
+    null = ir.Constant(I8P, None)
+    scratch = ARGUMENTS - 4                         # (after the sizes and strides)
+    b.call(kernel, [b.inttoptr(v, I8P) for v in bases] + [word(i) for i in range(3, scratch)]
+           + [b.inttoptr(word(scratch), I8P), jobs, null, null, thread, ir.Constant(I64, 1)])
+    b.branch(head)
+    b.position_at_end(done)
+    b.ret_void()
+    return fn

@@ -127,7 +127,7 @@ def steps(repeat: int) -> list[tuple[str, dict]]:
     import jax
     import dsl
     rows = []
-    dslc, torch_ = ts.mlp_case(repeat)
+    dslc, torch_, _ = ts.mlp_case(repeat)      # (its own JAX step is the one below)
     p, x, y = ts.mlp_inputs()
     step = jax_adamw_step(jax_mlp_loss)
     s = ts.state_like(p)

@@ -124,10 +124,6 @@ class Executable:
     def _walk(self, arena: _Arena, arrays: list[np.ndarray]) -> list[np.ndarray]:
         return executor.execute(self.plan, self.dead, _Host(self, arena, threads()), arrays)
 
-    def step(self, i: int, env: dict[Value, np.ndarray], arena: _Arena, threads: int) -> None:
-        """Step i of the plan, its inputs and outputs in env."""
-        executor.step(i, self.plan.steps[i], _Host(self, arena, threads), env)
-
     def host(self, op: Op, inputs: list[np.ndarray]) -> list[np.ndarray]:
         if isinstance(op.primitive, ScatterAdd):    # (an embedding's gradient) compiled
             try:

@@ -7,30 +7,36 @@ arrays), so a call writes its arguments' and results' addresses and makes one ca
 from __future__ import annotations
 
 import ctypes
+import sys
 from dataclasses import dataclass
+from itertools import accumulate
 from math import prod
 from typing import Callable
 
 import numpy as np
 
 from backend import scatter
-from backend.contract import ARGUMENTS, NUMPY, Matmul, aligned
+from backend.contract import ARGUMENTS, DATA_FIELD, NUMPY, Matmul, aligned
 from backend.cpu import address, sync_words
-from backend.schedule import ContractStep, HostStep, KernelStep, ViewStep, nbytes
-from backend.step import (HEADER, TEAM_BOX, TEAM_RUN, Call, CopyCall, ProductCall, Ref, RunCall,
-                          ScanCall, ScatterCall, State, TakeCall, compile_segments)
+from backend.schedule import ALIGN, ContractStep, HostStep, KernelStep, ViewStep, nbytes
+from backend.step import (HEADER, TEAM_BOX, TEAM_RUN, AddressCall, Call, CopyCall, ProductCall,
+                          Ref, RunCall, ScanCall, ScatterCall, State, TakeCall, compile_segments)
 from backend.team import MAX_THREADS, team
 from ir.core import Value
 from ir.ops.base import np_dtype
 from ir.ops.control import Scan
 from ir.ops.index import ScatterAdd, Take
 from ir.ops.shape import Concat, Split
-from runtime import cpu
-from runtime.cpu import (Executable, _Arena, _copy, _made_once, empty_aligned,
+from runtime import cpu, executor
+from runtime.cpu import (Executable, _Arena, _copy, _Host, _made_once, empty_aligned,
                          _RunLaunch, _View, product, threads)
 
 SegmentFn = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64)
 ARENA = HEADER                      # the frame word of the arena's (aligned) base
+BYTE = np.dtype(np.uint8)
+# CPython's id of an object is its address: the first segment reads each argument's data
+# address from the array object itself (backend/step.py's AddressCall)
+BY_ID = sys.implementation.name == "cpython"
 
 
 @dataclass(frozen=True)
@@ -41,25 +47,28 @@ class _Placed:
 
 @dataclass(frozen=True)
 class Native:
-    """A segment: the views Python reads that it makes (NumPy's, cheap), then its call."""
+    """A segment: the bases of the values Python made before it written to the frame, the
+    views Python reads that it makes (NumPy's, cheap), then its call."""
     function: Callable | None
     calls: tuple[Call, ...]
     views: tuple[int, ...]          # steps
     team: bool                      # whether any call in it may share work among threads
     alone: int | None               # the step of a lone run, called as the walk calls it
+    bases: tuple[tuple[int, Value], ...] = ()
 
 
 @dataclass(frozen=True)
 class InPython:
-    """A step run by Python as the step-by-step walk runs it; the bases it makes written to
-    the frame after it."""
+    """A step run by Python as the step-by-step walk runs it (while the segments are made);
+    the bases it makes, written to the frame by the next segment."""
     step: int
     bases: tuple[tuple[int, Value], ...]
 
 
 class NativeStep:
     """How an executable runs: which steps are native and in which segment, the frame's words
-    and what fills them, and the values Python needs to see."""
+    and what fills them, and the values Python needs to see. `items` is the order of the
+    executor's walk: the numbers of the steps Python runs, and the segments."""
 
     def __init__(self, exe: Executable):
         self.exe = exe
@@ -90,7 +99,12 @@ class NativeStep:
                 items[-1] += native
         views = self._python_views(items)
         self.items = self._segments(items, views)
-        self.bases = np.array([w for w, _, _ in self.params] + [w for w, *_ in self.fresh], np.intp)
+        self.bases = np.array([w for w, _, _ in self.params], np.intp)
+        # what a call makes lies in one block of memory, each value on a cache line of its own:
+        # one allocation a call, not one a value
+        self.fresh_words = np.array([w for w, *_ in self.fresh], np.intp)
+        sizes = [-(-size // ALIGN) * ALIGN for _, _, size, _, _ in self.fresh]
+        self.fresh_offsets = np.array([0, *accumulate(sizes)], np.int64)
         self.places.clear()         # the stand-ins' memory back (their small pages are touched)
         kept = {v for _, v, _, _, _ in self.kept}
         self.needed = tuple(v for v in self._read_by_python()
@@ -168,15 +182,21 @@ class NativeStep:
         (a_ref, a), (b_ref, b) = (self.places[v] for v in step.op.inputs)
         c = self.places[out][1] if out in self.places else _stand_in(out)
         kernel, a2, b2, parts = product(a, b, c, MAX_THREADS)
-        a3, b3, c3, _ = kernel.operands(a2, b2, c)
-        if not all(x.size == 0 or np.may_share_memory(x, y) for x, y in ((a3, a), (b3, b), (c3, c))):
+        outer, (a3, b3, c3) = (), kernel.operands(a2, b2, c)[:3]
+        for points in range(1, c.ndim - 2):    # batch axes that are not one: a loop of products
+            if _in_place((a3, b3, c3), (a, b, c)):
+                break
+            outer, inner = _outer_axes(a2, b2, c, points)
+            a3, b3, c3 = kernel.operands(*inner)[:3]
+            parts = min(parts, prod(n for n, *_ in outer))
+        if not _in_place((a3, b3, c3), (a, b, c)):
             return None                        # a copy made per call: the walk's business
         self._fresh([out])
         c_ref = self._ref(out)
         refs = tuple(Ref(r.word, r.offset + _pointer(x) - _pointer(y))
                      for r, x, y in ((a_ref, a3, a), (b_ref, b3, b), (c_ref, c3, c)))
         epilogue = None
-        fused = launch.epilogue is not None and kernel.fuses(b2.shape[-1])
+        fused = launch.epilogue is not None and kernel.fuses(b2.shape[-1]) and not outer
         if launch.epilogue is not None:
             epilogue = self._run(launch.epilogue, i)
         words = np.zeros(ARGUMENTS, np.int64)
@@ -186,7 +206,9 @@ class NativeStep:
         block = self._word()
         self.products.append((block, words, kernel, i if fused else -1))
         return ProductCall(self._static(lambda arena, frame: kernel.task), block, refs, parts,
-                           epilogue, fused)
+                           epilogue, fused, outer, self._static(
+                               lambda arena, frame: ctypes.cast(kernel.fn, ctypes.c_void_p).value)
+                           if outer else 0)
 
     def _scatter(self, op) -> ScatterCall | None:
         if not isinstance(op.primitive, ScatterAdd):
@@ -318,77 +340,56 @@ class NativeStep:
         runs it calls, and the results."""
         exe = self.exe
         steps = exe.plan.steps
-        python = [x.step for x in self.items if isinstance(x, InPython)]
+        python = [x for x in self.items if isinstance(x, int)]
         views = [i for x in self.items if isinstance(x, Native) for i in x.views]
         alone = [x.alone for x in self.items if isinstance(x, Native) and x.alone is not None]
         return ({v for i in python + views for v in steps[i].op.inputs}
                 | {v for i in python for v in _written(steps[i])}
                 | {v for i in alone for _, v in exe.launches[i].patches} | set(exe.function.results))
 
-    def _segments(self, items: list, views: set[int]) -> list[Native | InPython]:
+    def _segments(self, items: list, views: set[int]) -> list[Native | int]:
         """The native calls between Python steps compiled, one function each, with the views
         Python makes before each."""
         native = [c for x in items if not isinstance(x, InPython)
                   if len(c := tuple(c for c in x if not isinstance(c, _Placed))) > 1
                   or c and not isinstance(c[0], RunCall)]
-        self.engine, addresses, sizes = (compile_segments(native, self.size) if native
+        first = [(AddressCall(tuple(w for w, _, _ in self.params), DATA_FIELD),) + native[0]
+                 ] if native and BY_ID else native[:1]
+        self.engine, addresses, sizes = (compile_segments(first + native[1:], self.size) if native
                                          else (None, [], []))
         for n in sizes:                         # (the words from self.size on, in order)
             self._static(lambda arena, frame, n=n: n)
         functions = dict(zip(native, map(SegmentFn, addresses)))
-        made: list[Native | InPython] = []
+        made: list[Native | int] = []
+        bases: tuple[tuple[int, Value], ...] = ()       # Python's since the last segment
         for x in items:
             if isinstance(x, InPython):
-                made.append(x)
+                made.append(x.step)
+                bases += x.bases
                 continue
             calls = tuple(c for c in x if not isinstance(c, _Placed))
-            made.append(Native(functions.get(calls), calls,
-                               tuple(c.step for c in x if isinstance(c, _Placed) and c.step in views),
-                               any(_shares(c) for c in calls),
-                               self._runs[calls[0]] if calls and calls not in functions else None))
-        return [x for x in made if isinstance(x, InPython) or x.calls or x.views]
+            if calls or any(c.step in views for c in x):
+                made.append(Native(functions.get(calls), calls,
+                                   tuple(c.step for c in x if isinstance(c, _Placed) and c.step in views),
+                                   any(_shares(c) for c in calls),
+                                   self._runs[calls[0]] if calls and calls not in functions else None,
+                                   bases))
+                bases = ()
+        return made
 
     # -- calling -----------------------------------------------------------------------------
 
     def run(self, arena: _Arena, arrays: list[np.ndarray]) -> list[np.ndarray]:
-        exe = self.exe
+        """The executor's walk of the steps and segments, on the CPU with this arena's frame."""
         frame = arena.frame if arena.frame is not None else self._frame(arena)
-        words = frame.words
         n = threads()
         if n > frame.threads:
             frame.scratch(n)
-        env = dict(frame.seen)
-        bases = []                              # written to the frame at once
-        for (_, p, dtype), a in zip(self.params, arrays):
-            env[p] = a = np.asarray(a, dtype, order="C")        # (runtime/cpu.py's _buffer)
-            bases.append(address(a))
-        for _, v, size, dtype, shape in self.fresh:
-            env[v], base = empty_aligned(size, dtype, shape)
-            bases.append(base)
-        words[self.bases] = bases
-        for item in self.items:
-            if isinstance(item, InPython):
-                exe.step(item.step, env, arena, n)
-                for word, v in item.bases:
-                    words[word] = address(env[v])
-                continue
-            for i in item.views:
-                exe.launches[i](env, None, n)
-            if item.alone is not None:          # (a module for one call would not pay)
-                exe.launches[item.alone].patch(env, arena.pointers[item.alone])
-                exe.launches[item.alone].run(arena.pointers[item.alone], n)
-                continue
-            if item.function is None:
-                continue
-            held = team().hold(n) if item.team else 1
-            try:
-                failed = item.function(frame.address, held)
-            finally:
-                if held > 1:
-                    team().release()
-            if failed:                  # an index out of range: the walk finds and reports it
-                return exe.walk(arrays)
-        return [_copy(env[v], v) if copied else env[v] for v, copied in self.results]
+        try:
+            return executor.execute(self.exe.plan, None, _Segments(self.exe, arena, n, self, frame),
+                                    arrays, self.items)
+        except _OutOfRange:             # the walk finds the index and reports it
+            return self.exe.walk(arrays)
 
     def _frame(self, arena: _Arena) -> _Frame:
         frame = arena.frame = _Frame(self.size, self.products)
@@ -407,6 +408,55 @@ class NativeStep:
         everything = {**arena.views, **self.exe.made, **frame.kept}
         frame.seen = {v: everything[v] for v in self.needed}
         return frame
+
+
+class _OutOfRange(Exception):
+    """A segment's scatter or gather met an index out of range."""
+
+
+@dataclass(frozen=True)
+class _Segments(_Host):
+    """The CPU as the executor's device with a native step's frame: the arguments' and the
+    results' bases written to it, and its segments called."""
+    native: NativeStep
+    frame: _Frame
+
+    def arguments(self, arrays: list[np.ndarray]) -> dict[Value, np.ndarray]:
+        native, words = self.native, self.frame.words
+        env = dict(self.frame.seen)
+        bases = []                              # written to the frame at once
+        for (_, p, dtype), a in zip(native.params, arrays):
+            env[p] = a = np.asarray(a, dtype, order="C")        # (runtime/cpu.py's _buffer)
+            bases.append(a)
+        words[native.bases] = [*map(id, bases)] if BY_ID else [*map(address, bases)]
+        offsets = native.fresh_offsets
+        block, base = empty_aligned(int(offsets[-1]), BYTE, (int(offsets[-1]),))
+        words[native.fresh_words] = offsets[:-1] + base
+        for (_, v, _, dtype, shape), at in zip(native.fresh, offsets.tolist()):
+            env[v] = np.ndarray(shape, dtype, block, at)
+        return env
+
+    def segment(self, segment: Native, env: dict[Value, np.ndarray]) -> None:
+        exe, words, n = self.exe, self.frame.words, self.threads
+        for word, v in segment.bases:
+            words[word] = address(env[v])
+        for i in segment.views:
+            exe.launches[i](env, None, n)
+        if segment.alone is not None:           # (a module for one call would not pay)
+            exe.launches[segment.alone].patch(env, self.arena.pointers[segment.alone])
+            exe.launches[segment.alone].run(self.arena.pointers[segment.alone], n)
+        elif segment.function is not None:
+            held = team().hold(n) if segment.team else 1
+            try:
+                failed = segment.function(self.frame.address, held)
+            finally:
+                if held > 1:
+                    team().release()
+            if failed:
+                raise _OutOfRange
+
+    def results(self, env: dict[Value, np.ndarray]) -> list[np.ndarray]:
+        return [_copy(env[v], v) if copied else env[v] for v, copied in self.native.results]
 
 
 class _Frame:
@@ -484,6 +534,22 @@ def _shares(call: Call) -> bool:
     return (isinstance(call, RunCall) and call.shared or isinstance(call, ProductCall)
             and (call.parts > 1 or call.epilogue is not None and call.epilogue.shared)
             or isinstance(call, ScanCall) and any(map(_shares, call.calls)))
+
+
+def _in_place(operands: tuple[np.ndarray, ...], arrays: tuple[np.ndarray, ...]) -> bool:
+    """Whether the product's operands, as its kernel takes them, are the arrays in place."""
+    return all(x.size == 0 or np.may_share_memory(x, y) for x, y in zip(operands, arrays))
+
+
+def _outer_axes(a: np.ndarray, b: np.ndarray, c: np.ndarray, points: int
+                ) -> tuple[tuple[tuple[int, int, int, int], ...], tuple[np.ndarray, ...]]:
+    """A batched product c = a @ b split at its first `points` batch axes: each axis's
+    (count, and the bytes a, b and c move along it), and the product at the first point."""
+    shape = c.shape[:-2]
+    a, b = (np.broadcast_to(x, shape + x.shape[-2:]) for x in (a, b))
+    first = (0,) * points
+    return (tuple((n, *(x.strides[k] for x in (a, b, c))) for k, n in enumerate(shape[:points])),
+            (a[first], b[first], c[first]))
 
 
 def _rows(view: np.ndarray) -> tuple[int, int, int, int] | None:

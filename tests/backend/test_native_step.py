@@ -31,6 +31,25 @@ def mlp(x: f32[B, D], W: f32[D, H], b: f32[H], V2: f32[H, N]) -> f32[B, N]:
 def attention(q: f32[B, T, D], k: f32[B, T, D]) -> (f32[B, T, T], f32[D, T]):
   return softmax(q @ transpose(k, [0, 2, 1]), axis=-1), transpose(k[0], [1, 0])
 
+def heads(qkv: f32[B, T, 3, H, D]) -> (f32[B, H, T, D], f32[B, H, T, T]):
+  q = transpose(qkv[:, :, 0], [0, 2, 1, 3])
+  k = transpose(qkv[:, :, 1], [0, 2, 1, 3])
+  v = transpose(qkv[:, :, 2], [0, 2, 1, 3])
+  a = q @ transpose(k, [0, 1, 3, 2])
+  return a @ v, a
+
+def grouped_heads(qkv: f32[G, B, T, 3, H, D]) -> f32[G, B, H, T, T]:
+  q = transpose(qkv[:, :, :, 0], [0, 1, 3, 2, 4])
+  k = transpose(qkv[:, :, :, 1], [0, 1, 3, 4, 2])
+  return q @ k
+
+def heads_grad(qkv: f32[B, T, 3, H, D]) -> f32[B, T, 3, H, D]:
+  return grad(heads_loss, wrt=qkv)(qkv)
+
+def heads_loss(qkv):
+  y, a = heads(qkv)
+  return sum(tanh(y)) + sum(a * a)
+
 def row(x: f32[A, D], W: f32[D, H]) -> (f32[H], f32[D]):
   return x[2] @ W, x[1]
 
@@ -81,6 +100,9 @@ def indices(high: int, *shape: int) -> np.ndarray:
 CASES = [("mlp", lambda n: [floats(n, 7), floats(7, 13), floats(13), floats(13, n)]),
          ("mlp", lambda n: [floats(3, n), floats(n, 5), floats(5), floats(5, 2)]),
          ("attention", lambda n: [floats(2, n, 5), floats(2, n, 5)]),
+         ("heads", lambda n: [floats(2, n, 3, 2, 5)]),
+         ("heads_grad", lambda n: [floats(3, 4, 3, 2, n)]),
+         ("grouped_heads", lambda n: [floats(3, 2, 4, 3, n, 5)]),
          ("row", lambda n: [floats(3, n), floats(n, 5)]),
          ("embedding_grad", lambda n: [floats(11, 3), indices(11, n, 2)]),
          ("scattered", lambda n: [floats(7, n), indices(7, 5), floats(5, n)]),
@@ -132,7 +154,7 @@ def test_the_native_step_has_the_bits_of_the_walk_and_the_interpreter(check, cas
 def segments(exe: Executable) -> list[str]:
     """The plan's items: the native calls of each segment, and the steps Python runs."""
     return [" ".join(type(c).__name__ for c in x.calls) if isinstance(x, Native) else
-            exe.plan.steps[x.step].op.primitive.name for x in exe.native.items]
+            exe.plan.steps[x].op.primitive.name for x in exe.native.items]
 
 
 def test_a_step_without_host_steps_is_one_native_call():
@@ -140,6 +162,13 @@ def test_a_step_without_host_steps_is_one_native_call():
     exe = Executable(fn)
     assert segments(exe) == ["ProductCall ProductCall"]
     assert exe.native.items[0].function is not None
+
+
+@pytest.mark.parametrize("entry, qkv", [("heads", (2, 8, 3, 4, 16)), ("heads_grad", (2, 8, 3, 4, 16)),
+                                        ("grouped_heads", (2, 2, 8, 3, 4, 16))])
+def test_products_of_heads_sliced_from_one_array_are_in_the_native_call(entry, qkv):
+    fn, _ = lowered(entry, [floats(*qkv)])
+    assert [x for x in segments(Executable(fn)) if "ProductCall" not in x] == []
 
 
 @pytest.mark.parametrize("entry, args, want", [
