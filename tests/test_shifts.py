@@ -1,13 +1,17 @@
 """`<<` and `>>` compiled, with NumPy's meaning for every count (npy_lshift, npy_rshift): a
 count that is negative or not less than the dtype's bits shifts every bit out, leaving 0, or
--1 where `>>` shifts a negative signed value. The CPU backend here; the GPU in
-tests/runtime/test_on_device.py, MLIR on IREE in tests/test_mlir_shifts.py."""
+-1 where `>>` shifts a negative signed value. The CPU backend and the PTX here; the GPU
+runtime in tests/runtime/test_on_device.py, MLIR on IREE in tests/test_mlir_scans.py."""
 from __future__ import annotations
+
+import re
+import shutil
 
 import numpy as np
 import pytest
 
 import dsl
+from backend import nvptx
 from backend.schedule import HostStep
 from conftest import on_every_thread_count
 from runtime.cpu import Executable
@@ -71,3 +75,13 @@ def test_shifts_are_numpys_bits_on_every_thread_count(n):
             np.right_shift(c, np.int64(63)), np.left_shift(np.int64(5), c))
     for g, w in zip(prog.literal(a, c), want):
         assert g.dtype == w.dtype and g.tobytes() == w.tobytes()
+
+
+@pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas is not on the PATH")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_shifts_are_gpu_kernels_that_ptxas_assembles(arch):
+    """The same body in the GPU's kernels: PTX shift instructions, accepted by ptxas."""
+    text = dsl.loads(SHIFTS).f.ir(level="ptx", dims={"N": 13}, arch=arch)
+    shifts = set(re.findall(r"\bsh[lr]\.[a-z0-9]+", text))
+    assert {"shl.b32", "shl.b64", "shr.s32", "shr.s64", "shr.u32"} <= shifts, shifts
+    nvptx.ptxas(text, arch)
