@@ -233,8 +233,8 @@ def test_dslc_ir_level_mlir_prints_named_linalg_ops_at_their_lines():
 
 
 class _Unsayable(Unary):
-    """An elementwise primitive with no MLIR (nor kernel body): every op of the language
-    has one, or is on its way to one."""
+    """An elementwise primitive with no MLIR (nor kernel body), which no op of the language
+    is any longer."""
     name = "unsayable"
     reference = staticmethod(np.negative)
 
