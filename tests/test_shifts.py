@@ -68,12 +68,12 @@ def test_shifts_are_numpys_bits_on_every_thread_count(n):
     plan = Executable(prog.f.lower(*args).function).plan
     assert not any(isinstance(s, HostStep) for s in plan.steps)
     got = on_every_thread_count(lambda: prog.f(*args))
-    for g, w in zip(got, numpy_shifts(*args)):
+    for g, w in zip(got, numpy_shifts(*args), strict=True):
         assert g.dtype == w.dtype and g.tobytes() == w.tobytes()
     a, _, c, *_ = args
     want = (np.left_shift(a, np.int32(31)), np.right_shift(a, np.int32(40)),
             np.right_shift(c, np.int64(63)), np.left_shift(np.int64(5), c))
-    for g, w in zip(prog.literal(a, c), want):
+    for g, w in zip(prog.literal(a, c), want, strict=True):
         assert g.dtype == w.dtype and g.tobytes() == w.tobytes()
 
 

@@ -71,7 +71,7 @@ def test_shifts_run_on_the_device(request, driver, n):
     """By every count, negative and out of range too: NumPy's bits, by a map kernel."""
     args = operands(n)
     got = on_device(request.getfixturevalue(driver), SHIFTS, "f", args)
-    for g, w in zip(got, numpy_shifts(*args)):
+    for g, w in zip(got, numpy_shifts(*args), strict=True):
         assert np.asarray(g).tobytes() == w.tobytes()
 
 
