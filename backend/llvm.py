@@ -113,6 +113,14 @@ class Emitter:
     def xor(self, x: ir.Value, y: ir.Value) -> ir.Value:
         return self.b.xor(x, y)
 
+    def shl(self, x: ir.Value, n: ir.Value) -> ir.Value:
+        """x << n of integers; n is less than x's bits (LLVM makes a larger count poison)."""
+        return self.b.shl(x, n)
+
+    def shr(self, x: ir.Value, n: ir.Value, dtype: str) -> ir.Value:
+        """x >> n, arithmetic but for u32; n as for shl."""
+        return self.b.lshr(x, n) if dtype == "u32" else self.b.ashr(x, n)
+
     def select(self, cond: ir.Value, x: ir.Value, y: ir.Value) -> ir.Value:
         return self.b.select(cond, x, y)
 

@@ -205,6 +205,14 @@ class Body:
     def shift_left(self, x: S, n: int) -> S:
         return self._op(f"arith.shli {x.name}, {self.const(n, x.dtype).name} : {x.type}", x.dtype)
 
+    def shl(self, x: S, n: S) -> S:
+        """As the Emitter's: n is less than x's bits."""
+        return self._op(f"arith.shli {x.name}, {n.name} : {x.type}", x.dtype)
+
+    def shr(self, x: S, n: S, dtype: str) -> S:
+        op = "shrui" if dtype == "u32" else "shrsi"
+        return self._op(f"arith.{op} {x.name}, {n.name} : {x.type}", x.dtype)
+
     def mul_wide(self, x: S, y: S) -> tuple[S, S]:
         """The high and low words of the unsigned product x * y (Philox's mulhilo), through
         i64: IREE's llvm-cpu cannot lower arith.mului_extended once it vectorises it."""

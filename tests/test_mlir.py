@@ -28,11 +28,11 @@ from dsl.safetensors import read_with_metadata
 from frontend.diagnostics import DslError
 from ir import interp
 from ir.ad import grad_function
-from ir.core import Function, Op, Value
+from ir.core import Builder, Function, Op, Value, tensor_type
 from ir.mlir import NotExpressible, function, module
 from ir.ops.base import EvalError, Role, np_dtype
 from ir.ops.contract import Einsum
-from ir.ops.elementwise import Div, MathFunction, Mul, Sub
+from ir.ops.elementwise import Div, MathFunction, Mul, Sub, Unary
 from ir.ops.random import Normal
 from ir.passes import optimize
 from runtime import cpu
@@ -232,11 +232,23 @@ def test_dslc_ir_level_mlir_prints_named_linalg_ops_at_their_lines():
     assert "math.tanh" in r.stdout
 
 
-def test_an_op_mlir_cannot_say_yet_is_an_error_at_its_line(tmp_path: Path):
-    path = tmp_path / "shift.bend"
-    path.write_text("def f(x: i32[N]) -> i32[N]:\n  return x << 1\n")
-    user_error(dslc("ir", str(path), "--entry", "f", "--dims", "N=2", "--level", "mlir"),
-               f"{path}:2:12: error: not expressible in MLIR yet: 'shl'")
+class _Unsayable(Unary):
+    """An elementwise primitive with no MLIR (nor kernel body), which no op of the language
+    is any longer."""
+    name = "unsayable"
+    reference = staticmethod(np.negative)
+
+
+def test_an_op_mlir_cannot_say_yet_is_reported_at_its_origin():
+    """The error names the op and carries where the source wrote it: dslc reports it there,
+    as an error at the op's line."""
+    b = Builder("f")
+    x = b.param(tensor_type("f32", (2,)))
+    b.origin = "f.bend:2:12"
+    fn = b.finish([b.emit(_Unsayable(), x)])
+    with pytest.raises(NotExpressible, match="^not expressible in MLIR yet: 'unsayable'$") as e:
+        function(fn, "f")
+    assert e.value.origin == "f.bend:2:12"
 
 
 def test_device_iree_runs_an_entry_as_the_cpu_backend_does():

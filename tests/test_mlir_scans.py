@@ -1,7 +1,7 @@
-"""The MLIR of flips and negative steps, scans, float % and //, and assert_finite and debug
-(ir/mlir.py, docs/mlir.md), compiled by IREE and held to NumPy's bits and the CPU backend's:
+"""The MLIR of flips and negative steps, scans, float % and //, shifts, and assert_finite and
+debug (ir/mlir.py, docs/mlir.md), compiled by IREE and held to NumPy's bits and the CPU backend's:
 elements moved, in order; cumsum and cumprod accumulated in the scan order of docs/numerics.md;
-% and // as NumPy's; logcumsumexp within docs/mlir.md's bound (IREE's exp and log). Sizes
+% and //, << and >> (by any count) as NumPy's; logcumsumexp within docs/mlir.md's bound (IREE's exp and log). Sizes
 0, 1 and primes; inputs with NaN, ±inf and -0.0. One IREE module holds every entry at every size."""
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from ir.mlir import function, module
 from ir.ops.base import np_dtype
 from ir.passes import optimize
 from runtime import cpu
+from test_shifts import numpy_shifts, operands
 
 pytest.importorskip("iree.compiler", reason="IREE is not installed (pip install 'dslc[iree]')")
 
@@ -34,6 +35,9 @@ def lse(x: f32[A, B]) -> f32[A, B]:
 
 def floor_division(a: f32[A, B], b: f32[A, B], h: f16[A, B], g: f16[A, B], d: f64[A, B], e: f64[A, B]):
   return a % b, a // b, h % g, h // g, d % e, d // e
+
+def shifts(a: i32[A, B], b: i32[A, B], c: i64[A, B], d: i64[A, B], e: u32[A, B], g: u32[A, B]):
+  return a << b, a >> b, c << d, c >> d, e << g, e >> g, a << 31, a >> 40, c >> 63, 5 << c
 
 def strided(x: f32[A, B], w: f32[A, B]) -> f32:
   return sum(x[::-2, ::-1] * w[::-2, ::-1])
@@ -187,6 +191,18 @@ def test_float_floor_division_on_iree_is_numpys_at_the_edges():
         with np.errstate(all="ignore"):
             same_bits(got[:2] + got[4:], [np.mod(a, b), np.floor_divide(a, b), np.mod(d, e),
                                           np.floor_divide(d, e)])
+
+
+@pytest.mark.parametrize("sizes", SIZES)
+def test_shifts_on_iree_are_numpys_for_every_count(sizes):
+    """Counts negative and out of range too shift every bit out (tests/test_shifts.py); a
+    literal takes the other operand's dtype."""
+    args = [x.reshape(sizes) for x in operands(sizes[0] * sizes[1], seed=sizes[0])]
+    got, want = run(sizes, "shifts", *args)
+    a, _, c, *_ = args
+    same_bits(got, [*numpy_shifts(*args), np.left_shift(a, np.int32(31)), np.right_shift(a, np.int32(40)),
+                    np.right_shift(c, np.int64(63)), np.left_shift(np.int64(5), c)])
+    same_bits(got, want)
 
 
 @pytest.mark.parametrize("sizes", [(7, 5), (0, 3)])

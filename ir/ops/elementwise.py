@@ -893,11 +893,27 @@ class Xor(Bitwise):
 
 
 class Shift(Bitwise):
-    """A bit shift of integers."""
+    """A bit shift of integers, as NumPy's (npy_lshift, npy_rshift): a count that is negative
+    or not less than the dtype's bits shifts every bit out."""
     accepts = INT_DTYPES
     needs = "integer"
-    compiled = ()
-    host = "shifts by counts out of range are not compiled yet"
+
+    def scalar(self, e: Any, args: list, dtypes: list[str], dtype: str, attrs: dict) -> Any:
+        a, n = args
+        last = e.const(np.iinfo(np_dtype(dtype)).bits - 1, dtype, a)
+        inside = e.compare("<=", n, last, "u32")     # unsigned, so a negative count is outside
+        shifted = self.shift(e, a, e.select(inside, n, last), dtype)    # a count LLVM defines
+        if self.fills_with_sign(dtype):              # a >> last is every bit a's sign already
+            return shifted
+        return e.select(inside, shifted, e.const(0, dtype, a))
+
+    def shift(self, e: Any, a: Any, n: Any, dtype: str) -> Any:
+        """a shifted by a count n less than its bits."""
+        raise NotImplementedError
+
+    def fills_with_sign(self, dtype: str) -> bool:
+        """Whether shifting all bits out leaves copies of the sign bit rather than zeros."""
+        return False
 
 
 @primitive
@@ -906,12 +922,21 @@ class Shl(Shift):
     name, symbol = "shl", "<<"
     reference = staticmethod(np.left_shift)
 
+    def shift(self, e: Any, a: Any, n: Any, dtype: str) -> Any:
+        return e.shl(a, n)
+
 
 @primitive
 class Shr(Shift):
     """a >> b (arithmetic for signed dtypes)."""
     name, symbol = "shr", ">>"
     reference = staticmethod(np.right_shift)
+
+    def shift(self, e: Any, a: Any, n: Any, dtype: str) -> Any:
+        return e.shr(a, n, dtype)
+
+    def fills_with_sign(self, dtype: str) -> bool:
+        return dtype != "u32"
 
 
 # ---------------------------------------------------------------- where, cast

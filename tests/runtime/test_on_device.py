@@ -1,5 +1,5 @@
 """Work that once ran on the host with a copy each way, now on the device: integer division
-and remainder, concatenation, random numbers and `fold` bodies. Each runs through the GPU
+and remainder, shifts, concatenation, random numbers and `fold` bodies. Each runs through the GPU
 runtime on the fake driver and on the emulated kernels (tests/runtime/test_cuda.py), gives the
 CPU backend's bits (the interpreter's, where the CPU runs it on the host) at degenerate sizes
 too, and sends no tensor to the host and back."""
@@ -18,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parents[1]))
 from conftest import EXAMPLES, example_case, example_step_case  # noqa: E402
 from test_cuda import assert_same, bindings_driver, emulated, fake  # noqa: E402,F401  (the fixtures)
+from test_shifts import SHIFTS, numpy_shifts, operands  # noqa: E402
 
 SIZES = [0, 1, 13]                     # nothing, one element, a prime
 
@@ -60,6 +61,18 @@ def test_integer_division_and_remainder_run_on_the_device(request, driver, n):
     NumPy's (the interpreter's) answers, by a map kernel."""
     args = [x for dtype in (np.int32, np.int64, np.uint32) for x in extremes(dtype, n)]
     on_device(request.getfixturevalue(driver), DIVISION, "f", args)
+
+
+# ---------------------------------------------------------------- shifts
+
+@pytest.mark.parametrize("driver", ["fake", "emulated"])
+@pytest.mark.parametrize("n", SIZES + [1031])
+def test_shifts_run_on_the_device(request, driver, n):
+    """By every count, negative and out of range too: NumPy's bits, by a map kernel."""
+    args = operands(n)
+    got = on_device(request.getfixturevalue(driver), SHIFTS, "f", args)
+    for g, w in zip(got, numpy_shifts(*args), strict=True):
+        assert np.asarray(g).tobytes() == w.tobytes()
 
 
 # ---------------------------------------------------------------- concatenation
