@@ -267,6 +267,9 @@ def fail(team: Team, error: DslError) -> None:
     if isinstance(team, (Mpi, Nccl)) and team.size > 1:
         sys.stderr.write(f"{error}\n")              # one write: ranks' lines do not interleave
         sys.stderr.flush()
+        # MPICH's proxy relays a rank's stderr on its own time, and an abort kills it, maybe
+        # before it has (seen once in CI: the job ended without rank 0's diagnostic)
+        time.sleep(0.5)
         team.abort()
 
 
