@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import dsl
-from conftest import raises
+from conftest import raises, slow
 from runtime.cpu import Executable
 
 SOURCE = "def loss(w: f32[D, D], x: f32[B, D]) -> f32:\n  h = tanh(x @ w)\n  return sum(h * h)\n"
@@ -31,6 +31,7 @@ def live_executables() -> int:
     return sum(isinstance(o, Executable) for o in gc.get_objects())
 
 
+@slow                                   # (30 s)
 def test_fifty_batch_sizes_hold_eight_specialisations_and_their_memory(monkeypatch):
     """The default bound: after 50 sizes the program holds the last 8, their executables and
     about the memory it held after the first 8 (each arena is some 0.5 MB: kept, the 50 would

@@ -16,7 +16,7 @@ import dsl
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parents[1]))
-from conftest import EXAMPLES, example_case, example_step_case  # noqa: E402
+from conftest import EXAMPLES, example_case, example_step_case, slow  # noqa: E402
 from test_cuda import assert_same, bindings_driver, emulated, fake  # noqa: E402,F401  (the fixtures)
 from test_shifts import SHIFTS, numpy_shifts, operands  # noqa: E402
 
@@ -197,7 +197,7 @@ def loss(xs: f32[T, 3, 2], w: f32[2, 2], h0: f32[3, 2]) -> f32:
 
 
 @pytest.mark.parametrize("driver", ["fake", "emulated"])
-@pytest.mark.parametrize("t", SIZES)
+@pytest.mark.parametrize("t", [0, 1, pytest.param(13, marks=slow)])     # (13 steps: 25 s each)
 @pytest.mark.parametrize("persistent", [True, False])
 def test_a_fold_runs_its_body_on_the_device(request, monkeypatch, driver, t, persistent):
     """State, scanned slices and the stacked emits (a tensor and a scalar per step) stay on
