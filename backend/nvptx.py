@@ -45,7 +45,7 @@ import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import llvmlite.binding as llvm
 import numpy as np
@@ -1061,13 +1061,20 @@ def _key_entry(module: ir.Module, prim: Primitive, dtype: str, annotations, targ
 # Modules and PTX
 
 
+def kernel_module(name: str, target: Target, module: ir.Module | None = None) -> tuple[ir.Module, Any]:
+    """`module` (else a new one named `name` for target) and its nvvm.annotations, where each
+    entry is marked a kernel."""
+    if module is None:
+        module = ir.Module(name=name)
+        module.triple = target.triple
+    return module, module.add_named_metadata("nvvm.annotations")
+
+
 def module_ir(kernels: list[LoopKernel], matmuls: tuple[str, ...] = (), target: Target = GPU,
               gathers: tuple[tuple[str, str], ...] = ()) -> ir.Module:
     """One NVPTX module: a GPU entry per loop kernel, the contraction kernels for each dtype
     in `matmuls`, and a gather (or concat) kernel for each (primitive, dtype) in `gathers`."""
-    module = ir.Module(name="dslc_gpu")
-    module.triple = target.triple
-    annotations = module.add_named_metadata("nvvm.annotations")
+    module, annotations = kernel_module("dslc_gpu", target)
     for k in kernels:
         _kernel_entry(module, k, annotations, target)
     for dtype in matmuls:

@@ -26,7 +26,7 @@ from llvmlite import ir
 from backend import nvptx
 from backend.llvm import I8, I64, SCALAR, memory_type
 from backend.loops import LoopKernel
-from backend.nvptx import BLOCK, GPU, Launch, Target, _Builder, _entry
+from backend.nvptx import BLOCK, GPU, Launch, Target, _Builder, _entry, kernel_module
 
 ARENA = 32 * 1024           # bytes of shared memory for the state (twice) and the body's values
 WORK = 1 << 18              # elements and multiply-adds of one step of the scan, at most
@@ -100,10 +100,7 @@ class FoldKernel:
 
 def module_ir(folds: tuple[FoldKernel, ...], target: Target = GPU, module: ir.Module | None = None) -> ir.Module:
     """A module of these persistent kernels: `module` with them added, else a new one."""
-    if module is None:
-        module = ir.Module(name="dslc_folds")
-        module.triple = target.triple
-    annotations = module.add_named_metadata("nvvm.annotations")
+    module, annotations = kernel_module("dslc_folds", target, module)
     for fold in folds:
         _fold_entry(module, fold, annotations, target)
     return module

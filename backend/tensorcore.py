@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from llvmlite import ir
 
 from backend.llvm import I32, I64
-from backend.nvptx import GPU, MAX_GRID_YZ, MatmulLaunch, Target, _Builder, _entry, assemble
+from backend.nvptx import GPU, MAX_GRID_YZ, MatmulLaunch, Target, _Builder, _entry, assemble, kernel_module
 
 I16 = ir.IntType(16)
 F32 = ir.FloatType()
@@ -78,10 +78,7 @@ def module_ir(dtypes: tuple[str, ...] = DTYPES, target: Target = GPU,
               module: ir.Module | None = None) -> ir.Module:
     """A module of the tensor-core kernels for these input dtypes: `module` with them added
     (a program's kernels: one module to load), else a new one."""
-    if module is None:
-        module = ir.Module(name="dslc_mma")
-        module.triple = target.triple
-    annotations = module.add_named_metadata("nvvm.annotations")
+    module, annotations = kernel_module("dslc_mma", target, module)
     for dtype in dtypes:
         _mma_entry(module, dtype, annotations, target)
     return module
