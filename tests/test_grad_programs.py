@@ -3,7 +3,6 @@
 gradient is at most 3x the size of the program it differentiates."""
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +18,7 @@ from ir.passes import optimize
 
 sys.path.insert(0, str(Path(__file__).parent))
 import test_programs as programs  # noqa: E402
+from conftest import slow  # noqa: E402
 
 CASES = {
     "mlp": (programs.mlp_inputs, "p"),
@@ -79,7 +79,6 @@ DIMS = {"mlp": dict(B=programs.B, D=programs.D, H=programs.H, C=programs.C),
 
 ROOT = Path(__file__).resolve().parents[1]
 # the examples' transformers take about a minute each
-needs_slow = pytest.mark.skipif(not os.environ.get("DSLC_SLOW"), reason="set DSLC_SLOW=1 for the transformers")
 EXAMPLE_BLOCK = {"p.blocks": 2, "H": 2, "G": 1, "K": 4}     # heads divide the width; 1 / sqrt(K)
 
 # file, wrt, the sizes given (what the checks need: Hq % Hkv == 0, a scale 1 / sqrt(D)), and
@@ -99,9 +98,9 @@ GENERIC = {
     "lstm_chars": ("examples/lstm_chars.bend", "p", {}, dict(V=1, H=1, B=1, L=1), dict(V=7, H=3, B=2, L=5)),
     "gpt": pytest.param(("examples/gpt.bend", "p", {"rope": 1, **EXAMPLE_BLOCK},
                          dict(V=1, D=1, P=1, F=1, N=1, T=1), dict(V=11, D=3, P=2, F=5, N=2, T=7)),
-                        marks=[pytest.mark.slow, needs_slow]),
+                        marks=[pytest.mark.slow, slow]),
     "bert": pytest.param(("examples/bert.bend", "p", EXAMPLE_BLOCK, dict(V=1, D=1, T=1, F=1, N=1),
-                          dict(V=11, D=3, T=5, F=7, N=2)), marks=[pytest.mark.slow, needs_slow]),
+                          dict(V=11, D=3, T=5, F=7, N=2)), marks=[pytest.mark.slow, slow]),
 }
 
 

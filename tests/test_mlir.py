@@ -14,7 +14,6 @@ tests below show one)."""
 from __future__ import annotations
 
 import functools
-import os
 import re
 from pathlib import Path
 
@@ -22,7 +21,7 @@ import numpy as np
 import pytest
 
 import dsl
-from conftest import beyond_iree_bound, dslc, quick, raises, user_error
+from conftest import beyond_iree_bound, dslc, quick, raises, slow, user_error
 from dsl.inputs import dimension_names
 from dsl.safetensors import read_with_metadata
 from frontend.diagnostics import DslError
@@ -47,8 +46,7 @@ SIZE = 3                   # every dimension; static ints and list lengths are 2
 # IREE compiles and runs a file in 10-40 s here: the default run checks the test programs and
 # two examples (the other examples cost 3 minutes more), DSLC_SLOW=1 every example and the corpus
 QUICK = {p.stem for p in (ROOT / "tests" / "programs").glob("*.bend")} | {"xor", "names_mlp"}
-needs_slow = pytest.mark.skipif(not os.environ.get("DSLC_SLOW"), reason="set DSLC_SLOW=1 for every file on IREE")
-BY_FILE = [pytest.param(stem, marks=[] if stem in QUICK else [needs_slow]) for stem in FILES]
+BY_FILE = [pytest.param(stem, marks=[] if stem in QUICK else [slow]) for stem in FILES]
 
 
 def specialised(prog: dsl.Program, name: str) -> Function | None:
@@ -185,7 +183,7 @@ def test_every_entry_exports(stem):
     assert not {case: str(e) for case, e in exported(stem)[1].items()}
 
 
-@needs_slow
+@slow
 def test_the_files_give_at_least_491_entries():
     """No entry drops out of the check unseen (an entry no sizes make is left out)."""
     assert sum(len(exported(stem)[0]) for stem in FILES) >= 491
@@ -282,7 +280,7 @@ def test_dslc_run_device_iree_gives_the_cpu_backends_bits_for_exact_ops(tmp_path
 # step of ±lr whatever its last bits: its losses are held, its weights only named and shaped.
 @pytest.mark.parametrize("example, steps, held", [
     ("xor", 20, ("p.", "loss")),
-    pytest.param("names_mlp", 3, ("loss", "valid.loss"), marks=needs_slow)])   # (40 s here)
+    pytest.param("names_mlp", 3, ("loss", "valid.loss"), marks=slow)])   # (40 s here)
 def test_dslc_train_device_iree_trains_as_the_cpu_backend_does(tmp_path: Path, example: str,
                                                                steps: int, held: tuple[str, ...]):
     """Init (normal's Philox draws), steps and evaluations on IREE end to end agree with the

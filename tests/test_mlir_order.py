@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 import dsl
-from conftest import dslc, raises, user_error
-from test_mlir import QUICK, exported, needs_slow
+from conftest import dslc, raises, slow, user_error
+from test_mlir import QUICK, exported
 
 pytest.importorskip("iree.compiler", reason="IREE is not installed (pip install 'dslc[iree]')")
 
@@ -188,7 +188,7 @@ def test_device_iree_cuda_without_a_gpu_is_an_error_that_says_so(tmp_path: Path)
 CUDA_QUICK = {"attention", "conv2d", "exact_ops", "layer_norm", "random"}
 
 
-@pytest.mark.parametrize("stem", [pytest.param(s, marks=[] if s in CUDA_QUICK else [needs_slow])
+@pytest.mark.parametrize("stem", [pytest.param(s, marks=[] if s in CUDA_QUICK else [slow])
                                   for s in sorted(QUICK)])
 def test_the_quick_files_of_test_mlir_compile_for_cuda_sm_80(stem: str):
     """What --device iree-cuda compiles: a file's entries and gradients in one module, by

@@ -30,7 +30,7 @@ from safetensors import SafetensorError
 from safetensors.numpy import save_file
 
 import dsl
-from conftest import quick, warmup_cosine
+from conftest import quick, slow, warmup_cosine
 from dsl.progress import Progress
 from dsl.safetensors import read_with_metadata
 from dsl.train import Model, State, batch_indices, checksum, load_checkpoint, read_npz_data, save_checkpoint
@@ -807,7 +807,6 @@ def test_xor_trains_to_100_percent():
 # ---------------------------------------------------------------- full runs (minutes each)
 # DSLC_SLOW=1 pytest -s -m slow tests/test_train.py prints each run's report (wall times).
 
-needs_slow = pytest.mark.skipif(not os.environ.get("DSLC_SLOW"), reason="set DSLC_SLOW=1 for the full runs")
 
 
 def full_run(name: str, **kw):
@@ -824,7 +823,7 @@ def mlp_run():
 
 
 @pytest.mark.slow
-@needs_slow
+@slow
 def test_full_names_mlp_matches_its_twin_within_0_02_nats(mlp_run):
     result, batches = mlp_run
     w = tensors(Model(str(EXAMPLES / "names_mlp.bend")).init(0)[0])
@@ -843,21 +842,21 @@ def test_full_names_mlp_matches_its_twin_within_0_02_nats(mlp_run):
 
 
 @pytest.mark.slow
-@needs_slow
+@slow
 def test_full_lstm_beats_the_mlp(mlp_run):
     result, _ = full_run("lstm_chars")
     assert result.metrics["valid"]["loss"] < mlp_run[0].metrics["valid"]["loss"]
 
 
 @pytest.mark.slow
-@needs_slow
+@slow
 def test_full_cnn_reaches_97_percent():
     result, _ = full_run("cnn_digits")
     assert result.metrics["test"]["accuracy"] >= 0.97
 
 
 @pytest.mark.slow
-@needs_slow
+@slow
 def test_full_resnet_reaches_98_5_percent():
     result, _ = full_run("resnet_digits", device="cpu")          # the interpreter takes far longer
     assert result.metrics["test"]["accuracy"] >= 0.985

@@ -19,10 +19,10 @@ import torch
 import torch.nn.functional as F
 
 import dsl
-from conftest import warmup_cosine
+from conftest import slow, warmup_cosine
 from dsl.train import Model, step_key
 from lib.test_nn import TorchBlock
-from test_train import EXAMPLES, needs_slow, run_steps
+from test_train import EXAMPLES, run_steps
 
 GPT, BERT = EXAMPLES / "gpt.bend", EXAMPLES / "bert.bend"
 sys.path.insert(0, str(EXAMPLES))
@@ -177,7 +177,7 @@ def test_bert_accuracy_is_the_fraction_of_masked_tokens_guessed():
 
 
 @pytest.mark.slow
-@needs_slow
+@slow
 def test_full_gpt_run_matches_its_twin_within_0_02_nats():
     """examples/gpt.py's settings on the CPU backend, and the twin on the same batches."""
     batches = []
@@ -201,7 +201,7 @@ def test_full_gpt_run_matches_its_twin_within_0_02_nats():
 
 
 @pytest.mark.slow
-@needs_slow
+@slow
 def test_full_bert_run_guesses_half_the_masked_characters():
     """examples/bert.py's settings on the CPU backend: the masked-token accuracy on the
     held-out tenth, where always guessing the commonest character (' ') gets 25%."""

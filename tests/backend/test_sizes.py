@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import isolated
+from conftest import isolated, slow
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import test_random_programs as fuzz  # noqa: E402
@@ -38,7 +38,6 @@ from ir.ops.shape import SliceSpec  # noqa: E402
 
 U32 = 2.0 ** -24
 SLOW = 10 ** 6                   # rows at least this long: one row, not two
-needs_slow = pytest.mark.skipif(not os.environ.get("DSLC_SLOW"), reason="set DSLC_SLOW=1 for the largest sizes")
 
 SIZES = [1, 2, 3, 31, 4096, 4097, 65_537, 200_000, 1_000_000, 10_000_000]
 
@@ -234,7 +233,7 @@ def outcomes(request) -> dict:
 
 
 @pytest.mark.parametrize("key", [pytest.param(c, marks=[] if c in DEFAULT else
-                                              [pytest.mark.slow, needs_slow], id=f"{c[0]}-{c[1]}")
+                                              [pytest.mark.slow, slow], id=f"{c[0]}-{c[1]}")
                                  for c in CASES])
 def test_every_kernel_class_at_every_size_on_every_thread_count(key, outcomes):
     o, v = outcomes[key]

@@ -5,7 +5,6 @@ products within the bound of docs/numerics.md; ptxas accepts it for sm_80 and sm
 from __future__ import annotations
 
 import functools
-import os
 import shutil
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ from backend import nvptx, tensorcore
 
 sys.path.insert(0, str(Path(__file__).parent))
 from emulator import Emulator  # noqa: E402
+from conftest import slow  # noqa: E402
 
 NUMPY = {"bf16": ml_dtypes.bfloat16, "f16": np.float16, "f32": np.float32}
 
@@ -41,7 +41,6 @@ def product(dtype: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
 # (batch, m, k, n, B broadcast): warp and mma tiles cut, K across two shared tiles, a batch
 # with B shared by its products; with DSLC_SLOW=1 also a single mma tile, and block tiles cut
 # on every side (several blocks: about 10 s a dtype in the emulator)
-slow = pytest.mark.skipif(not os.environ.get("DSLC_SLOW"), reason="set DSLC_SLOW=1 for more shapes")
 SHAPES = [(2, 17, 20, 9, True), pytest.param(1, 16, 16, 8, False, marks=slow),
           pytest.param(1, 70, 40, 37, False, marks=slow), pytest.param(2, 65, 9, 66, True, marks=slow)]
 
