@@ -271,4 +271,5 @@ def benchmark(name: str) -> _ModuleType:
 # Tests that cost tens of seconds each, which CI's 15 minutes cannot hold: run with DSLC_SLOW=1
 import pytest as _pytest  # noqa: E402
 
-slow = _pytest.mark.skipif(not os.environ.get("DSLC_SLOW"), reason="set DSLC_SLOW=1 for the slow tests")
+SLOW = bool(os.environ.get("DSLC_SLOW"))
+slow = _pytest.mark.skipif(not SLOW, reason="set DSLC_SLOW=1 for the slow tests")

@@ -1,13 +1,13 @@
-"""The MLIR export (ir/mlir.py) checked by IREE against dslc's CPU backend: every entry point of
+"""The MLIR export (ir/mlir.py) checked by IREE against the interpreter: every entry point of
 tests/programs, tests/corpus/valid and examples, forward and gradient, exported, compiled by
-IREE (one module a file) and run on random inputs (the default run: tests/programs and two
-examples; DSLC_SLOW=1: every file).
+IREE (one module a file) and run on random inputs, on IREE and on the CPU backend, against the
+interpreter (the default run: tests/programs and the examples; DSLC_SLOW=1: every file).
 
 Bounds (docs/numerics.md): a result computed only by exact operations (arithmetic, comparisons,
 casts, gathers, copies; no reduction, contraction or math-library function on its way) must
 agree bit for bit. Others may differ by the order IREE reduces in and by its math library:
 |got - want| ≤ ε·(168·m + 17·max|want|), ε the dtype's (2e-5·m + 2e-6·max|want| in f32), m a
-bound on the sum of |terms| behind the result (`magnitudes`) and max|want| the largest finite
+bound on the sum of |terms| behind the result (`definition`) and max|want| the largest finite
 |want|. A disagreement names the op that made the result.
 Every entry must export (an op the exporter cannot write is an error at its line: the
 tests below show one)."""
@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import dsl
-from conftest import beyond_iree_bound, dslc, quick, raises, slow, user_error
+from conftest import SLOW, beyond_iree_bound, dslc, quick, raises, slow, user_error
 from dsl.inputs import dimension_names
 from dsl.safetensors import read_with_metadata
 from frontend.diagnostics import DslError
@@ -43,9 +43,12 @@ FILES = {p.stem: p for p in sorted((ROOT / "tests" / "programs").glob("*.bend"))
          sorted(p for p in (ROOT / "tests" / "corpus" / "valid").glob("*.bend") if re.match(r"\d\d_", p.name)) +
          sorted((ROOT / "examples").glob("*.bend"))}
 SIZE = 3                   # every dimension; static ints and list lengths are 2
-# IREE compiles and runs a file in 10-40 s here: the default run checks the test programs and
-# two examples (the other examples cost 3 minutes more), DSLC_SLOW=1 every example and the corpus
-QUICK = {p.stem for p in (ROOT / "tests" / "programs").glob("*.bend")} | {"xor", "names_mlp"}
+# IREE compiles and runs a file in 5-20 s here, and the CPU backend compiles it in as long: the
+# default run checks the test programs and the examples (the CPU backend on the programs and two
+# examples), DSLC_SLOW=1 the corpus too and every file on the CPU backend
+PROGRAMS = {p.stem for p in (ROOT / "tests" / "programs").glob("*.bend")}
+QUICK = PROGRAMS | {p.stem for p in (ROOT / "examples").glob("*.bend")}
+ON_THE_CPU = PROGRAMS | {"xor", "names_mlp"}
 BY_FILE = [pytest.param(stem, marks=[] if stem in QUICK else [slow]) for stem in FILES]
 
 
@@ -138,11 +141,11 @@ def inexact(fn: Function) -> set[Value]:
     return found
 
 
-def magnitudes(fn: Function, arrays: list[np.ndarray]) -> list[np.ndarray]:
-    """For each result, a bound on the sum of |terms| it was computed from: the interpreter run
-    on magnitudes (|x| for a float input, a - b as |a| + |b|; a product and a quotient carry
-    their operands' relative bounds, to first order), never below the result's |value|.
-    (A bound that magnitudes make NaN, inf - inf, is the |value|.)
+def definition(fn: Function, arrays: list[np.ndarray]) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """The interpreter's results and, for each, a bound on the sum of |terms| it was computed
+    from: the interpreter run on magnitudes (|x| for a float input, a - b as |a| + |b|; a
+    product and a quotient carry their operands' relative bounds, to first order), never below
+    the result's |value|. (A bound that magnitudes make NaN, inf - inf, is the |value|.)
     A sum that cancels to near 0 is only known to a few ulp of its terms, whatever the order."""
     values = dict(zip(fn.params, arrays))
     size = {v: np.abs(a) if a.dtype.kind == "f" else a for v, a in zip(fn.params, arrays)}
@@ -157,7 +160,7 @@ def magnitudes(fn: Function, arrays: list[np.ndarray]) -> list[np.ndarray]:
         for v, out, bound in zip(op.outputs, outs, bounds, strict=True):
             values[v] = out
             size[v] = np.fmax(np.abs(out), np.abs(bound)) if out.dtype.kind == "f" else out
-    return [size[v] for v in fn.results]
+    return [values[v] for v in fn.results], [size[v] for v in fn.results]
 
 
 def _magnitude(op: Op, args: list[np.ndarray], sizes: list[np.ndarray]) -> list[np.ndarray]:
@@ -190,22 +193,30 @@ def test_the_files_give_at_least_491_entries():
 
 
 @pytest.mark.parametrize("stem", BY_FILE)
-def test_iree_agrees_with_the_cpu_backend(stem):
-    """Each exported entry of a file, forward and gradient, on IREE and on the CPU backend."""
+def test_iree_and_the_cpu_backend_agree_with_the_interpreter(stem):
+    """Each exported entry of a file, forward and gradient, on IREE and on the CPU backend,
+    against the interpreter. (The CPU backend compiles a file in as long as IREE does: its
+    side runs on ON_THE_CPU by default, on every file with DSLC_SLOW=1.)"""
     for case, fn in cases(stem).items():
         if case in exported(stem)[0]:
-            agrees(case, fn, context(stem).modules.module[symbol(case)])
+            arrays = inputs(fn)
+            want, scale = definition(fn, arrays)
+            entry = context(stem).modules.module[symbol(case)]
+            agrees(f"{case} on IREE", fn, iree_run(entry, fn, arrays), want, scale)
+            if stem in ON_THE_CPU or SLOW:
+                agrees(f"{case} on the CPU backend", fn, cpu.Executable(fn, "k").run(arrays), want, scale)
 
 
-def agrees(case: str, fn: Function, entry) -> None:
+def iree_run(entry, fn: Function, arrays: list[np.ndarray]) -> list[np.ndarray]:
     from runtime.iree import _argument, _result
-    arrays = inputs(fn)
-    want = cpu.Executable(fn, "k").run(arrays)
     out = entry(*(_argument(a, v.dtype) for a, v in zip(arrays, fn.params)))
-    got = [_result(o, v.dtype, v.shape) for o, v in zip(out if isinstance(out, (tuple, list)) else (out,),
+    return [_result(o, v.dtype, v.shape) for o, v in zip(out if isinstance(out, (tuple, list)) else (out,),
                                                          fn.results, strict=True)]
+
+
+def agrees(case: str, fn: Function, got: list[np.ndarray], want: list[np.ndarray], scale: list[np.ndarray]) -> None:
+    """The same bits where only exact operations made a result, else within the bound."""
     loose = inexact(fn)
-    scale = magnitudes(fn, arrays)
     for k, (g, w, m, v) in enumerate(zip(got, want, scale, fn.results, strict=True)):
         assert g.dtype == w.dtype and g.shape == w.shape, case
         if v not in loose or w.dtype.kind not in "f":
