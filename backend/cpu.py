@@ -45,9 +45,9 @@ def target_machine(opt: int = 3) -> llvm.TargetMachine:
 
 def machine_key(opt: int) -> tuple[str, ...]:
     """What object code made at level `opt` depends on besides its IR: the code that makes the
-    IR (the backend's and the IR's, where the primitives' scalar bodies are) and this machine."""
-    return (cache.code_digest("backend", "ir"), llvm.get_default_triple(), llvm.get_host_cpu_name(),
-            llvm.get_host_cpu_features().flatten(), f"O{opt}")
+    IR (the backend's and the IR's, where the primitives' scalar bodies are) and this machine
+    (read once: LLVM's CPU features take 0.8 ms, and each piece of object code asks)."""
+    return cache.code_digest("backend", "ir"), cache.host(), f"O{opt}"
 
 
 @dataclass(frozen=True)
