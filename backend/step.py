@@ -17,7 +17,6 @@ from __future__ import annotations
 import functools
 import hashlib
 from dataclasses import dataclass
-from math import prod
 
 from llvmlite import ir
 
@@ -37,6 +36,7 @@ _TASK = ir.FunctionType(ir.VoidType(), [I8P, I64, I64])
 _KERNEL = ir.FunctionType(ir.VoidType(), [I8P] * 3 + [I64] * 11 + [I8P, I64.as_pointer(), I8P,
                                                                      I8P, I64, I64])
 KERNEL = ARGUMENTS + 1             # a product block's word for the kernel's address (outer)
+OUTER = ARGUMENTS + 8              # its words from here on: each outer axis's count and steps
 _TEAM_RUN = ir.FunctionType(ir.VoidType(), [I64.as_pointer(), _TASK.as_pointer(), I8P, I64])
 
 
@@ -67,16 +67,17 @@ class ProductCall:
     the product does not call it.
 
     A batched product whose operands' batch axes do not step through memory as one (q @ kᵀ
-    of heads sliced from one qkv array) keeps its leading batch axes `outer`, (count, and the
-    bytes A, B and C move along it) each: one product a point of them, the kernel read in
-    place, the points shared among the threads (each runs its points' products alone)."""
+    of heads sliced from one qkv array) keeps its `outer` leading batch axes: one product a
+    point of them, the kernel read in place, the points shared among the threads (each runs
+    its points' products alone). Each axis's count, and the bytes A, B and C move along it,
+    are in the block from word OUTER on, not in the code: they change with the batch size."""
     task: int                               # frame words: the task's address,
     block: int                              # and its block's (the job counter at ARGUMENTS)
     operands: tuple[Ref, Ref, Ref]
     parts: int
     epilogue: RunCall | None
     fused: bool
-    outer: tuple[tuple[int, int, int, int], ...] = ()
+    outer: int = 0
     kernel: int = 0                         # a frame word: the kernel's own address, for outer
 
 
@@ -356,11 +357,12 @@ class _Segment:
         loop(b, zero, length, step)
 
 
-def _points_task(module: ir.Module, outer: tuple[tuple[int, int, int, int], ...]) -> ir.Function:
-    """`task(i64 *block, i64 thread, i64 threads)`: the products at the points of the outer
-    batch axes, each point claimed from the block's job counter and run by the claiming thread
-    alone (thread_count 1, its own job counter, its own scratch: the kernel's thread index)."""
-    name = "points" + "_".join(f"{n}x{a}x{b}x{c}" for n, a, b, c in outer).replace("-", "m")
+def _points_task(module: ir.Module, outer: int) -> ir.Function:
+    """`task(i64 *block, i64 thread, i64 threads)`: the products at the points of the `outer`
+    batch axes (each one's count and steps in the block from word OUTER on), each point
+    claimed from the block's job counter and run by the claiming thread alone (thread_count 1,
+    its own job counter, its own scratch: the kernel's thread index)."""
+    name = f"points{outer}"
     if name in module.globals:
         return module.globals[name]
     fn = ir.Function(module, _TASK, name=name)
@@ -376,15 +378,18 @@ def _points_task(module: ir.Module, outer: tuple[tuple[int, int, int, int], ...]
     b.position_at_end(head)
     point = b.atomic_rmw("add", b.gep(block, [ir.Constant(I64, ARGUMENTS)]), ir.Constant(I64, 1),
                          "monotonic")
-    points = ir.Constant(I64, prod(n for n, *_ in outer))
+    axes = [[word(OUTER + 4 * axis + i) for i in range(4)] for axis in range(outer)]
+    points = ir.Constant(I64, 1)
+    for n, *_ in axes:
+        points = b.mul(points, n)
     b.cbranch(b.icmp_signed("<", point, points), body, done)
     b.position_at_end(body)
     bases = [word(i) for i in range(3)]
     rest = point
-    for n, *steps in reversed(outer):                # the last outer axis varies fastest
-        at = b.srem(rest, ir.Constant(I64, n))
-        rest = b.sdiv(rest, ir.Constant(I64, n))
-        bases = [b.add(base, b.mul(at, ir.Constant(I64, step))) for base, step in zip(bases, steps)]
+    for n, *steps in reversed(axes):                 # the last outer axis varies fastest
+        at = b.srem(rest, n)
+        rest = b.sdiv(rest, n)
+        bases = [b.add(base, b.mul(at, step)) for base, step in zip(bases, steps)]
     b.store(ir.Constant(I64, 0), jobs)
     kernel = b.inttoptr(word(KERNEL), _KERNEL.as_pointer())
     null = ir.Constant(I8P, None)

@@ -19,8 +19,9 @@ from backend import scatter
 from backend.contract import ARGUMENTS, DATA_FIELD, NUMPY, Matmul, aligned
 from backend.cpu import address, sync_words
 from backend.schedule import ALIGN, ContractStep, HostStep, KernelStep, ViewStep, nbytes
-from backend.step import (HEADER, TEAM_BOX, TEAM_RUN, AddressCall, Call, CopyCall, ProductCall,
-                          Ref, RunCall, ScanCall, ScatterCall, State, TakeCall, compile_segments)
+from backend.step import (HEADER, OUTER, TEAM_BOX, TEAM_RUN, AddressCall, Call, CopyCall,
+                          ProductCall, Ref, RunCall, ScanCall, ScatterCall, State, TakeCall,
+                          compile_segments)
 from backend.team import MAX_THREADS, team
 from ir.core import Value
 from ir.ops.base import np_dtype
@@ -199,14 +200,15 @@ class NativeStep:
         fused = launch.epilogue is not None and kernel.fuses(b2.shape[-1]) and not outer
         if launch.epilogue is not None:
             epilogue = self._run(launch.epilogue, i)
-        words = np.zeros(ARGUMENTS, np.int64)
+        words = np.zeros(OUTER + 4 * len(outer) if outer else ARGUMENTS, np.int64)
         words[3:ARGUMENTS - 4] = kernel.arguments(a3, b3, c3)[3:]
+        words[OUTER:] = [w for axis in outer for w in axis]
         if fused:
             words[ARGUMENTS - 2] = launch.kernel
         block = self._word()
         self.products.append((block, words, kernel, i if fused else -1))
         return ProductCall(self._static(lambda arena, frame: kernel.task), block, refs, parts,
-                           epilogue, fused, outer, self._static(
+                           epilogue, fused, len(outer), self._static(
                                lambda arena, frame: ctypes.cast(kernel.fn, ctypes.c_void_p).value)
                            if outer else 0)
 
@@ -467,8 +469,9 @@ class _Frame:
         self.address = address(self.words)
         self.blocks = []
         for _, words, _, _ in products:
-            block = np.zeros(ARGUMENTS + 8, np.int64)      # the job counter in the last line
-            block[:ARGUMENTS] = words
+            # the job counter in the line after the arguments, the outer axes' words after it
+            block = np.zeros(max(ARGUMENTS + 8, len(words)), np.int64)
+            block[:len(words)] = words
             block[ARGUMENTS - 3] = address(block) + 8 * ARGUMENTS
             self.blocks.append(block)
         self.kernels = [kernel for _, _, kernel, _ in products]

@@ -108,3 +108,39 @@ def test_a_reduction_over_the_batch_is_what_a_gradient_compiles_again(children):
     # the batch size; the products, the rows and the maps are the ones compiled at 2053
     first, new = (together["gradient", n]["compiled"] for n in (2053, 7))
     assert 0 < new <= 4 < first
+
+
+# q @ kᵀ of heads sliced from one array: a loop of products over its batch axes, whose counts
+# and steps change with the batch size
+HEADS = """
+def scores(qkv: f32[B, T, 3 * D], H: int) -> f32[B, H, T, T]:
+  q, k, v = split(qkv, 3, axis=-1)
+  q = transpose(reshape(q, [B, T, H, D // H]), [0, 2, 1, 3])
+  k = transpose(reshape(k, [B, T, H, D // H]), [0, 2, 3, 1])
+  return q @ k
+"""
+
+
+def heads_runs(folder: str) -> list[tuple[bool, int]]:
+    """In a child with its own cache folder: the scores at batch 3, then 5, each as (whether
+    they are the interpreter's bits, the pieces of object code compiled)."""
+    import os
+    os.environ["DSLC_CACHE_DIR"] = folder
+    import dsl
+    prog, definition = dsl.loads(HEADS, device="cpu"), dsl.loads(HEADS, device="reference")
+    done = []
+    for batch in (3, 5):
+        qkv = np.random.default_rng(batch).standard_normal((batch, 7, 24)).astype(np.float32)
+        before = objects(folder)
+        same = prog.scores(qkv, 4).tobytes() == definition.scores(qkv, 4).tobytes()
+        done.append((same, objects(folder) - before))
+    return done
+
+
+def test_the_loop_of_products_over_heads_takes_its_counts_and_steps_at_run_time(tmp_path):
+    """Its counts and the bytes each axis moves are the product's block's words, not the native
+    step's code: a new batch size compiles nothing."""
+    [(_, outcome, done)] = isolated(heads_runs, [str(tmp_path)], timeout=300)
+    assert outcome == "ok", done
+    (first_same, first_made), (same, made) = done
+    assert first_same and same and first_made > 0 and made == 0
