@@ -17,6 +17,7 @@ from ir.core import Builder, Function, Op, Value
 from ir.ops.base import literal_array
 from ir.ops.construct import Constant
 from ir.ops.contract import Einsum
+from ir.ops.control import Scan
 from ir.ops.elementwise import Add, Cast, Div, Elementwise, Mul, Sub
 from ir.ops.index import OneHot
 from ir.ops.shape import BroadcastTo, Reshape, Transpose
@@ -35,14 +36,37 @@ def substitute(fn: Function, ops: list[Op], env: dict[Value, Value]) -> Function
 
 def dce(fn: Function) -> Function:
     """Drop ops none of whose outputs are used (but for effects: debug, assert_finite); scan
-    and checkpoint bodies too."""
+    and checkpoint bodies too, and a scan's emits that nothing uses."""
     live = set(fn.results)
     kept = []
     for op in reversed(fn.ops):
         if op.primitive.effect or any(v in live for v in op.outputs):
-            kept.append(op if op.body is None else _with_body(op, dce(op.body)))
+            if isinstance(op.primitive, Scan):
+                op = _live_scan(op, live)
+            elif op.body is not None:
+                op = _with_body(op, dce(op.body))
+            kept.append(op)
             live.update(op.inputs)
     return Function(fn.name, fn.params, tuple(reversed(kept)), fn.results)
+
+
+def _live_scan(op: Op, live: set[Value]) -> Op:
+    """The scan without the emits outside `live`, and without the sequences and constants its
+    body then does not read (a gradient's scan emits the cotangent of every sequence, whether
+    or not it is asked for: an LSTM's wrt its parameters alone computed its input's too)."""
+    a, body = op.attrs, op.body
+    n_state, n_xs = a["n_state"], a["n_xs"]
+    emits = [k for k, v in enumerate(op.outputs[n_state:]) if v in live]
+    body = dce(Function(body.name, body.params, body.ops,
+                        body.results[:n_state] + tuple(body.results[n_state + k] for k in emits)))
+    read = {v for o in body.ops for v in o.inputs} | set(body.results)
+    kept = [i for i, v in enumerate(body.params) if i < n_state or v in read]
+    params = tuple((k, sum(n_state <= i < n_state + n_xs for i in kept) if k == "n_xs" else v)
+                   for k, v in op.params)
+    return replace(op, inputs=tuple(op.inputs[i] for i in kept), params=params,
+                   outputs=op.outputs[:n_state] + tuple(op.outputs[n_state + k] for k in emits),
+                   body=Function(body.name, tuple(body.params[i] for i in kept), body.ops,
+                                 body.results))
 
 
 def _with_body(op: Op, body: Function) -> Op:
