@@ -15,7 +15,7 @@ import numpy as np
 from ir import interp
 from ir.core import Builder, Function, Op, Value
 from ir.ops.base import literal_array
-from ir.ops.construct import Constant
+from ir.ops.construct import Constant, Filled
 from ir.ops.contract import Einsum
 from ir.ops.control import Scan
 from ir.ops.elementwise import Add, Cast, Div, Elementwise, Mul, Sub
@@ -185,15 +185,18 @@ def _simplified(op: Op, producer: dict[Value, Op], b: Builder) -> Value | None:
 
 def fold_constants(fn: Function) -> Function:
     """Evaluate ops whose inputs are all constants (small results only; never random draws
-    nor effects, which happen when the program runs)."""
+    nor effects, which happen when the program runs). zeros, ones and full stay as they are:
+    as literals they were their every element (2,048 zeros in `dslc ir` for zeros([32, 64])),
+    and a literal at one batch size but not at a larger one made the code differ by size."""
     constant: dict[Value, np.ndarray] = {}
     ops = []
     for op in fn.ops:
-        if isinstance(op.primitive, Constant):
+        small = 0 < int(np.prod(op.outputs[0].shape)) <= FOLD_LIMIT if op.outputs else False
+        if isinstance(op.primitive, Constant) or isinstance(op.primitive, Filled) and small:
             constant[op.outputs[0]] = interp.evaluate(op, [])[0]
         elif (op.body is None and not op.primitive.random and not op.primitive.effect and len(op.outputs) == 1
               and all(v in constant for v in op.inputs) and not op.outputs[0].is_key
-              and 0 < int(np.prod(op.outputs[0].shape)) <= FOLD_LIMIT):   # a literal has no empty shape
+              and small and not isinstance(op.primitive, Filled)):   # (a literal has no empty shape)
             value = interp.evaluate(op, [constant[v] for v in op.inputs])[0]
             constant[op.outputs[0]] = value
             op = Op(Constant(), (), (("dtype", op.outputs[0].dtype), ("value", _literal(value))), op.outputs)

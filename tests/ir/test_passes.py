@@ -153,3 +153,12 @@ def test_a_folds_gradient_wrt_its_weights_computes_no_cotangent_of_its_inputs(tm
     prog = dsl.loads(RNN, device="cpu")
     for got, want in zip(prog.weights(*args), prog.every(*args)):
         assert got.tobytes() == want.tobytes()
+
+
+def test_zeros_stay_zeros_in_the_printed_ir(tmp_path):
+    """Folding made zeros([B, H]) a literal of its every element (2,048 zeros in `dslc ir` of
+    an LSTM's gradient, and code that differed by batch size)."""
+    (tmp_path / "rnn.bend").write_text(RNN)
+    r = dslc("ir", str(tmp_path / "rnn.bend"), "--entry", "weights", "--dims", "H=5,D=3,T=4,B=2")
+    assert r.returncode == 0, r.stderr
+    assert "= zeros(dtype=f32, shape=(2, 5))" in r.stdout and "(0.0, 0.0" not in r.stdout, r.stdout
