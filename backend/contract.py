@@ -29,8 +29,9 @@ mr rows (a matrix-vector product: a decoder's token) packs nothing: where B's ro
 contiguous it streams STREAM_ROWS of them at a time across all its columns, and tiles of mr rows
 read a transposed B (x @ W.T: a tied embedding's logits) in blocks of width × width that they
 transpose in registers. A job whose K block of B (rows contiguous) fits in half of L1
-(Tiles.in_place_bytes: a 64³, an attention head's products) packs nothing either: tiles of mr
-rows read A and B in place, B's rows as vectors, only a tile's last vector through a mask.
+(Tiles.in_place_bytes: a 64³, an attention head's products), or of few rows whose B rows lie
+close (Tiles.in_place_rows: an RNN cell's products) packs nothing either: tiles of mr rows read
+A and B in place, B's rows as vectors, only a tile's last vector through a mask.
 
 Threads: C is cut into jobs (one batch entry × a block of rows × a block of columns, each
 running the whole K loop of its elements; about JOBS_PER_THREAD per thread where the shape
@@ -99,7 +100,9 @@ class Tiles:
     """A register tile of mr rows × nv vectors of `width` lanes (A elements broadcast, packed B
     rows loaded as vectors), a packed A block of at most mc × kc (kept in L2) and a packed B
     panel of at most kc × nc; mc is a multiple of mr and nc of nr. A job whose K block of B
-    (rows contiguous) takes at most in_place_bytes reads it in place instead of packing it."""
+    (rows contiguous) takes at most in_place_bytes reads it in place instead of packing it,
+    and so does a job of at most in_place_rows rows whose B rows are at most
+    in_place_row_bytes apart."""
     mr: int
     nv: int
     width: int
@@ -107,6 +110,8 @@ class Tiles:
     mc: int
     nc: int
     in_place_bytes: int = 1 << 15
+    in_place_rows: int = 48
+    in_place_row_bytes: int = 2048
 
     def __post_init__(self):
         if self.mc % self.mr or self.nc % self.nr:
@@ -127,8 +132,10 @@ def host_tiles(dtype: str) -> Tiles:
     tile (24 accumulators, 4 B vectors and a broadcast in 32 registers; B rows of 4 lines), a
     K block of 512 (C is reloaded once per 512 fmas) and a B panel of about 1 MiB; a K block of
     B of up to 32 KiB read in place (64³: 10% faster than packing it; at 64 KiB, 1024×128×128,
-    and 256 KiB, 1024×512×128, packing it is 15% faster). Without AVX-512 (16 registers) the
-    6 × 2-vector Haswell tile."""
+    and 256 KiB, 1024×512×128, packing it is 15% faster); so is B for a job of at most 48 rows
+    whose B rows are at most 2 KiB apart (on a Zen 3: 8×512×384 92 → 56 µs, 16×64×512 21.7 →
+    18.3, 32×512×512 270 → 255; rows 4 KiB apart and more conflict in the caches, and were
+    up to 30% slower). Without AVX-512 (16 registers) the 6 × 2-vector Haswell tile."""
     features = llvm.get_host_cpu_features()
     vector_bytes = 64 if features.get("avx512f") else 32 if features.get("avx") else 16
     width = vector_bytes // SIZE[dtype]
@@ -610,9 +617,13 @@ def _job(e: _Emitter, tiles, a, b_, c_base, mj, nj, K, N, a_pack, b_pack, finish
                 with columns_in_place:
                     _columns_in_place(e, column_tiles, a, b_, c_base, mj, nj, K, N, finished)
                 with packed:
-                    in_cache = b.and_(b.icmp_signed("==", b_[2], _i64(1)),
-                                      b.icmp_signed("<=", b.mul(e.min(K, t.kc), nj),
-                                                    _i64(t.in_place_bytes // e.align)))
+                    # (or a job of few rows, whose B rows lie close: packing B costs as much
+                    # as those rows' fmas reading it; rows far apart conflict in the caches)
+                    small = b.icmp_signed("<=", b.mul(e.min(K, t.kc), nj),
+                                          _i64(t.in_place_bytes // e.align))
+                    few_close = b.and_(b.icmp_signed("<=", mj, _i64(t.in_place_rows)),
+                                       b.icmp_signed("<=", b_[1], _i64(t.in_place_row_bytes // e.align)))
+                    in_cache = b.and_(b.icmp_signed("==", b_[2], _i64(1)), b.or_(small, few_close))
                     with b.if_else(in_cache) as (in_place, pack):
                         with in_place:
                             _blocks_in_place(e, in_place_tiles, a, b_, c_base, mj, nj, K, N,

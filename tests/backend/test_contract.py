@@ -24,15 +24,17 @@ rng = np.random.default_rng(2024)
 HOST = {dtype: host_tiles(dtype) for dtype in ("f32", "f64")}
 
 
-def small_tiles(dtype: str, in_place_bytes: int = 0) -> Tiles:
-    """Tiny blocks, so that small shapes cross every block and tile edge many times; B packed
-    unless its K block takes at most in_place_bytes."""
-    width = HOST[dtype].width
-    return Tiles(mr=3, nv=2, width=width, kc=5, mc=6, nc=4 * width, in_place_bytes=in_place_bytes)
+def small_tiles(dtype: str, in_place: bool = False) -> Tiles:
+    """Tiny blocks, so that small shapes cross every block and tile edge many times; B packed,
+    or read in place wherever its rows are contiguous."""
+    width, everywhere = HOST[dtype].width, 1 << 30
+    return Tiles(mr=3, nv=2, width=width, kc=5, mc=6, nc=4 * width,
+                 in_place_bytes=everywhere if in_place else 0,
+                 in_place_rows=everywhere if in_place else 0, in_place_row_bytes=everywhere)
 
 
 TILES = {"host": HOST.get, "small": small_tiles,
-         "small, in place": lambda dtype: small_tiles(dtype, 1 << 30)}
+         "small, in place": lambda dtype: small_tiles(dtype, in_place=True)}
 
 
 @pytest.fixture(scope="module", params=list(TILES))
@@ -92,6 +94,7 @@ def shapes(t: Tiles) -> list[tuple[int, ...]]:
         (2 * t.mr, 3 * t.nr, 2 * t.kc), (t.mc + 1, t.nc + 1, 3),
         (300, 1, 17), (1, 300, 17), (257, 2, 33), (2, 257, 33),
         (4, 7, 5, 6), (3, 1, 1, 9), (9, t.mr + 2, t.nr + 3, t.kc + 4),
+        (HOST["f32"].in_place_rows, 500, t.kc + 7), (HOST["f32"].in_place_rows + 1, 500, 40),
     ]
 
 
