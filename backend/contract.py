@@ -192,6 +192,15 @@ class _Emitter:
         lanes = ir.Constant(ir.VectorType(I64, w), list(range(v * w, (v + 1) * w)))
         return self.b.icmp_signed("<", lanes, self.splat(_i64(n), ir.VectorType(I64, w)))
 
+    def merge(self, *branches: tuple[list, ir.Block]) -> list:
+        """Vectors that are, element by element, those of the branch (values, its last block)
+        control came from: one phi each."""
+        merged = [self.b.phi(self.vec) for _ in branches[0][0]]
+        for values, block in branches:
+            for phi, value in zip(merged, values, strict=True):
+                phi.add_incoming(value, block)
+        return merged
+
     def intrinsic(self, name: str, ret: ir.Type, args: list[ir.Type]) -> ir.Function:
         if name in self.module.globals:
             return self.module.globals[name]
@@ -275,12 +284,8 @@ def _build_tile(module: ir.Module, name: str, dtype: str, t: Tiles, nv: int,
         with from_c:
             loaded = [e.masked_load(ptr, mask) for ptr, mask in tile_c]
             load_block = b.block
-    acc = []
-    for value in loaded:
-        phi = b.phi(e.vec)
-        phi.add_incoming(ir.Constant(e.vec, [-0.0] * t.width), zero_block)
-        phi.add_incoming(value, load_block)
-        acc.append(phi)
+    acc = e.merge(([ir.Constant(e.vec, [-0.0] * t.width)] * len(loaded), zero_block),
+                  (loaded, load_block))
 
     def step(acc: list, k, bs: list) -> list:
         # ORDER: one k for every element of the tile: lane (r, j) gains A[r, k]·B[k, j].
@@ -306,9 +311,6 @@ def _build_tile(module: ir.Module, name: str, dtype: str, t: Tiles, nv: int,
         for u in range(count):
             acc = step(acc, b.add(k, _i64(u)), b_row(b.add(k, _i64(u)), edge))
         return acc
-
-    def by_rows_at_the_edge(acc: list, k, count: int) -> list:
-        return by_rows(acc, k, count, edge=True)
 
     def by_columns(acc: list, k, count: int, rest=None) -> list:
         """`count` (= width) k from k on, only those below `rest` where it is given: for each
@@ -363,11 +365,7 @@ def _build_tile(module: ir.Module, name: str, dtype: str, t: Tiles, nv: int,
         with b.if_then(b.icmp_signed(">", rest, _i64(0))):
             tail = by_columns(acc, k, t.width, rest)
             with_tail = b.block
-        merged = [b.phi(e.vec) for _ in acc]
-        for phi, x, y in zip(merged, acc, tail):
-            phi.add_incoming(x, without)
-            phi.add_incoming(y, with_tail)
-        acc = merged
+        acc = e.merge((acc, without), (tail, with_tail))
     else:
         def k_loops(acc: list, trip) -> list:
             acc, k = k_loop(acc, _i64(0), kc, UNROLL, "main", trip)
@@ -380,14 +378,10 @@ def _build_tile(module: ir.Module, name: str, dtype: str, t: Tiles, nv: int,
             edge_of_b = b.icmp_signed("<", n, _i64(nv * t.width))
             with b.if_else(edge_of_b) as (at_edge, inside):
                 with at_edge:
-                    masked, masked_block = k_loops(acc, by_rows_at_the_edge), b.block
+                    masked = k_loops(acc, functools.partial(by_rows, edge=True)), b.block
                 with inside:
-                    plain, plain_block = k_loops(acc, by_rows), b.block
-            merged = [b.phi(e.vec) for _ in acc]
-            for phi, x, y in zip(merged, masked, plain):
-                phi.add_incoming(x, masked_block)
-                phi.add_incoming(y, plain_block)
-            acc = merged
+                    plain = k_loops(acc, by_rows), b.block
+            acc = e.merge(masked, plain)
     # A whole tile stores plainly: a masked store is microcoded on AMD's Zen (about 10 cycles
     # each on Zen 3, where 12 of them cost a 64-deep tile as much as a third of its fmas)
     whole = b.and_(b.icmp_signed("==", m, _i64(mr)), b.icmp_signed("==", n, _i64(nv * t.width)))

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from llvmlite import ir
 
 from backend import cpu
-from runtime import cache
 from backend.contract import ARGUMENTS
 from backend.llvm import loop
+from runtime import cache
 
 I8P = ir.IntType(8).as_pointer()
 I64 = ir.IntType(64)

@@ -192,11 +192,11 @@ def fold_constants(fn: Function) -> Function:
     ops = []
     for op in fn.ops:
         small = 0 < int(np.prod(op.outputs[0].shape)) <= FOLD_LIMIT if op.outputs else False
-        if isinstance(op.primitive, Constant) or isinstance(op.primitive, Filled) and small:
+        if isinstance(op.primitive, Constant) or (isinstance(op.primitive, Filled) and small):
             constant[op.outputs[0]] = interp.evaluate(op, [])[0]
         elif (op.body is None and not op.primitive.random and not op.primitive.effect and len(op.outputs) == 1
               and all(v in constant for v in op.inputs) and not op.outputs[0].is_key
-              and small and not isinstance(op.primitive, Filled)):   # (a literal has no empty shape)
+              and small):   # (a literal has no empty shape)
             value = interp.evaluate(op, [constant[v] for v in op.inputs])[0]
             constant[op.outputs[0]] = value
             op = Op(Constant(), (), (("dtype", op.outputs[0].dtype), ("value", _literal(value))), op.outputs)

@@ -211,7 +211,7 @@ def iree_run(entry, fn: Function, arrays: list[np.ndarray]) -> list[np.ndarray]:
     from runtime.iree import _argument, _result
     out = entry(*(_argument(a, v.dtype) for a, v in zip(arrays, fn.params)))
     return [_result(o, v.dtype, v.shape) for o, v in zip(out if isinstance(out, (tuple, list)) else (out,),
-                                                         fn.results, strict=True)]
+                                                          fn.results, strict=True)]
 
 
 def agrees(case: str, fn: Function, got: list[np.ndarray], want: list[np.ndarray], scale: list[np.ndarray]) -> None:
