@@ -936,13 +936,22 @@ class Matmul:
         self._scratch = np.empty(0, dtype=NUMPY[self.dtype])
         self._layouts: dict[tuple, _Layout] = {}
         self._direct = DIRECT(self.engine.get_function_address("matmul.direct"))
+        # NAME.direct's product on one thread uses a block and scratch of its own: it runs
+        # holding the GIL (DIRECT), so no other call can be using them, and needs no lock
+        self._alone = np.zeros(ARGUMENTS + 8, dtype=np.int64)
+        self._alone[ARGUMENTS - 3] = address(self._alone[ARGUMENTS:])
+        self._alone_scratch = np.empty(self.tiles.scratch_elements + 64, dtype=NUMPY[dtype])
+        self._alone[ARGUMENTS - 4] = aligned(self._alone_scratch)
+        self._context, self._context_address = self._direct_context(self._arguments_address)
+        self._alone_context, self._alone_context_address = self._direct_context(address(self._alone))
+
+    def _direct_context(self, block: int) -> tuple[np.ndarray, int]:
+        """NAME.direct's context writing its arguments to `block`, and its address."""
         # (where NumPy's array objects are not laid out as NAME.direct reads them, no object
         # has its type word 0: every call takes the checked path)
-        self._context = np.array([id(np.ndarray) if numpy_layout_holds() else 0,
-                                  id(np.dtype(NUMPY[dtype])), self._arguments_address],
-                                 dtype=np.int64)
-        self._context_address = address(self._context)
-        self.scratch(1)                                    # (for NAME.direct)
+        context = np.array([id(np.ndarray) if numpy_layout_holds() else 0,
+                            id(np.dtype(NUMPY[self.dtype])), block], dtype=np.int64)
+        return context, address(context)
 
     @staticmethod
     def key(dtype: str, tiles: Tiles) -> tuple[str, ...]:
@@ -976,9 +985,10 @@ class Matmul:
         """out = a @ b on at most `threads` threads where a, b and out are NumPy arrays of rank
         2 and the kernel's dtype, out C-contiguous, by one native call (and the team's, where
         it is worth more than one thread): whether it was (nothing is done for other operands)."""
-        with self._lock:
-            parts = self._direct(a, b, out, self._context_address, threads)
-            if parts > 1:
+        parts = self._direct(a, b, out, self._alone_context_address, threads)
+        if parts > 1:                           # (written to the team's block under its lock)
+            with self._lock:
+                self._direct(a, b, out, self._context_address, threads)
                 self.scratch(parts)
                 team().run(self.task, self._arguments_address, parts)
         return parts > 0
@@ -1103,8 +1113,11 @@ if _data(_probe) != _probe.ctypes.data:      # (a Python whose ids are not addre
         return x.ctypes.data
 
 
-DIRECT = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.py_object, ctypes.py_object, ctypes.py_object,
-                          ctypes.c_void_p, ctypes.c_int64)
+# (a PYFUNCTYPE keeps the GIL: 0.1 µs less a call than releasing and taking it again, and the
+# calls of one kernel exclude each other; a product on one thread holds it for at most about
+# MIN_MULTIPLY_ADDS_PER_THREAD fmas)
+DIRECT = ctypes.PYFUNCTYPE(ctypes.c_int64, ctypes.py_object, ctypes.py_object, ctypes.py_object,
+                           ctypes.c_void_p, ctypes.c_int64)
 
 
 @functools.cache

@@ -468,6 +468,34 @@ def test_a_direct_call_gives_the_checked_paths_bits(dtype, m, k, n):
             assert bits(out) == bits(want), (x.strides, y.strides, threads)
 
 
+def test_python_threads_calling_one_kernel_at_once_get_their_own_bits():
+    """Direct calls on one thread (NAME.direct's own block, holding the GIL) and on two (the
+    team's block, under the kernel's lock) and checked calls, from four Python threads at
+    once: each product has the bits it has alone."""
+    kernel = DIRECT["f32"]
+    cases = [operands(shape, random_f32) for shape in [(64, 64, 64), (7, 29, 13), (1, 2304, 768),
+                                                       (300, 100, 200)]]
+    wants = [kernel(a, b, threads=1) for a, b in cases]
+    wrong = []
+
+    def calls(worker: int) -> None:
+        for r in range(150):
+            (a, b), want = cases[(worker + r) % len(cases)], wants[(worker + r) % len(cases)]
+            if r % 3 == 0:
+                got = kernel(a, b, threads=2)
+            else:
+                got = np.full_like(want, np.nan)
+                kernel.direct(a, b, got, r % 3)
+            if got.tobytes() != want.tobytes():
+                wrong.append((worker, r))
+    workers = [threading.Thread(target=calls, args=(w,)) for w in range(4)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert wrong == []
+
+
 def test_a_direct_call_refuses_what_it_does_not_read():
     """Other dtypes, ranks, a non-contiguous or read-only `out`, misfit shapes, subclasses,
     lists and scalars: refused, `out` untouched (the checked path takes them)."""
