@@ -12,8 +12,9 @@ an activation, a residual), or a row kernel over C's rows (a layer norm, a softm
 its epilogue, which the contraction runs on each block of C's rows it has finished.
 Transposes, reshapes, broadcasts, slices and the gradients of slices are views
 (backend/views.py): read in place by the kernels, contractions and host steps that use them;
-a view of a view that no strides express (a reshape of a transpose), and a window that
-anything but a map kernel reads, are read from a contiguous copy a copy kernel makes.
+a view of a view that no strides express (a reshape of a transpose), a window that
+anything but a map kernel reads, and a strided view that a fold reads (its native loop takes
+contiguous inputs), are read from a contiguous copy a copy kernel makes.
 Everything else — gathers, scatters, concatenation, random numbers, integer division — is a
 host step, evaluated by the reference interpreter on NumPy arrays (exact, and mostly cheap
 data movement): each primitive says why in its `host`, and an op without such a reason that
@@ -235,6 +236,10 @@ def schedule(fn: Function, name: str = "k", products: tuple[str, ...] = PRODUCTS
         else:
             flush()
             for v in op.inputs:
+                # a fold's body runs natively on contiguous inputs (a hoisted transpose)
+                if op.body is not None and v in views and v not in made \
+                        and views[v][1].strides != row_major(v.shape):
+                    copy(v)
                 need(v)
             is_matmul = op.primitive.role is Role.CONTRACTION and op.outputs[0].dtype in products
             steps.append(ContractStep(op) if is_matmul else HostStep(op))

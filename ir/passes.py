@@ -1,5 +1,5 @@
 """Optimisation passes, each a function from IR to IR: dead code, common subexpressions,
-algebraic simplification and constant folding. Every rewrite keeps results bit-identical
+algebraic simplification, constant folding, and for the backends hoisting out of folds. Every rewrite keeps results bit-identical
 (x + 0.0 is not x when x is -0.0, so it is not rewritten).
 
 Simplification is tables of rules (ir/patterns.py). Folding and CSE are not: a fold needs the
@@ -16,7 +16,7 @@ from ir import interp
 from ir.core import Builder, Function, Op, Value
 from ir.ops.base import literal_array
 from ir.ops.construct import Constant, Filled
-from ir.ops.contract import Einsum
+from ir.ops.contract import Einsum, MatMul
 from ir.ops.control import Scan
 from ir.ops.elementwise import Add, Cast, Div, Elementwise, Mul, Sub
 from ir.ops.index import OneHot
@@ -71,6 +71,74 @@ def _live_scan(op: Op, live: set[Value]) -> Op:
 
 def _with_body(op: Op, body: Function) -> Op:
     return replace(op, body=body)
+
+
+# What moves out of a fold's body. An op that reads only the fold's constants, where it is one
+# of HOISTED: a transposed constant is read strided by the body's product at every step (an
+# LSTM's backward reads its Wh as Whᵀ), and once before the loop it is a copy read in place.
+# And a product of a step's slice of a sequence (rows) with a constant matrix: row t·B + i of
+# the product of the whole sequence is the same sum in the same order, so one product of T·B
+# rows (an LSTM's xₜ @ Wx) replaces T products of B rows.
+HOISTED = (Transpose,)
+
+
+def hoist(fn: Function) -> Function:
+    """Ops of a scan's body that read only the scan's constants, or a sequence's slice times a
+    constant matrix, moved before the scan: computed once instead of at every step, with the
+    same bits."""
+    ops = []
+    for op in fn.ops:
+        if op.body is not None:
+            op = _with_body(op, hoist(op.body))
+        if isinstance(op.primitive, Scan):
+            moved, op = _hoisted(op)
+            ops.extend(moved)
+        ops.append(op)
+    return Function(fn.name, fn.params, tuple(ops), fn.results)
+
+
+def _hoisted(op: Op) -> tuple[list[Op], Op]:
+    """The ops moved out of the scan's body (on its outer values), and the scan reading their
+    results as sequences and constants of its own."""
+    body, a = op.body, op.attrs
+    n_state, n_xs = a["n_state"], a["n_xs"]
+    outer = dict(zip(body.params[n_state:], op.inputs[n_state:]))   # inside -> outside
+    sequences, constants = set(body.params[n_state:n_state + n_xs]), set(body.params[n_state + n_xs:])
+    b, kept, env = Builder(), [], {}
+    made: dict[str, list[Value]] = {"sequence": [], "constant": []}
+    for o in body.ops:
+        kind = _invariant(o, sequences, constants)
+        if kind is None:
+            kept.append(o)
+            continue
+        b.origin = o.origin
+        result = b.emit(o.primitive, *(outer[v] for v in o.inputs), **o.attrs)
+        env[o.outputs[0]] = inside = Value(o.outputs[0].type)
+        outer[inside] = result
+        made[kind].append(inside)
+        (sequences if kind == "sequence" else constants).add(inside)
+    if not b.ops:
+        return [], op
+    params = (body.params[:n_state + n_xs] + tuple(made["sequence"]) + body.params[n_state + n_xs:]
+              + tuple(made["constant"]))
+    body = substitute(Function(body.name, params, body.ops, body.results), kept, env)
+    inputs = op.inputs[:n_state] + tuple(outer[v] for v in params[n_state:])
+    return b.ops, replace(op, inputs=inputs, body=body, params=tuple(
+        (k, n_xs + len(made["sequence"]) if k == "n_xs" else v) for k, v in op.params))
+
+
+def _invariant(op: Op, sequences: set[Value], constants: set[Value]) -> str | None:
+    """"constant" where op reads only constants (and is one of HOISTED), "sequence" where it
+    is a slice's rows times a constant matrix, else None."""
+    if len(op.outputs) != 1 or op.body is not None:
+        return None
+    if isinstance(op.primitive, HOISTED) and set(op.inputs) <= constants:
+        return "constant"
+    if isinstance(op.primitive, MatMul):
+        x, w = op.inputs
+        if x in sequences and w in constants and x.type.rank in (1, 2) and w.type.rank == 2:
+            return "sequence"
+    return None
 
 
 def _key(op: Op):
@@ -240,15 +308,16 @@ def for_backends(fn: Function) -> Function:
     """fn in the form the backends schedule, to the bit the same: two-operand einsums that are
     batched matrix products (`bhtd,bhsd->bhts`) as transposes, reshapes and one `matmul` (both
     accumulate over the contracted letters in row-major order of their first appearance, with
-    fma), which the contraction kernels compile; and one_hot as the comparison it is, which
-    fuses into the kernel that uses it."""
+    fma), which the contraction kernels compile; one_hot as the comparison it is, which
+    fuses into the kernel that uses it; and what a fold computes alike at every step before it
+    (hoist: after differentiation, which would differentiate the hoisted product otherwise)."""
     plans = {Einsum(): _matmul_plan, OneHot(): _one_hot_plan}
 
     def planned(op: Op, producer: dict[Value, Op], b: Builder) -> Value | None:
         plan = plans[op.primitive](op) if op.primitive in plans else None
         return plan(b) if plan is not None else None
 
-    return _rewritten(fn, planned)
+    return dce(hoist(_rewritten(fn, planned)))
 
 
 def _rewritten(fn: Function,

@@ -173,7 +173,7 @@ def test_products_of_heads_sliced_from_one_array_are_in_the_native_call(entry, q
 
 @pytest.mark.parametrize("entry, args, want", [
     ("lstm_grad", [cell(3, 5), floats(6, 2, 3), floats(2, 5), floats(2, 5)],
-     ["ScanCall RunCall ScanCall"]),
+     ["ProductCall ScanCall RunCall ScanCall"]),          # (every step's x @ Wx first)
     ("running", [floats(5, 6), floats(6)], ["ScanCall"]),
     ("running", [floats(0, 6), floats(6)], ["scan"])])
 def test_a_fold_whose_body_is_native_is_a_loop_in_the_native_call(entry, args, want):

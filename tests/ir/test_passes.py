@@ -8,7 +8,13 @@ import dsl
 from conftest import dslc
 from ir.core import Builder, tensor_type
 from ir.ops.elementwise import Sub
-from ir.passes import SIMPLIFY, dce, simplify
+from ir import interp
+from ir.ad import grad_function
+from ir.ops.contract import MatMul
+from ir.ops.control import Scan
+from ir.ops.shape import Transpose
+from ir.passes import SIMPLIFY, dce, for_backends, hoist, simplify
+from runtime.cpu import Executable
 from ir.patterns import X, pat, rewrite, rules
 
 
@@ -153,6 +159,36 @@ def test_a_folds_gradient_wrt_its_weights_computes_no_cotangent_of_its_inputs(tm
     prog = dsl.loads(RNN, device="cpu")
     for got, want in zip(prog.weights(*args), prog.every(*args)):
         assert got.tobytes() == want.tobytes()
+
+
+def test_what_a_fold_computes_alike_at_every_step_is_computed_once_before_it():
+    """The RNN's forward fold multiplies each step's x by U, and its backward fold reads W as
+    Wᵀ at every step: hoist makes xs @ U (one product of all the steps' rows) and Wᵀ (on the
+    CPU a contiguous copy, which the fold's native loop reads in place) before the folds, and
+    the gradients keep their bits on the interpreter and on the CPU."""
+    rng = np.random.default_rng(1)
+    args = [rng.standard_normal(s).astype(np.float32) for s in ((5, 5), (3, 5), (4, 2, 3))]
+    low, _ = dsl.loads(RNN, device="cpu").lower("loss", tuple(args), {})
+    raw = dce(grad_function(low.function, [0, 1]))      # (without the cotangent of xs: no Uᵀ)
+    fn = hoist(raw)
+    W, U, xs = fn.params
+    forward, backward = [op for op in fn.ops if isinstance(op.primitive, Scan)]
+    before = {op.primitive.name: op for op in fn.ops[:fn.ops.index(backward)]
+              if isinstance(op.primitive, (MatMul, Transpose))}
+    assert before["matmul"].inputs == (xs, U) and before["transpose"].inputs == (W,)
+    assert before["matmul"].outputs[0] in forward.inputs
+    assert before["transpose"].outputs[0] in backward.inputs
+    for scan in (forward, backward):
+        a = scan.attrs
+        sequences = set(scan.body.params[a["n_state"]:a["n_state"] + a["n_xs"]])
+        constants = set(scan.body.params[a["n_state"] + a["n_xs"]:])
+        assert not [op for op in scan.body.ops if isinstance(op.primitive, Transpose)
+                    and set(op.inputs) <= constants]
+        assert not [op for op in scan.body.ops if isinstance(op.primitive, MatMul)
+                    and op.inputs[0] in sequences and op.inputs[1] in constants]
+    # (the CPU's tanh is within its documented ulps of NumPy's: each device against itself)
+    for run in (lambda f: interp.run(f, args), lambda f: Executable(f).run(args)):
+        assert [g.tobytes() for g in run(fn)] == [w.tobytes() for w in run(raw)]
 
 
 def test_zeros_stay_zeros_in_the_printed_ir(tmp_path):

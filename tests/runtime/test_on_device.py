@@ -181,16 +181,17 @@ def test_normal_fold_in_and_key_run_on_the_device(request, driver, n):
 
 # ---------------------------------------------------------------- fold
 
+# (h @ w: a product of a step's x by w would be made for every step before the fold)
 FOLD = """
 def f(xs: f32[T, 3, 2], w: f32[2, 2], h0: f32[3, 2]) -> (f32[3, 2], f32[T, 3, 2], f32[T]):
   hs, ss = fold x in xs with h = h0:
-    h = tanh(x @ w + h)
+    h = tanh(h @ w + x)
     return h, sum(h)
   return h, hs, ss
 
 def loss(xs: f32[T, 3, 2], w: f32[2, 2], h0: f32[3, 2]) -> f32:
   hs = fold x in xs with h = h0:
-    h = tanh(x @ w + h)
+    h = tanh(h @ w + x)
     return h
   return sum(hs * hs)
 """
