@@ -382,16 +382,25 @@ def _build_tile(module: ir.Module, name: str, dtype: str, t: Tiles, nv: int,
                 with inside:
                     plain = k_loops(acc, by_rows), b.block
             acc = e.merge(masked, plain)
-    # A whole tile stores plainly: a masked store is microcoded on AMD's Zen (about 10 cycles
-    # each on Zen 3, where 12 of them cost a 64-deep tile as much as a third of its fmas)
-    whole = b.and_(b.icmp_signed("==", m, _i64(mr)), b.icmp_signed("==", n, _i64(nv * t.width)))
-    with b.if_else(whole) as (plain, edge):
+    # A whole tile stores plainly, and so does each row of a tile at the row edge, a row past
+    # m not at all: a masked store is microcoded on AMD's Zen (about 10 cycles each on Zen 3,
+    # where 12 of them cost a 64-deep tile as much as a third of its fmas); only a tile at a
+    # column edge goes through masks
+    full_width = b.icmp_signed("==", n, _i64(nv * t.width))
+    with b.if_else(b.and_(full_width, b.icmp_signed("==", m, _i64(mr)))) as (plain, edge):
         with plain:
             for value, (ptr, _) in zip(acc, tile_c):
                 e.store_vec(value, ptr)
         with edge:
-            for value, (ptr, mask) in zip(acc, tile_c):
-                e.masked_store(value, ptr, mask)
+            for r in range(mr):
+                row = list(zip(acc[r * nv:(r + 1) * nv], tile_c[r * nv:(r + 1) * nv]))
+                with b.if_then(rows[r]), b.if_else(full_width) as (whole_row, column_edge):
+                    with whole_row:
+                        for value, (ptr, _) in row:
+                            e.store_vec(value, ptr)
+                    with column_edge:
+                        for value, (ptr, mask) in row:
+                            e.masked_store(value, ptr, mask)
     b.ret_void()
     return fn
 
