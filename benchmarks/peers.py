@@ -258,8 +258,22 @@ def in_new_process(side: str, cache: str) -> float:
 
 
 def new_batch_size() -> dict:
-    """The first call of a GPT loss at batch 3 after one at batch 16: dslc and JAX compile
-    again, PyTorch runs."""
+    """The first call of a GPT loss at batch 3 after one at batch 16, in an empty compile
+    cache (where an earlier run left batch 3's entries, the call would only load them): dslc
+    and JAX compile again, PyTorch runs."""
+    with tempfile.TemporaryDirectory(prefix="dslc-peers-") as empty:
+        before = os.environ.get("DSLC_CACHE_DIR")
+        os.environ["DSLC_CACHE_DIR"] = empty
+        try:
+            return _new_batch_size()
+        finally:
+            if before is None:
+                del os.environ["DSLC_CACHE_DIR"]
+            else:
+                os.environ["DSLC_CACHE_DIR"] = before
+
+
+def _new_batch_size() -> dict:
     import jax
     import dsl
     p, idx, tgt = ts.gpt_inputs()
