@@ -1,6 +1,6 @@
 """Optimisation passes, each a function from IR to IR: dead code, common subexpressions,
-algebraic simplification, constant folding, and for the backends hoisting out of folds. Every rewrite keeps results bit-identical
-(x + 0.0 is not x when x is -0.0, so it is not rewritten).
+algebraic simplification, constant folding, and for the backends hoisting out of folds. Every
+rewrite keeps results bit-identical (x + 0.0 is not x when x is -0.0, so it is not rewritten).
 
 Simplification is tables of rules (ir/patterns.py). Folding and CSE are not: a fold needs the
 arrays of every constant evaluated so far, and CSE compares an op with all the ops before it,
@@ -103,7 +103,8 @@ def _hoisted(op: Op) -> tuple[list[Op], Op]:
     body, a = op.body, op.attrs
     n_state, n_xs = a["n_state"], a["n_xs"]
     outer = dict(zip(body.params[n_state:], op.inputs[n_state:]))   # inside -> outside
-    sequences, constants = set(body.params[n_state:n_state + n_xs]), set(body.params[n_state + n_xs:])
+    sequences = set(body.params[n_state:n_state + n_xs])
+    constants = set(body.params[n_state + n_xs:])
     b, kept, env = Builder(), [], {}
     made: dict[str, list[Value]] = {"sequence": [], "constant": []}
     for o in body.ops:
@@ -119,8 +120,8 @@ def _hoisted(op: Op) -> tuple[list[Op], Op]:
         (sequences if kind == "sequence" else constants).add(inside)
     if not b.ops:
         return [], op
-    params = (body.params[:n_state + n_xs] + tuple(made["sequence"]) + body.params[n_state + n_xs:]
-              + tuple(made["constant"]))
+    params = (body.params[:n_state + n_xs] + tuple(made["sequence"])
+              + body.params[n_state + n_xs:] + tuple(made["constant"]))
     body = substitute(Function(body.name, params, body.ops, body.results), kept, env)
     inputs = op.inputs[:n_state] + tuple(outer[v] for v in params[n_state:])
     return b.ops, replace(op, inputs=inputs, body=body, params=tuple(
