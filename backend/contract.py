@@ -965,7 +965,8 @@ class Matmul:
         self._alone_scratch = np.empty(self.tiles.scratch_elements + 64, dtype=NUMPY[dtype])
         self._alone[ARGUMENTS - 4] = aligned(self._alone_scratch)
         self._context, self._context_address = self._direct_context(self._arguments_address)
-        self._alone_context, self._alone_context_address = self._direct_context(address(self._alone))
+        self._alone_context, self._alone_context_address = self._direct_context(
+            address(self._alone))
 
     def _direct_context(self, block: int) -> tuple[np.ndarray, int]:
         """NAME.direct's context writing its arguments to `block`, and its address."""
