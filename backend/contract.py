@@ -529,9 +529,10 @@ def _build_direct(module: ir.Module, name: str, dtype: str, t: Tiles, task: ir.F
     """i64 direct(PyObject *a, PyObject *b, PyObject *c, i64 *context, i64 threads): the
     whole call of c = a @ b from Python for NumPy arrays of rank 2 and the kernel's dtype
     (c C-contiguous and writable), read from the array objects themselves. Returns 0 (nothing
-    done) for any other operands; else the threads the product is worth, at most `threads`:
-    where 1, it is done (with the scratch of one thread); where more, its arguments are in the
-    block for NAME.task, which the caller runs on that many threads."""
+    done) for any other operands; 1 where the product is worth one thread (Matmul.worth, under
+    2·MIN_MULTIPLY_ADDS_PER_THREAD fmas): it is done (with the scratch of one thread); else
+    -n: its arguments are in the block for NAME.task, which the caller runs on n threads (the
+    threads it is worth, at most `threads`)."""
     i8p = ir.IntType(8).as_pointer()
     fn = ir.Function(module, ir.FunctionType(I64, [i8p, i8p, i8p, I64.as_pointer(), I64]), name)
     a, b_, c, context, threads = fn.args
@@ -573,7 +574,8 @@ def _build_direct(module: ir.Module, name: str, dtype: str, t: Tiles, task: ir.F
     work = b.mul(b.mul(m, n), k)
     work = b.select(b.icmp_signed("<=", m, _i64(t.mr)), b.mul(work, _i64(MATRIX_VECTOR_COST)),
                     work)
-    parts = e.min(threads, b.sdiv(work, _i64(MIN_MULTIPLY_ADDS_PER_THREAD)))
+    worth = b.sdiv(work, _i64(MIN_MULTIPLY_ADDS_PER_THREAD))
+    parts = e.min(threads, worth)
     parts = b.select(b.icmp_signed("<", parts, _i64(1)), _i64(1), parts)
     block = b.inttoptr(word(CONTEXT_ARGUMENTS), I64.as_pointer())
     data = [field(x, DATA) for x in arrays]
@@ -583,9 +585,10 @@ def _build_direct(module: ir.Module, name: str, dtype: str, t: Tiles, task: ir.F
         b.store(value, e.at(block, i))
     for i in (ARGUMENTS - 2, ARGUMENTS - 1, ARGUMENTS):    # no epilogue; next_job from 0
         b.store(_i64(0), e.at(block, i))
-    with b.if_then(b.icmp_signed("==", parts, _i64(1))):
+    with b.if_then(b.icmp_signed("<=", worth, _i64(1))):
         b.call(task, [b.bitcast(block, i8p), _i64(0), _i64(1)])
-    b.ret(parts)
+        b.ret(_i64(1))
+    b.ret(b.neg(parts))
 
 
 def _job(e: _Emitter, tiles, a, b_, c_base, mj, nj, K, N, a_pack, b_pack, finished) -> None:
@@ -1009,12 +1012,12 @@ class Matmul:
         2 and the kernel's dtype, out C-contiguous, by one native call (and the team's, where
         it is worth more than one thread): whether it was (nothing is done for other operands)."""
         parts = self._direct(a, b, out, self._alone_context_address, threads)
-        if parts > 1:                           # (written to the team's block under its lock)
-            with self._lock:
+        if parts < 0:               # a longer product: the team's block, under its lock, and
+            with self._lock:        # run without the GIL (team().run on one thread too)
                 self._direct(a, b, out, self._context_address, threads)
-                self.scratch(parts)
-                team().run(self.task, self._arguments_address, parts)
-        return parts > 0
+                self.scratch(-parts)
+                team().run(self.task, self._arguments_address, -parts)
+        return parts != 0
 
     def call(self, a: np.ndarray, b: np.ndarray, c: np.ndarray, scratch: np.ndarray,
              next_job: np.ndarray, thread_index: int, thread_count: int,
@@ -1137,8 +1140,8 @@ if _data(_probe) != _probe.ctypes.data:      # (a Python whose ids are not addre
 
 
 # (a PYFUNCTYPE keeps the GIL: 0.1 µs less a call than releasing and taking it again, and the
-# calls of one kernel exclude each other; a product on one thread holds it for at most about
-# MIN_MULTIPLY_ADDS_PER_THREAD fmas)
+# calls of one kernel exclude each other; the product it runs itself is worth one thread, under
+# 2·MIN_MULTIPLY_ADDS_PER_THREAD fmas or about 50 µs, whatever `threads` is)
 DIRECT = ctypes.PYFUNCTYPE(ctypes.c_int64, ctypes.py_object, ctypes.py_object, ctypes.py_object,
                            ctypes.c_void_p, ctypes.c_int64)
 

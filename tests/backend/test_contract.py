@@ -11,6 +11,7 @@ import dataclasses
 import math
 import mmap
 import threading
+import time
 from fractions import Fraction
 
 import numpy as np
@@ -494,6 +495,31 @@ def test_python_threads_calling_one_kernel_at_once_get_their_own_bits():
     for w in workers:
         w.join()
     assert wrong == []
+
+
+def test_a_long_direct_product_lets_other_python_threads_run():
+    """NAME.direct keeps the GIL only for a product worth one thread: a longer one (2·10^9
+    fmas, about 60 ms), even on one thread, runs without it, and another Python thread runs
+    meanwhile: it never waits half the call (Python's switch interval is 5 ms)."""
+    kernel = DIRECT["f32"]
+    a, b = operands((1024, 1024, 2048), random_f32)
+    out = np.empty((1024, 1024), np.float32)
+    ticks, stop = [], threading.Event()
+
+    def count() -> None:
+        while not stop.is_set():
+            ticks.append(time.perf_counter())
+    counter = threading.Thread(target=count)
+    counter.start()
+    time.sleep(0.01)
+    start = time.perf_counter()
+    assert kernel.direct(a, b, out, 1)
+    end = time.perf_counter()
+    stop.set()
+    counter.join()
+    waits = np.diff([start, *(tick for tick in ticks if start < tick < end), end])
+    assert waits.max() < (end - start) / 2, (waits.max(), end - start)
+    assert out.tobytes() == kernel(a, b, threads=1).tobytes()
 
 
 def test_a_direct_call_refuses_what_it_does_not_read():
