@@ -942,6 +942,13 @@ class _Layout:
     shape: tuple[int, ...]
 
 
+def _argument_block() -> np.ndarray:
+    """NAME.task's array of arguments, its next_job in a line of its own after them."""
+    block = np.zeros(ARGUMENTS + 8, dtype=np.int64)
+    block[ARGUMENTS - 3] = address(block[ARGUMENTS:])
+    return block
+
+
 class Matmul:
     """A JIT-compiled kernel and a NumPy front: `kernel(a, b, threads=2)`."""
 
@@ -954,17 +961,14 @@ class Matmul:
         self.task = self.engine.get_function_address("matmul.task")
         self._task = Task(self.task)
         self._lock = threading.Lock()
-        self._arguments = np.zeros(ARGUMENTS + 8, dtype=np.int64)   # next_job in the last line
+        self._arguments = _argument_block()
         self._arguments_address = address(self._arguments)
-        self._next_job = self._arguments[ARGUMENTS:]
-        self._arguments[ARGUMENTS - 3] = address(self._next_job)
         self._scratch = np.empty(0, dtype=NUMPY[self.dtype])
         self._layouts: dict[tuple, _Layout] = {}
         self._direct = DIRECT(self.engine.get_function_address("matmul.direct"))
         # NAME.direct's product on one thread uses a block and scratch of its own: it runs
         # holding the GIL (DIRECT), so no other call can be using them, and needs no lock
-        self._alone = np.zeros(ARGUMENTS + 8, dtype=np.int64)
-        self._alone[ARGUMENTS - 3] = address(self._alone[ARGUMENTS:])
+        self._alone = _argument_block()
         self._alone_scratch = np.empty(self.tiles.scratch_elements + 64, dtype=NUMPY[dtype])
         self._alone[ARGUMENTS - 4] = aligned(self._alone_scratch)
         self._context, self._context_address = self._direct_context(self._arguments_address)

@@ -238,7 +238,7 @@ def schedule(fn: Function, name: str = "k", products: tuple[str, ...] = PRODUCTS
             for v in op.inputs:
                 # a fold's body runs natively on contiguous inputs (a hoisted transpose)
                 if op.body is not None and v in views and v not in made \
-                        and views[v][1].strides != row_major(v.shape):
+                        and not _dense(views[v][1].strides, v.shape):
                     copy(v)
                 need(v)
             is_matmul = op.primitive.role is Role.CONTRACTION and op.outputs[0].dtype in products

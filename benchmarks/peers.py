@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 
@@ -261,16 +262,9 @@ def new_batch_size() -> dict:
     """The first call of a GPT loss at batch 3 after one at batch 16, in an empty compile
     cache (where an earlier run left batch 3's entries, the call would only load them): dslc
     and JAX compile again, PyTorch runs."""
-    with tempfile.TemporaryDirectory(prefix="dslc-peers-") as empty:
-        before = os.environ.get("DSLC_CACHE_DIR")
-        os.environ["DSLC_CACHE_DIR"] = empty
-        try:
-            return _new_batch_size()
-        finally:
-            if before is None:
-                del os.environ["DSLC_CACHE_DIR"]
-            else:
-                os.environ["DSLC_CACHE_DIR"] = before
+    with tempfile.TemporaryDirectory(prefix="dslc-peers-") as empty, \
+            mock.patch.dict(os.environ, {"DSLC_CACHE_DIR": empty}):
+        return _new_batch_size()
 
 
 def _new_batch_size() -> dict:

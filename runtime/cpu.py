@@ -424,8 +424,7 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray, threads: int,
     with the canonical k order: the reference's bits (on any number of threads). An epilogue
     (a kernel over out's rows and its table's address) is run by the kernel on each block of
     rows it finishes where it can: returns whether it did (else the caller runs it)."""
-    kernel = _matmuls.get(out.dtype) or _matmul(out.dtype)
-    if epilogue is None and kernel.direct(a, b, out, threads):
+    if epilogue is None and _matmul(out.dtype).direct(a, b, out, threads):
         return False
     kernel, a2, b2, parts = product(a, b, out, threads)
     fused = epilogue is not None and kernel.fuses(b2.shape[-1])
