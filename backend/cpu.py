@@ -200,11 +200,15 @@ def jit_key(key: tuple[str, ...], opt: int = 3) -> str:
 
 class Compiled:
     """Kernels and runs, JIT-compiled, looked up by name: one piece of object code for each
-    distinct one (backend/objects.py); `made` names the pieces compiled, not found cached."""
+    distinct one (backend/objects.py), the kernels' symbols made here unless given;
+    `made` names the pieces compiled, not found cached."""
 
-    def __init__(self, kernels: list[LoopKernel], runs: tuple[Run, ...] = ()):
+    def __init__(self, kernels: list[LoopKernel], runs: tuple[Run, ...] = (),
+                 symbols: dict[str, str] | None = None):
         from backend import objects      # imported here: backend/objects.py imports this module
-        pieces, symbols = objects.pieces(kernels, runs)
+        symbols = objects.kernel_symbols(kernels) if symbols is None else symbols
+        pieces, symbols = objects.pieces(kernels, runs, symbols)
         self.engine, self.made = objects.link(pieces)
-        self.functions = {name: KernelFn(self.engine.get_function_address(symbol))
-                          for name, symbol in symbols.items()}
+        # (looked up once a symbol: the GPT step's 180 kernels are 50 pieces)
+        addresses = {s: self.engine.get_function_address(s) for s in set(symbols.values())}
+        self.functions = {name: KernelFn(addresses[symbol]) for name, symbol in symbols.items()}

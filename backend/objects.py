@@ -37,16 +37,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @dataclass(frozen=True)
 class KernelPiece:
-    """A kernel, named by its symbol."""
+    """A kernel (as its plan names it), compiled as its symbol."""
     kernel: LoopKernel
-
-    @property
-    def symbol(self) -> str:
-        return self.kernel.name
+    symbol: str
 
     def module(self) -> ir.Module:
         module = cpu.new_module(self.symbol)
-        kernel_function(module, self.kernel)
+        kernel_function(module, dataclasses.replace(_anonymous(self.kernel), name=self.symbol))
         return module
 
 
@@ -72,15 +69,20 @@ class RunPiece:
 Piece = KernelPiece | RunPiece
 
 
-def pieces(kernels: list[LoopKernel], runs: tuple[cpu.Run, ...]) -> tuple[list[Piece], dict[str, str]]:
-    """The distinct pieces of these kernels and runs, and the symbol of each kernel's and run's
-    name."""
-    symbols: dict[str, str] = {}
+def kernel_symbols(kernels: list[LoopKernel]) -> dict[str, str]:
+    """The symbol of each kernel's name: a digest of its code, the same for kernels that differ
+    in their names alone (or in sizes their code does not read)."""
+    return {k.name: "k" + _digest(repr(_anonymous(k))) for k in kernels}
+
+
+def pieces(kernels: list[LoopKernel], runs: tuple[cpu.Run, ...], symbols: dict[str, str]
+           ) -> tuple[list[Piece], dict[str, str]]:
+    """The distinct pieces of these kernels (whose symbols are given) and runs, and the
+    symbol of each kernel's and run's name."""
+    symbols = dict(symbols)
     distinct: dict[str, Piece] = {}
     for k in kernels:
-        anonymous = _anonymous(k)
-        symbol = symbols[k.name] = "k" + _digest(repr(anonymous))
-        distinct.setdefault(symbol, KernelPiece(dataclasses.replace(anonymous, name=symbol)))
+        distinct.setdefault(symbols[k.name], KernelPiece(k, symbols[k.name]))
     slots = {k.name: len(k.buffers) for k in kernels}
     for run in runs:
         anonymous = dataclasses.replace(run.size_free(), name="",
@@ -105,7 +107,9 @@ def _digest(text: str) -> str:
 def link(pieces: list[Piece]) -> tuple[llvm.ExecutionEngine, tuple[str, ...]]:
     """One engine holding every piece's object code (from the cache where it is there), and
     the symbols of the pieces compiled."""
-    keys = {p.symbol: cache.key("object", repr(p), *cpu.machine_key(OPT_LEVEL)) for p in pieces}
+    # (a symbol is a digest of its piece's whole IR: the piece's own text, 280 KB for the GPT
+    # step's kernels, cost a warm load 15 ms to digest again)
+    keys = {p.symbol: cache.key("object", p.symbol, *cpu.machine_key(OPT_LEVEL)) for p in pieces}
     objects = {p.symbol: cache.load(keys[p.symbol]) for p in pieces}
     missing = [p for p in pieces if objects[p.symbol] is None]
     for p, data in zip(missing, compile_all(missing)):

@@ -61,7 +61,7 @@ class Stored:
     that a warm load neither lowers nor schedules."""
     key: str
     lowered: Lowered
-    plan: Any                       # (Plan, Memory), or None
+    plan: Any                       # runtime.cpu.Planned, or None
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from backend import scatter
 from backend.cpu import Compiled, Run, address, jit_key, sync_words
 from backend.llvm import grain
 from backend.loops import LoopKernel
+from backend.objects import kernel_symbols
 from backend.schedule import (
     ALIGN,
     ContractStep,
@@ -69,8 +70,9 @@ class Executable:
     """An IR function compiled for the host: its plan, its kernels, its buffer plan, and the
     executables of the scan and checkpoint bodies it holds."""
 
-    def __init__(self, fn: Function, name: str = "k", planned: tuple[Plan, Memory] | None = None):
-        self.plan, self.memory = planned or _planned(fn, name)
+    def __init__(self, fn: Function, name: str = "k", planned: Planned | None = None):
+        planned = planned or _planned(fn, name)
+        self.plan, self.memory = planned.plan, planned.memory
         self.function = fn = self.plan.function
         steps = self.plan.steps
         # what needs no input is made once: constants, zeros, aranges (never written to)
@@ -84,7 +86,8 @@ class Executable:
         # rows, or the runtime calls the run after the product (backend/contract.py)
         epilogues = {i: _run(f"{name}_epilogue{i}", [s.epilogue.kernel])
                      for i, s in enumerate(steps) if isinstance(s, ContractStep) and s.epilogue}
-        self.compiled = (Compiled(self.plan.kernels, runs + tuple(epilogues.values()))
+        self.compiled = (Compiled(self.plan.kernels, runs + tuple(epilogues.values()),
+                                  planned.symbols)
                          if self.plan.kernels else None)
         self.launches: list[Callable | None] = [
             _View.of(s) if isinstance(s, ViewStep) else
@@ -169,16 +172,25 @@ class _Host:
                 for v in exe.function.results]
 
 
-def plan(fn: Function, name: str) -> tuple[Plan, Memory]:
-    """fn's plan and buffer plan (the plan holds its own copy of the function, which the
-    executable then runs)."""
+@dataclass(frozen=True)
+class Planned:
+    """A function as the CPU runs it: its plan (which holds its own copy of the function), its
+    buffer plan, and its kernels' symbols (backend/objects.py: digests of their code, 25 ms of
+    a GPT step's load to make again)."""
+    plan: Plan
+    memory: Memory
+    symbols: dict[str, str]
+
+
+def plan(fn: Function, name: str) -> Planned:
+    """fn planned for the CPU."""
     fn = for_backends(fn)
     compile_products_beside(fn)
     made = schedule(fn, name)
-    return made, plan_memory(made)
+    return Planned(made, plan_memory(made), kernel_symbols(made.kernels))
 
 
-def _planned(fn: Function, name: str) -> tuple[Plan, Memory]:
+def _planned(fn: Function, name: str) -> Planned:
     """plan(fn, name), from the on-disk cache when this scheduler planned exactly this function
     before."""
     k = cache.key("plan", cache.code_digest("backend", "ir"), name, _digest(fn))

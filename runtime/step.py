@@ -76,6 +76,7 @@ class NativeStep:
         self.size = ARENA + 1
         self.statics: list[tuple[int, Callable[[_Arena, _Frame], int]]] = [
             (ARENA, lambda arena, frame: aligned(arena.memory))]
+        self._stand_in = _StandIns()
         self.places: dict[Value, tuple[Ref, np.ndarray]] = {}   # with a stand-in array
         self._runs: dict[RunCall, int] = {}                      # the step of each
         self.params = [(self._base(p), p, np_dtype(p.dtype)) for p in exe.function.params]
@@ -89,7 +90,7 @@ class NativeStep:
         for v, a in exe.made.items():
             self.places[v] = (Ref(self._static(lambda arena, frame, a=a: address(a))), a)
         for v, offset in exe.memory.offsets.items():
-            self.places[v] = (Ref(ARENA, offset), _stand_in(v))
+            self.places[v] = (Ref(ARENA, offset), self._stand_in(v))
         items: list[InPython | list[Call | _Placed]] = [[]]
         for i, step in enumerate(exe.plan.steps):
             native = self._native(i, step)
@@ -106,7 +107,8 @@ class NativeStep:
         self.fresh_words = np.array([w for w, *_ in self.fresh], np.intp)
         sizes = [-(-size // ALIGN) * ALIGN for _, _, size, _, _ in self.fresh]
         self.fresh_offsets = np.array([0, *accumulate(sizes)], np.int64)
-        self.places.clear()         # the stand-ins' memory back (their small pages are touched)
+        self.places.clear()         # the stand-ins' memory back
+        self._stand_in = None
         kept = {v for _, v, _, _, _ in self.kept}
         self.needed = tuple(v for v in self._read_by_python()
                             if v in exe.memory.offsets or v in exe.made or v in kept)
@@ -125,7 +127,7 @@ class NativeStep:
     def _base(self, v: Value) -> int:
         """A word for a value made each call, its own base."""
         word = self._word()
-        self.places[v] = (Ref(word), _stand_in(v))
+        self.places[v] = (Ref(word), self._stand_in(v))
         return word
 
     def _ref(self, v: Value) -> Ref:
@@ -181,7 +183,7 @@ class NativeStep:
         if any(v not in self.places for v in step.op.inputs):
             return None
         (a_ref, a), (b_ref, b) = (self.places[v] for v in step.op.inputs)
-        c = self.places[out][1] if out in self.places else _stand_in(out)
+        c = self.places[out][1] if out in self.places else self._stand_in(out)
         kernel, a2, b2, parts = product(a, b, c, MAX_THREADS)
         outer, (a3, b3, c3) = (), kernel.operands(a2, b2, c)[:3]
         for points in range(1, c.ndim - 2):    # batch axes that are not one: a loop of products
@@ -260,7 +262,7 @@ class NativeStep:
                for v in op.inputs):
             return None
         axis = op.attrs.get("axis", 0) % len(whole.shape)
-        stand_in = _stand_in(whole)                 # (only offsets are read from it)
+        stand_in = self._stand_in(whole)            # (only offsets are read from it)
         views = Split().evaluate(stand_in, tuple(v.shape[axis] for v in parts), axis)
         rows = [_rows(view) for view in views]
         if None in rows:
@@ -570,10 +572,20 @@ def _rows(view: np.ndarray) -> tuple[int, int, int, int] | None:
     return None if dims else (count, row, stride)
 
 
-def _stand_in(v: Value) -> np.ndarray:
-    """A contiguous array of v's shape and dtype whose contents are never read (np.zeros'
-    pages are not touched until written), for finding a view's offset and strides."""
-    return np.zeros(v.shape, np_dtype(v.dtype))
+class _StandIns:
+    """Contiguous arrays of values' shapes and dtypes whose contents are never read, for
+    finding a view's offset and strides: all at the start of one zeroed region (its pages not
+    touched until written), grown to the largest, since a view is compared only with its own
+    source (an array each cost an allocation of its own: 15 ms of a GPT step's load)."""
+
+    def __init__(self):
+        self.region = np.zeros(0, np.uint8)
+
+    def __call__(self, v: Value) -> np.ndarray:
+        size = nbytes(v)
+        if size > self.region.size:
+            self.region = np.zeros(max(size, 2 * self.region.size), np.uint8)
+        return np.ndarray(v.shape, np_dtype(v.dtype), self.region)
 
 
 def _pointer(a: np.ndarray) -> int:

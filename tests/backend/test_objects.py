@@ -112,7 +112,7 @@ def test_a_damaged_entry_is_compiled_again_not_run(tmp_path):
 
 def worker_pieces() -> list:
     kernels = Executable(layers(3, "sigmoid")).plan.kernels
-    pieces, _ = objects.pieces(kernels, ())
+    pieces, _ = objects.pieces(kernels, (), objects.kernel_symbols(kernels))
     return pieces
 
 
