@@ -413,11 +413,11 @@ def compile_products_beside(fn: Function) -> None:
     neither made nor cached, in a process of its own: the largest single compilation of a
     program (shared by every program) then goes on while this process plans and compiles the
     program's own kernels, not after them."""
-    from backend.contract import Matmul, host_tiles
+    from backend.contract import OPT_LEVEL, Matmul, host_tiles
     dtypes = {op.outputs[0].dtype for op in _ops(fn) if op.primitive.role is Role.CONTRACTION}
     made = {_MATMUL_DTYPES[d] for d in _matmuls}
     for dtype in sorted(dtypes & set(_MATMUL_DTYPES.values()) - made - _beside.keys()):
-        if cache.load(jit_key(Matmul.key(dtype, host_tiles(dtype)))) is None:
+        if cache.load(jit_key(Matmul.key(dtype, host_tiles(dtype)), OPT_LEVEL)) is None:
             command = (f"import sys; sys.path[0] = {str(ROOT)!r}; "
                        f"from backend.contract import Matmul; Matmul({dtype!r})")
             with contextlib.suppress(OSError):      # then this process compiles it, at its first use
