@@ -172,13 +172,16 @@ def address(a) -> int:
         return a.ctypes.data
 
 
-def jit(key: tuple[str, ...], build: Callable[[], ir.Module | str], opt: int = 3) -> llvm.ExecutionEngine:
-    """An MCJIT engine for the module build() makes (or its text), optimised at level `opt` for the host CPU. Its
-    object code comes from the on-disk cache when there is an entry under key (which must
-    name everything the module depends on) for this backend's code, the IR's (where the
-    primitives' scalar bodies are) and this machine: then build() is not even called."""
-    machine = target_machine(opt)
-    k = jit_key(key, opt)
+def jit(key: tuple[str, ...], build: Callable[[], ir.Module | str], opt: int = 3,
+        codegen: int | None = None) -> llvm.ExecutionEngine:
+    """An MCJIT engine for the module build() makes (or its text), optimised at level `opt` for
+    the host CPU, its code generated at level `codegen` (opt's unless given). Its object code
+    comes from the on-disk cache when there is an entry under key (which must name everything
+    the module depends on) for this backend's code, the IR's (where the primitives' scalar
+    bodies are) and this machine: then build() is not even called."""
+    codegen = opt if codegen is None else codegen
+    machine = target_machine(codegen)
+    k = jit_key(key if codegen == opt else (*key, f"code generation at O{codegen}"), opt)
     cached = cache.load(k)
     if cached is not None:
         engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), machine)

@@ -179,9 +179,11 @@ def compile_segments(segments: list[tuple[Call, ...]], sizes_from: int
 
     k = cache.key("segments", cache.code_digest("backend", "ir"), repr((segments, sizes_from)))
     digest, sizes = cache.memo(k, lambda: (hashlib.sha256(built()[0].encode()).hexdigest(), built()[1]))
-    # O1: a segment is glue (loads, stores, calls, a fold's loop) around the kernels, where the
-    # time goes; the GPT step's compile in 0.28-0.30 CPU s against O3's 0.63-0.77
-    engine = cpu.jit(("step", digest), lambda: built()[0], opt=1)
+    # O1's passes and O0's code generation: a segment is glue (loads, stores, calls, a fold's
+    # loop) around the kernels, where the time goes. The GPT step's segments: LLVM's passes
+    # 0.15 s, code generation 0.03 s against O1's 0.34 (one sitting, a loaded machine); its
+    # step and the names MLP's run in the same time (A/B, best of 5 runs each)
+    engine = cpu.jit(("step", digest), lambda: built()[0], opt=1, codegen=0)
     addresses = [engine.get_function_address(f"segment{j}") for j in range(len(segments))]
     return engine, addresses, sizes
 
@@ -195,6 +197,7 @@ class _Segment:
         self.failed = fn.append_basic_block("failed")
         ir.IRBuilder(self.failed).ret(ir.Constant(I64, 1))
         self.memcpy = fn.module.declare_intrinsic("llvm.memcpy", [I8P, I8P, I64])
+        self.memset = fn.module.declare_intrinsic("llvm.memset", [I8P, I64])
 
     def emit(self, calls: tuple[Call, ...]) -> None:
         self.calls(calls)
@@ -253,9 +256,9 @@ class _Segment:
             with one:
                 alone()
             with many:
-                words = self.pointer(call.words, I64.as_pointer())
-                for i in range(call.sync):          # the counters start at 0 (backend/cpu.py)
-                    self.store(ir.Constant(I64, 0), words, i)
+                # the counters start at 0 (backend/cpu.py): one memset, not a store a word
+                b.call(self.memset, [self.pointer(call.words), ir.Constant(ir.IntType(8), 0),
+                                     ir.Constant(I64, 8 * call.sync), ir.Constant(ir.IntType(1), 0)])
                 self.on_team(fn, argument, self.threads)
 
     def product(self, call: ProductCall) -> None:
