@@ -25,7 +25,7 @@ from backend.llvm import kernel_function, size_free
 from backend.loops import LoopKernel
 from runtime import cache
 
-# LLVM's level for kernels and runs (its passes and its code generator), the one that pays:
+# LLVM's level for kernels (its passes and its code generator), the one that pays (runs: O0):
 # the 4-layer GPT step's 76 distinct pieces (benchmarks/train_step.py) take 2.4-2.7 CPU s to
 # compile at O1, 2.8-3.1 at O2, 3.2-3.6 at O3, and its step runs in the same time at all
 # three (80.5, 82.3 and 80.0 ms, 1 thread; an elementwise program 3.24, 3.11 and 3.15 ms);
@@ -40,6 +40,7 @@ class KernelPiece:
     """A kernel (as its plan names it), compiled as its symbol."""
     kernel: LoopKernel
     symbol: str
+    level = OPT_LEVEL
 
     def module(self) -> ir.Module:
         module = cpu.new_module(self.symbol)
@@ -53,6 +54,10 @@ class RunPiece:
     its table's slot of the synchronisation block."""
     run: cpu.Run
     sync_slot: int
+    # O0: a run is glue (calls, counters, waits) around its kernels: the GPT step's 19 runs
+    # compile in 0.17-0.18 s at O0 against 0.41-0.61 at O1, and its step and the names MLP's
+    # run in the same time (A/B, best of 5 runs each)
+    level = 0
 
     @property
     def symbol(self) -> str:
@@ -109,7 +114,7 @@ def link(pieces: list[Piece]) -> tuple[llvm.ExecutionEngine, tuple[str, ...]]:
     the symbols of the pieces compiled."""
     # (a symbol is a digest of its piece's whole IR: the piece's own text, 280 KB for the GPT
     # step's kernels, cost a warm load 15 ms to digest again)
-    keys = {p.symbol: cache.key("object", p.symbol, *cpu.machine_key(OPT_LEVEL)) for p in pieces}
+    keys = {p.symbol: cache.key("object", p.symbol, *cpu.machine_key(p.level)) for p in pieces}
     objects = {p.symbol: cache.load(keys[p.symbol]) for p in pieces}
     missing = [p for p in pieces if objects[p.symbol] is None]
     for p, data in zip(missing, compile_all(missing)):
@@ -160,12 +165,11 @@ def _cores() -> int:
 
 
 def object_code(p: Piece) -> bytes:
-    """A piece compiled: its LLVM IR optimised at OPT_LEVEL, and the host's object code."""
+    """A piece compiled: its LLVM IR optimised at its level, and the host's object code."""
     mod = llvm.parse_assembly(str(p.module()))
     mod.verify()
-    machine = cpu.target_machine(OPT_LEVEL)
-    cpu.optimise(mod, OPT_LEVEL, machine)
-    return machine.emit_object(mod)
+    cpu.optimise(mod, p.level)
+    return cpu.target_machine(p.level).emit_object(mod)
 
 
 # A worker is `python -c` running serve(): pieces in (pickled: they come from this process),
