@@ -1,5 +1,6 @@
 """Optimisation passes, each a function from IR to IR: dead code, common subexpressions,
-algebraic simplification, constant folding, and for the backends hoisting out of folds. Every
+algebraic simplification, constant folding, and for the backends hoisting out of folds and
+making cheap values again where the backward pass reads them. Every
 rewrite keeps results bit-identical (x + 0.0 is not x when x is -0.0, so it is not rewritten).
 
 Simplification is tables of rules (ir/patterns.py). Folding and CSE are not: a fold needs the
@@ -8,17 +9,18 @@ neither a pattern of the ops that make its inputs."""
 from __future__ import annotations
 
 from dataclasses import replace
+from itertools import accumulate
 from typing import Callable
 
 import numpy as np
 
 from ir import interp
 from ir.core import Builder, Function, Op, Value
-from ir.ops.base import literal_array
+from ir.ops.base import Role, literal_array
 from ir.ops.construct import Constant, Filled
 from ir.ops.contract import Einsum, MatMul
 from ir.ops.control import Scan
-from ir.ops.elementwise import Add, Cast, Div, Elementwise, Mul, Sub
+from ir.ops.elementwise import Add, Cast, Div, Elementwise, Mul, Neg, Sub
 from ir.ops.index import OneHot
 from ir.ops.shape import BroadcastTo, Reshape, Transpose
 from ir.patterns import Const, Var, X, _, pat, rewrite, rules
@@ -140,6 +142,74 @@ def _invariant(op: Op, sequences: set[Value], constants: set[Value]) -> str | No
         if x in sequences and w in constants and x.type.rank in (1, 2) and w.type.rank == 2:
             return "sequence"
     return None
+
+
+# What a kernel computes in one instruction an element. Such a value that the backward pass
+# reads long after the forward made it (a GELU's x/2, x³ and 1 + tanh) is made again beside that
+# use, from what it is made of, where those are kept for then anyway: the forward stores one
+# pre-activation instead of each step of an activation, and the backward loads it once.
+REMADE = (Add, Sub, Mul, Neg)
+REMADE_DEPTH = 6            # the longest chain of such ops made again for one use
+
+
+def rematerialize(fn: Function) -> Function:
+    """fn with each use of a value of REMADE ops that lies past a contraction from where the
+    value is made reading a copy made just before it, from parameters, literals and values
+    kept past the last contraction before it anyway: no value lives longer, and one the copies
+    replace dies sooner (the same operations on the same operands: the same bits)."""
+    ops = [_with_body(op, rematerialize(op.body)) if op.body is not None else op for op in fn.ops]
+    producer = {v: (i, op) for i, op in enumerate(ops) for v in op.outputs}
+    last_use = {v: i for i, op in enumerate(ops) for v in op.inputs}
+    last_use.update((v, len(ops)) for v in fn.results)
+    contractions = list(accumulate((op.primitive.role is Role.CONTRACTION for op in ops),
+                                   initial=0))       # among ops[:i]
+    made: dict[Value, tuple[Value, int]] = {}        # a value -> its copy, made before op j
+    out: list[Op] = []
+
+    def far(i: int, j: int) -> bool:
+        """Whether a contraction lies between ops i and j."""
+        return contractions[j] > contractions[i + 1]
+
+    def kept(v: Value, j: int) -> bool:
+        """Whether v is at hand for op j: a parameter, a literal, or a value kept until past
+        the last contraction before j anyway."""
+        return (v not in producer or producer[v][1].primitive.role is Role.CONSTANT
+                or v in last_use and not far(last_use[v], j))
+
+    def remakeable(v: Value, j: int, depth: int) -> bool:
+        """Whether v can be made again for op j, its operands made again or at hand. (One at
+        hand only because a later use reads it is made again all the same: that use may be
+        given a copy too, and the value would be kept for this one alone.)"""
+        if v not in producer:
+            return False
+        i, op = producer[v]
+        return (depth < REMADE_DEPTH and isinstance(op.primitive, REMADE) and _compiled(op)
+                and far(i, j) and all(remakeable(x, j, depth + 1) or kept(x, j) for x in op.inputs))
+
+    def copy(v: Value, j: int, depth: int) -> Value:
+        if v in made and not far(made[v][1], j):
+            return made[v][0]
+        if not remakeable(v, j, depth):
+            return v
+        op = producer[v][1]
+        inputs = tuple(copy(x, j, depth + 1) for x in op.inputs)
+        again = replace(op, inputs=inputs, outputs=(Value(v.type),))
+        out.append(again)
+        made[v] = (again.outputs[0], j)
+        return again.outputs[0]
+
+    for j, op in enumerate(ops):
+        # (only for an elementwise op that a kernel computes, and the copies with it: a
+        # product or a host step would have a copy stored, beside the value itself)
+        if op.primitive.role is Role.ELEMENTWISE and _compiled(op):
+            op = replace(op, inputs=tuple(copy(v, j, 0) for v in op.inputs))
+        out.append(op)
+    return Function(fn.name, fn.params, tuple(out), fn.results)
+
+
+def _compiled(op: Op) -> bool:
+    """Whether a kernel computes elementwise op (bf16 runs on the host, the interpreter's)."""
+    return op.primitive.compiles([v.dtype for v in op.inputs], op.outputs[0].dtype)
 
 
 def _key(op: Op):
@@ -310,15 +380,16 @@ def for_backends(fn: Function) -> Function:
     batched matrix products (`bhtd,bhsd->bhts`) as transposes, reshapes and one `matmul` (both
     accumulate over the contracted letters in row-major order of their first appearance, with
     fma), which the contraction kernels compile; one_hot as the comparison it is, which
-    fuses into the kernel that uses it; and what a fold computes alike at every step before it
-    (hoist: after differentiation, which would differentiate the hoisted product otherwise)."""
+    fuses into the kernel that uses it; what a fold computes alike at every step before it
+    (hoist: after differentiation, which would differentiate the hoisted product otherwise);
+    and cheap values that the backward pass reads made again there (rematerialize)."""
     plans = {Einsum(): _matmul_plan, OneHot(): _one_hot_plan}
 
     def planned(op: Op, producer: dict[Value, Op], b: Builder) -> Value | None:
         plan = plans[op.primitive](op) if op.primitive in plans else None
         return plan(b) if plan is not None else None
 
-    return dce(hoist(_rewritten(fn, planned)))
+    return dce(rematerialize(hoist(_rewritten(fn, planned))))
 
 
 def _rewritten(fn: Function,

@@ -10,10 +10,11 @@ from ir.core import Builder, tensor_type
 from ir.ops.elementwise import Sub
 from ir import interp
 from ir.ad import grad_function
+from ir.ops.base import Role
 from ir.ops.contract import MatMul
 from ir.ops.control import Scan
 from ir.ops.shape import Transpose
-from ir.passes import SIMPLIFY, dce, for_backends, hoist, simplify
+from ir.passes import SIMPLIFY, dce, for_backends, hoist, rematerialize, simplify
 from runtime.cpu import Executable
 from ir.patterns import X, pat, rewrite, rules
 
@@ -187,6 +188,46 @@ def test_what_a_fold_computes_alike_at_every_step_is_computed_once_before_it():
         assert not [op for op in scan.body.ops if isinstance(op.primitive, MatMul)
                     and op.inputs[0] in sequences and op.inputs[1] in constants]
     # (the CPU's tanh is within its documented ulps of NumPy's: each device against itself)
+    for run in (lambda f: interp.run(f, args), lambda f: Executable(f).run(args)):
+        assert [g.tobytes() for g in run(fn)] == [w.tobytes() for w in run(raw)]
+
+
+GELU_MLP = """
+from nn import gelu
+
+def loss(w1: f32[D, H], b1: f32[H], w2: f32[H, O], x: f32[B, D]) -> f32:
+  return sum(gelu(x @ w1 + b1, "tanh") @ w2)
+"""
+
+
+def _read_past_a_product(fn) -> list[str]:
+    """The primitives that make the arrays an elementwise op reads with a contraction between
+    it and where they are made (what the forward pass keeps for the backward), literals aside."""
+    made, products, read = {}, 0, set()
+    for op in fn.ops:
+        for v in op.inputs:
+            if v in made and made[v][1] < products and op.primitive.role is Role.ELEMENTWISE \
+                    and made[v][0] != "constant":
+                read.add(v)
+        products += op.primitive.role is Role.CONTRACTION
+        made.update((v, (op.primitive.name, products)) for v in op.outputs)
+    return sorted(made[v][0] for v in read)
+
+
+def test_the_backward_pass_makes_cheap_values_again_rather_than_keep_them():
+    """A tanh GELU's backward reads x, x/2, 0.044715x, 0.044715x², tanh and 1 + tanh of the
+    forward's: rematerialize makes all but x and tanh again beside that use, so that the
+    forward keeps two arrays (on the CPU, the product's epilogue stores three instead of
+    seven, the GELU's result with them); the gradients keep their bits on the interpreter and
+    on the CPU."""
+    rng = np.random.default_rng(2)
+    args = [rng.standard_normal(s).astype(np.float32) for s in ((6, 7), (7,), (7, 3), (5, 6))]
+    low, _ = dsl.loads(GELU_MLP, device="cpu").lower("loss", tuple(args), {})
+    raw = dce(grad_function(low.function, [0, 1, 2]))
+    fn = dce(rematerialize(raw))
+    # (the matmul: a cotangent the backward makes, read past its product for w2)
+    assert _read_past_a_product(raw) == ["add", "add", "matmul", "mul", "mul", "mul", "tanh"]
+    assert _read_past_a_product(fn) == ["add", "matmul", "tanh"]
     for run in (lambda f: interp.run(f, args), lambda f: Executable(f).run(args)):
         assert [g.tobytes() for g in run(fn)] == [w.tobytes() for w in run(raw)]
 
