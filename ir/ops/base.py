@@ -3,11 +3,12 @@ its role in a kernel and its scalar body, all in its class; and the registry the
 names up in. The pipeline after the front end dispatches on these objects, never on names."""
 from __future__ import annotations
 
+import functools
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Callable, ClassVar
 
-import ml_dtypes
 import numpy as np
 
 from ir.dims import Dim
@@ -163,11 +164,44 @@ def primitive(cls: type[Primitive]) -> type[Primitive]:
 # ---------------------------------------------------------------- helpers shared by the families
 
 NUMERIC = FLOAT_DTYPES + INT_DTYPES
-NUMPY_DTYPES = {"f32": np.float32, "f16": np.float16, "bf16": ml_dtypes.bfloat16, "f64": np.float64,
-                "i32": np.int32, "i64": np.int64, "u32": np.uint32, "bool": np.bool_}
-_DTYPE_NAMES = {np.dtype(v): k for k, v in NUMPY_DTYPES.items()}
+
+
+def _bfloat16() -> type:
+    import ml_dtypes
+    return ml_dtypes.bfloat16
+
+
+class _NumpyDtypes(Mapping):
+    """dslc's dtypes by name, as NumPy's: ml_dtypes' bfloat16 (which NumPy lacks) looked up at
+    its first use. Loading ml_dtypes 0.7 takes a process 0.7 s, and the compile workers and
+    the contraction kernel's process never meet bf16."""
+
+    def __init__(self, dtypes: dict[str, type | Callable[[], type]], lazy: set[str]):
+        self._dtypes, self._lazy = dtypes, lazy
+
+    def __getitem__(self, name: str) -> type:
+        if name in self._lazy:
+            self._dtypes[name] = self._dtypes[name]()
+            self._lazy.discard(name)
+        return self._dtypes[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._dtypes)
+
+    def __len__(self) -> int:
+        return len(self._dtypes)
+
+
+NUMPY_DTYPES = _NumpyDtypes({"f32": np.float32, "f16": np.float16, "bf16": _bfloat16,
+                             "f64": np.float64, "i32": np.int32, "i64": np.int64, "u32": np.uint32,
+                             "bool": np.bool_}, {"bf16"})
 _LITERAL_DTYPES = {"b": "bool", "i": "i32", "u": "i32", "f": "f32"}
 _KIND_WORDS = ("boolean", "integer", "float")
+
+
+@functools.cache
+def _dtype_names() -> dict[np.dtype, str]:
+    return {np.dtype(v): k for k, v in NUMPY_DTYPES.items()}
 
 
 def np_dtype(dtype: str) -> np.dtype:
@@ -186,7 +220,7 @@ def literal_array(value: Any, dtype: str) -> np.ndarray:
 
 def is_float(dtype: np.dtype) -> bool:
     """Whether a NumPy dtype is a float: kind 'f', or bf16, which ml_dtypes gives kind 'V'."""
-    return dtype.kind == "f" or dtype == NUMPY_DTYPES["bf16"]
+    return dtype.kind == "f" or dtype.kind == "V" and dtype == NUMPY_DTYPES["bf16"]
 
 
 def type_of(value: Any) -> TensorType:
@@ -195,7 +229,7 @@ def type_of(value: Any) -> TensorType:
     arr = np.asarray(value)
     shape = tuple(Dim.const(n) for n in arr.shape)
     if isinstance(value, (np.ndarray, np.generic)):
-        return TensorType(_DTYPE_NAMES[arr.dtype], shape)
+        return TensorType(_dtype_names()[arr.dtype], shape)
     return TensorType(_LITERAL_DTYPES[arr.dtype.kind], shape, weak=True)
 
 

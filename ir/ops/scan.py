@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from typing import Any, Callable, ClassVar
 
-import ml_dtypes
 import numpy as np
 
 from ir import numerics
@@ -212,6 +211,7 @@ class LogCumSumExp(Cumulative):
         (x,), (y,), (ct,) = op.inputs, op.outputs, cts
         axis = statics(op)["axis"]
         zero = b.constant(0.0, x.dtype)
+        import ml_dtypes            # (loaded where it is needed: see ir/ops/base.py's NUMPY_DTYPES)
         lowest = b.constant(float(ml_dtypes.finfo(np_dtype(x.dtype)).min), x.dtype)
         log_ct = b.emit("log", b.emit("abs", ct))
 

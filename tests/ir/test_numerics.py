@@ -84,7 +84,7 @@ def test_matmul_accumulates_with_fma_in_k_order(dtype):
             assert got[i, j].tobytes() == acc.tobytes()
 
 
-BF16 = np.array([0.0, -0.0, 1.0, -1.5, 3.0, 1 / 3, 1 + 2 ** -7, 2 ** -133, -(2 ** 120), 3e38, np.inf,
+BF16 = np.array([0.0, -0.0, 1.0, -1.5, 3.0, 1 / 3, 1 + 2 ** -7, 2 ** -133, -(2.0 ** 120), 3e38, np.inf,
                  -np.inf, np.nan] + list(rng.standard_normal(40) * 2.0 ** rng.integers(-30, 30, 40)),
                 ml_dtypes.bfloat16)
 
