@@ -20,6 +20,8 @@ from ir.ops.base import REGISTRY, Primitive
 
 PACKAGES = ("frontend", "ir", "backend", "runtime", "dsl")
 DTYPE_KINDS = "biufc"           # bool, ints, floats, complex: arrays of plain bytes
+PLAIN = frozenset({type(None), bool, int, str})    # values that are their own JSON
+CONTAINERS = frozenset({tuple, list})
 _SIZES = struct.Struct("<QQ")   # the lengths of the class table and of the document
 
 
@@ -68,15 +70,16 @@ class _Encoder:
 
     def value(self, x: Any) -> Any:
         t = type(x)
-        if x is None or t in (bool, int, str):
+        if t in PLAIN:
             return x
         if t is float:
             return x if math.isfinite(x) else {"f": struct.pack(">d", x).hex()}   # nan, ±inf, bit for bit
+        if t is tuple:
+            # (the plain items inline: most are, and a call each was a third of the encoding)
+            items = [v if type(v) in PLAIN else self.value(v) for v in x]
+            return items if CONTAINERS.isdisjoint(map(type, x)) else {"t": items}
         if isinstance(x, Primitive):
             return {"p": x.name}
-        if t is tuple:
-            items = [self.value(v) for v in x]
-            return {"t": items} if any(type(v) in (tuple, list) for v in x) else items
         if id(x) in self.refs:
             return {"r": self.refs[id(x)]}
         if id(x) in self.open:
@@ -93,7 +96,7 @@ class _Encoder:
     def node(self, x: Any) -> dict:
         t = type(x)
         if t is list:
-            return {"l": [self.value(v) for v in x]}
+            return {"l": [v if type(v) in PLAIN else self.value(v) for v in x]}
         if t is dict:
             return {"d": [self.value(v) for kv in x.items() for v in kv]}
         if t in (frozenset, set):
@@ -113,8 +116,9 @@ class _Encoder:
         if isinstance(x, enum.Enum) and _ours(t):
             return {self.cls(t, None): x.name}
         if dataclasses.is_dataclass(t) and _ours(t) and hasattr(x, "__dict__"):
-            names = tuple(vars(x))
-            return {self.cls(t, names): [self.value(v) for v in vars(x).values()]}
+            fields = vars(x)
+            return {self.cls(t, tuple(fields)): [v if type(v) in PLAIN else self.value(v)
+                                                 for v in fields.values()]}
         raise EncodeError(f"no encoding for a {t.__module__}.{t.__qualname__}")
 
     def cls(self, t: type, names: tuple[str, ...] | None) -> str:
@@ -138,7 +142,7 @@ def _shared(value: Any) -> set[int]:
     while stack:
         x = stack.pop()
         t = type(x)
-        if x is None or x is Ellipsis or t in (bool, int, float, str):
+        if t in PLAIN or t is float or x is Ellipsis:
             continue
         if t is not tuple:
             if id(x) in seen:
