@@ -168,8 +168,9 @@ def object_code(p: Piece) -> bytes:
     """A piece compiled: its LLVM IR optimised at its level, and the host's object code."""
     mod = llvm.parse_assembly(str(p.module()))
     mod.verify()
-    cpu.optimise(mod, p.level)
-    return cpu.target_machine(p.level).emit_object(mod)
+    machine = cpu.target_machine(p.level)
+    cpu.optimise(mod, p.level, machine)
+    return machine.emit_object(mod)
 
 
 # A worker is `python -c` running serve(): pieces in (pickled: they come from this process),

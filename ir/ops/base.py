@@ -176,14 +176,14 @@ class _NumpyDtypes(Mapping):
     its first use. Loading ml_dtypes 0.7 takes a process 0.7 s, and the compile workers and
     the contraction kernel's process never meet bf16."""
 
-    def __init__(self, dtypes: dict[str, type | Callable[[], type]], lazy: set[str]):
-        self._dtypes, self._lazy = dtypes, lazy
+    def __init__(self, dtypes: dict[str, type | None], loaders: dict[str, Callable[[], type]]):
+        self._dtypes, self._loaders = dtypes, loaders      # None: not looked up yet
 
     def __getitem__(self, name: str) -> type:
-        if name in self._lazy:
-            self._dtypes[name] = self._dtypes[name]()
-            self._lazy.discard(name)
-        return self._dtypes[name]
+        found = self._dtypes[name]
+        if found is None:       # (two threads may both look it up: they find the same type)
+            found = self._dtypes[name] = self._loaders[name]()
+        return found
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._dtypes)
@@ -192,9 +192,9 @@ class _NumpyDtypes(Mapping):
         return len(self._dtypes)
 
 
-NUMPY_DTYPES = _NumpyDtypes({"f32": np.float32, "f16": np.float16, "bf16": _bfloat16,
+NUMPY_DTYPES = _NumpyDtypes({"f32": np.float32, "f16": np.float16, "bf16": None,
                              "f64": np.float64, "i32": np.int32, "i64": np.int64, "u32": np.uint32,
-                             "bool": np.bool_}, {"bf16"})
+                             "bool": np.bool_}, {"bf16": _bfloat16})
 _LITERAL_DTYPES = {"b": "bool", "i": "i32", "u": "i32", "f": "f32"}
 _KIND_WORDS = ("boolean", "integer", "float")
 

@@ -8,14 +8,14 @@ import dsl
 from conftest import dslc
 from ir.core import Builder, tensor_type
 from ir.ops.elementwise import Sub
-from ir import interp
+from ir import interp, passes
 from ir.ad import grad_function
 from ir.ops.base import Role
 from ir.ops.contract import MatMul
 from ir.ops.control import Scan
 from ir.ops.shape import Transpose
 from ir.passes import SIMPLIFY, dce, for_backends, hoist, rematerialize, simplify
-from runtime.cpu import Executable
+from runtime.cpu import Executable, plan
 from ir.patterns import X, pat, rewrite, rules
 
 
@@ -214,7 +214,7 @@ def _read_past_a_product(fn) -> list[str]:
     return sorted(made[v][0] for v in read)
 
 
-def test_the_backward_pass_makes_cheap_values_again_rather_than_keep_them():
+def test_the_backward_pass_makes_cheap_values_again_rather_than_keep_them(monkeypatch):
     """A tanh GELU's backward reads x, x/2, 0.044715x, 0.044715x², tanh and 1 + tanh of the
     forward's: rematerialize makes all but x and tanh again beside that use, so that the
     forward keeps two arrays (on the CPU, the product's epilogue stores three instead of
@@ -228,8 +228,15 @@ def test_the_backward_pass_makes_cheap_values_again_rather_than_keep_them():
     # (the matmul: a cotangent the backward makes, read past its product for w2)
     assert _read_past_a_product(raw) == ["add", "add", "matmul", "mul", "mul", "mul", "tanh"]
     assert _read_past_a_product(fn) == ["add", "matmul", "tanh"]
-    for run in (lambda f: interp.run(f, args), lambda f: Executable(f).run(args)):
-        assert [g.tobytes() for g in run(fn)] == [w.tobytes() for w in run(raw)]
+    assert [g.tobytes() for g in interp.run(fn, args)] == \
+           [w.tobytes() for w in interp.run(raw, args)]
+    # the CPU plans for_backends' form, which rematerializes: against a plan without it
+    remade = plan(raw, "remade")
+    monkeypatch.setattr(passes, "REMADE", ())
+    kept = plan(raw, "kept")
+    assert remade.memory.size < kept.memory.size
+    assert [g.tobytes() for g in Executable(raw, planned=remade).run(args)] == \
+           [w.tobytes() for w in Executable(raw, planned=kept).run(args)]
 
 
 def test_zeros_stay_zeros_in_the_printed_ir(tmp_path):
