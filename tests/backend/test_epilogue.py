@@ -75,8 +75,12 @@ def arrays(*shapes: tuple[int, ...]) -> list[np.ndarray]:
 
 
 # (entry, its arguments' shapes): N ≤ nc (the kernel calls the epilogue per job) and N > nc
-# (the runtime runs it after the product), rows in one batch entry and over several
+# (the runtime runs it after the product), rows in one batch entry and over several, and
+# products of at most mr rows (a decoder's token: one job a thread, B streamed in place)
 CASES = [
+    ("bias", [(1, 40), (40, 600), (600,)]),
+    ("mlp", [(5, 24), (24, 700), (700,)]),
+    ("mlp", [(1, 24), (24, 100), (100,)]),
     ("bias", [(300, 40), (40, 72), (72,)]),
     ("bias", [(7, 3), (3, 5), (5,)]),
     ("mlp", [(7, 0), (0, 5), (5,)]),
