@@ -11,7 +11,8 @@ thread count. The generated function, in C:
               int64_t a_stride, int64_t b_stride, int64_t c_stride,
               int64_t a_row, int64_t a_col, int64_t b_row, int64_t b_col,
               T *scratch, int64_t *next_job,
-              void (*epilogue)(void **table, int64_t lo, int64_t hi), void **epilogue_table,
+              void (*epilogue)(void **table, int64_t lo, int64_t hi, int64_t n),
+              void **epilogue_table,
               int64_t thread_index, int64_t thread_count);
 
 T is float (f32) or double (f64); the strides are the elements between batch entries (0
@@ -45,10 +46,10 @@ The job grid depends on thread_count; the bits depend on neither the grid nor wh
 ran a job.
 
 Epilogue: where epilogue is not null and a job's column block is all of N (N ≤ nc), the job
-calls epilogue(epilogue_table, lo, hi) on each block of at most mc rows once its elements are
-final (after their last K block), lo and hi counting C's rows over batch × M (row i of batch
-entry b is b·M + i): a kernel of backend/llvm.py over C's rows then runs on them while they
-are in cache. Where N > nc it is not called.
+calls epilogue(epilogue_table, lo, hi, 0) on each block of at most mc rows once its elements
+are final (after their last K block), lo and hi counting C's rows over batch × M (row i of
+batch entry b is b·M + i): a kernel of backend/llvm.py over C's rows (never a reduction,
+whose n the 0 would be) then runs on them while they are in cache. Where N > nc it is not called.
 
 Scratch: thread t packs its panels into scratch[t·S, (t+1)·S), S = Tiles.scratch_elements;
 any alignment works, 64 bytes is faster.
@@ -423,7 +424,7 @@ def build_matmul(module: ir.Module, name: str, dtype: str, tiles: Tiles | None =
                         for nv in range(1, COLUMN_VECTORS + 1)]
     p = SCALAR[dtype].as_pointer()
     table = ir.IntType(8).as_pointer().as_pointer()
-    epilogue_type = ir.FunctionType(ir.VoidType(), [table, I64, I64]).as_pointer()
+    epilogue_type = ir.FunctionType(ir.VoidType(), [table, I64, I64, I64]).as_pointer()
     fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [p, p, p] + [I64] * 11 +
                                              [p, I64.as_pointer(), epilogue_type, table, I64, I64]),
                      name)
@@ -498,7 +499,7 @@ def build_matmul(module: ir.Module, name: str, dtype: str, tiles: Tiles | None =
             """Rows [i, i + m) of the job are final: the epilogue's, where it has them."""
             with b.if_then(whole_rows, likely=False):
                 lo = b.add(first_row, i)
-                b.call(epilogue, [epilogue_table, lo, b.add(lo, m)])
+                b.call(epilogue, [epilogue_table, lo, b.add(lo, m), _i64(0)])   # (no reduction)
 
         _job(e, (tiles_by_width, columns_by_width, in_place_by_width),
              (a_base, a_row, a_col),

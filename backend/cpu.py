@@ -12,12 +12,14 @@ from typing import Callable
 import llvmlite.binding as llvm
 from llvmlite import ir
 
-from backend.llvm import I64, kernel_function
+from backend.llvm import I64, KERNEL_TYPE, kernel_function
 from backend.loops import LoopKernel
 from backend.team import LINE, wait_function
 from runtime import cache
 
-KernelFn = ctypes.CFUNCTYPE(None, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int64, ctypes.c_int64)
+KernelFn = ctypes.CFUNCTYPE(None, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int64, ctypes.c_int64,
+                            ctypes.c_int64)         # (buffers, lo, hi, n): backend/llvm.py
+RunFn = ctypes.CFUNCTYPE(None, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int64, ctypes.c_int64)
 _lock = threading.Lock()
 _initialised = False
 
@@ -53,24 +55,27 @@ def machine_key(opt: int) -> tuple[str, ...]:
 @dataclass(frozen=True)
 class Run:
     """Kernels called one after another by one function, `name(i8** table, i64 thread,
-    i64 threads)`, a task of backend/team.py: kernel i gets the table from offsets[i] on and
-    ranges of [0, extents[i]). One call from Python, not one per kernel. The extents and the
-    chunks are read from the table (size_words), not built into the code: a run's code serves
-    every batch size."""
+    i64 threads)`, a task of backend/team.py: kernel i gets the table from offsets[i] on,
+    ranges of [0, extents[i]) and its n, lengths[i]. One call from Python, not one per kernel.
+    The extents, the chunks and the lengths are read from the table (size_words), not built
+    into the code: a run's code serves every batch size."""
     name: str
     kernels: tuple[str, ...]
     offsets: tuple[int, ...]
     extents: tuple[int, ...]
     chunks: tuple[int, ...]         # the most chunks each kernel is worth cutting into
     grains: tuple[int, ...]         # what each kernel's chunks start on a multiple of
+    lengths: tuple[int, ...]        # each kernel's n (backend/llvm.py's kernel_function)
 
     def size_words(self) -> tuple[int, ...]:
-        """The table's words after its synchronisation slot: each kernel's extent and chunks."""
-        return tuple(word for pair in zip(self.extents, self.chunks) for word in pair)
+        """The table's words after its synchronisation slot: each kernel's extent, chunks
+        and length."""
+        return tuple(word for words in zip(self.extents, self.chunks, self.lengths)
+                     for word in words)
 
     def size_free(self) -> Run:
         """The run less what its code reads from the table."""
-        return dataclasses.replace(self, extents=(), chunks=())
+        return dataclasses.replace(self, extents=(), chunks=(), lengths=())
 
 
 # How the threads of a run share it (a call for one thread runs the kernels whole, touching
@@ -105,14 +110,15 @@ def new_module(name: str) -> ir.Module:
 
 def declare_kernel(module: ir.Module, name: str) -> ir.Function:
     """A kernel function (backend/llvm.py's signature) defined in another module."""
-    table_type = ir.IntType(8).as_pointer().as_pointer()
-    return ir.Function(module, ir.FunctionType(ir.VoidType(), [table_type, I64, I64]), name=name)
+    return ir.Function(module, KERNEL_TYPE, name=name)
 
 
 def run_function(module: ir.Module, run: Run, entries: list[ir.Function], sync_slot: int) -> None:
     """The run's function, calling the kernels `entries`; its synchronisation block's address
     is in the table's slot sync_slot."""
-    _run_body(declare_kernel(module, run.name), run, entries, sync_slot)
+    table_type = ir.IntType(8).as_pointer().as_pointer()
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [table_type, I64, I64]), name=run.name)
+    _run_body(fn, run, entries, sync_slot)
 
 
 def _run_body(fn: ir.Function, run: Run, entries: list[ir.Function], sync_slot: int) -> None:
@@ -122,17 +128,18 @@ def _run_body(fn: ir.Function, run: Run, entries: list[ir.Function], sync_slot: 
     words = b.bitcast(b.load(b.gep(table, [c(sync_slot)])), I64.as_pointer())
     word = lambda i: b.gep(words, [c(i)])
     size = lambda i: b.ptrtoint(b.load(b.gep(table, [c(sync_slot + 1 + i)])), I64)
-    extents = [size(2 * j) for j in range(len(entries))]
+    extents = [size(3 * j) for j in range(len(entries))]
+    lengths = [size(3 * j + 2) for j in range(len(entries))]
     with b.if_then(b.icmp_signed("==", threads, c(1))):      # alone: no counters, no waits
-        for entry, offset, extent in zip(entries, run.offsets, extents):
-            b.call(entry, [b.gep(table, [c(offset)]), c(0), extent])
+        for entry, offset, extent, n in zip(entries, run.offsets, extents, lengths):
+            b.call(entry, [b.gep(table, [c(offset)]), c(0), extent, n])
         b.ret_void()
     per_thread = b.mul(threads, c(4))
-    for j, (entry, offset, extent, grain) in enumerate(zip(entries, run.offsets, extents,
-                                                           run.grains)):
+    for j, (entry, offset, extent, n, grain) in enumerate(zip(entries, run.offsets, extents,
+                                                              lengths, run.grains)):
         claimed, done = word(LINE * 2 * j), word(LINE * (2 * j + 1))
         units = b.sdiv(b.add(extent, c(grain - 1)), c(grain))
-        chunks = _min(b, size(2 * j + 1), per_thread)
+        chunks = _min(b, size(3 * j + 1), per_thread)
         head, body, after = (b.append_basic_block(f"k{j}_{x}") for x in ("claim", "chunk", "done"))
         b.branch(head)
         b.position_at_end(head)
@@ -141,7 +148,7 @@ def _run_body(fn: ir.Function, run: Run, entries: list[ir.Function], sync_slot: 
         b.position_at_end(body)
         lo, hi = (_min(b, b.mul(b.sdiv(b.mul(units, at), chunks), c(grain)), extent)
                   for at in (chunk, b.add(chunk, c(1))))
-        b.call(entry, [b.gep(table, [c(offset)]), lo, hi])
+        b.call(entry, [b.gep(table, [c(offset)]), lo, hi, n])
         b.atomic_rmw("add", done, c(1), "release")
         b.branch(head)
         b.position_at_end(after)
@@ -214,4 +221,6 @@ class Compiled:
         self.engine, self.made = objects.link(pieces)
         # (looked up once a symbol: the GPT step's 180 kernels are 50 pieces)
         addresses = {s: self.engine.get_function_address(s) for s in set(symbols.values())}
-        self.functions = {name: KernelFn(addresses[symbol]) for name, symbol in symbols.items()}
+        kernel_names = {k.name for k in kernels}
+        self.functions = {name: (KernelFn if name in kernel_names else RunFn)(addresses[symbol])
+                          for name, symbol in symbols.items()}

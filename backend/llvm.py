@@ -1,9 +1,9 @@
 """Loop IR to LLVM IR through llvmlite: shared by every target.
 
-A kernel becomes `void name(i8** buffers, i64 lo, i64 hi)`: a map visits the points whose
-first index is in [lo, hi); a reduction or a scan, the kept points whose flattened index is
-in [lo, hi); a row kernel, the rows whose flattened index is in [lo, hi), each row's stages in
-order, the values one per row in registers. Threads split [lo, hi) between them; each point is computed the same way whoever
+A kernel becomes `void name(i8** buffers, i64 lo, i64 hi, i64 n)`: a map visits the points
+whose first index is in [lo, hi); a reduction or a scan, the kept points whose flattened index
+is in [lo, hi) (a reduction's each of n elements); a row kernel, the rows whose flattened index
+is in [lo, hi), each row's stages in order, the values one per row in registers. Threads split [lo, hi) between them; each point is computed the same way whoever
 computes it, so results do not depend on the thread count. Scalar operations are emitted by
 `Emitter`, on scalars or on vectors of LANES values alike; transcendental functions come
 from the exact-mode math library (backend/mathlib.py), never from LLVM intrinsics or libm."""
@@ -23,6 +23,7 @@ I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
 SCALAR = {"f32": ir.FloatType(), "f64": ir.DoubleType(), "f16": ir.HalfType(),
           "i32": I32, "i64": I64, "u32": I32, "bool": I1}
 FLOATS = ("f32", "f64", "f16")
+KERNEL_TYPE = ir.FunctionType(ir.VoidType(), [I8.as_pointer().as_pointer(), I64, I64, I64])
 ROW_BLOCK = 8                      # rows a row kernel's stage runs for at a time (see rows)
 # the primitives whose bodies combine partial results so (backend/loops.py's Reduce)
 COMBINERS = {"add": Add(), "mul": Mul(), "max": Maximum(), "min": Minimum()}
@@ -203,17 +204,20 @@ def _bits(dtype: str) -> int:
 # ---------------------------------------------------------------- kernels
 
 def kernel_function(module: ir.Module, k: LoopKernel) -> ir.Function:
-    """Emit one kernel into module: `name(i8** buffers, i64 lo, i64 hi)`, which calls the loops
-    with each buffer as its own `noalias` pointer. The buffers never overlap (outputs are fresh
-    arrays), and saying so lets LLVM vectorise loops that read and write several of them."""
+    """Emit one kernel into module: `name(i8** buffers, i64 lo, i64 hi, i64 n)`, which calls
+    the loops with each buffer as its own `noalias` pointer. The buffers never overlap (outputs
+    are fresh arrays), and saying so lets LLVM vectorise loops that read and write several of
+    them. n is a reduction's length (LoopKernel.reads_length), which other kernels ignore."""
     types = [memory_type(dt).as_pointer() for dt, _ in k.buffers]
-    body = ir.Function(module, ir.FunctionType(ir.VoidType(), types + [I64, I64]), name=f"{k.name}.loops")
+    body = ir.Function(module, ir.FunctionType(ir.VoidType(), types + [I64, I64, I64]),
+                       name=f"{k.name}.loops")
     body.linkage = "internal"
     body.attributes.add("alwaysinline")
     for arg in body.args[:len(types)]:
         arg.add_attribute("noalias")
-    *ptrs, lo, hi = body.args
-    gen = _KernelGen(ir.IRBuilder(body.append_basic_block("entry")), module, k, ptrs)
+    *ptrs, lo, hi, n = body.args
+    gen = _KernelGen(ir.IRBuilder(body.append_basic_block("entry")), module, k, ptrs,
+                     length=n if k.reads_length else None)
     if k.is_rows:
         gen.rows(lo, hi)
     elif k.is_reduction:
@@ -224,26 +228,41 @@ def kernel_function(module: ir.Module, k: LoopKernel) -> ir.Function:
         gen.map(lo, hi)
     gen.b.ret_void()
 
-    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [I8.as_pointer().as_pointer(), I64, I64]),
-                     name=k.name)
-    bufs_arg, lo, hi = fn.args
+    fn = ir.Function(module, KERNEL_TYPE, name=k.name)
+    bufs_arg, lo, hi, n = fn.args
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     loaded = [b.bitcast(b.load(b.gep(bufs_arg, [ir.Constant(I64, i)])), t) for i, t in enumerate(types)]
-    b.call(body, loaded + [lo, hi])
+    b.call(body, loaded + [lo, hi, n])
     b.ret_void()
     return fn
 
 
 def size_free(k: LoopKernel) -> LoopKernel:
-    """k less what kernel_function does not read: its buffers' shapes and, where the caller's
-    range [lo, hi) bounds it, its first axis's extent (1 here), so that the kernels of a
-    program at two batch sizes are one piece of code. A reduction's or a scan's single kept
-    axis stays: grain reads it."""
+    """k less what kernel_function does not read: its buffers' shapes; where the caller's
+    range [lo, hi) bounds it, its first axis's extent (1 here); and a reduction's length,
+    which it is passed (the largest of its class here, a mean's count alike: see levels). So
+    the kernels of a program at two batch sizes are one piece of code. A reduction's or a
+    scan's single kept axis stays: grain reads it."""
     bounded = len(k.shape) > 1 or len(k.shape) == 1 and not (k.is_reduction or k.is_scan)
     buffers = tuple((dtype, ()) for dtype, _ in k.buffers)
     shape = lambda kernel: (1,) + kernel.shape[1:] if bounded else kernel.shape
     stages = tuple(dataclasses.replace(s, shape=shape(s), buffers=buffers) for s in k.stages)
-    return dataclasses.replace(k, shape=shape(k), buffers=buffers, stages=stages)
+    k = dataclasses.replace(k, shape=shape(k), buffers=buffers, stages=stages)
+    if k.reads_length:         # (its class of lengths stays: the code's levels of chunks)
+        n = CHUNK ** levels(k.n)
+        count = None if k.reduce.count is None else n
+        k = dataclasses.replace(k, n=n, reduce=dataclasses.replace(k.reduce, count=count))
+    return k
+
+
+def levels(n: int) -> int:
+    """The levels of chunks in the canonical order of a reduction of n elements
+    (ir/numerics.py): 1 up to CHUNK elements, 2 up to CHUNK², and so on. A reduction's code
+    serves every length of its class."""
+    count = 1
+    while n > CHUNK ** count:
+        count += 1
+    return count
 
 
 def grain(k: LoopKernel) -> int:
@@ -326,8 +345,9 @@ def windowed(e: Emitter, ins: Instr, index: list[ir.Value],
 
 class _KernelGen:
     def __init__(self, b: ir.IRBuilder, module: ir.Module, k: LoopKernel, ptrs: list[ir.Value],
-                 known: dict[int, ir.Value] | None = None):
+                 known: dict[int, ir.Value] | None = None, length: ir.Value | None = None):
         self.b, self.k, self.ptrs = b, k, ptrs
+        self.length = length                            # a reduction's n, where passed
         self.e = Emitter(b, module)
         self.known = {} if known is None else known     # a row kernel's values of this row, by buffer
 
@@ -511,12 +531,12 @@ class _KernelGen:
         dtype = self.k.body[r.value].dtype
         b = self.b
         _, value_at = self.walk(o, r.value, points)
-        if points:
-            result = self.reduce(self.k.n, value_at, dtype, r.combine, points)
-        else:
-            result = self.reduce(self.k.n, value_at, dtype, r.combine)
-        if r.count is not None:        # a mean, also of nothing: 0 / 0 is NaN
-            count = self.e.const(float(r.count), dtype)
+        # n passed (the kernel's own is then the largest of its class: size_free), or known
+        n = ir.Constant(I64, self.k.n) if self.length is None else self.length
+        result = self.reduce(n, value_at, dtype, r.combine, points, not points, levels(self.k.n))
+        if r.count is not None:        # a mean (its count is n), also of nothing: 0 / 0 is NaN
+            # (n converted as it runs, rounded as the constant float(n) would be)
+            count = b.uitofp(n, SCALAR[dtype])
             result = b.fdiv(result, self.e.splat(count, points) if points else count)
         self.store(r.buffer, o, result, dtype)
         return result
@@ -582,41 +602,40 @@ class _KernelGen:
     def identity(self, how: str, dtype: str) -> ir.Value:
         return self.e.const(IDENTITY[how], dtype)
 
-    def reduce(self, n: int, value_at: Callable, dtype: str, how: str, points: int = 0,
-               vector: bool = True) -> ir.Value:
-        """Combine value_at(0 … n-1) in the canonical order (ir/numerics.py); with `points`,
-        value_at gives vectors of that many independent values, each combined in that order.
-        With `vector`, value_at(j, LANES) gives LANES consecutive values at once. Each chunk's
-        result is combined as soon as it is made, never stored: the stack a reduction needs
-        does not grow with n."""
+    def reduce(self, n: ir.Value, value_at: Callable, dtype: str, how: str, points: int,
+               whole: bool, levels: int) -> ir.Value:
+        """Combine value_at(0 … n-1), n below CHUNK**levels, in the canonical order
+        (ir/numerics.py): at most CHUNK values by lanes, else chunks of CHUNK (the last one
+        shorter) by lanes, their results combined one at a time by this rule again. With
+        `points`, value_at gives vectors of that many independent values, each combined in that
+        order; where `whole`, value_at(j, LANES) gives LANES consecutive values at once. Each
+        chunk's result is combined as soon as it is made, never stored: the stack a reduction
+        needs does not grow with n. n may be known only at run time."""
         b = self.b
-        whole = vector and not points
-        if n <= CHUNK:
-            return self.lanes(n, value_at, dtype, how) if whole else \
-                self.streamed(n, value_at, dtype, how, points)
-        last = n // CHUNK if n % CHUNK else None      # the one chunk that is not full
 
-        def chunk(c: ir.Value, _lanes: int = 0) -> ir.Value:
-            start = b.mul(c, ir.Constant(I64, CHUNK))
-            at = lambda j, lanes=0: value_at(b.add(start, j), lanes)
-            if not whole:
-                length = b.sub(ir.Constant(I64, n), start)
-                length = b.select(b.icmp_signed("<", length, ir.Constant(I64, CHUNK)), length,
-                                  ir.Constant(I64, CHUNK))
-                return self.streamed(length, at, dtype, how, points)
-            if last is None:
-                return self.lanes(CHUNK, at, dtype, how)
-            result = self.slot(SCALAR[dtype])
-            with b.if_else(b.icmp_signed("==", c, ir.Constant(I64, last))) as (tail, full):
-                with tail:
-                    b.store(self.lanes(n % CHUNK, at, dtype, how), result)
-                with full:
-                    b.store(self.lanes(CHUNK, at, dtype, how), result)
-            return b.load(result)
+        def within(length: ir.Value, at: Callable, whole: bool) -> ir.Value:
+            return self.lanes(length, at, dtype, how) if whole else \
+                self.streamed(length, at, dtype, how, points)
 
-        return self.reduce(-(-n // CHUNK), chunk, dtype, how, points, vector=False)
+        if levels == 1:
+            return within(n, value_at, whole)
+        chunk_size = ir.Constant(I64, CHUNK)
+        result = self.slot(ir.VectorType(SCALAR[dtype], points) if points else SCALAR[dtype])
+        with b.if_else(b.icmp_unsigned("<=", n, chunk_size)) as (short, long_):
+            with short:
+                b.store(within(n, value_at, whole), result)
+            with long_:
+                def chunk(c: ir.Value, _lanes: int = 0) -> ir.Value:
+                    start = b.mul(c, chunk_size)
+                    rest = b.sub(n, start)
+                    length = b.select(b.icmp_unsigned("<", rest, chunk_size), rest, chunk_size)
+                    return within(length, lambda j, lanes=0: value_at(b.add(start, j), lanes), whole)
 
-    def streamed(self, n: int | ir.Value, value_at: Callable, dtype: str, how: str,
+                chunks = b.udiv(b.add(n, ir.Constant(I64, CHUNK - 1)), chunk_size)
+                b.store(self.reduce(chunks, chunk, dtype, how, points, False, levels - 1), result)
+        return b.load(result)
+
+    def streamed(self, n: ir.Value, value_at: Callable, dtype: str, how: str,
                  points: int = 0) -> ir.Value:
         """lanes() one value at a time: element j goes to lane j mod LANES (a slot of LANES
         scalars, or of LANES vectors of `points` independent values), then the halving tree."""
@@ -631,7 +650,7 @@ class _KernelGen:
             ptr = b.gep(acc, [b.urem(j, ir.Constant(I64, LANES))])
             b.store(self.combine(how, b.load(ptr), value_at(j), dtype), ptr)
 
-        loop(b, ir.Constant(I64, 0), n if isinstance(n, ir.Value) else ir.Constant(I64, n), element)
+        loop(b, ir.Constant(I64, 0), n, element)
         lanes = [b.load(b.gep(acc, [ir.Constant(I64, lane)])) for lane in range(LANES)]
         width = LANES // 2
         while width:
@@ -639,28 +658,29 @@ class _KernelGen:
             width //= 2
         return lanes[0]
 
-    def lanes(self, n: int, value_at: Callable, dtype: str, how: str) -> ir.Value:
+    def lanes(self, n: ir.Value, value_at: Callable, dtype: str, how: str) -> ir.Value:
         """At most CHUNK values: LANES lanes left to right, then the halving tree."""
         b = self.b
         vty = ir.VectorType(SCALAR[dtype], LANES)
         acc_slot = self.slot(vty)
         b.store(self.e.splat(self.identity(how, dtype), LANES), acc_slot)
-        full = n // LANES
+        lanes = ir.Constant(I64, LANES)
+        full, rest = b.udiv(n, lanes), b.urem(n, lanes)
+        start = b.mul(full, lanes)
 
         def block(k: ir.Value) -> None:
-            j = b.mul(k, ir.Constant(I64, LANES))
+            j = b.mul(k, lanes)
             b.store(self.combine(how, b.load(acc_slot), value_at(j, LANES), dtype), acc_slot)
 
-        loop(b, ir.Constant(I64, 0), ir.Constant(I64, full), block)
+        loop(b, ir.Constant(I64, 0), full, block)
 
         def tail(lane: ir.Value) -> None:                        # the rest, one lane at a time
             acc = b.load(acc_slot)
-            v = value_at(b.add(ir.Constant(I64, full * LANES), lane))
+            v = value_at(b.add(start, lane))
             old = b.extract_element(acc, lane)
             b.store(b.insert_element(acc, self.combine(how, old, v, dtype), lane), acc_slot)
 
-        if n % LANES:
-            loop(b, ir.Constant(I64, 0), ir.Constant(I64, n % LANES), tail)
+        loop(b, ir.Constant(I64, 0), rest, tail)
         acc = b.load(acc_slot)
         width = LANES // 2
         while width:

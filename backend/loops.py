@@ -127,6 +127,13 @@ class LoopKernel:
         return self.scan is not None
 
     @property
+    def reads_length(self) -> bool:
+        """Whether its code takes its reduced length n at run time (backend/llvm.py): a
+        reduction's, whose n is often a batch's (a loss's mean over the tokens, a bias's
+        gradient summed over them), not a row kernel's (its rows' length, a model's width)."""
+        return self.is_reduction and not self.is_rows
+
+    @property
     def extent(self) -> int:
         """The range [0, extent) that the kernel function's (lo, hi) cut (backend/llvm.py): a
         map's first axis, a reduction's result points or a scan's, a row kernel's rows."""

@@ -432,7 +432,7 @@ class Program:
             kind = ("rows" if k.is_rows else "reduction" if k.is_reduction else
                     "scan" if k.is_scan else "map")
             entry = {"name": k.name, "buffers": [[dt, list(shape)] for dt, shape in k.buffers],
-                     "kind": kind, "extent": k.extent}
+                     "kind": kind, "extent": k.extent, "n": k.n}
             if gpu:
                 shape = gpu.launches[k.name]
                 entry["launch"] = {"entry": shape.entry, "extent": shape.extent,

@@ -280,7 +280,7 @@ def _run(name: str, kernels: list[LoopKernel]) -> Run:
     return Run(name, tuple(k.name for k in kernels),
                tuple(accumulate((len(k.buffers) for k in kernels[:-1]), initial=0)),
                tuple(k.extent for k in kernels), tuple(_chunks(k) for k in kernels),
-               tuple(grain(k) for k in kernels))
+               tuple(grain(k) for k in kernels), tuple(k.n for k in kernels))
 
 
 class _Arena:

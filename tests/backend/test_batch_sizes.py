@@ -1,9 +1,8 @@
-"""A new batch size of a compiled program (docs/cpu.md, "Sizes at run time"): its kernels,
-runs and native steps are the ones compiled at another size, and give the bits that a process
-compiling the program at that size alone gives, near the interpreter's values; only
-kernels whose code reads the batch size (a reduction over it) are compiled again. Each program
-runs in a child process of its own compile cache, where a crash is a finding rather than the
-end of the run."""
+"""A new batch size of a compiled program (docs/cpu.md, "Sizes at run time"): its kernels and
+runs are the ones compiled at another size (a native step too, where its runs share the
+threads alike), and give the bits that a process compiling the program at that size alone
+gives, near the interpreter's values. Each program runs in a child process of its own compile
+cache, where a crash is a finding rather than the end of the run."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -97,17 +96,14 @@ def test_every_batch_size_in_one_process_gives_the_bits_of_a_fresh_process(child
 
 
 def test_a_new_batch_size_compiles_no_kernel(children):
+    """Nor a run: the reductions over the batch (the bias's gradient, the loss's sum) take
+    their length at run time. Only the gradient's native step is made again at 7: at 2053
+    its run is worth the threads (the segment calls the team), at 7 it is not."""
     together, _ = children
-    assert together["forward", 2053]["compiled"] > 0
+    assert together["forward", 2053]["compiled"] > 0 and together["gradient", 2053]["compiled"] > 0
     assert together["forward", 7]["compiled"] == together["forward", 16]["compiled"] == 0
-
-
-def test_a_reduction_over_the_batch_is_what_a_gradient_compiles_again(children):
-    together, _ = children
-    # the bias's gradient and the loss's sum (reductions over the batch) and their runs read
-    # the batch size; the products, the rows and the maps are the ones compiled at 2053
-    first, new = (together["gradient", n]["compiled"] for n in (2053, 7))
-    assert 0 < new <= 4 < first
+    assert together["gradient", 7]["compiled"] <= 1
+    assert together["gradient", 16]["compiled"] == 0
 
 
 # q @ kᵀ of heads sliced from one array: a loop of products over its batch axes, whose counts
@@ -144,3 +140,37 @@ def test_the_loop_of_products_over_heads_takes_its_counts_and_steps_at_run_time(
     assert outcome == "ok", done
     (first_same, first_made), (same, made) = done
     assert first_same and same and first_made > 0 and made == 0
+
+
+# a reduction's code serves every length of its class (backend/llvm.py's levels): up to 4096
+# elements one level of chunks, up to 4096² two
+LENGTHS = """
+def total(x: f32[N]) -> f32:
+  return mean(x * x)
+"""
+
+
+def length_runs(folder: str) -> list[tuple[int, bool, int]]:
+    """In a child with its own cache folder: the mean of squares at each length in turn, each
+    as (the length, whether it is the interpreter's bits, the pieces of object code compiled)."""
+    import os
+    os.environ["DSLC_CACHE_DIR"] = folder
+    import dsl
+    prog, definition = dsl.loads(LENGTHS, device="cpu"), dsl.loads(LENGTHS, device="reference")
+    done = []
+    for n in (100, 4000, 4096, 4097, 9000, 4096 * 4096 + 5, 1, 0, 33):
+        x = np.random.default_rng(n).standard_normal(n).astype(np.float32)
+        before = objects(folder)
+        same = np.asarray(prog.total(x)).tobytes() == np.asarray(definition.total(x)).tobytes()
+        done.append((n, same, objects(folder) - before))
+    return done
+
+
+def test_a_reduction_is_compiled_once_for_each_class_of_lengths(tmp_path):
+    [(_, outcome, done)] = isolated(length_runs, [str(tmp_path)], timeout=300)
+    assert outcome == "ok", done
+    assert all(same for _, same, _ in done), done
+    made = {n: count for n, _, count in done}
+    assert made[100] > 0 and made[4000] == made[4096] == made[33] == 0     # one level
+    assert made[4097] > 0 and made[9000] == 0                               # two
+    assert made[4096 * 4096 + 5] > 0                                        # three
