@@ -54,14 +54,31 @@ def encode(value: Any) -> bytes:
 
 
 class _Encoder:
+    """One pass over the value; an object met again is written as a reference, and once the
+    pass is over, the objects referred to are marked where they were written and numbered in
+    the order their JSON ends (a pass beforehand to find them took a third of the time)."""
+
     def __init__(self, value: Any):
         self.classes: dict[tuple[type, tuple[str, ...] | None], str] = {}
         self.table: list[list] = []
         self.binary = bytearray()
-        self.shared = _shared(value)
-        self.refs: dict[int, int] = {}      # id of a shared object -> its number
+        self.written: dict[int, dict] = {}  # id of an object written -> its node, in the order
+        self.shared: set[int] = set()       # their JSON ends; the ids of those met again,
+        self.refs: list[dict] = []          # and the references to them (each {"r": id} yet)
         self.open: set[int] = set()         # objects being encoded: met again, they are a cycle
         self.doc = self.value(value)
+        self.number_the_shared()
+
+    def number_the_shared(self) -> None:
+        numbers: dict[int, int] = {}
+        for key, node in self.written.items():
+            if key in self.shared:
+                numbers[key] = len(numbers)
+                (tag, body), = node.items()
+                del node[tag]
+                node[tag + "!"] = body
+        for ref in self.refs:
+            ref["r"] = numbers[ref["r"]]
 
     def finish(self) -> bytes:
         table = json.dumps(self.table, separators=(",", ":")).encode()
@@ -80,17 +97,17 @@ class _Encoder:
             return items if CONTAINERS.isdisjoint(map(type, x)) else {"t": items}
         if isinstance(x, Primitive):
             return {"p": x.name}
-        if id(x) in self.refs:
-            return {"r": self.refs[id(x)]}
-        if id(x) in self.open:
+        key = id(x)
+        if key in self.written:
+            self.shared.add(key)
+            ref = {"r": key}
+            self.refs.append(ref)
+            return ref
+        if key in self.open:
             raise EncodeError(f"a cycle through a {t.__name__}")
-        self.open.add(id(x))
-        node = self.node(x)
-        self.open.discard(id(x))
-        if id(x) in self.shared:
-            self.refs[id(x)] = len(self.refs)
-            (tag, body), = node.items()
-            node = {tag + "!": body}
+        self.open.add(key)
+        node = self.written[key] = self.node(x)
+        self.open.discard(key)
         return node
 
     def node(self, x: Any) -> dict:
@@ -132,30 +149,6 @@ class _Encoder:
         offset = len(self.binary)
         self.binary += data
         return [offset, len(data)]
-
-
-def _shared(value: Any) -> set[int]:
-    """The ids of the objects value reaches more than once (tuples and scalars aside)."""
-    seen: set[int] = set()
-    shared: set[int] = set()
-    stack = [value]
-    while stack:
-        x = stack.pop()
-        t = type(x)
-        if t in PLAIN or t is float or x is Ellipsis:
-            continue
-        if t is not tuple:
-            if id(x) in seen:
-                shared.add(id(x))
-                continue
-            seen.add(id(x))
-        if t in (tuple, list, set, frozenset):
-            stack.extend(x)
-        elif t is dict:
-            stack.extend(v for kv in x.items() for v in kv)
-        elif dataclasses.is_dataclass(t) and hasattr(x, "__dict__"):
-            stack.extend(vars(x).values())
-    return shared
 
 
 def _ours(t: type) -> bool:
