@@ -3,6 +3,8 @@ two values never share bytes while both are alive; results and what host steps m
 stay out of it."""
 from __future__ import annotations
 
+import errno
+import mmap
 import sys
 from pathlib import Path
 
@@ -15,7 +17,7 @@ from ir import interp
 from ir.ad import grad_function
 from ir.core import Builder, tensor_type
 from ir.passes import optimize
-from runtime.cpu import Executable
+from runtime.cpu import Executable, _pages
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import test_programs as programs  # noqa: E402
@@ -104,3 +106,16 @@ def test_a_host_view_of_a_planned_value_keeps_it_alive():
     a = rng.standard_normal((8, 16)).astype(np.float32)
     for g, w in zip(exe.run([a]), interp.run(fn, [a])):
         assert g.tobytes() == w.tobytes()
+
+
+@pytest.mark.skipif(not hasattr(mmap, "MAP_POPULATE"), reason="an arena is np.empty's there")
+def test_an_arena_the_system_cannot_map_is_out_of_memory(monkeypatch):
+    """A MemoryError, which the API reports as out of memory, not the OSError of mmap."""
+    arena = _pages(3 << 20)
+    assert arena.nbytes == 3 << 20 and not arena.any() and arena.flags.writeable
+
+    def refuse(*args, **kwargs):
+        raise OSError(errno.ENOMEM, "Cannot allocate memory")
+    monkeypatch.setattr(mmap, "mmap", refuse)
+    with pytest.raises(MemoryError):
+        _pages(1 << 20)
