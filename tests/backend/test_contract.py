@@ -26,12 +26,13 @@ HOST = {dtype: host_tiles(dtype) for dtype in ("f32", "f64")}
 
 
 def small_tiles(dtype: str, in_place: bool = False) -> Tiles:
-    """Tiny blocks, so that small shapes cross every block and tile edge many times; B packed,
-    or read in place wherever its rows are contiguous."""
+    """Tiny blocks, so that small shapes cross every block and tile edge many times; B and A
+    packed, or read in place wherever their rows are contiguous."""
     width, everywhere = HOST[dtype].width, 1 << 30
     return Tiles(mr=3, nv=2, width=width, kc=5, mc=6, nc=4 * width,
                  in_place_bytes=everywhere if in_place else 0,
-                 in_place_rows=everywhere if in_place else 0, in_place_row_bytes=everywhere)
+                 in_place_rows=everywhere if in_place else 0, in_place_row_bytes=everywhere,
+                 in_place_a_columns=everywhere if in_place else 0)
 
 
 TILES = {"host": HOST.get, "small": small_tiles,
