@@ -4,7 +4,7 @@ kernels are called through one function each."""
 from __future__ import annotations
 
 import ctypes
-import dataclasses
+import functools
 import threading
 from dataclasses import dataclass
 from typing import Callable
@@ -12,7 +12,7 @@ from typing import Callable
 import llvmlite.binding as llvm
 from llvmlite import ir
 
-from backend.llvm import I64, KERNEL_TYPE, kernel_function
+from backend.llvm import I64, KERNEL_TYPE, kernel_function, loop
 from backend.loops import LoopKernel
 from backend.team import LINE, wait_function
 from runtime import cache
@@ -52,14 +52,22 @@ def machine_key(opt: int) -> tuple[str, ...]:
     return cache.code_digest("backend", "ir"), cache.host(), f"O{opt}"
 
 
+# A run's table, which runtime/cpu.py fills: RUN_HEADER words (its kernels' count and the
+# address of its synchronisation block), then DESCRIPTOR words a kernel (its address, the slot
+# of its first argument among the arguments, its extent, the most chunks it is cut into, its n
+# and its grain), then the kernels' arguments end to end.
+RUN_HEADER, DESCRIPTOR = 2, 6
+SYNC_SLOT = 1
+RUN_NAME = "dslc.run"
+
+
 @dataclass(frozen=True)
 class Run:
-    """Kernels called one after another by one function, `name(i8** table, i64 thread,
-    i64 threads)`, a task of backend/team.py: kernel i gets the table from offsets[i] on,
-    ranges of [0, extents[i]) and its n, lengths[i]. One call from Python, not one per kernel.
-    The extents, the chunks and the lengths are read from the table (size_words), not built
-    into the code: a run's code serves every batch size."""
-    name: str
+    """Kernels called one after another by one call of the run function (`dslc.run(i8**
+    table, i64 thread, i64 threads)`, a task of backend/team.py): kernel i gets the arguments
+    from offsets[i] on, ranges of [0, extents[i]) and its n, lengths[i]. One call from Python,
+    not one per kernel. Everything is read from the table, nothing built into the code: one
+    function runs every run of every program, at every batch size."""
     kernels: tuple[str, ...]
     offsets: tuple[int, ...]
     extents: tuple[int, ...]
@@ -67,20 +75,19 @@ class Run:
     grains: tuple[int, ...]         # what each kernel's chunks start on a multiple of
     lengths: tuple[int, ...]        # each kernel's n (backend/llvm.py's kernel_function)
 
-    def size_words(self) -> tuple[int, ...]:
-        """The table's words after its synchronisation slot: each kernel's extent, chunks
-        and length."""
-        return tuple(word for words in zip(self.extents, self.chunks, self.lengths)
-                     for word in words)
-
-    def size_free(self) -> Run:
-        """The run less what its code reads from the table."""
-        return dataclasses.replace(self, extents=(), chunks=(), lengths=())
+    def header(self, addresses: list[int]) -> list[int]:
+        """The table's words before the arguments, for kernels at these addresses (the
+        synchronisation block's address 0, for the caller to fill)."""
+        words = [len(self.kernels), 0]
+        for j, at in enumerate(addresses):
+            words += [at, self.offsets[j], self.extents[j], self.chunks[j], self.lengths[j],
+                      self.grains[j]]
+        return words
 
 
 # How the threads of a run share it (a call for one thread runs the kernels whole, touching
-# nothing else): the table's slot after the kernels' points at zeroed i64 words, each counter
-# on its own cache line. Each kernel's range is cut into chunks (up to 4 a thread, no more than
+# nothing else): the table's second word points at zeroed i64 words, each counter on its own
+# cache line. Each kernel's range is cut into chunks (up to 4 a thread, no more than
 # Run.chunks) that threads claim by an atomic add on the kernel's `claimed` counter;
 # a chunk's points are computed whole by whoever claims it, so the bits do not depend on the
 # threads. Nobody starts kernel i + 1 before kernel i's `done` counter reaches its chunks.
@@ -90,15 +97,10 @@ def sync_words(kernels: int) -> int:
     return LINE * 2 * kernels
 
 
-def module_ir(kernels: list[LoopKernel], runs: tuple[Run, ...] = ()) -> ir.Module:
+def module_ir(kernels: list[LoopKernel]) -> ir.Module:
     module = new_module("dslc")
-    entries = {k.name: kernel_function(module, k) for k in kernels}
-    args = {k.name: len(k.buffers) for k in kernels}
-    for run in runs:
-        for name in run.kernels:          # called, not copied: a copy would be compiled again
-            entries[name].attributes.add("noinline")
-        run_function(module, run, [entries[name] for name in run.kernels],
-                     run.offsets[-1] + args[run.kernels[-1]])
+    for k in kernels:
+        kernel_function(module, k)
     return module
 
 
@@ -108,52 +110,67 @@ def new_module(name: str) -> ir.Module:
     return module
 
 
-def declare_kernel(module: ir.Module, name: str) -> ir.Function:
-    """A kernel function (backend/llvm.py's signature) defined in another module."""
-    return ir.Function(module, KERNEL_TYPE, name=name)
+@functools.cache
+def run_function() -> tuple[RunFn, int]:
+    """The run function (callable from Python) and its address, compiled once per machine
+    (each run was a piece of code of its own: a fifth of the GPT step's compile time)."""
+    engine = jit((RUN_NAME,), _run_module, opt=1)
+    _engines.append(engine)                 # (its code lives as long as the process)
+    at = engine.get_function_address(RUN_NAME)
+    return RunFn(at), at
 
 
-def run_function(module: ir.Module, run: Run, entries: list[ir.Function], sync_slot: int) -> None:
-    """The run's function, calling the kernels `entries`; its synchronisation block's address
-    is in the table's slot sync_slot."""
+_engines: list[llvm.ExecutionEngine] = []
+
+
+def _run_module() -> ir.Module:
+    module = new_module("dslc_run")
     table_type = ir.IntType(8).as_pointer().as_pointer()
-    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [table_type, I64, I64]), name=run.name)
-    _run_body(fn, run, entries, sync_slot)
-
-
-def _run_body(fn: ir.Function, run: Run, entries: list[ir.Function], sync_slot: int) -> None:
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [table_type, I64, I64]), name=RUN_NAME)
     table, _, threads = fn.args
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     c = lambda n: ir.Constant(I64, n)
-    words = b.bitcast(b.load(b.gep(table, [c(sync_slot)])), I64.as_pointer())
-    word = lambda i: b.gep(words, [c(i)])
-    size = lambda i: b.ptrtoint(b.load(b.gep(table, [c(sync_slot + 1 + i)])), I64)
-    extents = [size(3 * j) for j in range(len(entries))]
-    lengths = [size(3 * j + 2) for j in range(len(entries))]
+    word = lambda i: b.ptrtoint(b.load(b.gep(table, [i])), I64)
+    count = word(c(0))
+    sync = b.bitcast(b.load(b.gep(table, [c(SYNC_SLOT)])), I64.as_pointer())
+    arguments = b.gep(table, [b.add(c(RUN_HEADER), b.mul(count, c(DESCRIPTOR)))])
+
+    def described(j: ir.Value, field: int) -> ir.Value:
+        return word(b.add(c(RUN_HEADER + field), b.mul(j, c(DESCRIPTOR))))
+
+    def call(j: ir.Value, lo: ir.Value, hi: ir.Value) -> None:
+        kernel = b.inttoptr(described(j, 0), KERNEL_TYPE.as_pointer())
+        b.call(kernel, [b.gep(arguments, [described(j, 1)]), lo, hi, described(j, 4)])
+
     with b.if_then(b.icmp_signed("==", threads, c(1))):      # alone: no counters, no waits
-        for entry, offset, extent, n in zip(entries, run.offsets, extents, lengths):
-            b.call(entry, [b.gep(table, [c(offset)]), c(0), extent, n])
+        loop(b, c(0), count, lambda j: call(j, c(0), described(j, 2)))
         b.ret_void()
     per_thread = b.mul(threads, c(4))
-    for j, (entry, offset, extent, n, grain) in enumerate(zip(entries, run.offsets, extents,
-                                                              lengths, run.grains)):
-        claimed, done = word(LINE * 2 * j), word(LINE * (2 * j + 1))
-        units = b.sdiv(b.add(extent, c(grain - 1)), c(grain))
-        chunks = _min(b, size(3 * j + 1), per_thread)
-        head, body, after = (b.append_basic_block(f"k{j}_{x}") for x in ("claim", "chunk", "done"))
+    wait = wait_function(module)
+
+    def kernel(j: ir.Value) -> None:
+        claimed = b.gep(sync, [b.mul(j, c(2 * LINE))])
+        done = b.gep(sync, [b.add(b.mul(j, c(2 * LINE)), c(LINE))])
+        extent, grain = described(j, 2), described(j, 5)
+        units = b.sdiv(b.add(extent, b.sub(grain, c(1))), grain)
+        chunks = _min(b, described(j, 3), per_thread)
+        head, body, after = (b.append_basic_block(x) for x in ("claim", "chunk", "done"))
         b.branch(head)
         b.position_at_end(head)
         chunk = b.atomic_rmw("add", claimed, c(1), "monotonic")
         b.cbranch(b.icmp_signed("<", chunk, chunks), body, after)
         b.position_at_end(body)
-        lo, hi = (_min(b, b.mul(b.sdiv(b.mul(units, at), chunks), c(grain)), extent)
+        lo, hi = (_min(b, b.mul(b.sdiv(b.mul(units, at), chunks), grain), extent)
                   for at in (chunk, b.add(chunk, c(1))))
-        b.call(entry, [b.gep(table, [c(offset)]), lo, hi, n])
+        call(j, lo, hi)
         b.atomic_rmw("add", done, c(1), "release")
         b.branch(head)
         b.position_at_end(after)
-        b.call(wait_function(b.module), [done, chunks])
+        b.call(wait, [done, chunks])
+
+    loop(b, c(0), count, kernel)
     b.ret_void()
+    return module
 
 
 def _min(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
@@ -209,18 +226,16 @@ def jit_key(key: tuple[str, ...], opt: int = 3) -> str:
 
 
 class Compiled:
-    """Kernels and runs, JIT-compiled, looked up by name: one piece of object code for each
-    distinct one (backend/objects.py), the kernels' symbols made here unless given;
-    `made` names the pieces compiled, not found cached."""
+    """Kernels, JIT-compiled, looked up by name: one piece of object code for each distinct
+    one (backend/objects.py), their symbols made here unless given; `made` names the pieces
+    compiled, not found cached."""
 
-    def __init__(self, kernels: list[LoopKernel], runs: tuple[Run, ...] = (),
-                 symbols: dict[str, str] | None = None):
+    def __init__(self, kernels: list[LoopKernel], symbols: dict[str, str] | None = None):
         from backend import objects      # imported here: backend/objects.py imports this module
         symbols = objects.kernel_symbols(kernels) if symbols is None else symbols
-        pieces, symbols = objects.pieces(kernels, runs, symbols)
+        pieces = objects.pieces(kernels, symbols)
         self.engine, self.made = objects.link(pieces)
         # (looked up once a symbol: the GPT step's 180 kernels are 50 pieces)
         addresses = {s: self.engine.get_function_address(s) for s in set(symbols.values())}
-        kernel_names = {k.name for k in kernels}
-        self.functions = {name: (KernelFn if name in kernel_names else RunFn)(addresses[symbol])
-                          for name, symbol in symbols.items()}
+        self.addresses = {k.name: addresses[symbols[k.name]] for k in kernels}
+        self.functions = {name: KernelFn(at) for name, at in self.addresses.items()}

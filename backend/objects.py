@@ -1,7 +1,7 @@
 """A program's object code, made once for each distinct piece: a kernel is named by a digest
 of its loop IR less its name and the sizes its code does not read (the layers of a model
-repeat the same kernels; so does a new batch size), a run by the kernels it calls and how;
-each piece is cached on disk on its own, so that a changed program recompiles only what
+repeat the same kernels; so does a new batch size; the runs that call them are one function,
+backend/cpu.py's run_function); each piece is cached on disk on its own, so that a changed program recompiles only what
 changed; the pieces not cached are compiled by worker processes beside this one (llvmlite
 holds one lock over every call into LLVM: threads would take turns), then linked in one MCJIT
 engine."""
@@ -25,7 +25,7 @@ from backend.llvm import kernel_function, size_free
 from backend.loops import LoopKernel
 from runtime import cache
 
-# LLVM's level for kernels (its passes and its code generator), the one that pays (runs: O0):
+# LLVM's level for kernels (its passes and its code generator), the one that pays:
 # the 4-layer GPT step's 76 distinct pieces (benchmarks/train_step.py) take 2.4-2.7 CPU s to
 # compile at O1, 2.8-3.1 at O2, 3.2-3.6 at O3, and its step runs in the same time at all
 # three (80.5, 82.3 and 80.0 ms, 1 thread; an elementwise program 3.24, 3.11 and 3.15 ms);
@@ -48,54 +48,18 @@ class KernelPiece:
         return module
 
 
-@dataclass(frozen=True)
-class RunPiece:
-    """A run (backend/cpu.py), named by its symbol, calling kernels by theirs; `sync_slot` is
-    its table's slot of the synchronisation block."""
-    run: cpu.Run
-    sync_slot: int
-    # O0: a run is glue (calls, counters, waits) around its kernels: the GPT step's 19 runs
-    # compile in 0.17-0.18 s at O0 against 0.41-0.61 at O1, and its step and the names MLP's
-    # run in the same time (A/B, best of 5 runs each)
-    level = 0
-
-    @property
-    def symbol(self) -> str:
-        return self.run.name
-
-    def module(self) -> ir.Module:
-        module = cpu.new_module(self.symbol)
-        # a run may call one kernel several times (its layers': one symbol)
-        declared = {k: cpu.declare_kernel(module, k) for k in dict.fromkeys(self.run.kernels)}
-        cpu.run_function(module, self.run, [declared[k] for k in self.run.kernels], self.sync_slot)
-        return module
-
-
-Piece = KernelPiece | RunPiece
-
-
 def kernel_symbols(kernels: list[LoopKernel]) -> dict[str, str]:
     """The symbol of each kernel's name: a digest of its code, the same for kernels that differ
     in their names alone (or in sizes their code does not read)."""
     return {k.name: "k" + _digest(repr(_anonymous(k))) for k in kernels}
 
 
-def pieces(kernels: list[LoopKernel], runs: tuple[cpu.Run, ...], symbols: dict[str, str]
-           ) -> tuple[list[Piece], dict[str, str]]:
-    """The distinct pieces of these kernels (whose symbols are given) and runs, and the
-    symbol of each kernel's and run's name."""
-    symbols = dict(symbols)
-    distinct: dict[str, Piece] = {}
+def pieces(kernels: list[LoopKernel], symbols: dict[str, str]) -> list[KernelPiece]:
+    """The distinct pieces of these kernels, whose symbols are given."""
+    distinct: dict[str, KernelPiece] = {}
     for k in kernels:
         distinct.setdefault(symbols[k.name], KernelPiece(k, symbols[k.name]))
-    slots = {k.name: len(k.buffers) for k in kernels}
-    for run in runs:
-        anonymous = dataclasses.replace(run.size_free(), name="",
-                                        kernels=tuple(symbols[k] for k in run.kernels))
-        sync_slot = run.offsets[-1] + slots[run.kernels[-1]]
-        symbol = symbols[run.name] = "r" + _digest(repr((anonymous, sync_slot)))
-        distinct.setdefault(symbol, RunPiece(dataclasses.replace(anonymous, name=symbol), sync_slot))
-    return list(distinct.values()), symbols
+    return list(distinct.values())
 
 
 def _anonymous(k: LoopKernel) -> LoopKernel:
@@ -109,7 +73,7 @@ def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-def link(pieces: list[Piece]) -> tuple[llvm.ExecutionEngine, tuple[str, ...]]:
+def link(pieces: list[KernelPiece]) -> tuple[llvm.ExecutionEngine, tuple[str, ...]]:
     """One engine holding every piece's object code (from the cache where it is there), and
     the symbols of the pieces compiled."""
     # (a symbol is a digest of its piece's whole IR: the piece's own text, 280 KB for the GPT
@@ -127,7 +91,7 @@ def link(pieces: list[Piece]) -> tuple[llvm.ExecutionEngine, tuple[str, ...]]:
     return engine, tuple(p.symbol for p in missing)
 
 
-def compile_all(pieces: list[Piece]) -> list[bytes]:
+def compile_all(pieces: list[KernelPiece]) -> list[bytes]:
     """The object code of each piece: this process compiles a share, and a worker process
     each of the others, the shares balanced by the pieces' sizes."""
     workers = min(_cores() - 1, len(pieces) // PIECES_PER_WORKER)
@@ -153,10 +117,8 @@ def compile_all(pieces: list[Piece]) -> list[bytes]:
     return out
 
 
-def _size(p: Piece) -> int:
+def _size(p: KernelPiece) -> int:
     """About how long a piece takes to compile: its instructions."""
-    if isinstance(p, RunPiece):
-        return len(p.run.kernels)
     return len(p.kernel.body) + sum(len(s.body) for s in p.kernel.stages)
 
 
@@ -164,7 +126,7 @@ def _cores() -> int:
     return len(os.sched_getaffinity(0))
 
 
-def object_code(p: Piece) -> bytes:
+def object_code(p: KernelPiece) -> bytes:
     """A piece compiled: its LLVM IR optimised at its level, and the host's object code."""
     mod = llvm.parse_assembly(str(p.module()))
     mod.verify()
@@ -175,7 +137,7 @@ def object_code(p: Piece) -> bytes:
 
 # A worker is `python -c` running serve(): pieces in (pickled: they come from this process),
 # object code out. Not multiprocessing, whose children import the parent's main script.
-def _start(share: list[Piece]) -> subprocess.Popen | None:
+def _start(share: list[KernelPiece]) -> subprocess.Popen | None:
     """A worker compiling share, or None where none could be started."""
     # dslc's folder in place of the current one, where another `backend` may be
     command = f"import sys; sys.path[0] = {str(ROOT)!r}; from backend.objects import serve; serve()"
@@ -189,7 +151,7 @@ def _start(share: list[Piece]) -> subprocess.Popen | None:
     return worker
 
 
-def _finish(worker: subprocess.Popen | None, share: list[Piece]) -> list[bytes]:
+def _finish(worker: subprocess.Popen | None, share: list[KernelPiece]) -> list[bytes]:
     """The worker's object code; where it failed, this process compiles its share (and meets
     whatever made it fail)."""
     if worker is not None:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from backend import scatter
-from backend.cpu import Compiled, Run, address, jit_key, sync_words
+from backend.cpu import SYNC_SLOT, Compiled, Run, address, jit_key, run_function, sync_words
 from backend.llvm import grain
 from backend.loops import LoopKernel
 from backend.objects import kernel_symbols
@@ -81,15 +81,12 @@ class Executable:
                      for v, a in zip(s.op.outputs, interp.evaluate(s.op, []))}
         self.views = {s.op.outputs[0] for s in steps if isinstance(s, ViewStep)}
         groups = _runs(steps)
-        runs = tuple(_run(f"{name}_run{j}", [steps[i].kernel for i in group])
-                     for j, group in enumerate(groups))
+        runs = tuple(_run([steps[i].kernel for i in group]) for group in groups)
         # an epilogue is a run of one kernel too: the contraction calls the kernel on its
         # rows, or the runtime calls the run after the product (backend/contract.py)
-        epilogues = {i: _run(f"{name}_epilogue{i}", [s.epilogue.kernel])
+        epilogues = {i: _run([s.epilogue.kernel])
                      for i, s in enumerate(steps) if isinstance(s, ContractStep) and s.epilogue}
-        self.compiled = (Compiled(self.plan.kernels, runs + tuple(epilogues.values()),
-                                  planned.symbols)
-                         if self.plan.kernels else None)
+        self.compiled = Compiled(self.plan.kernels, planned.symbols) if self.plan.kernels else None
         self.launches: list[Callable | None] = [
             _View.of(s) if isinstance(s, ViewStep) else
             _ContractLaunch.of(s, epilogues.get(i), self.memory, self.compiled)
@@ -276,9 +273,9 @@ def _in_run(env: dict, pointers: None, threads: int) -> None:
     """A kernel step called by the run it belongs to."""
 
 
-def _run(name: str, kernels: list[LoopKernel]) -> Run:
+def _run(kernels: list[LoopKernel]) -> Run:
     """The run of consecutive kernels, their argument tables laid end to end."""
-    return Run(name, tuple(k.name for k in kernels),
+    return Run(tuple(k.name for k in kernels),
                tuple(accumulate((len(k.buffers) for k in kernels[:-1]), initial=0)),
                tuple(k.extent for k in kernels), tuple(_chunks(k) for k in kernels),
                tuple(grain(k) for k in kernels), tuple(k.n for k in kernels))
@@ -315,31 +312,32 @@ def _pages(size: int) -> np.ndarray:
 
 @dataclass(frozen=True)
 class _RunLaunch:
-    """How a run is called: its function (and its address, for the team), the kernels'
-    argument slots end to end (the ones the arena does not fix filled each call), the values
-    it allocates, the elements its kernels visit in all (whether it is worth sharing), its
-    kernels and the sizes its table holds (backend/cpu.py's Run.size_words)."""
+    """How a run is called: the run function (and its address, for the team), its table's
+    header (backend/cpu.py's Run.header), the kernels' arguments end to end, the table's slots
+    the arena does not fix (filled each call), the values it allocates, the elements its
+    kernels visit in all (whether it is worth sharing) and its kernels' count."""
     fn: Callable
     address: int
+    header: tuple[int, ...]
     args: tuple[Value, ...]
     patches: tuple[tuple[int, Value], ...]
     fresh: tuple[Value, ...]
     work: int
     kernels: int
-    sizes: tuple[int, ...]
 
     @staticmethod
     def of(run: Run, steps: list[KernelStep], memory: Memory, compiled: Compiled) -> _RunLaunch:
         args = tuple(v for s in steps for v in s.args)
-        fn = compiled.functions[run.name]
-        return _RunLaunch(fn, ctypes.cast(fn, ctypes.c_void_p).value, args,
-                          tuple((i, v) for i, v in enumerate(args) if v not in memory.offsets),
+        fn, at = run_function()
+        header = tuple(run.header([compiled.addresses[k] for k in run.kernels]))
+        return _RunLaunch(fn, at, header, args,
+                          tuple((len(header) + i, v) for i, v in enumerate(args)
+                                if v not in memory.offsets),
                           tuple(v for s in steps for v in s.writes if v not in memory.offsets),
-                          sum(_work(s.kernel) for s in steps), len(steps), run.size_words())
+                          sum(_work(s.kernel) for s in steps), len(steps))
 
     def pointers(self, views: dict[Value, np.ndarray]) -> _RunTable:
-        return _RunTable(_table(self.args + (None,) * (1 + len(self.sizes)), views), self.kernels,
-                         self.sizes)
+        return _RunTable(self.header, _table(self.args, views), self.kernels)
 
     def __call__(self, env: dict[Value, np.ndarray], pointers: _RunTable, threads: int) -> None:
         self.bind(env, pointers)
@@ -381,8 +379,8 @@ class _ContractLaunch:
            ) -> _ContractLaunch:
         if run is None:
             return _ContractLaunch(step.op, None, 0)
-        kernel = ctypes.cast(compiled.functions[run.kernels[0]], ctypes.c_void_p).value
-        return _ContractLaunch(step.op, _RunLaunch.of(run, [step.epilogue], memory, compiled), kernel)
+        return _ContractLaunch(step.op, _RunLaunch.of(run, [step.epilogue], memory, compiled),
+                               compiled.addresses[run.kernels[0]])
 
     def pointers(self, views: dict[Value, np.ndarray]) -> _RunTable | None:
         return self.epilogue.pointers(views) if self.epilogue else None
@@ -396,26 +394,25 @@ class _ContractLaunch:
             matmul(a, b, env[out], threads)
             return
         self.epilogue.bind(env, pointers)
-        if not matmul(a, b, env[out], threads, (self.kernel, pointers.address)):
+        if not matmul(a, b, env[out], threads, (self.kernel, pointers.arguments)):
             self.epilogue.run(pointers, threads)
 
 
 class _RunTable:
-    """A run's argument table in one arena, ending in the slot that points at the run's
-    synchronisation words and the run's sizes (backend/cpu.py)."""
+    """A run's table in one arena: its header, its synchronisation block's address in it, and
+    the kernels' arguments (`arguments`: where they start, an epilogue's table)."""
 
-    def __init__(self, table: ctypes.Array, kernels: int, sizes: tuple[int, ...]):
-        self.table = table
-        self.address = ctypes.addressof(table)
+    def __init__(self, header: tuple[int, ...], args: list[int], kernels: int):
+        self.table = (ctypes.c_void_p * (len(header) + len(args)))(*header, *args)
+        self.address = ctypes.addressof(self.table)
+        self.arguments = self.address + ctypes.sizeof(ctypes.c_void_p) * len(header)
         self.words = np.zeros(sync_words(kernels), np.int64)
-        sync = len(table) - 1 - len(sizes)
-        table[sync] = self.words.ctypes.data
-        table[sync + 1:] = sizes
+        self.table[SYNC_SLOT] = self.words.ctypes.data
 
 
-def _table(args: tuple[Value | None, ...], views: dict[Value, np.ndarray]) -> ctypes.Array:
+def _table(args: tuple[Value, ...], views: dict[Value, np.ndarray]) -> list[int]:
     """Kernel arguments' addresses: the arena's where it holds the value, else 0 (patched)."""
-    return (ctypes.c_void_p * len(args))(*[views[v].ctypes.data if v in views else 0 for v in args])
+    return [views[v].ctypes.data if v in views else 0 for v in args]
 
 
 _matmuls: dict[np.dtype, Matmul] = {}

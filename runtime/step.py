@@ -405,7 +405,7 @@ class NativeStep:
         for (word, _, _, step), block in zip(self.products, frame.blocks):
             words[word] = address(block)
             if step >= 0:                       # the fused epilogue's table
-                block[ARGUMENTS - 1] = arena.pointers[step].address
+                block[ARGUMENTS - 1] = arena.pointers[step].arguments
         frame.scratch(threads())
         for word, v, size, dtype, shape in self.kept:
             frame.kept[v], words[word] = empty_aligned(size, dtype, shape)

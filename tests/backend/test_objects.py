@@ -36,7 +36,6 @@ def compiled(case: tuple) -> dict:
     os.environ["DSLC_CACHE_DIR"] = folder
     exe = Executable(layers(n, *last))
     return {"made": exe.compiled.made, "kernels": len(exe.plan.kernels),
-            "runs": len(exe.compiled.functions) - len(exe.plan.kernels),
             "results": [a.tobytes() for a in exe.run(arrays(n))]}
 
 
@@ -58,12 +57,11 @@ def in_child(fn, *cases) -> list:
 def test_repeated_layers_compile_their_kernels_once(tmp_path):
     one, four, eight = in_child(compiled, (str(tmp_path / "1"), 1), (str(tmp_path / "4"), 4),
                                 (str(tmp_path / "8"), 8))
-    # each layer: a product whose epilogue is the softmax and tanh (a kernel, and a run of it);
-    # then the column sum's run: the same four pieces whatever the depth
+    # each layer: a product whose epilogue is the softmax and tanh (a kernel); then the column
+    # sum: the same two pieces whatever the depth (their runs are one function for all)
     assert (four["kernels"], eight["kernels"]) == (5, 9)
-    assert len(one["made"]) == len(four["made"]) == len(eight["made"]) == 4
+    assert len(one["made"]) == len(four["made"]) == len(eight["made"]) == 2
     assert set(four["made"]) == set(eight["made"])
-    assert len(eight["made"]) < eight["kernels"] + eight["runs"]
 
 
 def undeduplicated(case: tuple) -> dict:
@@ -77,7 +75,7 @@ def undeduplicated(case: tuple) -> dict:
 def test_shared_kernels_give_the_bits_of_kernels_compiled_one_by_one(tmp_path):
     shared, alone = in_child(compiled, (str(tmp_path / "a"), 6))[0], \
         in_child(undeduplicated, (str(tmp_path / "b"), 6))[0]
-    assert len(alone["made"]) == alone["kernels"] + alone["runs"] > len(shared["made"])
+    assert len(alone["made"]) == alone["kernels"] > len(shared["made"])
     assert shared["results"] == alone["results"]
 
 
@@ -87,9 +85,8 @@ def test_a_changed_program_compiles_only_what_changed(tmp_path):
     again, changed = in_child(compiled, (folder, 4), (folder, 4, "sigmoid"))
     assert again["made"] == ()                     # all of it from the cache
     assert again["results"] == first["results"]
-    # the last layer's kernel and its epilogue's run are new; the rest is the cache's
-    assert len(changed["made"]) == 2
-    assert sorted(s[0] for s in changed["made"]) == ["k", "r"]
+    # the last layer's kernel is new; the rest is the cache's
+    assert len(changed["made"]) == 1
 
 
 def corrupted(case: tuple) -> dict:
@@ -112,8 +109,7 @@ def test_a_damaged_entry_is_compiled_again_not_run(tmp_path):
 
 def worker_pieces() -> list:
     kernels = Executable(layers(3, "sigmoid")).plan.kernels
-    pieces, _ = objects.pieces(kernels, (), objects.kernel_symbols(kernels))
-    return pieces
+    return objects.pieces(kernels, objects.kernel_symbols(kernels))
 
 
 def by_workers(case: str) -> tuple[list[bytes], int]:
