@@ -168,7 +168,7 @@ class _Emitter:
         self.scalar = SCALAR[dtype]
         self.vec = ir.VectorType(self.scalar, tiles.width)
         self.align = SIZE[dtype]
-        self.packed: ir.Value | None = None     # the matmul's slot for its packed K block
+        self.packed: tuple[ir.Value, ir.Value] = ()     # the matmul's slots for its packed B
 
     def min(self, x, y):
         x, y = _i64(x), _i64(y)
@@ -441,8 +441,10 @@ def build_matmul(module: ir.Module, name: str, dtype: str, tiles: Tiles | None =
     b = e.b
     a_pack = e.at(scratch, b.mul(tid, _i64(t.scratch_elements)))
     b_pack = e.at(a_pack, t.mc * t.kc)
-    e.packed = b.alloca(I64, name="packed")     # the address of the K block b_pack holds
-    b.store(_i64(0), e.packed)
+    # what b_pack holds: its K block's address, and its rows and columns (kc << 32 | nj)
+    e.packed = (b.alloca(I64, name="packed"), b.alloca(I64, name="packed_shape"))
+    for slot in e.packed:
+        b.store(_i64(0), slot)
 
     empty = b.or_(b.or_(b.icmp_signed("<=", batch, _i64(0)), b.icmp_signed("<=", M, _i64(0))),
                   b.icmp_signed("<=", N, _i64(0)))
@@ -770,10 +772,13 @@ def _packed_blocks(e: _Emitter, tiles_by_width, a, b_, c_base, mj, nj, K, N, a_p
         first = b.icmp_signed("==", pc, _i64(0))
         # a thread's jobs of one column block and K block (all of a product whose K is at
         # most kc) pack its panel once: GPT's 1024×512×128 on 2 threads packed it 8 times
-        block = b.ptrtoint(e.at(b_base, b.mul(pc, b_row)), I64)
-        with b.if_then(b.icmp_unsigned("!=", b.load(e.packed), block)):
+        # (its shape too says which: a B of stride 0 has one address for every block)
+        key = (b.ptrtoint(e.at(b_base, b.mul(pc, b_row)), I64), b.or_(b.shl(kc, _i64(32)), nj))
+        held = b.and_(*(b.icmp_unsigned("==", b.load(slot), k) for slot, k in zip(e.packed, key)))
+        with b.if_then(b.not_(held)):
             _pack_b(e, e.at(b_base, b.mul(pc, b_row)), b_row, b_col, kc, nj, b_pack)
-            b.store(block, e.packed)
+            for slot, k in zip(e.packed, key):
+                b.store(k, slot)
         # ORDER: the row blocks, and the tiles within them, partition the job's elements; each
         # runs this K block once, so the order in which they are visited does not matter.
         with e.loop(0, mj, t.mc, "ic") as ic:

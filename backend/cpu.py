@@ -1,6 +1,6 @@
 """The host target: kernels as MCJIT object code for the host CPU (no fast-math: the bits are
 the definition's), one piece for each distinct kernel (backend/objects.py); runs of small
-kernels are called through one function each."""
+kernels are called through one run function, which their tables describe to it."""
 from __future__ import annotations
 
 import ctypes

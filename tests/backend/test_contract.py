@@ -167,6 +167,17 @@ def test_few_rows_read_b_in_place_with_the_reference_bits(kernels, m, k, n):
         assert np.signbit(check_threads(kernel, np.ones((m, k), np.float32), b)).all()
 
 
+def test_a_b_of_one_row_broadcast_is_packed_again_for_each_k_block(kernels):
+    """Its K blocks share one address (a row stride of 0), not their length: the last one,
+    shorter, is packed anew, not read from a panel of the length before."""
+    kernel = kernels["f32"]
+    k = 2 * kernel.tiles.kc + 3
+    a, row = random_f32((50, k)), random_f32((37,))
+    b = np.broadcast_to(row, (k, 37))
+    assert b.strides[0] == 0
+    assert bits(check_threads(kernel, a, b)) == bits(reference(a, np.ascontiguousarray(b)))
+
+
 def short_f64(shape: tuple[int, ...]) -> np.ndarray:
     """f64 values of at most 21 significant bits: their products are exact, so fma and the
     reference's rounded a*b + acc agree."""
