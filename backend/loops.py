@@ -43,6 +43,12 @@ class Load:
     offset: int = 0
     window: tuple[tuple[int, int, int], ...] = ()
 
+    def of(self, buffer: int) -> Load:
+        """The same load from another buffer (made directly: dataclasses.replace, called for
+        every load the scheduler tries, took a tenth of its time; the GPT step's schedule
+        170 -> 152 ms)."""
+        return Load(buffer, self.strides, self.offset, self.window)
+
 
 @dataclass(frozen=True)
 class Instr:

@@ -338,7 +338,7 @@ class _Body:
                 return None
             if view.base not in self.args:
                 self.args.append(view.base)
-            self.emit(v, Instr.read(replace(read, buffer=self.args.index(view.base)), v.dtype))
+            self.emit(v, Instr.read(read.of(self.args.index(view.base)), v.dtype))
         return self.where[v]
 
     def compute(self, op: Op, load: Callable[[Value, View], Load | None]) -> bool:
@@ -615,7 +615,7 @@ def _row_kernel(name: str, ops: list[Op], rows: tuple[int, ...], users: dict[Val
     kernels = []
     buffers = tuple((v.dtype, v.shape) for v in args)
     for i, (body, stage_space, stores, reduction) in enumerate(stages):
-        body = tuple(replace(ins, load=replace(ins.load, buffer=number[ins.load.buffer])) if ins.load else ins
+        body = tuple(Instr.read(ins.load.of(number[ins.load.buffer]), ins.dtype) if ins.load else ins
                      for ins in body)
         if reduction is None:
             kernels.append(LoopKernel(f"{name}.s{i}", stage_space, buffers, body,
