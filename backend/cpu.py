@@ -226,9 +226,9 @@ def jit_key(key: tuple[str, ...], opt: int = 3) -> str:
 
 
 class Compiled:
-    """Kernels, JIT-compiled, looked up by name: one piece of object code for each distinct
-    one (backend/objects.py), their symbols made here unless given; `made` names the pieces
-    compiled, not found cached."""
+    """Kernels, JIT-compiled, their addresses looked up by name: one piece of object code for
+    each distinct one (backend/objects.py), their symbols made here unless given; `made` names
+    the pieces compiled, not found cached."""
 
     def __init__(self, kernels: list[LoopKernel], symbols: dict[str, str] | None = None):
         from backend import objects      # imported here: backend/objects.py imports this module
@@ -238,4 +238,8 @@ class Compiled:
         # (looked up once a symbol: the GPT step's 180 kernels are 50 pieces)
         addresses = {s: self.engine.get_function_address(s) for s in set(symbols.values())}
         self.addresses = {k.name: addresses[symbols[k.name]] for k in kernels}
-        self.functions = {name: KernelFn(at) for name, at in self.addresses.items()}
+
+    def function(self, name: str) -> KernelFn:
+        """Kernel `name`, callable from Python (the runtime calls kernels by address, through
+        the run function)."""
+        return KernelFn(self.addresses[name])

@@ -603,8 +603,8 @@ class _KernelGen:
         return self.e.const(IDENTITY[how], dtype)
 
     def reduce(self, n: ir.Value, value_at: Callable, dtype: str, how: str, points: int,
-               whole: bool, levels: int) -> ir.Value:
-        """Combine value_at(0 … n-1), n below CHUNK**levels, in the canonical order
+               whole: bool, depth: int) -> ir.Value:
+        """Combine value_at(0 … n-1), n below CHUNK**depth, in the canonical order
         (ir/numerics.py): at most CHUNK values by lanes, else chunks of CHUNK (the last one
         shorter) by lanes, their results combined one at a time by this rule again. With
         `points`, value_at gives vectors of that many independent values, each combined in that
@@ -617,7 +617,7 @@ class _KernelGen:
             return self.lanes(length, at, dtype, how) if whole else \
                 self.streamed(length, at, dtype, how, points)
 
-        if levels == 1:
+        if depth == 1:
             return within(n, value_at, whole)
         chunk_size = ir.Constant(I64, CHUNK)
         result = self.slot(ir.VectorType(SCALAR[dtype], points) if points else SCALAR[dtype])
@@ -632,7 +632,7 @@ class _KernelGen:
                     return within(length, lambda j, lanes=0: value_at(b.add(start, j), lanes), whole)
 
                 chunks = b.udiv(b.add(n, ir.Constant(I64, CHUNK - 1)), chunk_size)
-                b.store(self.reduce(chunks, chunk, dtype, how, points, False, levels - 1), result)
+                b.store(self.reduce(chunks, chunk, dtype, how, points, False, depth - 1), result)
         return b.load(result)
 
     def streamed(self, n: ir.Value, value_at: Callable, dtype: str, how: str,

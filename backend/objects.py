@@ -1,10 +1,10 @@
 """A program's object code, made once for each distinct piece: a kernel is named by a digest
 of its loop IR less its name and the sizes its code does not read (the layers of a model
 repeat the same kernels; so does a new batch size; the runs that call them are one function,
-backend/cpu.py's run_function); each piece is cached on disk on its own, so that a changed program recompiles only what
-changed; the pieces not cached are compiled by worker processes beside this one (llvmlite
-holds one lock over every call into LLVM: threads would take turns), then linked in one MCJIT
-engine."""
+backend/cpu.py's run_function); each piece is cached on disk on its own, so that a changed
+program recompiles only what changed; the pieces not cached are compiled by worker processes
+beside this one (llvmlite holds one lock over every call into LLVM: threads would take turns),
+then linked in one MCJIT engine."""
 from __future__ import annotations
 
 import contextlib

@@ -60,7 +60,7 @@ def same_as_cpu(kernels: list[LoopKernel], blocks: int = 3) -> None:
         shape = nvptx.launch(k)
         gpu.launch(shape.entry, (min(shape.grid, blocks), 1, 1), shape.block, [a.ctypes.data for a in ours])
         table = (ctypes.c_void_p * len(theirs))(*[a.ctypes.data for a in theirs])
-        cpu.functions[k.name](table, 0, k.extent, k.n)
+        cpu.function(k.name)(table, 0, k.extent, k.n)
         for i, (g, c) in enumerate(zip(ours, theirs)):
             assert same_bits(g, c), f"kernel {k.name}: buffer {i} differs from the CPU's"
 

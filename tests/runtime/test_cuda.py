@@ -152,7 +152,7 @@ class FakeDriver:
             return module["emulator"].launch(entry, grid, block, pointers, integers)
         k = module["kernels"][entry]
         extent = k.extent
-        module["compiled"].functions[k.name]((ctypes.c_void_p * len(pointers))(*pointers), 0, extent, k.n)
+        module["compiled"].function(k.name)((ctypes.c_void_p * len(pointers))(*pointers), 0, extent, k.n)
 
     def matmul(self, dtype, grid, pointers, integers):
         m, n, k, sa, sb, _, batch = integers
