@@ -8,20 +8,17 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ir.ops.base import NUMPY_DTYPES
+from ir.ops.base import dtype_name
 
 if TYPE_CHECKING:
     from runtime.cuda import DeviceArray
 
-_NAMES = {np.dtype(v): k for k, v in NUMPY_DTYPES.items()}
-
-
 @functools.cache
 def _program(dtype: np.dtype, size: int):
     import dsl                                          # (dsl imports this module's users)
-    t = f"{_NAMES[dtype]}[{size}]"
+    t = f"{dtype_name(dtype)}[{size}]"
     return dsl.loads(f"def add(a: {t}, b: {t}) -> {t}:\n  return a + b\n\n"
-                     f"def div(a: {t}, d: {_NAMES[dtype]}) -> {t}:\n  return a / d\n",
+                     f"def div(a: {t}, d: {dtype_name(dtype)}) -> {t}:\n  return a / d\n",
                      name="device_sums.bend", device="cuda")
 
 

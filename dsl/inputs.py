@@ -21,7 +21,7 @@ from frontend.unify import NO_PARAMS, Params, eval_dim, record_params
 from frontend.values import KeyV, ListV, RecordV, StaticV, TensorV, TupleV
 from ir.core import Builder, Function, tensor_type
 from ir.dims import Dim
-from ir.ops.base import NUMPY_DTYPES
+from ir.ops.base import NUMPY_DTYPES, dtype_name
 from ir.types import KeyType, TensorType
 
 
@@ -125,7 +125,6 @@ def literal_default(p: ast.Param) -> Any:
     raise DslError(p.default.span, f"an entry point's default for '{p.name}' must be a literal")
 
 
-DTYPE_NAMES = {np.dtype(v): k for k, v in NUMPY_DTYPES.items()}     # (one name each)
 
 
 def from_python(b: Builder, value: Any, t: ast.TypeExpr, mod, where: str, arrays: list,
@@ -142,7 +141,7 @@ def from_python(b: Builder, value: Any, t: ast.TypeExpr, mod, where: str, arrays
             _borrowed(value, t, where) if device == "cuda" and _in_gpu_memory(value) else \
             _foreign_array(value, t, where) if _is_foreign_array(value) else \
             _array_from_python(value, dtype, t, where)
-        dt = arr.dtype if isinstance(arr, Spec) else DTYPE_NAMES.get(arr.dtype)
+        dt = arr.dtype if isinstance(arr, Spec) else dtype_name(arr.dtype)
         if dt is None:
             raise DslError(t.span, f"'{where}' must be an array of a dslc dtype "
                                    f"({', '.join(NUMPY_DTYPES)}), got {arr.dtype}")
@@ -333,7 +332,7 @@ def _foreign_array(value: Any, t: ast.TypeExpr, where: str) -> np.ndarray:
         if dtype == "bfloat16" and hasattr(value, "__array__"):     # JAX's: ml_dtypes' underneath
             with contextlib.suppress(TypeError, ValueError, RuntimeError):
                 arr = np.asarray(value)
-                if arr.dtype == NUMPY_DTYPES["bf16"]:
+                if dtype_name(arr.dtype) == "bf16":
                     return arr
         hint = "; pass bf16 as a NumPy array of ml_dtypes.bfloat16" if dtype == "bfloat16" else ""
         raise DslError(t.span, f"'{where}' must be an array of a dslc dtype ({', '.join(NUMPY_DTYPES)}), "
@@ -530,15 +529,15 @@ def _array_input(arr: np.ndarray, t: ast.TypeExpr, tname: str | None, path: str,
     if tname == "Key":
         if not (arr.shape == (2,) and arr.dtype.kind in "iu" and np.all((arr >= 0) & (arr < 2 ** 32))):
             raise DslError(t.span, f"the input array {path!r} is a key: two integers in [0, 2**32), "
-                                   f"got {DTYPE_NAMES.get(arr.dtype, arr.dtype)}{list(arr.shape)}")
+                                   f"got {dtype_name(arr.dtype) or arr.dtype}{list(arr.shape)}")
         return Key(arr.astype(np.uint32))
     dtype = t.dtype if isinstance(t, ast.TensorTypeExpr) else tname
     dims = t.dims if isinstance(t, ast.TensorTypeExpr) else ()
     declared = [eval_dim(e, params.dims) for e in dims]
     want = str(TensorType(dtype, tuple(declared))) if params.dims else t.span.source.text[t.span.start:t.span.end]
-    got = f"{DTYPE_NAMES.get(arr.dtype, arr.dtype)}{list(arr.shape)}"
+    got = f"{dtype_name(arr.dtype) or arr.dtype}{list(arr.shape)}"
     sizes = [d.value for d in declared]
-    if DTYPE_NAMES.get(arr.dtype) != dtype or arr.ndim != len(dims) or \
+    if dtype_name(arr.dtype) != dtype or arr.ndim != len(dims) or \
             any(n is not None and n != m for n, m in zip(sizes, arr.shape)):
         raise DslError(t.span, f"the input array {path!r} is {got}, but '{path}' is {want}")
     return arr

@@ -24,7 +24,7 @@ from numpy.lib import format as npy
 
 from frontend.diagnostics import DslError
 from frontend.limits import MAX_RANK
-from ir.ops.base import NUMPY_DTYPES
+from ir.ops.base import dtype_name
 
 MAX_BYTES = 4 * 2 ** 30          # the arrays of one archive, inflated; more is refused unread
 CHUNK = 2 ** 20                  # bytes inflated at a time
@@ -46,7 +46,7 @@ class NpzError(DslError):
 
 def storable(a: np.ndarray) -> np.ndarray:
     """a as an .npz member holds it: bf16, which .npy has no name for, widened exactly to float32."""
-    return a.astype(np.float32) if a.dtype == NUMPY_DTYPES["bf16"] else a
+    return a.astype(np.float32) if dtype_name(a.dtype) == "bf16" else a
 
 
 def fits_numpy(shape: tuple[int, ...], itemsize: int) -> bool:

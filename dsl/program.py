@@ -548,6 +548,9 @@ class Program:
         (runtime/cache.py) when these sources were compiled for this input signature before,
         with the plan its first call then made on the CPU."""
         from runtime import cache
+        if self.device == "cpu":
+            # the entry holds a runtime.cpu.Planned, and decode finds only imported classes
+            import runtime.cpu  # noqa: F401
         k = self._entry_key(d, inputs)
         found = cache.load_value(k)
         if isinstance(found, Stored) and isinstance(found.lowered, Lowered):

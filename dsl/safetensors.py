@@ -17,13 +17,13 @@ import os
 import reprlib
 import struct
 
-import ml_dtypes
 import numpy as np
 from safetensors import SafetensorError, safe_open
 
 from dsl.npz import fits_numpy, open_regular
 from frontend.diagnostics import DslError
 from frontend.limits import MAX_RANK
+from ir.ops.base import dtype_name, np_dtype
 
 # the dtypes read (dslc's), as little-endian NumPy dtypes; BF16 is read as its 16 bits
 DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2", "I64": "<i8", "I32": "<i4",
@@ -31,7 +31,6 @@ DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2", "I64": "<i8",
 # what the format also has, named so that the error can say what was found
 OTHER_DTYPES = {"U8", "I8", "U16", "I16", "U64", "C64", "F8_E4M3", "F8_E5M2", "F8_E8M0", "F4",
                 "F6_E2M3", "F6_E3M2"}
-BF16 = np.dtype(ml_dtypes.bfloat16)
 MAX_HEADER = 100_000_000        # bytes; the reference implementation's limit too
 MAX_OFFSET = 2 ** 64            # offsets are u64 in the reference implementation
 # how a value of the header appears in a message: a few elements, levels and digits of it
@@ -56,7 +55,7 @@ def read(path: str | os.PathLike) -> dict[str, np.ndarray]:
 def read_with_metadata(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """The tensors of the file, as `read` gives them, and its "__metadata__"."""
     tensors, meta = read_exact(path)
-    return {name: a.astype(np.float32) if a.dtype == BF16 else a for name, a in tensors.items()}, meta
+    return {name: a.astype(np.float32) if dtype_name(a.dtype) == "bf16" else a for name, a in tensors.items()}, meta
 
 
 def read_exact(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, str]]:
@@ -157,7 +156,7 @@ def _bf16(f, at: int, nbytes: int, shape: tuple[int, ...]) -> np.ndarray:
     """The bfloat16 tensor at byte `at` of f (read here, as the package's NumPy API has no
     bfloat16 to return)."""
     f.seek(at)
-    return np.frombuffer(f.read(nbytes), "<u2").astype(np.uint16).view(BF16).reshape(shape)
+    return np.frombuffer(f.read(nbytes), "<u2").astype(np.uint16).view(np_dtype("bf16")).reshape(shape)
 
 
 def _natural(x) -> bool:

@@ -121,7 +121,7 @@ from frontend import ast
 from frontend.check import check_file
 from frontend.diagnostics import Diagnostic, DslError, Note
 from ir import philox
-from ir.ops.base import NUMPY_DTYPES
+from ir.ops.base import dtype_name
 
 FORMAT = "dslc-train-2"
 NPZ_FORMAT = "dslc-train-1"          # the .npz checkpoints of earlier versions, still read
@@ -242,8 +242,7 @@ def read_npz_data(path: str) -> Callable[[str], dict | None]:
 
 def _typename(a: np.ndarray) -> str:
     """An array's type as dslc writes it: f32[4, 3]."""
-    names = {np.dtype(v): k for k, v in NUMPY_DTYPES.items()}
-    return f"{names.get(a.dtype, a.dtype)}{list(a.shape)}"
+    return f"{dtype_name(a.dtype) or a.dtype}{list(a.shape)}"
 
 
 def _describe(arrays: dict[str, np.ndarray]) -> str:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import ml_dtypes
 import numpy as np
 
 from frontend.diagnostics import CheckError, Span, did_you_mean
 from frontend.values import DTypeV, StaticV, TensorV, TupleV, describe, static_value
 from ir.dims import Dim
+from ir.ops.base import np_dtype
 from ir.types import FLOAT_DTYPES, INT_DTYPES
 
 TENSOR_ATTRIBUTES = ("shape", "ndim", "dtype")
@@ -34,7 +34,7 @@ class LimitsV:
     dtype: str
 
     def field(self, name: str, span: Span) -> StaticV:
-        fields = _LIMITS[self.dtype]
+        fields = _limits(self.dtype)
         if name not in fields:
             raise CheckError(span, f"{self.query}({self.dtype}) has no field '{name}'"
                                    f"{did_you_mean(name, fields)}; it has {', '.join(fields)}")
@@ -56,21 +56,15 @@ def dtype_limits(query: str, args: list, span: Span) -> LimitsV:
     return LimitsV(query, dtype)
 
 
-def _float_limits(finfo) -> dict:
-    return {"min": float(finfo.min), "max": float(finfo.max), "eps": float(finfo.eps),
-            "tiny": float(finfo.tiny), "bits": int(finfo.bits)}
-
-
-def _int_limits(iinfo) -> dict:
-    return {"min": int(iinfo.min), "max": int(iinfo.max), "bits": int(iinfo.bits)}
-
-
-_LIMITS = {
-    "f16": _float_limits(np.finfo(np.float16)),
-    "f32": _float_limits(np.finfo(np.float32)),
-    "f64": _float_limits(np.finfo(np.float64)),
-    "bf16": _float_limits(ml_dtypes.finfo(ml_dtypes.bfloat16)),     # NumPy has no bfloat16
-    "i32": _int_limits(np.iinfo(np.int32)),
-    "i64": _int_limits(np.iinfo(np.int64)),
-    "u32": _int_limits(np.iinfo(np.uint32)),
-}
+def _limits(dtype: str) -> dict:
+    """finfo's or iinfo's fields for a dslc dtype (bf16's from ml_dtypes, loaded only then)."""
+    if dtype in INT_DTYPES:
+        info = np.iinfo(np_dtype(dtype))
+        return {"min": int(info.min), "max": int(info.max), "bits": int(info.bits)}
+    if dtype == "bf16":
+        import ml_dtypes                # (NumPy has no bfloat16; ml_dtypes takes 0.7 s to load)
+        info = ml_dtypes.finfo(np_dtype(dtype))
+    else:
+        info = np.finfo(np_dtype(dtype))
+    return {"min": float(info.min), "max": float(info.max), "eps": float(info.eps),
+            "tiny": float(info.tiny), "bits": int(info.bits)}

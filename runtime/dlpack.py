@@ -7,8 +7,9 @@ import ctypes
 import math
 from typing import Any
 
-import ml_dtypes
 import numpy as np
+
+from ir.ops.base import dtype_name, np_dtype
 
 
 class _Device(ctypes.Structure):
@@ -79,7 +80,7 @@ def export(ptr: int, shape: tuple[int, ...], dtype: np.dtype, device: tuple[int,
     """A "dltensor" capsule of the C-contiguous array at ptr; `owner` stays alive until the
     consumer calls the deleter (or the capsule is dropped unconsumed)."""
     dtype = np.dtype(dtype)
-    code = (6 if dtype.kind == "b" else BFLOAT if dtype == ml_dtypes.bfloat16
+    code = (6 if dtype.kind == "b" else BFLOAT if dtype_name(dtype) == "bf16"
             else {v: k for k, v in _CODES.items()}[dtype.kind])
     sizes = (ctypes.c_int64 * len(shape))(*shape)
     strides = (ctypes.c_int64 * len(shape))(*row_major(shape))
@@ -118,7 +119,7 @@ def _dtype(t: _DataType) -> np.dtype | str:
     if t.lanes == 1 and t.code == 6 and t.bits == 8:
         return np.dtype(bool)
     if t.lanes == 1 and t.code == BFLOAT and t.bits == 16:
-        return np.dtype(ml_dtypes.bfloat16)
+        return np_dtype("bf16")
     if t.lanes == 1 and t.code in _CODES and t.bits in (8, 16, 32, 64):
         return np.dtype(f"{_CODES[t.code]}{t.bits // 8}")
     return f"{_NAMES.get(t.code, f'type code {t.code}')}{t.bits}" + (f"x{t.lanes}" if t.lanes != 1 else "")

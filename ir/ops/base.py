@@ -3,7 +3,6 @@ its role in a kernel and its scalar body, all in its class; and the registry the
 names up in. The pipeline after the front end dispatches on these objects, never on names."""
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from enum import Enum
@@ -185,11 +184,18 @@ class _NumpyDtypes(Mapping):
             found = self._dtypes[name] = self._loaders[name]()
         return found
 
+    def __contains__(self, name: object) -> bool:
+        return name in self._dtypes             # (Mapping's would look the dtype up)
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._dtypes)
 
     def __len__(self) -> int:
         return len(self._dtypes)
+
+    def native(self) -> dict[str, type]:
+        """The dtypes NumPy has itself (all but bf16), by name."""
+        return {name: t for name, t in self._dtypes.items() if name not in self._loaders}
 
 
 NUMPY_DTYPES = _NumpyDtypes({"f32": np.float32, "f16": np.float16, "bf16": None,
@@ -199,9 +205,15 @@ _LITERAL_DTYPES = {"b": "bool", "i": "i32", "u": "i32", "f": "f32"}
 _KIND_WORDS = ("boolean", "integer", "float")
 
 
-@functools.cache
-def _dtype_names() -> dict[np.dtype, str]:
-    return {np.dtype(v): k for k, v in NUMPY_DTYPES.items()}
+_NATIVE_NAMES = {np.dtype(t): name for name, t in NUMPY_DTYPES.native().items()}
+
+
+def dtype_name(dtype: np.dtype) -> str | None:
+    """The dslc dtype of a NumPy dtype (None where dslc has none); ml_dtypes is loaded only for
+    a dtype of kind 'V', which bf16 is."""
+    if dtype.kind == "V":
+        return "bf16" if dtype == NUMPY_DTYPES["bf16"] else None
+    return _NATIVE_NAMES.get(dtype)
 
 
 def np_dtype(dtype: str) -> np.dtype:
@@ -220,7 +232,7 @@ def literal_array(value: Any, dtype: str) -> np.ndarray:
 
 def is_float(dtype: np.dtype) -> bool:
     """Whether a NumPy dtype is a float: kind 'f', or bf16, which ml_dtypes gives kind 'V'."""
-    return dtype.kind == "f" or dtype.kind == "V" and dtype == NUMPY_DTYPES["bf16"]
+    return dtype.kind == "f" or dtype_name(dtype) == "bf16"
 
 
 def type_of(value: Any) -> TensorType:
@@ -229,7 +241,7 @@ def type_of(value: Any) -> TensorType:
     arr = np.asarray(value)
     shape = tuple(Dim.const(n) for n in arr.shape)
     if isinstance(value, (np.ndarray, np.generic)):
-        return TensorType(_dtype_names()[arr.dtype], shape)
+        return TensorType(dtype_name(arr.dtype), shape)
     return TensorType(_LITERAL_DTYPES[arr.dtype.kind], shape, weak=True)
 
 

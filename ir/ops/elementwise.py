@@ -21,7 +21,7 @@ import numpy as np
 from ir import numerics
 
 from ir.ops.base import (NUMERIC, Kind, OpError, Param, Primitive, Role, broadcast_shapes,
-                         common_dtype, need, np_dtype, primitive, type_of, unbroadcast,
+                         common_dtype, dtype_name, need, np_dtype, primitive, type_of, unbroadcast,
                          zero_where_ct_is_zero)
 from ir.types import DTYPES, FLOAT_DTYPES, INT_DTYPES, TensorType
 
@@ -997,7 +997,7 @@ class Clip(Elementwise):
 
 def _cast(x: Any, dtype: str) -> np.ndarray:
     x = np.asarray(x)
-    if x.dtype == np_dtype("bf16") and dtype not in FLOAT_DTYPES:
+    if dtype_name(x.dtype) == "bf16" and dtype not in FLOAT_DTYPES:
         # through its exact f32: ml_dtypes' own conversion gives 0 for NaN, ±inf and values out
         # of the integer's range, where f32's (NumPy's) gives what the f32 of the same value gives
         x = x.astype(np.float32)

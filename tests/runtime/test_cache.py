@@ -356,6 +356,25 @@ def test_a_warm_load_neither_lowers_nor_plans(cache_dir, sources, monkeypatch):
     assert run_main(sources) == 60.0 and done == []
 
 
+# A new process imports only what `import dsl` and its call need: an entry it cannot decode (one
+# of its classes in a module not yet imported) would be lowered and planned again at every start,
+# and ml_dtypes (0.7 s to import) is for bf16 alone.
+NEW_PROCESS = """
+import sys, numpy as np, dsl, dsl.program
+lower = dsl.program.Program._lower
+lowered = []
+dsl.program.Program._lower = lambda *a: lowered.append(1) or lower(*a)
+prog = dsl.loads("def f(x: f32[N]) -> f32:\\n  return sum(x * x)\\n", name="warm.bend", device="cpu")
+print(float(prog.f(np.arange(5, dtype=np.float32))), len(lowered), "ml_dtypes" in sys.modules)
+"""
+
+
+def test_a_warm_load_in_a_new_process_neither_lowers_nor_plans(cache_dir):
+    cold, warm = child(NEW_PROCESS, cache_dir), child(NEW_PROCESS, cache_dir)
+    assert cold.stdout.split() == ["30.0", "1", "False"], cold.stderr
+    assert warm.stdout.split() == ["30.0", "0", "False"], warm.stderr
+
+
 def append(path: Path, text: str) -> None:
     path.write_text(path.read_text() + text)
 
