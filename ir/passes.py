@@ -202,7 +202,8 @@ def rematerialize(fn: Function) -> Function:
         # (only for an elementwise op that a kernel computes, and the copies with it: a
         # product or a host step would have a copy stored, beside the value itself)
         if op.primitive.role is Role.ELEMENTWISE and _compiled(op):
-            op = replace(op, inputs=tuple(copy(v, j, 0) for v in op.inputs))
+            inputs = tuple(copy(v, j, 0) for v in op.inputs)
+            op = replace(op, inputs=inputs) if inputs != op.inputs else op
         out.append(op)
     return Function(fn.name, fn.params, tuple(out), fn.results)
 
@@ -400,8 +401,10 @@ def _rewritten(fn: Function,
     env: dict[Value, Value] = {}
     ops = []
     for op in fn.ops:
-        op = replace(op, inputs=tuple(env.get(v, v) for v in op.inputs),
-                     body=_rewritten(op.body, rewrite_op) if op.body is not None else None)
+        inputs = tuple(env.get(v, v) for v in op.inputs)
+        body = _rewritten(op.body, rewrite_op) if op.body is not None else None
+        if inputs != op.inputs or body is not op.body:    # (an op kept is the same object: the
+            op = replace(op, inputs=inputs, body=body)    # cache entry holds it once, not twice)
         b = Builder()
         value = rewrite_op(op, producer, b)
         if value is not None:
@@ -409,6 +412,8 @@ def _rewritten(fn: Function,
         made = [op] if value is None else b.ops
         ops.extend(made)
         producer.update((v, o) for o in made for v in o.outputs)
+    if not env and all(a is b for a, b in zip(ops, fn.ops)) and len(ops) == len(fn.ops):
+        return fn
     return substitute(fn, ops, env)
 
 

@@ -239,6 +239,23 @@ def test_the_backward_pass_makes_cheap_values_again_rather_than_keep_them(monkey
            [w.tobytes() for w in Executable(raw, planned=kept).run(args)]
 
 
+def test_the_backends_passes_keep_the_ops_they_do_not_change():
+    """for_backends' form of a gradient shares every op it leaves as it was with the function it
+    came from: the CPU's cache entry holds both (the lowering and the plan), and a copy of each
+    op made the GPT step's entry 800 KB instead of 635, its decoding 43 ms instead of 36."""
+    rng = np.random.default_rng(2)
+    args = [rng.standard_normal(s).astype(np.float32) for s in ((6, 7), (7,), (7, 3), (5, 6))]
+    low, _ = dsl.loads(GELU_MLP, device="cpu").lower("loss", tuple(args), {})
+    fn = dce(grad_function(low.function, [0, 1, 2]))
+    planned = for_backends(fn)
+    values = {v for op in fn.ops for v in op.outputs} | set(fn.params)
+    ops = set(fn.ops)
+    new = [op for op in planned.ops if op not in ops]
+    assert new, "the passes changed nothing: the test would not see a copy"
+    # an op that is not fn's reads or makes a value that fn has not: none is a copy of one
+    assert [op for op in new if values.issuperset(op.inputs + op.outputs)] == []
+
+
 def test_zeros_stay_zeros_in_the_printed_ir(tmp_path):
     """Folding made zeros([B, H]) a literal of its every element (2,048 zeros in `dslc ir` of
     an LSTM's gradient, and code that differed by batch size)."""
