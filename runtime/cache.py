@@ -91,15 +91,20 @@ def key(*parts: str) -> str:
     return h.hexdigest()
 
 
-@functools.cache
 def code_digest(*folders: str) -> str:
     """A digest of the Python and .bend sources under these folders of dslc: what they make
     must not be reused once they change."""
+    return hashlib.sha256("\0".join(map(_folder_digest, folders)).encode()).hexdigest()
+
+
+@functools.cache
+def _folder_digest(folder: str) -> str:
+    """A folder's part of code_digest, read once a process (a warm load's keys name three sets
+    of folders, most of them in more than one)."""
     h = hashlib.sha256()
-    for folder in folders:
-        for path in sorted((ROOT / folder).rglob("*")):
-            if path.suffix in (".py", ".bend"):
-                h.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
+    for path in sorted((ROOT / folder).rglob("*")):
+        if path.suffix in (".py", ".bend"):
+            h.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
     return h.hexdigest()
 
 

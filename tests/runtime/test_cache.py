@@ -109,14 +109,14 @@ def test_the_code_digest_covers_every_source(tmp_path, monkeypatch):
     source = tmp_path / "backend" / "schedule.py"
     source.write_text("A = 1\n")
     monkeypatch.setattr(cache, "ROOT", tmp_path)
-    cache.code_digest.cache_clear()
+    cache._folder_digest.cache_clear()
     try:
         before = cache.code_digest("backend")
         source.write_text("A = 2\n")
-        cache.code_digest.cache_clear()
+        cache._folder_digest.cache_clear()
         assert cache.code_digest("backend") != before
     finally:
-        cache.code_digest.cache_clear()
+        cache._folder_digest.cache_clear()
 
 
 def test_object_code_is_keyed_on_the_ir_where_the_scalar_bodies_are(cache_dir, monkeypatch):
