@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from llvmlite import ir
 
@@ -151,48 +151,88 @@ class AddressCall:
 Call = RunCall | ProductCall | ScatterCall | TakeCall | CopyCall | ScanCall | AddressCall
 
 
-def module_ir(segments: list[tuple[Call, ...]], sizes_from: int) -> tuple[ir.Module, list[int]]:
-    """`segment{j}(i64 *frame, i64 threads) -> i64` for each segment, and the sizes its code
-    reads from the frame's words sizes_from on: the calls' offsets, lengths and strides, so
-    that the module is the same at every batch size (and compiled once)."""
+@dataclass(frozen=True)
+class Size:
+    """Where the code reads a size (an offset, a length, a stride, or whether a run's work is
+    worth the team: 1 or 0), frame word `index` past the segments' own. Calls hold these in
+    place of the numbers (sized), so that their code, and the key it is cached by, cannot
+    depend on a size."""
+    index: int
+
+
+def sized(segments: list[tuple[Call, ...]]) -> tuple[list[tuple[Call, ...]], list[int]]:
+    """The segments with each size a Size, and the sizes in order of their indices."""
+    sizes: list[int] = []
+
+    def size(n: int) -> Size:
+        sizes.append(n)
+        return Size(len(sizes) - 1)
+
+    def ref(r: Ref) -> Ref:
+        return Ref(r.word, size(r.offset))
+
+    def call(c: Call) -> Call:
+        if isinstance(c, RunCall):
+            return replace(c, patches=tuple((slot, ref(r)) for slot, r in c.patches),
+                           shared=size(int(c.shared)))
+        if isinstance(c, ProductCall):
+            return replace(c, operands=tuple(map(ref, c.operands)), parts=size(c.parts),
+                           epilogue=c.epilogue and call(c.epilogue))
+        if isinstance(c, (ScatterCall, TakeCall)):
+            return replace(c, operands=tuple(map(ref, c.operands)), sizes=tuple(map(size, c.sizes)))
+        if isinstance(c, CopyCall):
+            return CopyCall(ref(c.source), ref(c.destination), size(c.rows), size(c.row),
+                            tuple(map(size, c.strides)))
+        if isinstance(c, ScanCall):
+            return replace(c, calls=tuple(map(call, c.calls)), length=size(c.length),
+                           states=tuple(State(ref(s.initial), ref(s.final), s.spare) for s in c.states),
+                           sequences=tuple((ref(r), size(n)) for r, n in c.sequences),
+                           constants=tuple(map(ref, c.constants)),
+                           results=tuple((word, copied, size(n)) for word, copied, n in c.results),
+                           emits=tuple((ref(r), size(n)) for r, n in c.emits))
+        return c                                    # an AddressCall: frame words alone
+
+    return [tuple(map(call, calls)) for calls in segments], sizes
+
+
+def module_ir(segments: list[tuple[Call, ...]], sizes_from: int) -> ir.Module:
+    """`segment{j}(i64 *frame, i64 threads) -> i64` for each of the sized segments, which read
+    their sizes from the frame's words sizes_from on: the module is the same at every batch
+    size (and compiled once)."""
     module = ir.Module(name="dslc_step")
     module.triple = cpu.llvm.get_default_triple()
-    sizes: list[int] = []
     for j, calls in enumerate(segments):
         fn = ir.Function(module, ir.FunctionType(I64, [I64.as_pointer(), I64]), name=f"segment{j}")
         fn.args[0].add_attribute("noalias")
-        _Segment(fn, sizes, sizes_from).emit(calls)
-    return module, sizes
+        _Segment(fn, sizes_from).emit(calls)
+    return module
 
 
 def compile_segments(segments: list[tuple[Call, ...]], sizes_from: int
                      ) -> tuple[object, list[int], list[int]]:
     """The engine that holds the segments' code (keep it alive), each one's address, and the
-    sizes the frame holds from word sizes_from on. The code is keyed by the IR's text, which
-    reads the sizes from the frame: every size of one plan shares it. The text's digest and
-    the sizes are remembered by the calls themselves, so that a warm load builds no IR (0.35 s
-    of the GPT step's)."""
-    @functools.cache
-    def built() -> tuple[str, list[int]]:
-        module, sizes = module_ir(segments, sizes_from)
-        return str(module), sizes
-
-    k = cache.key("segments", cache.code_digest("backend", "ir"), repr((segments, sizes_from)))
-    digest, sizes = cache.memo(k, lambda: (hashlib.sha256(built()[0].encode()).hexdigest(), built()[1]))
+    sizes the frame holds from word sizes_from on. The code is keyed by the IR's text; the
+    text's digest is remembered by the sized calls, so that neither a warm load nor a new
+    batch size builds the IR again (0.35 s of the GPT step's; 17 ms of its loss at a new
+    batch size)."""
+    skeleton, sizes = sized(segments)
+    text = functools.cache(lambda: str(module_ir(skeleton, sizes_from)))
+    k = cache.key("segments", cache.code_digest("backend", "ir"), repr((skeleton, sizes_from)))
+    digest = cache.memo(k, lambda: hashlib.sha256(text().encode()).hexdigest())
     # O1's passes and O0's code generation: a segment is glue (loads, stores, calls, a fold's
     # loop) around the kernels, where the time goes. The GPT step's segments: LLVM's passes
     # 0.15 s, code generation 0.03 s against O1's 0.34 (one sitting, a loaded machine); its
     # step and the names MLP's run in the same time (A/B, best of 5 runs each)
-    engine = cpu.jit(("step", digest), lambda: built()[0], opt=1, codegen=0)
+    engine = cpu.jit(("step", digest), text, opt=1, codegen=0)
     addresses = [engine.get_function_address(f"segment{j}") for j in range(len(segments))]
     return engine, addresses, sizes
 
 
 class _Segment:
-    def __init__(self, fn: ir.Function, sizes: list[int], sizes_from: int):
+    def __init__(self, fn: ir.Function, sizes_from: int):
         self.frame, self.threads = fn.args
         self.top = self.frame                   # the segment's frame, where the sizes are
-        self.sizes, self.sizes_from = sizes, sizes_from
+        self.sizes_from = sizes_from
         self.b = ir.IRBuilder(fn.append_basic_block("entry"))
         self.failed = fn.append_basic_block("failed")
         ir.IRBuilder(self.failed).ret(ir.Constant(I64, 1))
@@ -221,10 +261,11 @@ class _Segment:
     def word(self, i: int) -> ir.Value:
         return self.b.load(self.b.gep(self.frame, [ir.Constant(I64, i)]))
 
-    def size(self, n: int) -> ir.Value:
+    def size(self, n: Size) -> ir.Value:
         """n, read from the segment's frame: a size, which the code does not hold."""
-        self.sizes.append(n)
-        at = ir.Constant(I64, self.sizes_from + len(self.sizes) - 1)
+        if not isinstance(n, Size):             # (a number here would be code of one size)
+            raise TypeError(f"a size in the code of a segment: {n!r}")
+        at = ir.Constant(I64, self.sizes_from + n.index)
         return self.b.load(self.b.gep(self.top, [at]))
 
     def pointer(self, i: int, type_: ir.Type = I8P) -> ir.Value:
@@ -248,13 +289,11 @@ class _Segment:
             self.store(self.address(ref), table, slot)
         fn = self.pointer(call.function, _TASK.as_pointer())
         argument = b.bitcast(table, I8P)
-        alone = lambda: b.call(fn, [argument, ir.Constant(I64, 0), ir.Constant(I64, 1)])
-        if not call.shared:
-            alone()
-            return
-        with b.if_else(b.icmp_signed("<=", self.threads, ir.Constant(I64, 1))) as (one, many):
+        alone = b.or_(b.icmp_signed("<=", self.threads, ir.Constant(I64, 1)),
+                      b.icmp_signed("==", self.size(call.shared), ir.Constant(I64, 0)))
+        with b.if_else(alone) as (one, many):
             with one:
-                alone()
+                b.call(fn, [argument, ir.Constant(I64, 0), ir.Constant(I64, 1)])
             with many:
                 # the counters start at 0 (backend/cpu.py): one memset, not a store a word
                 b.call(self.memset, [self.pointer(call.words), ir.Constant(ir.IntType(8), 0),
