@@ -346,11 +346,14 @@ def fold_constants(fn: Function) -> Function:
 
 def _literal(a: np.ndarray):
     """a as nested tuples of Python scalars (tolist converts in C what item() per element did)."""
-    return _tuples(a.tolist())
+    x = a.tolist()
+    return _tuples(x) if type(x) is list else x
 
 
-def _tuples(x):
-    return tuple(map(_tuples, x)) if type(x) is list else x
+def _tuples(x: list) -> tuple:
+    """(A row of scalars made a tuple at once: a call for each element was 4 ms of the GPT
+    loss's optimisation, its causal mask.)"""
+    return tuple(map(_tuples, x)) if x and type(x[0]) is list else tuple(x)
 
 
 def optimize(fn: Function) -> Function:
