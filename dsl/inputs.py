@@ -137,7 +137,8 @@ def from_python(b: Builder, value: Any, t: ast.TypeExpr, mod, where: str, arrays
     name = "/".join(t.name) if isinstance(t, ast.NamedType) else None
     if isinstance(t, ast.TensorTypeExpr) or name in NUMPY_DTYPES and name != "bool":
         dtype = t.dtype if isinstance(t, ast.TensorTypeExpr) else name
-        arr = value if isinstance(value, (np.ndarray, Spec)) or _on_device(value) else \
+        arr = _plain(value, t, where) if isinstance(value, np.ndarray) else \
+            value if isinstance(value, Spec) or _on_device(value) else \
             _borrowed(value, t, where) if device == "cuda" and _in_gpu_memory(value) else \
             _foreign_array(value, t, where) if _is_foreign_array(value) else \
             _array_from_python(value, dtype, t, where)
@@ -232,7 +233,8 @@ def kind(value: Any) -> str:
 
 def _array_from_python(value: Any, dtype: str, t: ast.TypeExpr, where: str) -> np.ndarray:
     """A Python number or nested list of numbers as an array of `dtype`; anything else, or
-    a number the dtype cannot hold exactly (1.5 or 2**40 for i32, 1e300 for f32), is an error."""
+    a number an integer dtype cannot hold exactly (1.5 or 2**40 for i32) or one beyond a float
+    dtype's range (1e300 for f32), is an error (floats round to the nearest, as NumPy's do)."""
     want = f"'{where}' must be {t.span.source.text[t.span.start:t.span.end]}"
     hint = "a NumPy array, a number or a nested list of numbers"
     if not isinstance(value, (bool, int, float, list, tuple, np.generic)):
@@ -278,6 +280,16 @@ def _all_ints(value: Any) -> bool:
 _HOST_MEMORY = {1, 3, 11, 13}           # CPU, CUDA pinned host, ROCm pinned host, CUDA managed
 _DEVICE_NAMES = {2: "cuda", 4: "opencl", 7: "vulkan", 8: "metal", 9: "vpi", 10: "rocm",
                  12: "ext_dev", 14: "oneapi", 15: "webgpu", 16: "hexagon", 17: "maia"}
+
+
+def _plain(value: np.ndarray, t: ast.TypeExpr, where: str) -> np.ndarray:
+    """A NumPy array as the plain array it holds: a subclass's (np.matrix, whose reductions
+    keep two axes, np.memmap) as a view, no copy; a masked array is an error, its mask being
+    what it means."""
+    if type(value) is not np.ndarray and isinstance(value, np.ma.MaskedArray):
+        raise DslError(t.span, f"'{where}' is a masked array, and dslc has no masks: pass "
+                               f"{where}.filled(value) or {where}.data")
+    return np.asarray(value)
 
 
 def _is_foreign_array(value: Any) -> bool:

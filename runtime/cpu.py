@@ -41,7 +41,8 @@ from backend.schedule import (
     plan_memory,
     schedule,
 )
-from backend.team import team
+from backend.team import MAX_THREADS, team
+from frontend.diagnostics import DslError
 from ir import interp
 from ir.core import Function, Op, Value, bind_inputs
 from ir.ops.base import Role, np_dtype
@@ -58,8 +59,14 @@ MIN_CHUNK_WORK = 1 << 12    # elements of one chunk of a kernel in a run (see ba
 
 
 def threads() -> int:
+    """$DSLC_THREADS, else the number of cores; at most the team's MAX_THREADS (more would
+    only take scratch memory: 30,000 were an out-of-memory error on a 5 x 4 product)."""
     value = os.environ.get("DSLC_THREADS", "")
-    return max(1, int(value)) if value.isdigit() else _cores()
+    if not value:
+        return min(_cores(), MAX_THREADS)
+    if not (value.isascii() and value.isdigit()) or int(value) < 1:
+        raise DslError(None, f"DSLC_THREADS: expected a whole number of at least 1, got {value!r}")
+    return min(int(value), MAX_THREADS)
 
 
 @functools.cache
