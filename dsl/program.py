@@ -589,6 +589,9 @@ class Program:
 
     def _lower(self, d: ast.Def, b: Builder, inputs: Inputs) -> Lowered:
         low = self._traced(d, b, inputs)
+        if self.device == "cpu":    # as soon as the products are known: beside the optimisation
+            from runtime.cpu import compile_products_beside
+            compile_products_beside(low.function)
         return replace(low, function=optimize(low.function))
 
     def _traced(self, d: ast.Def, b: Builder, inputs: Inputs) -> Lowered:
