@@ -125,8 +125,6 @@ def literal_default(p: ast.Param) -> Any:
     raise DslError(p.default.span, f"an entry point's default for '{p.name}' must be a literal")
 
 
-
-
 def from_python(b: Builder, value: Any, t: ast.TypeExpr, mod, where: str, arrays: list,
                 device: str = "cpu", params: Params = NO_PARAMS):
     """The abstract value of a Python input for a parameter annotated t (a field of a record

@@ -406,8 +406,9 @@ def _rewritten(fn: Function,
     for op in fn.ops:
         inputs = tuple(env.get(v, v) for v in op.inputs)
         body = _rewritten(op.body, rewrite_op) if op.body is not None else None
-        if inputs != op.inputs or body is not op.body:    # (an op kept is the same object: the
-            op = replace(op, inputs=inputs, body=body)    # cache entry holds it once, not twice)
+        # an op left as it was stays the same object (the cache entry then holds it once)
+        if inputs != op.inputs or body is not op.body:
+            op = replace(op, inputs=inputs, body=body)
         b = Builder()
         value = rewrite_op(op, producer, b)
         if value is not None:
