@@ -427,6 +427,11 @@ def test_the_rank_that_ended_first_is_named_where_mpich_names_another(tmp_path):
 
 def test_a_rank_that_hangs_ends_the_job_naming_it(tmp_path):
     path = dying(tmp_path, "os.kill(os.getpid(), signal.SIGSTOP)")
+    # compiled first, on one rank, so that both ranks load their first step from the cache:
+    # the wait covers the first step's compilation, and under CI's load rank 1 once compiled
+    # more than the 3 s after rank 0 (step 0 named, not 3)
+    warm = dslc("train", str(path), "--steps", "1", "--micro-batches", "2", "--checkpoint-dir", "")
+    assert warm.returncode == 0, warm.stderr
     r = dslc("train", str(path), "--steps", "50", "--ranks", "2", "--checkpoint-dir", "",
              "--rank-timeout", "3", timeout=120)
     user_error(r, "rank 0: rank 1 exchanged no gradients for step 3 within 3 s: it died or hang")
