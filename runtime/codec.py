@@ -56,7 +56,9 @@ def encode(value: Any) -> bytes:
 class _Encoder:
     """One pass over the value; an object met again is written as a reference, and once the
     pass is over, the objects referred to are marked where they were written and numbered in
-    the order their JSON ends (a pass beforehand to find them took a third of the time)."""
+    the order their JSON ends (a pass beforehand to find them took a third of the time). How a
+    type is written is decided at its first object (the checks in order for each object were
+    half the encoding)."""
 
     def __init__(self, value: Any):
         self.classes: dict[tuple[type, tuple[str, ...] | None], str] = {}
@@ -66,6 +68,7 @@ class _Encoder:
         self.shared: set[int] = set()       # their JSON ends; the ids of those met again,
         self.refs: list[dict] = []          # and the references to them (each {"r": id} yet)
         self.open: set[int] = set()         # objects being encoded: met again, they are a cycle
+        self.nodes: dict[type, Callable[[Any], dict]] = {}   # how each type's objects are written
         self.doc = self.value(value)
         self.number_the_shared()
 
@@ -89,14 +92,15 @@ class _Encoder:
         t = type(x)
         if t in PLAIN:
             return x
-        if t is float:
-            return x if math.isfinite(x) else {"f": struct.pack(">d", x).hex()}   # nan, ±inf, bit for bit
         if t is tuple:
+            if PLAIN.issuperset(map(type, x)):          # (most: shapes, strides, in C)
+                return list(x)
             # (the plain items inline: most are, and a call each was a third of the encoding)
             items = [v if type(v) in PLAIN else self.value(v) for v in x]
             return items if CONTAINERS.isdisjoint(map(type, x)) else {"t": items}
-        if isinstance(x, Primitive):
-            return {"p": x.name}
+        node = self.nodes.get(t) or self.node_of(t)
+        if node is _primitive_node or node is _float_node:      # values, never referred to
+            return node(x)
         key = id(x)
         if key in self.written:
             self.shared.add(key)
@@ -106,37 +110,64 @@ class _Encoder:
         if key in self.open:
             raise EncodeError(f"a cycle through a {t.__name__}")
         self.open.add(key)
-        node = self.written[key] = self.node(x)
+        written = self.written[key] = node(x)
         self.open.discard(key)
+        return written
+
+    def node_of(self, t: type) -> Callable[[Any], dict]:
+        """How objects of type t are written (an EncodeError for a type outside the list)."""
+        if t is float:
+            node = _float_node
+        elif issubclass(t, Primitive):
+            node = _primitive_node
+        elif t is list:
+            node = self.list_node
+        elif t is dict:
+            node = self.dict_node
+        elif t in (frozenset, set):
+            tag = "s" if t is frozenset else "z"
+            node = lambda x: {tag: [self.value(v) for v in x]}         # noqa: E731
+        elif t is bytes:
+            node = lambda x: {"b": self.bytes(x)}                       # noqa: E731
+        elif t is type(Ellipsis):                                       # an index's `...`
+            node = lambda x: {"x": 0}                                   # noqa: E731
+        elif t is slice:
+            node = lambda x: {"c": [self.value(x.start), self.value(x.stop), self.value(x.step)]}  # noqa: E731
+        elif t is np.ndarray:
+            node = self.array_node
+        elif issubclass(t, np.generic):
+            node = lambda x: {"n": [_dtype_name(x.dtype), self.bytes(x.tobytes())[0]]}  # noqa: E731
+        elif issubclass(t, np.dtype):
+            node = lambda x: {"y": _dtype_name(x)}                     # noqa: E731
+        elif issubclass(t, enum.Enum) and _ours(t):
+            tag = self.cls(t, None)
+            node = lambda x: {tag: x.name}                              # noqa: E731
+        elif dataclasses.is_dataclass(t) and _ours(t) and "__dict__" in dir(t):
+            node = self.dataclass_node(t)
+        else:
+            raise EncodeError(f"no encoding for a {t.__module__}.{t.__qualname__}")
+        self.nodes[t] = node
         return node
 
-    def node(self, x: Any) -> dict:
-        t = type(x)
-        if t is list:
-            return {"l": [v if type(v) in PLAIN else self.value(v) for v in x]}
-        if t is dict:
-            return {"d": [self.value(v) for kv in x.items() for v in kv]}
-        if t in (frozenset, set):
-            return {"s" if t is frozenset else "z": [self.value(v) for v in x]}
-        if t is bytes:
-            return {"b": self.bytes(x)}
-        if x is Ellipsis:                       # an index's `...`
-            return {"x": 0}
-        if t is slice:
-            return {"c": [self.value(x.start), self.value(x.stop), self.value(x.step)]}
-        if t is np.ndarray:
-            return {"a": [_dtype_name(x.dtype), list(x.shape), *self.bytes(np.ascontiguousarray(x).tobytes())]}
-        if isinstance(x, np.generic):
-            return {"n": [_dtype_name(x.dtype), self.bytes(x.tobytes())[0]]}
-        if t is np.dtype or isinstance(x, np.dtype):
-            return {"y": _dtype_name(x)}
-        if isinstance(x, enum.Enum) and _ours(t):
-            return {self.cls(t, None): x.name}
-        if dataclasses.is_dataclass(t) and _ours(t) and hasattr(x, "__dict__"):
+    def list_node(self, x: list) -> dict:
+        return {"l": [v if type(v) in PLAIN else self.value(v) for v in x]}
+
+    def dict_node(self, x: dict) -> dict:
+        return {"d": [self.value(v) for kv in x.items() for v in kv]}
+
+    def array_node(self, x: np.ndarray) -> dict:
+        return {"a": [_dtype_name(x.dtype), list(x.shape), *self.bytes(np.ascontiguousarray(x).tobytes())]}
+
+    def dataclass_node(self, t: type) -> Callable[[Any], dict]:
+        tags: dict[tuple[str, ...], str] = {}       # by the attributes an object has (a cached
+        value = self.value                          # property adds one)
+
+        def node(x: Any) -> dict:
             fields = vars(x)
-            return {self.cls(t, tuple(fields)): [v if type(v) in PLAIN else self.value(v)
-                                                 for v in fields.values()]}
-        raise EncodeError(f"no encoding for a {t.__module__}.{t.__qualname__}")
+            names = tuple(fields)
+            tag = tags.get(names) or tags.setdefault(names, self.cls(t, names))
+            return {tag: [v if type(v) in PLAIN else value(v) for v in fields.values()]}
+        return node
 
     def cls(self, t: type, names: tuple[str, ...] | None) -> str:
         """The tag of t's objects with these attributes (None: an enum)."""
@@ -149,6 +180,14 @@ class _Encoder:
         offset = len(self.binary)
         self.binary += data
         return [offset, len(data)]
+
+
+def _float_node(x: float) -> Any:
+    return x if math.isfinite(x) else {"f": struct.pack(">d", x).hex()}     # nan, ±inf, bit for bit
+
+
+def _primitive_node(x: Primitive) -> dict:
+    return {"p": x.name}
 
 
 def _ours(t: type) -> bool:
