@@ -24,7 +24,12 @@ class Dim:
 
     @staticmethod
     def const(n: int) -> Dim:
-        return Dim((((), n),) if n else ())
+        known = _CONSTANTS.get(n) if type(n) is int else None
+        if known is None:
+            known = Dim((((), n),) if n else ())
+            if type(n) is int and -_KEPT <= n <= _KEPT:
+                _CONSTANTS[n] = known
+        return known
 
     @staticmethod
     def var(name: str) -> Dim:
@@ -58,15 +63,24 @@ class Dim:
         return frozenset().union(*(_atom_vars(a) for mono, _ in self.terms for a in mono))
 
     def __add__(self, other: Dim | int) -> Dim:
+        a, b = self.value, other if type(other) is int else Dim.of(other).value
+        if a is not None and b is not None:         # (while tracing, every size is a number)
+            return Dim.const(a + b)
         return _combine(self, Dim.of(other), 1)
 
     def __sub__(self, other: Dim | int) -> Dim:
+        a, b = self.value, other if type(other) is int else Dim.of(other).value
+        if a is not None and b is not None:
+            return Dim.const(a - b)
         return _combine(self, Dim.of(other), -1)
 
     def __neg__(self) -> Dim:
         return Dim(tuple((m, -c) for m, c in self.terms), self.unknown_)
 
     def __mul__(self, other: Dim | int) -> Dim:
+        a, b = self.value, other if type(other) is int else Dim.of(other).value
+        if a is not None and b is not None:
+            return Dim.const(a * b)
         other = Dim.of(other)
         if self.unknown_ or other.unknown_:
             return Dim.unknown()
@@ -116,7 +130,7 @@ class Dim:
 
     def subst(self, env: dict[str, Dim]) -> Dim:
         """Replace variables bound in env."""
-        if self.unknown_ or env.keys().isdisjoint(self.free_vars()):
+        if self.unknown_ or self.value is not None or env.keys().isdisjoint(self.free_vars()):
             return self
         total = Dim.const(0)
         for mono, c in self.terms:
@@ -144,6 +158,9 @@ class Dim:
             out += (("- " if c < 0 else "+ ") if i else ("-" if c < 0 else "")) + text + " "
         return out.strip()
 
+
+_KEPT = 1 << 16          # constants up to this size are made once (tracing makes thousands)
+_CONSTANTS: dict[int, Dim] = {}
 
 OPAQUE = "//"     # the prefix of an atom that stands for a floor division the checker cannot do
 # each such atom's operands, so that it is computed once they are known (`E // H` with E = 3, H = 2
