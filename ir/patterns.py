@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -57,9 +57,26 @@ class Rule:
     result: Callable[..., Value]
 
 
-def rules(*table: tuple[Pat, Callable[..., Value]]) -> tuple[Rule, ...]:
+@dataclass(frozen=True)
+class Rules:
+    """A rule table, tried in order. An op is tried only against the rules whose pattern's
+    root its primitive can match, found once for each class of primitive (primitives are
+    stateless: two of one class are equal); trying them all was half of simplify."""
+    table: tuple[Rule, ...]
+    _for: dict[type, tuple[Rule, ...]] = field(default_factory=dict, compare=False, repr=False)
+
+    def for_op(self, op: Op) -> tuple[Rule, ...]:
+        kind = type(op.primitive)
+        found = self._for.get(kind)
+        if found is None:
+            found = self._for[kind] = tuple(r for r in self.table
+                                            if _is(op.primitive, r.pattern.prim))
+        return found
+
+
+def rules(*table: tuple[Pat, Callable[..., Value]]) -> Rules:
     """A rule table, tried in order."""
-    return tuple(Rule(p, r) for p, r in table)
+    return Rules(tuple(Rule(p, r) for p, r in table))
 
 
 def match(pattern: Pat, op: Op, producer: Mapping[Value, Op]) -> dict[str, Any] | None:
@@ -68,20 +85,23 @@ def match(pattern: Pat, op: Op, producer: Mapping[Value, Op]) -> dict[str, Any] 
     return env if _op(pattern, op, producer, env, op) else None
 
 
-def rewrite(table: tuple[Rule, ...], op: Op, producer: Mapping[Value, Op],
-            b: Builder) -> Value | None:
+def rewrite(table: Rules, op: Op, producer: Mapping[Value, Op], b: Builder) -> Value | None:
     """The value op's result becomes by the first rule of table that matches it (the ops that
     make it emitted into b), or None when none does."""
-    for rule in table:
+    for rule in table.for_op(op):
         env = match(rule.pattern, op, producer)
         if env is not None:
             return _call(rule.result, env, op=op, b=b)
     return None
 
 
+def _is(prim: Primitive, p: Primitive | type[Primitive]) -> bool:
+    """Whether prim is p, or of the kind p."""
+    return isinstance(prim, p) if isinstance(p, type) else prim == p
+
+
 def _op(pattern: Pat, op: Op, producer: Mapping[Value, Op], env: dict, top: Op) -> bool:
-    p = pattern.prim
-    if not (isinstance(op.primitive, p) if isinstance(p, type) else op.primitive == p):
+    if not _is(op.primitive, pattern.prim):
         return False
     if pattern.inputs is not None:
         rest = pattern.inputs[-1:] == (...,)
