@@ -229,8 +229,10 @@ def cse(fn: Function) -> Function:
     env: dict[Value, Value] = {}
     ops = []
     for op in fn.ops:
-        op = replace(op, inputs=tuple(env.get(v, v) for v in op.inputs),
-                     body=cse(op.body) if op.body is not None else None)
+        inputs = tuple(env.get(v, v) for v in op.inputs)
+        body = cse(op.body) if op.body is not None else None
+        if inputs != op.inputs or body is not op.body:          # (else the same object, as in
+            op = replace(op, inputs=inputs, body=body)          # _rewritten)
         prim = op.primitive
         key = None if prim.random or prim.effect or op.body is not None else _key(op)
         if key is not None and key in seen:
