@@ -570,7 +570,13 @@ def age(path: Path, seconds: int) -> None:
     os.utime(path, ns=(seconds * 10**9, seconds * 10**9))
 
 
-def test_prune_evicts_the_least_recently_used_entries_first(cache_dir, monkeypatch):
+def test_prune_evicts_the_least_recently_used_entries_first(cache_dir, monkeypatch, tmp_path_factory):
+    from backend.cpu import run_function
+    # the run function is made once for all the process's programs, and FIRST's second run
+    # does not load it: made first under another folder, as when an earlier test made it
+    with monkeypatch.context() as elsewhere:
+        elsewhere.setenv("DSLC_CACHE_DIR", str(tmp_path_factory.mktemp("warm")))
+        run_function()
     run_source(FIRST)
     first = paths(cache.entries())
     run_source(SECOND)
