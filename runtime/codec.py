@@ -2,8 +2,10 @@
 as JSON and a section of raw bytes (arrays). Decoding constructs nothing but containers,
 numbers, NumPy arrays and the dataclasses and enums of dslc's own packages, named in the
 entry and looked up among the modules already imported, and primitives, by their name in the
-registry, so that reading an entry can never run code. Objects reached more than once are written once and referred to after, so the
-decoded graph shares what the encoded one shared (an IR value used by several ops)."""
+registry, so that reading an entry can never run code. Objects reached more than once are
+written once and referred to after, so the decoded graph shares what the encoded one shared (an
+IR value used by several ops); so are frozen values equal in every attribute (the loads of many
+kernels), which the decoded graph then shares too."""
 from __future__ import annotations
 
 import dataclasses
@@ -23,6 +25,10 @@ DTYPE_KINDS = "biufc"           # bool, ints, floats, complex: arrays of plain b
 PLAIN = frozenset({type(None), bool, int, str})    # values that are their own JSON
 CONTAINERS = frozenset({tuple, list})
 _SIZES = struct.Struct("<QQ")   # the lengths of the class table and of the document
+
+
+# a value type whose first UNMATCHED objects are all unequal is not looked up further
+UNMATCHED = 64
 
 
 class EncodeError(ValueError):
@@ -56,9 +62,12 @@ def encode(value: Any) -> bytes:
 class _Encoder:
     """One pass over the value; an object met again is written as a reference, and once the
     pass is over, the objects referred to are marked where they were written and numbered in
-    the order their JSON ends (a pass beforehand to find them took a third of the time). How a
-    type is written is decided at its first object (the checks in order for each object were
-    half the encoding)."""
+    the order their JSON ends (a pass beforehand to find them took a third of the time). An
+    object of a frozen dataclass compared by value (a type, a size, a load, a source site) is
+    a value: one equal to an earlier one in every attribute is written as a reference to it
+    (the GPT step's entry: 440 KB instead of 615, decoded in 24 ms instead of 38). How a type
+    is written is decided at its first object (the checks in order for each object were half
+    the encoding)."""
 
     def __init__(self, value: Any):
         self.classes: dict[tuple[type, tuple[str, ...] | None], str] = {}
@@ -69,6 +78,11 @@ class _Encoder:
         self.refs: list[dict] = []          # and the references to them (each {"r": id} yet)
         self.open: set[int] = set()         # objects being encoded: met again, they are a cycle
         self.nodes: dict[type, Callable[[Any], dict]] = {}   # how each type's objects are written
+        self.values: dict[type, bool] = {}  # whether a type's objects are values (see above)
+        self.first: dict[tuple, int] = {}   # a value's type and attributes -> the id of the first
+        self.same: dict[int, int] = {}      # the id of a value equal to an earlier one -> that one's
+        self.matched: set[type] = set()     # the value types with an object equal to an earlier one
+        self.unmatched: dict[type, int] = {}    # and how many of each were not
         self.doc = self.value(value)
         self.number_the_shared()
 
@@ -101,18 +115,44 @@ class _Encoder:
         node = self.nodes.get(t) or self.node_of(t)
         if node is _primitive_node or node is _float_node:      # values, never referred to
             return node(x)
-        key = id(x)
+        key = self.same.get(id(x), id(x))
         if key in self.written:
-            self.shared.add(key)
-            ref = {"r": key}
-            self.refs.append(ref)
-            return ref
+            return self.ref(key)
         if key in self.open:
             raise EncodeError(f"a cycle through a {t.__name__}")
         self.open.add(key)
-        written = self.written[key] = node(x)
+        written = node(x)
         self.open.discard(key)
+        if self.values[t]:
+            first = self.first.setdefault((t, *map(self.identity, vars(x).values())), key)
+            if first != key:
+                self.same[key] = first
+                self.matched.add(t)
+                return self.ref(first)
+            self.unmatched[t] = n = self.unmatched.get(t, 0) + 1
+            if n == UNMATCHED and t not in self.matched:   # (kernels, steps: each its own)
+                self.values[t] = False
+        self.written[key] = written
         return written
+
+    def ref(self, key: int) -> dict:
+        self.shared.add(key)
+        ref = {"r": key}
+        self.refs.append(ref)
+        return ref
+
+    def identity(self, v: Any) -> Any:
+        """What tells an attribute's value from another's: a plain value with its type (True
+        is not 1), a float by its bits (-0.0 is not 0.0, nor one NaN another), an object
+        already written by the id it was written under."""
+        t = type(v)
+        if t in PLAIN:
+            return t, v
+        if t is float:
+            return struct.pack("<d", v)
+        if t is tuple:
+            return tuple(map(self.identity, v))
+        return self.same.get(id(v), id(v))
 
     def node_of(self, t: type) -> Callable[[Any], dict]:
         """How objects of type t are written (an EncodeError for a type outside the list)."""
@@ -146,6 +186,8 @@ class _Encoder:
             node = self.dataclass_node(t)
         else:
             raise EncodeError(f"no encoding for a {t.__module__}.{t.__qualname__}")
+        params = getattr(t, "__dataclass_params__", None)
+        self.values[t] = params is not None and params.frozen and params.eq
         self.nodes[t] = node
         return node
 

@@ -77,6 +77,25 @@ def test_shared_objects_stay_shared_and_values_take_fresh_ids():
     assert {v.id for v in (x, y)}.isdisjoint(v.id for op in f.ops for v in op.inputs + op.outputs)
 
 
+def test_equal_values_are_written_once_and_only_equal_ones():
+    from backend.loops import Instr, Load
+    from ir.dims import Dim
+    loads = [Load(0, (4, 1)), Load(0, (4, 1)), Load(0, (4, 1), 1), Load(True, (4, 1))]
+    nans = [struct.unpack(">d", bytes.fromhex(h))[0] for h in ("7ff8000000000000", "7ff8000000000123")]
+    consts = [Instr.constant(0.0, "f32"), Instr.constant(-0.0, "f32"), Instr.constant(0.0, "f32"),
+              *(Instr.constant(x, "f64") for x in nans)]
+    dims = [Dim.var("B").spelled("B"), Dim.var("B").spelled("batch"), Dim.var("B").spelled("B")]
+    back = roundtrip((loads, consts, dims))
+    assert back[0] == loads and back[2] == dims and [type(x.buffer) for x in back[0]] == [int, int, int, bool]
+    (a, b, c, d), (zero, minus_zero, zero_again, nan, other_nan), (spelled, other, same) = back
+    assert a is b and c is not a and d is not a                 # True is not 1
+    assert zero is zero_again and minus_zero is not zero        # -0.0 is not 0.0
+    assert nan is not other_nan and struct.pack(">d", dict(other_nan.attrs)["value"]) == struct.pack(">d", nans[1])
+    assert same is spelled and other is not spelled and str(other) == "batch"
+    one, hundred = (codec.encode([Load(0, (4, 1)) for _ in range(n)]) for n in (1, 100))
+    assert len(hundred) == len(one) + len("!") + 99 * len(',{"r":0}')     # one Load, 99 references
+
+
 def test_a_shared_list_stays_one_list():
     inner = [1, 2]
     back = roundtrip({"a": inner, "b": (inner,)})
