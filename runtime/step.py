@@ -185,15 +185,16 @@ class NativeStep:
         (a_ref, a), (b_ref, b) = (self.places[v] for v in step.op.inputs)
         c = self.places[out][1] if out in self.places else self._stand_in(out)
         kernel, a2, b2, parts = product(a, b, c, MAX_THREADS)
-        outer, (a3, b3, c3) = (), kernel.operands(a2, b2, c)[:3]
+        outer, operands = (), kernel.operands(a2, b2, c, copy=False)
         for points in range(1, c.ndim - 2):    # batch axes that are not one: a loop of products
-            if _in_place((a3, b3, c3), (a, b, c)):
+            if operands is not None and _in_place(operands[:3], (a, b, c)):
                 break
             outer, inner = _outer_axes(a2, b2, c, points)
-            a3, b3, c3 = kernel.operands(*inner)[:3]
+            operands = kernel.operands(*inner, copy=False)
             parts = min(parts, prod(n for n, *_ in outer))
-        if not _in_place((a3, b3, c3), (a, b, c)):
+        if operands is None or not _in_place(operands[:3], (a, b, c)):
             return None                        # a copy made per call: the walk's business
+        a3, b3, c3 = operands[:3]
         self._fresh([out])
         c_ref = self._ref(out)
         refs = tuple(Ref(r.word, r.offset + _pointer(x) - _pointer(y))
