@@ -33,6 +33,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from math import prod
 
+import numpy as np
+
 from backend.llvm import FLOATS, row_major
 from backend.loops import Accumulate, Instr, Load, LoopKernel, Reduce, row_scalar
 from backend.views import View, identity, load_strides, load_window, view_of
@@ -139,12 +141,13 @@ def schedule(fn: Function, name: str = "k", products: tuple[str, ...] = PRODUCTS
     effects: list[Op] = []                     # effects waiting for the group to store their inputs
 
     joined: list[tuple[list[Op], tuple[int, ...], _RowStages]] = []   # the last join that held
+    row_stages = _RowSearch(users, results, constants, views).stages
 
     def row_kernel(ops: list[Op], outer: tuple[int, ...], name: str) -> KernelStep | None:
         """The row kernel of ops, from the stages of the join that made them a group (found
         again only where a copy came between: it changes what their loads read)."""
         found = (joined[0][2] if joined and joined[0][0] == ops and joined[0][1] == outer else
-                 _row_stages(ops, outer, users, results, constants, views))
+                 row_stages(ops, outer))
         joined.clear()
         return None if found is None else _row_kernel(name, found, outer)
 
@@ -152,7 +155,7 @@ def schedule(fn: Function, name: str = "k", products: tuple[str, ...] = PRODUCTS
         """Whether ops make one row kernel: its stages are found and kept, the kernel made at
         the flush (made at every op that joined, the kernels dropped took the GPT step's
         schedule from 128 to 152 ms; found again there, 22 of the GPT loss's 121 searches)."""
-        found = _row_stages(ops, outer, users, results, constants, views)
+        found = row_stages(ops, outer)
         if found is not None:
             joined[:] = [(ops, outer, found)]
         return found is not None
@@ -533,6 +536,74 @@ class _RowStages:
     buffers: tuple[Value, ...]
     stored: frozenset[Value]
     n: int
+
+
+class _RowSearch:
+    """_row_stages within one schedule, searched once for each shape of group: a model's layers
+    repeat their groups (layer norms, softmaxes, forward and backward), whose stages differ
+    only in the values and the reductions they name. A group's shape is its ops (primitives,
+    parameters, which values they read and make) and all that the search reads of those
+    values: dtype, shape, users, whether a result, a constant's bits, a view's base, offset,
+    strides and window."""
+
+    def __init__(self, users: dict[Value, int], results: set[Value],
+                 constants: dict[Value, object], views: dict[Value, tuple[Op, View]]):
+        self.users, self.results, self.constants, self.views = users, results, constants, views
+        self.found: dict[tuple, _RowStages | None] = {}     # by shape, values and ops numbered
+
+    def stages(self, ops: list[Op], rows: tuple[int, ...]) -> _RowStages | None:
+        values: list[Value] = []
+        shape = self.shape(ops, rows, values)
+        try:
+            known = shape in self.found
+        except TypeError:                       # (a parameter that does not hash: no search kept)
+            return _row_stages(ops, rows, self.users, self.results, self.constants, self.views)
+        if not known:
+            found = _row_stages(ops, rows, self.users, self.results, self.constants, self.views)
+            self.found[shape] = None if found is None else _numbered(found, values, ops)
+        numbered = self.found[shape]
+        return None if numbered is None else _named(numbered, values, ops)
+
+    def shape(self, ops: list[Op], rows: tuple[int, ...], values: list[Value]) -> tuple:
+        """The group's shape; `values` gets its values in the order they are numbered."""
+        number: dict[Value, int] = {}
+        facts: list[tuple] = []
+
+        def numbered(v: Value) -> int:
+            n = number.get(v)
+            if n is None:
+                n = number[v] = len(values)
+                values.append(v)
+                view = self.views[v][1] if v in self.views else None
+                constant = self.constants[v] if v in self.constants else None
+                facts.append((n, v.dtype, v.shape, self.users.get(v, 0), v in self.results,
+                              None if v not in self.constants else
+                              (type(constant), np.asarray(constant).dtype.str, np.asarray(constant).tobytes()),
+                              None if view is None else
+                              (numbered(view.base), view.offset, view.strides, view.window)))
+            return n
+        group = tuple((op.primitive, op.params, tuple(map(numbered, op.inputs)),
+                       tuple(map(numbered, op.outputs))) for op in ops)
+        return rows, group, tuple(facts)
+
+
+def _numbered(found: _RowStages, values: list[Value], ops: list[Op]) -> _RowStages:
+    """found with each value it names as its number in `values`, each reduction as its index."""
+    number = {v: i for i, v in enumerate(values)}
+    return _RowStages(tuple((body, space, tuple((at, number[v]) for at, v in stores),
+                             None if r is None else ops.index(r))
+                            for body, space, stores, r in found.stages),
+                      tuple(number[v] for v in found.buffers),
+                      frozenset(number[v] for v in found.stored), found.n)
+
+
+def _named(found: _RowStages, values: list[Value], ops: list[Op]) -> _RowStages:
+    """The stages of a numbered search for the group whose values and ops these are."""
+    return _RowStages(tuple((body, space, tuple((at, values[n]) for at, n in stores),
+                             None if r is None else ops[r])
+                            for body, space, stores, r in found.stages),
+                      tuple(values[n] for n in found.buffers),
+                      frozenset(values[n] for n in found.stored), found.n)
 
 
 def _row_kernel(name: str, found: _RowStages, rows: tuple[int, ...]) -> KernelStep:
