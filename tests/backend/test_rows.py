@@ -196,3 +196,39 @@ def test_rows_over_two_trailing_axes_and_a_broadcast_row_value():
     exe = Executable(fn)
     assert row_kernels(exe)
     assert_same_bits(exe.run([x, y]), reference(fn, [x, y]))
+
+
+def test_groups_of_one_shape_but_other_constants_views_or_users_keep_their_own_stages():
+    """A schedule searches each shape of row group once (backend/schedule.py's _RowSearch):
+    groups alike but for a constant's bits (2 and 3; 0.0 and -0.0, whose products' signs
+    differ), a view's strides, or a value also read after the kernel are other shapes, each with
+    stages of its own. (Each group reads a product, which ends the group before.)"""
+    def body(b, x, w):
+        def normalized(z):
+            return b.emit("div", z, b.emit("sum", z, axis=-1, keepdims=True))
+        out = []
+        for c in (2.0, 2.0, 3.0):
+            z = b.emit("add", b.emit("mul", x, b.constant(c, "f32")), x)
+            out.append(normalized(z))
+            x = b.emit("matmul", out[-1], w)
+        for c in (0.0, -0.0):
+            m = b.emit("max", x, axis=-1, keepdims=True)
+            out.append(b.emit("mul", b.emit("sub", x, m), b.constant(c, "f32")))   # signed zeros
+            x = b.emit("matmul", b.emit("add", out[-1], x), w)
+        for view in ([("reshape", (40, 6)), ("transpose", None)], [("reshape", (40, 6)), ("reshape", (6, 40))]):
+            v = x
+            for prim, shape in view:
+                v = b.emit(prim, v, shape=shape) if shape else b.emit(prim, v)
+            out.append(normalized(b.emit("mul", v, v)))
+            x = b.emit("matmul", out[-1], w)
+        for read_after in (False, True):
+            z = b.emit("mul", x, x)
+            out.append(normalized(z))
+            out += [b.emit("sum", z, axis=0)] if read_after else []
+            x = b.emit("matmul", out[-1 - read_after], w)
+        return out + [x]
+    x, w = inputs(6, 40), (np.eye(40) + rng.standard_normal((40, 40)) * 0.01).astype(np.float32)
+    fn = build(body, x, w)
+    exe = Executable(fn)
+    assert len(row_kernels(exe)) == 9
+    assert_same_bits(exe.run([x, w]), reference(fn, [x, w]))
