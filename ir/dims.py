@@ -159,7 +159,7 @@ class Dim:
         return out.strip()
 
 
-_KEPT = 1 << 16          # constants up to this size are made once (tracing makes thousands)
+_KEPT = 1 << 12          # constants up to this size are made once (tracing makes thousands)
 _CONSTANTS: dict[int, Dim] = {}
 
 OPAQUE = "//"     # the prefix of an atom that stands for a floor division the checker cannot do
