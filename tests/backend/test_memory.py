@@ -17,7 +17,7 @@ from ir import interp
 from ir.ad import grad_function
 from ir.core import Builder, tensor_type
 from ir.passes import optimize
-from runtime.cpu import Executable, _pages
+from runtime.cpu import FAULTED_BESIDE, Executable, _pages
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import test_programs as programs  # noqa: E402
@@ -106,6 +106,32 @@ def test_a_host_view_of_a_planned_value_keeps_it_alive():
     a = rng.standard_normal((8, 16)).astype(np.float32)
     for g, w in zip(exe.run([a]), interp.run(fn, [a])):
         assert g.tobytes() == w.tobytes()
+
+
+def test_a_large_first_arena_is_faulted_beside_the_build_and_serves_one_call():
+    """The first call takes the arena a thread faulted in while the executable was built; a call
+    made during it (nested here) maps one of its own; both give the interpreter's bits."""
+    b = Builder()
+    x, w = b.param(tensor_type("f32", (1031, 64))), b.param(tensor_type("f32", (64, 1024)))
+    y = b.emit("matmul", x, w)                      # 4.2 MB in the arena
+    fn = b.finish([b.emit("sum", b.emit("mul", b.emit("exp", y), y), axis=1)])
+    exe = Executable(fn)
+    assert exe.memory.size >= FAULTED_BESIDE and len(exe._faulting) == 1
+    faulted = exe._faulting[0].memory
+    a, c = (rng.standard_normal(s).astype(np.float32) * 0.1 for s in ((1031, 64), (64, 1024)))
+    inner = []
+
+    def outer(arena, arrays):
+        assert arena.memory is faulted
+        inner.append(exe.run([a * 2, c])[0])        # the arena is taken: another is mapped
+        return exe.native.run(arena, arrays)
+    (got,) = exe._in_arena(outer, [a, c])
+    assert not exe._faulting and len(exe._arenas) == 2
+    assert not np.shares_memory(exe._arenas[0].memory, exe._arenas[1].memory)
+    assert got.tobytes() == exe.walk([a, c])[0].tobytes()
+    assert inner[0].tobytes() == exe.walk([a * 2, c])[0].tobytes()
+    want = interp.run(fn, [a, c])[0]                # (exp within a few ulp: docs/numerics.md)
+    assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want))
 
 
 @pytest.mark.skipif(not hasattr(mmap, "MAP_POPULATE"), reason="an arena is np.empty's there")
