@@ -311,7 +311,8 @@ class _Arena:
 def _pages(size: int, populate: bool = True) -> np.ndarray:
     """size fresh bytes, their pages mapped at once where the system can (Linux's
     MAP_POPULATE: one call for all of them, where the first touch of each page faults; the
-    GPT step's 55 MB arena: a first call 20-25 ms shorter, the faults 1.1 ms a MB here)."""
+    GPT step's 55 MB arena: a first call 20-25 ms shorter, the faults 1.1 ms a MB here), or,
+    with `populate` false, each at its first touch (as _Faulting touches them)."""
     flag = getattr(mmap, "MAP_POPULATE", None)
     if flag is None:
         return np.empty(size, np.uint8)
