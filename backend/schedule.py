@@ -140,25 +140,19 @@ def schedule(fn: Function, name: str = "k", products: tuple[str, ...] = PRODUCTS
     names = (f"{name}_{i}" for i in range(10 ** 9))
     effects: list[Op] = []                     # effects waiting for the group to store their inputs
 
-    joined: list[tuple[list[Op], tuple[int, ...], _RowStages]] = []   # the last join that held
+    # (the flush of a group finds the stages its last join searched, unless a copy between
+    # changed what their loads read: the group's shape is another then)
     row_stages = _RowSearch(users, results, constants, views).stages
 
     def row_kernel(ops: list[Op], outer: tuple[int, ...], name: str) -> KernelStep | None:
-        """The row kernel of ops, from the stages of the join that made them a group (found
-        again only where a copy came between: it changes what their loads read)."""
-        found = (joined[0][2] if joined and joined[0][0] == ops and joined[0][1] == outer else
-                 row_stages(ops, outer))
-        joined.clear()
+        found = row_stages(ops, outer)
         return None if found is None else _row_kernel(name, found, outer)
 
     def rows_join(ops: list[Op], outer: tuple[int, ...]) -> bool:
-        """Whether ops make one row kernel: its stages are found and kept, the kernel made at
-        the flush (made at every op that joined, the kernels dropped took the GPT step's
-        schedule from 128 to 152 ms; found again there, 22 of the GPT loss's 121 searches)."""
-        found = row_stages(ops, outer)
-        if found is not None:
-            joined[:] = [(ops, outer, found)]
-        return found is not None
+        """Whether ops make one row kernel: its stages are found, the kernel made at the flush
+        (made at every op that joined, the kernels dropped took the GPT step's schedule from
+        128 to 152 ms)."""
+        return row_stages(ops, outer) is not None
 
     def flush() -> None:
         nonlocal rows, space
@@ -178,7 +172,6 @@ def schedule(fn: Function, name: str = "k", products: tuple[str, ...] = PRODUCTS
 
     def copy(v: Value) -> None:
         """Kernels read the view v from a contiguous copy from here on, which a copy kernel makes."""
-        joined.clear()
         view = views.pop(v)[1]
         if view.base in in_group:
             flush()
@@ -575,16 +568,21 @@ class _RowSearch:
                 n = number[v] = len(values)
                 values.append(v)
                 view = self.views[v][1] if v in self.views else None
-                constant = self.constants[v] if v in self.constants else None
                 facts.append((n, v.dtype, v.shape, self.users.get(v, 0), v in self.results,
-                              None if v not in self.constants else
-                              (type(constant), np.asarray(constant).dtype.str, np.asarray(constant).tobytes()),
+                              _bits(self.constants[v]) if v in self.constants else None,
                               None if view is None else
                               (numbered(view.base), view.offset, view.strides, view.window)))
             return n
         group = tuple((op.primitive, op.params, tuple(map(numbered, op.inputs)),
                        tuple(map(numbered, op.outputs))) for op in ops)
         return rows, group, tuple(facts)
+
+
+def _bits(constant: object) -> tuple:
+    """A constant as the search tells it from another: its type, dtype and bytes (-0.0 is not
+    0.0)."""
+    a = np.asarray(constant)
+    return type(constant), a.dtype.str, a.tobytes()
 
 
 def _numbered(found: _RowStages, values: list[Value], ops: list[Op]) -> _RowStages:
