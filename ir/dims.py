@@ -63,24 +63,20 @@ class Dim:
         return frozenset().union(*(_atom_vars(a) for mono, _ in self.terms for a in mono))
 
     def __add__(self, other: Dim | int) -> Dim:
-        a, b = self.value, other if type(other) is int else Dim.of(other).value
-        if a is not None and b is not None:         # (while tracing, every size is a number)
-            return Dim.const(a + b)
-        return _combine(self, Dim.of(other), 1)
+        numbers = _numbers(self, other)
+        return Dim.const(numbers[0] + numbers[1]) if numbers else _combine(self, Dim.of(other), 1)
 
     def __sub__(self, other: Dim | int) -> Dim:
-        a, b = self.value, other if type(other) is int else Dim.of(other).value
-        if a is not None and b is not None:
-            return Dim.const(a - b)
-        return _combine(self, Dim.of(other), -1)
+        numbers = _numbers(self, other)
+        return Dim.const(numbers[0] - numbers[1]) if numbers else _combine(self, Dim.of(other), -1)
 
     def __neg__(self) -> Dim:
         return Dim(tuple((m, -c) for m, c in self.terms), self.unknown_)
 
     def __mul__(self, other: Dim | int) -> Dim:
-        a, b = self.value, other if type(other) is int else Dim.of(other).value
-        if a is not None and b is not None:
-            return Dim.const(a * b)
+        numbers = _numbers(self, other)
+        if numbers:
+            return Dim.const(numbers[0] * numbers[1])
         other = Dim.of(other)
         if self.unknown_ or other.unknown_:
             return Dim.unknown()
@@ -157,6 +153,13 @@ class Dim:
             text = " * ".join(factors)
             out += (("- " if c < 0 else "+ ") if i else ("-" if c < 0 else "")) + text + " "
         return out.strip()
+
+
+def _numbers(a: Dim, b: Dim | int) -> tuple[int, int] | None:
+    """a and b as the numbers they are, when both are (while tracing, every size is one: the
+    arithmetic is then the numbers', not the polynomials')."""
+    x, y = a.value, b if type(b) is int else Dim.of(b).value
+    return None if x is None or y is None else (x, y)
 
 
 _KEPT = 1 << 12          # constants up to this size are made once (tracing makes thousands)
