@@ -229,10 +229,8 @@ def cse(fn: Function) -> Function:
     env: dict[Value, Value] = {}
     ops = []
     for op in fn.ops:
-        inputs = tuple(env.get(v, v) for v in op.inputs)
-        body = cse(op.body) if op.body is not None else None
-        if inputs != op.inputs or body is not op.body:          # (else the same object, as in
-            op = replace(op, inputs=inputs, body=body)          # _rewritten)
+        op = _rebuilt(op, tuple(env.get(v, v) for v in op.inputs),
+                      cse(op.body) if op.body is not None else None)
         prim = op.primitive
         key = None if prim.random or prim.effect or op.body is not None else _key(op)
         if key is not None and key in seen:
@@ -406,11 +404,8 @@ def _rewritten(fn: Function,
     env: dict[Value, Value] = {}
     ops = []
     for op in fn.ops:
-        inputs = tuple(env.get(v, v) for v in op.inputs)
-        body = _rewritten(op.body, rewrite_op) if op.body is not None else None
-        # an op left as it was stays the same object (the cache entry then holds it once)
-        if inputs != op.inputs or body is not op.body:
-            op = replace(op, inputs=inputs, body=body)
+        op = _rebuilt(op, tuple(env.get(v, v) for v in op.inputs),
+                      _rewritten(op.body, rewrite_op) if op.body is not None else None)
         b = Builder()
         value = rewrite_op(op, producer, b)
         if value is not None:
@@ -421,6 +416,14 @@ def _rewritten(fn: Function,
     if not env and all(a is b for a, b in zip(ops, fn.ops)) and len(ops) == len(fn.ops):
         return fn
     return substitute(fn, ops, env)
+
+
+def _rebuilt(op: Op, inputs: tuple[Value, ...], body: Function | None) -> Op:
+    """op with these inputs and body; op itself where they are its own (a pass that leaves
+    an op alone keeps the object, which a cache entry then holds once)."""
+    if inputs == op.inputs and body is op.body:
+        return op
+    return replace(op, inputs=inputs, body=body)
 
 
 def _one_hot_plan(op: Op):
