@@ -219,7 +219,7 @@ def compile_segments(segments: list[tuple[Call, ...]], sizes_from: int
     skeleton, sizes = sized(segments)
     text = functools.cache(lambda: str(module_ir(skeleton, sizes_from)))
     k = cache.key("segments", cache.code_digest("backend", "ir"), repr((skeleton, sizes_from)))
-    digest = cache.memo(k, lambda: hashlib.sha256(text().encode()).hexdigest())
+    digest = cache.memo(k, lambda: hashlib.sha256(text().encode()).hexdigest(), str)
     # O1's passes and O0's code generation: a segment is glue (loads, stores, calls, a fold's
     # loop) around the kernels, where the time goes. The GPT step's segments: LLVM's passes
     # 0.15 s, code generation 0.03 s against O1's 0.34 (one sitting, a loaded machine); its

@@ -552,8 +552,8 @@ class Program:
             # the entry holds a runtime.cpu.Planned, and decode finds only imported classes
             import runtime.cpu  # noqa: F401
         k = self._entry_key(d, inputs)
-        found = cache.load_value(k)
-        if isinstance(found, Stored) and isinstance(found.lowered, Lowered):
+        found = cache.load_value(k, Stored)
+        if found is not None and isinstance(found.lowered, Lowered):
             self._stored[found.lowered.function] = found
             return found.lowered
         low = deep(without_gc(lambda: self._lower(d, b, inputs)))
@@ -700,7 +700,7 @@ def _parse(source: Source) -> ast.Module:
     the same path before (parsing the standard library is most of a warm load's wait)."""
     from runtime import cache
     k = cache.key("ast", cache.code_digest("frontend"), ascii(source.path), source.text)
-    return cache.memo(k, lambda: parse(source))
+    return cache.memo(k, lambda: parse(source), ast.Module)
 
 
 def _wrt_names(d: ast.Def, wrt: str | tuple[str, ...]) -> tuple[str, ...]:

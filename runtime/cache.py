@@ -215,22 +215,23 @@ def _trusted(folder: Path) -> bool:
     return True
 
 
-def load_value(k: str) -> Any | None:
-    """The value stored under k by store_value, or None. Decoded with the cycle collector
-    paused: the many objects it makes are all alive, and collections triggered by their number
-    would each walk the whole heap."""
+def load_value(k: str, kind: type) -> Any | None:
+    """The value stored under k by store_value, or None, or None for one not of type `kind`.
+    Decoded with the cycle collector paused: the many objects it makes are all alive, and
+    collections triggered by their number would each walk the whole heap."""
     data = load(k, "val")
     if data is None:
         return None
     collecting = gc.isenabled()
     gc.disable()
     try:
-        return codec.decode(data)
+        value = codec.decode(data)
     except codec.DecodeError:
         return None
     finally:
         if collecting:
             gc.enable()
+    return value if isinstance(value, kind) else None
 
 
 def store_value(k: str, value: Any) -> None:
@@ -243,9 +244,9 @@ def store_value(k: str, value: Any) -> None:
     store(k, data, "val")
 
 
-def memo(k: str, make: Callable[[], Any]) -> Any:
-    """The value stored under k, or make()'s, stored there for next time."""
-    value = load_value(k)
+def memo(k: str, make: Callable[[], Any], kind: type) -> Any:
+    """The value of type `kind` stored under k, or make()'s, stored there for next time."""
+    value = load_value(k, kind)
     if value is None:
         value = make()
         store_value(k, value)

@@ -203,7 +203,7 @@ def _planned(fn: Function, name: str) -> Planned:
     """plan(fn, name), from the on-disk cache when this scheduler planned exactly this function
     before."""
     k = cache.key("plan", cache.code_digest("backend", "ir"), name, _digest(fn))
-    return cache.memo(k, lambda: plan(fn, name))
+    return cache.memo(k, lambda: plan(fn, name), Planned)
 
 
 def _digest(fn: Function) -> str:

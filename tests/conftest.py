@@ -273,3 +273,26 @@ import pytest as _pytest  # noqa: E402
 
 SLOW = bool(os.environ.get("DSLC_SLOW"))
 slow = _pytest.mark.skipif(not SLOW, reason="set DSLC_SLOW=1 for the slow tests")
+
+
+# Hand-made compile cache entries (runtime/codec.py reads pickles through an allow-list): what
+# a damaged or hostile entry could hold, written by Python's own unrestricted pickle.
+import pickle as _pickle  # noqa: E402
+
+
+class _Call:
+    def __init__(self, fn, args):
+        self.fn, self.args = fn, args
+
+    def __reduce__(self):
+        return self.fn, self.args
+
+
+def pickled_call(fn, *args) -> bytes:
+    """A pickle that calls fn(*args) when loaded, fn named by its module and name."""
+    return _pickle.dumps(_Call(fn, args), protocol=4)
+
+
+def pickled_new(module: str, qualname: str) -> bytes:
+    """A pickle that makes an object of the class module.qualname, which need not exist."""
+    return b"\x80\x04c" + f"{module}\n{qualname}\n".encode() + b")\x81."

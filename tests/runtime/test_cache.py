@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import json
 import os
 import shutil
-import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import pickled_call, pickled_new
 from ir.core import Builder, tensor_type
 from runtime import cache
 from runtime.cpu import Executable
@@ -424,7 +423,7 @@ def test_a_damaged_program_entry_is_built_again(cache_dir, sources, monkeypatch,
      "sealed other value": lambda e: sealed(e, __import__("runtime.codec").codec.encode((1, 2)))}[damage](entry)
     done = made(monkeypatch)
     assert run_main(sources) == 60.0 and done == ["lowered", "planned"]
-    assert isinstance(cache.load_value(k), Stored)                  # stored again
+    assert isinstance(cache.load_value(k, Stored), Stored)                  # stored again
 
 
 def test_the_product_kernel_is_compiled_beside_a_cold_plan_not_after_it(cache_dir, monkeypatch):
@@ -473,12 +472,6 @@ def sealed(entry: Path, data: bytes) -> None:
     cache.store(entry.stem, data, entry.suffix[1:])
 
 
-def plain(table: list, doc) -> bytes:
-    """An entry in the codec's layout with this class table and document."""
-    t, d = json.dumps(table).encode(), json.dumps(doc).encode()
-    return struct.pack("<QQ", len(t), len(d)) + t + d
-
-
 def flip(entry):
     blob = bytearray(entry.read_bytes())
     blob[-5] ^= 0xFF
@@ -513,13 +506,14 @@ VALUE_ENTRY = {
     "sealed garbage": lambda e: sealed(e, os.urandom(200)),
     "sealed truncation": lambda e: sealed(e, cache.load(e.stem, "val")[:-7]),
     "sealed pickle": lambda e: sealed(e, __import__("pickle").dumps(print)),
-    "sealed foreign class": lambda e: sealed(e, plain([["os:system", []]], {"0": []})),
-    "sealed unimported dslc class": lambda e: sealed(e, plain([["runtime.nothing:X", []]], {"0": []})),
-    "sealed dslc function": lambda e: sealed(e, plain([["dsl.program:loads", []]], {"0": []})),
-    "sealed wrong fields": lambda e: sealed(e, plain([["ir.core:Value", ["type"]]], {"0": [1, 2]})),
-    "sealed bad reference": lambda e: sealed(e, plain([], {"r": 7})),
-    "sealed bad array": lambda e: sealed(e, plain([], {"a": ["|O", [3], 0, 24]})),
-    "sealed NaN constant": lambda e: sealed(e, plain([], [1.0]).replace(b"1.0", b"NaN")),
+    "sealed foreign class": lambda e: sealed(e, pickled_new("pathlib", "Path")),
+    "sealed unimported dslc class": lambda e: sealed(e, pickled_new("runtime.nothing", "X")),
+    "sealed dslc function": lambda e: sealed(e, pickled_call(__import__("dsl.program").program.loads, "")),
+    "sealed empty entry object": lambda e: sealed(e, pickled_new("dsl.program", "Stored")),
+    "sealed bad reference": lambda e: sealed(e, b"\x80\x04h\x07."),
+    "sealed bad array": lambda e: sealed(e, pickled_call(__import__("runtime.codec").codec._array,
+                                                         "|O", (3,), b"\0" * 24)),
+    "sealed call": lambda e: sealed(e, pickled_call(eval, "1")),
 }
 
 
