@@ -21,7 +21,8 @@ from dsl.inputs import (COMPILED, MAX_BYTES, Inputs, abstract_inputs, bind_pytho
 from dsl.specialisations import Specialisation, Specialisations, kept_per_entry
 from dsl.values import unflatten
 from frontend import ast
-from frontend.check import Checker, deep, raise_collected, without_gc
+from frontend.check import Checker, deep, raise_collected
+from frontend.collector import without_gc
 from frontend.calls import _not_differentiable
 from frontend.diagnostics import CheckError, DslError, Note, Source, did_you_mean
 from frontend.lower import Layout, LoweringError, flatten, trained_leaves

@@ -9,12 +9,12 @@ checked at each distinct use (specialisation), and each only once.
 """
 from __future__ import annotations
 
-import gc
 import sys
 import threading
 from contextlib import contextmanager
 
 from frontend import ast, structure
+from frontend.collector import without_gc
 from frontend.ast import source_text
 from frontend.builtins import DTYPE_QUERIES, SPECIAL_FORMS
 from frontend.calls import Calls, Frame, Spans
@@ -376,20 +376,6 @@ def check_file(path: str, text: str | None = None) -> Program:
         check_program(program)
         return program
     return deep(without_gc(run))
-
-
-def without_gc(thunk):
-    """thunk run with Python's cycle collector paused: the front end makes many small objects
-    and no cycles worth collecting, and collections in the middle cost a third of its time."""
-    def run():
-        was = gc.isenabled()
-        gc.disable()
-        try:
-            return thunk()
-        finally:
-            if was:
-                gc.enable()
-    return run
 
 
 def raise_collected(errors: list[DslError]) -> None:

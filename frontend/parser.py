@@ -1,10 +1,8 @@
 """The parser: source text to frontend.ast, by lark's LALR(1) parser over grammar.lark."""
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
-import gc
 import inspect
 import re
 import threading
@@ -15,7 +13,7 @@ from lark.exceptions import LarkError, UnexpectedCharacters, UnexpectedToken
 from lark.indenter import Indenter
 from lark.lexer import BasicLexer
 
-from frontend import ast
+from frontend import ast, collector
 from frontend.diagnostics import Note, ParseError, Source, Span
 from frontend.limits import MAX_NESTING, MAX_RANK, MAX_SOURCE_BYTES
 
@@ -489,7 +487,7 @@ def parse(source: Source) -> ast.Module:
         raise too_large(source.path, source.text[:MAX_EXCERPT_READ], size)
     text = source.text if source.text.endswith("\n") else source.text + "\n"
     parser = _lark()
-    with _LOCK, _no_cycle_collection():
+    with _LOCK, collector.paused():     # (a parse allocates much and frees little)
         _BUILDER._begin(source)
         try:
             tree = parser.parse(text)
@@ -515,18 +513,6 @@ def too_large(path: str, head: str, size: int) -> ParseError:
     """The error for a source over MAX_SOURCE_BYTES, shown at its start (head: its first characters)."""
     return ParseError(Span(Source(path, head), 0, 0), f"the source is {size:,} bytes: a source file "
                                                       f"may have at most {MAX_SOURCE_BYTES:,}")
-
-
-@contextlib.contextmanager
-def _no_cycle_collection():
-    """Pause Python's cycle collector: a parse allocates much and frees little (a quarter of its time)."""
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if collecting:
-            gc.enable()
 
 
 def _bad_character(source: Source, pos: int) -> ParseError:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
-import gc
 import hashlib
 import os
 import re
@@ -24,6 +23,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Callable
 
+from frontend import collector
 from frontend.diagnostics import DslError
 from runtime import codec
 
@@ -222,15 +222,11 @@ def load_value(k: str, kind: type) -> Any | None:
     data = load(k, "val")
     if data is None:
         return None
-    collecting = gc.isenabled()
-    gc.disable()
     try:
-        value = codec.decode(data)
+        with collector.paused():
+            value = codec.decode(data)
     except codec.DecodeError:
         return None
-    finally:
-        if collecting:
-            gc.enable()
     return value if isinstance(value, kind) else None
 
 
