@@ -8,6 +8,7 @@ arrays of every constant evaluated so far, and CSE compares an op with all the o
 neither a pattern of the ops that make its inputs."""
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from itertools import accumulate
 from typing import Callable
@@ -331,17 +332,21 @@ def fold_constants(fn: Function) -> Function:
     constant: dict[Value, np.ndarray] = {}
     ops = []
     for op in fn.ops:
-        small = 0 < int(np.prod(op.outputs[0].shape)) <= FOLD_LIMIT if op.outputs else False
-        if isinstance(op.primitive, Constant) or (isinstance(op.primitive, Filled) and small):
+        if isinstance(op.primitive, Constant) or (isinstance(op.primitive, Filled) and _small(op)):
             constant[op.outputs[0]] = interp.evaluate(op, [])[0]
         elif (op.body is None and not op.primitive.random and not op.primitive.effect and len(op.outputs) == 1
               and all(v in constant for v in op.inputs) and not op.outputs[0].is_key
-              and small):   # (a literal has no empty shape)
+              and _small(op)):   # (a literal has no empty shape)
             value = interp.evaluate(op, [constant[v] for v in op.inputs])[0]
             constant[op.outputs[0]] = value
             op = Op(Constant(), (), (("dtype", op.outputs[0].dtype), ("value", _literal(value))), op.outputs)
         ops.append(op)
     return Function(fn.name, fn.params, tuple(ops), fn.results)
+
+
+def _small(op: Op) -> bool:
+    """Whether op's first result has at least one element and at most FOLD_LIMIT."""
+    return 0 < math.prod(op.outputs[0].shape) <= FOLD_LIMIT
 
 
 def _literal(a: np.ndarray):
