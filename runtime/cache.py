@@ -216,9 +216,9 @@ def _trusted(folder: Path) -> bool:
 
 
 def load_value(k: str, kind: type) -> Any | None:
-    """The value stored under k by store_value, or None, or None for one not of type `kind`.
-    Decoded with the cycle collector paused: the many objects it makes are all alive, and
-    collections triggered by their number would each walk the whole heap."""
+    """The value of type `kind` stored under k by store_value; None where there is none, or
+    one of another type. Decoded with the cycle collector paused: the many objects it makes
+    are all alive, and collections triggered by their number would each walk the whole heap."""
     data = load(k, "val")
     if data is None:
         return None
