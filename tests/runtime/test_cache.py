@@ -379,9 +379,13 @@ def test_a_warm_load_in_a_new_process_neither_lowers_nor_plans(cache_dir):
 # it by another: the same bits, the second having lowered and planned nothing (its whole entry
 # decoded: a class the codec wrote that it cannot read back would be a miss, built again).
 EXAMPLE_STEP = """
-import hashlib, sys, dsl.program
+import hashlib, os, sys, time, dsl.program
 sys.path.insert(0, "tests")
 from conftest import bits, example_step_case
+go = os.environ.get("GO")                   # a file whose making starts every process at once
+print("ready", flush=True)
+while go and not os.path.exists(go):
+    time.sleep(0.001)
 lower = dsl.program.Program._lower
 lowered = []
 dsl.program.Program._lower = lambda *a: lowered.append(1) or lower(*a)
@@ -393,9 +397,32 @@ print(hashlib.sha256(repr(sorted(bits(prog.step(**args)).items())).encode()).hex
 @pytest.mark.parametrize("name", EXAMPLES)
 def test_every_example_step_loaded_warm_in_a_new_process_gives_the_same_bits(cache_dir, name):
     cold, warm = (child(EXAMPLE_STEP.format(name=name), cache_dir, timeout=300) for _ in range(2))
-    digest, lowered = cold.stdout.split()
+    _, digest, lowered = cold.stdout.split()
     assert lowered != "0", cold.stderr
-    assert warm.stdout.split() == [digest, "0"], warm.stderr
+    assert warm.stdout.split() == ["ready", digest, "0"], warm.stderr
+
+
+def test_processes_compiling_one_program_into_one_cache_at_once_agree(cache_dir):
+    """Three processes store the same entries at once, each maybe reading another's: every one
+    gives the same bits, and a fourth then loads them all warm."""
+    go = cache_dir.parent / "go"
+    env = dict(os.environ, DSLC_CACHE_DIR=str(cache_dir), DSLC_DEVICE="cpu", PYTHONPATH=str(REPO),
+               GO=str(go))
+    procs = [subprocess.Popen([sys.executable, "-c", EXAMPLE_STEP.format(name="gpt")], env=env,
+                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(3)]
+    try:
+        assert [p.stdout.readline() for p in procs] == ["ready\n"] * 3
+        go.touch()
+        outs = [p.communicate(timeout=300) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert all(p.returncode == 0 for p in procs), [err for _, err in outs]
+    digests = {out.split()[0] for out, _ in outs}
+    assert len(digests) == 1
+    warm = child(EXAMPLE_STEP.format(name="gpt"), cache_dir, timeout=300)
+    assert warm.stdout.split() == ["ready", *digests, "0"], warm.stderr
 
 
 def append(path: Path, text: str) -> None:
