@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import Callable
 
@@ -115,12 +116,12 @@ def run_function() -> tuple[RunFn, int]:
     """The run function (callable from Python) and its address, compiled once per machine
     (each run was a piece of code of its own: a fifth of the GPT step's compile time)."""
     engine = jit((RUN_NAME,), _run_module, opt=1)
-    _engines.append(engine)                 # (its code lives as long as the process)
+    _kept.append(engine)                    # (its code lives as long as the process)
     at = engine.get_function_address(RUN_NAME)
     return RunFn(at), at
 
 
-_engines: list[llvm.ExecutionEngine] = []
+_kept: list[llvm.ExecutionEngine] = []
 
 
 def _run_module() -> ir.Module:
@@ -202,10 +203,14 @@ def jit(key: tuple[str, ...], build: Callable[[], ir.Module | str], opt: int = 3
     the host CPU, its code generated at level `codegen` (opt's unless given). Its object code
     comes from the on-disk cache when there is an entry under key (which must name everything
     the module depends on) for this backend's code, the IR's (where the primitives' scalar
-    bodies are) and this machine: then build() is not even called."""
+    bodies are) and this machine: then build() is not even called; nor where this process
+    holds the engine already."""
     codegen = opt if codegen is None else codegen
-    machine = target_machine(codegen)
     k = jit_key(key if codegen == opt else (*key, f"code generation at O{codegen}"), opt)
+    engine = _jitted.get(k)
+    if engine is not None:
+        return engine
+    machine = target_machine(codegen)
     cached = cache.load(k)
     if cached is not None:
         engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), machine)
@@ -217,7 +222,13 @@ def jit(key: tuple[str, ...], build: Callable[[], ir.Module | str], opt: int = 3
         engine = llvm.create_mcjit_compiler(mod, machine)
         engine.set_object_cache(lambda _, data: cache.store(k, data), lambda _: None)
     engine.finalize_object()
+    _jitted[k] = engine
     return engine
+
+
+# each engine jit made, while it is used: a new batch size's native step (its segments' code
+# is the same at every size) finds its engine here instead of reading and linking it again
+_jitted: weakref.WeakValueDictionary[str, llvm.ExecutionEngine] = weakref.WeakValueDictionary()
 
 
 def jit_key(key: tuple[str, ...], opt: int = 3) -> str:
@@ -228,16 +239,15 @@ def jit_key(key: tuple[str, ...], opt: int = 3) -> str:
 class Compiled:
     """Kernels, JIT-compiled, their addresses looked up by name: one piece of object code for
     each distinct one (backend/objects.py), their symbols made here unless given; `made` names
-    the pieces compiled, not found cached."""
+    the pieces compiled, neither linked in this process already nor found cached."""
 
     def __init__(self, kernels: list[LoopKernel], symbols: dict[str, str] | None = None):
         from backend import objects      # imported here: backend/objects.py imports this module
         symbols = objects.kernel_symbols(kernels) if symbols is None else symbols
         pieces = objects.pieces(kernels, symbols)
-        self.engine, self.made = objects.link(pieces)
-        # (looked up once a symbol: the GPT step's 180 kernels are 50 pieces)
-        addresses = {s: self.engine.get_function_address(s) for s in set(symbols.values())}
-        self.addresses = {k.name: addresses[symbols[k.name]] for k in kernels}
+        self.linked, self.made = objects.link(pieces)       # (held: their engines stay)
+        self.addresses = {k.name: self.linked[symbols[k.name]].addresses[symbols[k.name]]
+                          for k in kernels}
 
     def function(self, name: str) -> KernelFn:
         """Kernel `name`, callable from Python (the runtime calls kernels by address, through

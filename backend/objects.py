@@ -14,6 +14,7 @@ import os
 import pickle
 import subprocess
 import sys
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,14 +74,33 @@ def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-def link(pieces: list[KernelPiece]) -> tuple[llvm.ExecutionEngine, tuple[str, ...]]:
-    """One engine holding every piece's object code (from the cache where it is there), and
-    the symbols of the pieces compiled."""
+class Linked:
+    """An engine holding pieces' object code, and their addresses; alive while a program's
+    kernels use one of them."""
+
+    def __init__(self, engine: llvm.ExecutionEngine, symbols: list[str]):
+        self.engine = engine
+        self.addresses = {s: engine.get_function_address(s) for s in symbols}
+
+
+# each piece this process has linked, while its engine is alive: a new batch size, or another
+# function of the program, finds its pieces here instead of reading and linking them again
+_linked: weakref.WeakValueDictionary[str, Linked] = weakref.WeakValueDictionary()
+
+
+def link(pieces: list[KernelPiece]) -> tuple[dict[str, Linked], tuple[str, ...]]:
+    """Where each piece is linked (the engines of this process that hold some already, and a
+    new one for the rest, their object code from the cache where it is there), and the
+    symbols of the pieces compiled."""
+    held = {p.symbol: _linked.get(p.symbol) for p in pieces}
+    rest = [p for p in pieces if held[p.symbol] is None]
+    if not rest:
+        return held, ()
     # (a symbol is a digest of its piece's whole IR: the piece's own text, 280 KB for the GPT
     # step's kernels, cost a warm load 15 ms to digest again)
-    keys = {p.symbol: cache.key("object", p.symbol, *cpu.machine_key(p.level)) for p in pieces}
-    objects = {p.symbol: cache.load(keys[p.symbol]) for p in pieces}
-    missing = [p for p in pieces if objects[p.symbol] is None]
+    keys = {p.symbol: cache.key("object", p.symbol, *cpu.machine_key(p.level)) for p in rest}
+    objects = {p.symbol: cache.load(keys[p.symbol]) for p in rest}
+    missing = [p for p in rest if objects[p.symbol] is None]
     for p, data in zip(missing, compile_all(missing)):
         objects[p.symbol] = data
         cache.store(keys[p.symbol], data)
@@ -88,7 +108,10 @@ def link(pieces: list[KernelPiece]) -> tuple[llvm.ExecutionEngine, tuple[str, ..
     for data in objects.values():
         engine.add_object_file(llvm.ObjectFileRef.from_data(data))
     engine.finalize_object()
-    return engine, tuple(p.symbol for p in missing)
+    linked = Linked(engine, list(objects))
+    for symbol in objects:
+        held[symbol] = _linked[symbol] = linked
+    return held, tuple(p.symbol for p in missing)
 
 
 def compile_all(pieces: list[KernelPiece]) -> list[bytes]:

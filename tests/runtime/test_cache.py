@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -37,20 +38,48 @@ def entries(root):
     return sorted(p for p in root.rglob("*.o"))
 
 
+def as_in_a_new_process(monkeypatch) -> None:
+    """Forget the object code this process has linked (backend/objects.py, backend/cpu.py's
+    jit and its run function), so that the next executable reads it from the cache, as a new
+    process would. (Without the run function's, the test below failed where it ran first in
+    its process: the damaged entry of the run function was never read again.)"""
+    from backend import cpu, objects
+    monkeypatch.setattr(objects, "_linked", weakref.WeakValueDictionary())
+    monkeypatch.setattr(cpu, "_jitted", weakref.WeakValueDictionary())
+    cpu.run_function.cache_clear()          # (the engines it made stay: runs call them)
+
+
 def test_second_compilation_loads_the_stored_object(cache_dir, monkeypatch):
     x = np.arange(120, dtype=np.float32).reshape(40, 3)
+    as_in_a_new_process(monkeypatch)
     want = Executable(program()).run([x])[0]
     made = entries(cache_dir)                   # the kernel's and its run's (backend/objects.py)
     stored = []
     monkeypatch.setattr(cache, "store", lambda k, data: stored.append(k))
+    as_in_a_new_process(monkeypatch)
     got = Executable(program()).run([x])[0]
     assert stored == []                         # nothing compiled: the entries were used
     assert got.tobytes() == want.tobytes() and made and all(e.exists() for e in made)
 
 
+def test_a_second_executable_in_the_process_links_its_code_again_never(cache_dir, monkeypatch):
+    """A new batch size, or another function with the program's kernels: the pieces and
+    engines this process holds are used, not read from the cache and linked again."""
+    x = np.arange(120, dtype=np.float32).reshape(40, 3)
+    first = Executable(program())
+    want = first.run([x])[0]
+    load = cache.load
+    monkeypatch.setattr(cache, "load", lambda k, kind="o": pytest.fail("object code read again")
+                        if kind == "o" else load(k, kind))
+    second = Executable(program())
+    assert second.compiled.addresses == first.compiled.addresses
+    assert second.run([x])[0].tobytes() == want.tobytes()
+
+
 @pytest.mark.parametrize("damage", ["flip a byte", "truncate", "another key"])
-def test_a_damaged_or_foreign_entry_is_rebuilt(cache_dir, damage):
+def test_a_damaged_or_foreign_entry_is_rebuilt(cache_dir, damage, monkeypatch):
     x = np.ones((40, 3), np.float32)
+    as_in_a_new_process(monkeypatch)
     Executable(program()).run([x])
     made = entries(cache_dir)
     for entry in made:
@@ -63,6 +92,7 @@ def test_a_damaged_or_foreign_entry_is_rebuilt(cache_dir, damage):
             blob = blob.replace(entry.stem.encode(), b"0" * len(entry.stem))
         entry.write_bytes(bytes(blob))
         assert cache.load(entry.stem) is None
+    as_in_a_new_process(monkeypatch)
     got = Executable(program()).run([x])[0]
     assert np.array_equal(got, np.full(40, 3.0, np.float32))
     assert made and all(cache.load(e.stem) is not None for e in made)   # rebuilt, stored again
