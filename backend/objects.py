@@ -4,7 +4,7 @@ repeat the same kernels; so does a new batch size; the runs that call them are o
 backend/cpu.py's run_function); each piece is cached on disk on its own, so that a changed
 program recompiles only what changed; the pieces not cached are compiled by worker processes
 beside this one (llvmlite holds one lock over every call into LLVM: threads would take turns),
-then linked in one MCJIT engine."""
+then linked in one MCJIT engine; a piece this process has linked already is used there."""
 from __future__ import annotations
 
 import contextlib
