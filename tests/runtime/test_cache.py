@@ -224,11 +224,16 @@ def test_values_of_a_cached_function_never_share_an_id_with_this_process_values(
 REPO = Path(__file__).resolve().parents[2]
 
 
+def child_env(cache: Path, **more: str) -> dict[str, str]:
+    """The environment of a new Python process of dslc's on this cache, with `more`."""
+    return dict(os.environ, DSLC_CACHE_DIR=str(cache), DSLC_DEVICE="cpu", PYTHONPATH=str(REPO),
+                **more)
+
+
 def child(code: str, cache: Path, timeout: float = 120) -> subprocess.CompletedProcess:
     """Run code in a new Python process on this cache: a hang fails the test, never the suite."""
-    env = dict(os.environ, DSLC_CACHE_DIR=str(cache), DSLC_DEVICE="cpu", PYTHONPATH=str(REPO))
-    return subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, timeout=timeout,
-                          capture_output=True, text=True)
+    return subprocess.run([sys.executable, "-c", code], env=child_env(cache), cwd=REPO,
+                          timeout=timeout, capture_output=True, text=True)
 
 
 @pytest.mark.parametrize("thing", ["fifo", "symlink to /dev/zero"])
@@ -436,10 +441,9 @@ def test_processes_compiling_one_program_into_one_cache_at_once_agree(cache_dir)
     """Three processes store the same entries at once, each maybe reading another's: every one
     gives the same bits, and a fourth then loads them all warm."""
     go = cache_dir.parent / "go"
-    env = dict(os.environ, DSLC_CACHE_DIR=str(cache_dir), DSLC_DEVICE="cpu", PYTHONPATH=str(REPO),
-               GO=str(go))
-    procs = [subprocess.Popen([sys.executable, "-c", EXAMPLE_STEP.format(name="gpt")], env=env,
-                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    procs = [subprocess.Popen([sys.executable, "-c", EXAMPLE_STEP.format(name="gpt")],
+                              env=child_env(cache_dir, GO=str(go)), cwd=REPO,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for _ in range(3)]
     try:
         assert [p.stdout.readline() for p in procs] == ["ready\n"] * 3
