@@ -650,11 +650,17 @@ def age(path: Path, seconds: int) -> None:
 
 def test_prune_evicts_the_least_recently_used_entries_first(cache_dir, monkeypatch, tmp_path_factory):
     from backend.cpu import run_function
-    # the run function is made once for all the process's programs, and FIRST's second run
-    # does not load it: made first under another folder, as when an earlier test made it
-    with monkeypatch.context() as elsewhere:
-        elsewhere.setenv("DSLC_CACHE_DIR", str(tmp_path_factory.mktemp("warm")))
-        run_function()
+
+    def as_in_a_new_process_that_ran_others() -> None:
+        # code linked by what this process ran before is not read again (the test passed or
+        # failed by what ran before it); the run function is made once for all the process's
+        # programs, and FIRST's second run does not load it: made under another folder
+        as_in_a_new_process(monkeypatch)
+        with monkeypatch.context() as elsewhere:
+            elsewhere.setenv("DSLC_CACHE_DIR", str(tmp_path_factory.mktemp("warm")))
+            run_function()
+
+    as_in_a_new_process_that_ran_others()
     run_source(FIRST)
     first = paths(cache.entries())
     run_source(SECOND)
@@ -662,6 +668,7 @@ def test_prune_evicts_the_least_recently_used_entries_first(cache_dir, monkeypat
     assert first and second
     for e in cache.entries():                   # the first program's entries are the older
         age(e.path, 1000 if e.path in first else 2000)
+    as_in_a_new_process_that_ran_others()
     assert run_source(FIRST) == 30.0            # ... until it runs again, loading each of them
     removed, kept = cache.prune(sum(e.size for e in cache.entries() if e.path in first))
     assert (paths(removed), paths(kept)) == (second, first)
