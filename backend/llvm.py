@@ -364,9 +364,12 @@ class _KernelGen:
             return b.icmp_unsigned("!=", v, ir.Constant(I8, 0)) if ins.dtype == "bool" else v
         if lane_stride == 0:
             return self.e.splat(self.load(ins, offset), lanes)
-        if lane_stride == 1 and ins.dtype != "bool":
+        if lane_stride == 1:
             vptr = b.bitcast(b.gep(ptr, [offset]), ir.VectorType(mem, lanes).as_pointer())
-            return b.load(vptr, align=mem.width // 8 if hasattr(mem, "width") else 4)
+            v = b.load(vptr, align=mem.width // 8 if hasattr(mem, "width") else 4)
+            # (a mask's lanes one load and one compare: element by element, a softmax's
+            # causal mask cost as much as the rest of its row kernel)
+            return b.icmp_unsigned("!=", v, ir.Constant(v.type, None)) if ins.dtype == "bool" else v
         vec = ir.Constant(ir.VectorType(SCALAR[ins.dtype], lanes), ir.Undefined)
         for j in range(lanes):
             at = b.add(offset, ir.Constant(I64, j * lane_stride))
@@ -445,8 +448,7 @@ class _KernelGen:
         values the earlier ones stored (measured on the GPT step: softmax forward -10%,
         layer-norm backward +13% when blocked)."""
         b, k = self.b, self.k
-        costly = any(ins.prim is not None and ins.prim.costly for stage in k.stages for ins in stage.body)
-        block = max(1, min(ROW_BLOCK, CHUNK // max(k.n, 1))) if costly else 1
+        block = max(1, min(ROW_BLOCK, CHUNK // max(k.n, 1))) if k.costly else 1
 
         def rows_from(o: ir.Value) -> None:
             known: dict[int, ir.Value] = {}

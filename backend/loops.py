@@ -121,6 +121,12 @@ class LoopKernel:
             per_row.update(row_values(stage, self.shape))
 
     @property
+    def costly(self) -> bool:
+        """Whether it computes a costly primitive (exp, log, tanh…): many instructions an element."""
+        return any(ins.prim is not None and ins.prim.costly
+                   for kernel in (self, *self.stages) for ins in kernel.body)
+
+    @property
     def is_reduction(self) -> bool:
         return self.reduce is not None
 

@@ -57,6 +57,9 @@ if TYPE_CHECKING:
 ROOT = Path(__file__).resolve().parents[1]
 MIN_RUN_WORK = 1 << 19      # elements a run's kernels visit, in all: below this, one thread
 MIN_CHUNK_WORK = 1 << 12    # elements of one chunk of a kernel in a run (see backend/cpu.py)
+# an element of a kernel that computes exp, log, tanh… counts this many (on a Zen 3 two threads
+# beat one at an exp of 16K elements; a GPT step's softmax, 262K, ran on one thread)
+COSTLY_WORK = 16
 
 
 def threads() -> int:
@@ -247,7 +250,7 @@ def _chunks(k: LoopKernel) -> int:
 
 
 def _work(k: LoopKernel) -> int:
-    return prod(k.shape) * max(k.n, 1)
+    return prod(k.shape) * max(k.n, 1) * (COSTLY_WORK if k.costly else 1)
 
 
 def _runs(steps: tuple[Step, ...]) -> list[list[int]]:

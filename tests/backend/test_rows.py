@@ -32,8 +32,14 @@ def ln(x: f32[B, T], g: f32[T], b: f32[T]) -> f32[B, T]:
 def rms(x: f32[B, T], g: f32[T]) -> f32[B, T]:
   return rms_norm(x, g)
 
+def msm(x: f32[B, T], m: bool[B, T]) -> f32[B, T]:
+  return softmax(where(m, x, -1000000000.0))
+
 def sm_loss(x: f32[B, T], w: f32[B, T]) -> f32:
   return sum(softmax(x) * w)
+
+def msm_loss(x: f32[B, T], m: bool[B, T], w: f32[B, T]) -> f32:
+  return sum(msm(x, m) * w)
 
 def lsm_loss(x: f32[B, T], w: f32[B, T]) -> f32:
   return sum(log_softmax(x) * w)
@@ -46,6 +52,10 @@ def rms_loss(x: f32[B, T], g: f32[T], w: f32[B, T]) -> f32:
 
 def sm_grad(x: f32[B, T], w: f32[B, T]) -> f32[B, T]:
   l, g = value_and_grad(sm_loss, wrt=x)(x, w)
+  return g
+
+def msm_grad(x: f32[B, T], m: bool[B, T], w: f32[B, T]) -> f32[B, T]:
+  l, g = value_and_grad(msm_loss, wrt=x)(x, m, w)
   return g
 
 def lsm_grad(x: f32[B, T], w: f32[B, T]) -> f32[B, T]:
@@ -62,9 +72,10 @@ def rms_grad(x: f32[B, T], g: f32[T], w: f32[B, T]) -> (f32[B, T], f32[T]):
 """
 PROGRAM = dsl.loads(SOURCE, device="reference")
 
-# each entry's arguments besides x: [T] gains and biases, [B, T] weights of the loss
-EXTRA = {"sm": "", "lsm": "", "ln": "gb", "rms": "g", "sm_grad": "w", "lsm_grad": "w",
-         "ln_grad": "gbw", "rms_grad": "gw"}
+# each entry's arguments besides x: [T] gains and biases, [B, T] masks (an attention's,
+# whose lanes a row kernel loads as bytes) and weights of the loss
+EXTRA = {"sm": "", "msm": "m", "lsm": "", "ln": "gb", "rms": "g", "sm_grad": "w",
+         "msm_grad": "mw", "lsm_grad": "w", "ln_grad": "gbw", "rms_grad": "gw"}
 
 
 def reference(fn: Function, arrays: list[np.ndarray]) -> list[np.ndarray]:
@@ -85,7 +96,7 @@ def reference(fn: Function, arrays: list[np.ndarray]) -> list[np.ndarray]:
 def lowered(name: str, x: np.ndarray) -> tuple[Function, list[np.ndarray]]:
     b_, t = x.shape
     extra = {"g": rng.standard_normal(t).astype(np.float32), "b": rng.standard_normal(t).astype(np.float32),
-             "w": rng.standard_normal((b_, t)).astype(np.float32)}
+             "w": rng.standard_normal((b_, t)).astype(np.float32), "m": rng.random((b_, t)) < 0.7}
     low, inputs = PROGRAM.lower(name, (x, *[extra[c] for c in EXTRA[name]]), {})
     return low.function, inputs.arrays
 
