@@ -1,7 +1,9 @@
 """Scheduling: an IR function cut into kernels (fused loop nests) and host steps.
 
 Consecutive elementwise ops of one shape fuse into one map kernel: their intermediate values
-never touch memory, and only values used later are stored. A float reduction over
+never touch memory, and only values used later are stored (the ops are taken in fusion_order,
+which brings together those that join and could run together: an optimizer's updates of one
+parameter, written map after map over all of them). A float reduction over
 contiguous-compatible axes becomes a reduction kernel, which computes its input itself when
 the open map kernel makes it for the reduction alone (the softmax's exp, the variance's
 square). A scan (cumsum…) is a scan kernel, which computes its input itself in the same way.
@@ -189,7 +191,7 @@ def schedule(fn: Function, name: str = "k", products: tuple[str, ...] = PRODUCTS
             steps.append(ViewStep(op, view))
             made.add(v)
 
-    for op in fn.ops:
+    for op in fusion_order(fn.ops):
         x = op.inputs[0] if op.inputs else None
         source = views[x][1] if x in views else None
         view = None
@@ -260,6 +262,79 @@ def schedule(fn: Function, name: str = "k", products: tuple[str, ...] = PRODUCTS
     for v in fn.results:
         need(v)
     return Plan(fn, _with_epilogues(steps))
+
+
+def fusion_order(ops: list[Op]) -> list[Op]:
+    """ops in an order that keeps their data flow, each elementwise op followed at once by the
+    later ones of its shape that are joined to it by a value of that shape and could run now,
+    where all their results are the program's or used among them alone. The scheduler fuses
+    neighbours only, and an optimizer's updates are written map after map over the parameters
+    (AdamW: every m, then every v, then every parameter): so each parameter's three updates
+    become one kernel, one pass over its gradient and state. Ops that feed later work stay
+    where they are: moved, they would be stored for it instead of fused into it."""
+    producer = {v: op for op in ops for v in op.outputs}
+    users: dict[Value, list[Op]] = {}
+    for op in ops:
+        for v in op.inputs:
+            users.setdefault(v, []).append(op)
+    elementwise = {id(op): fusible(op) for op in ops}
+    # an op that may move: elementwise, its results going only into such ops of its shape
+    movable: dict[int, bool] = {}
+    for op in reversed(ops):
+        movable[id(op)] = elementwise[id(op)] and all(
+            movable[id(w)] and _shape(w) == _shape(op) for v in op.outputs for w in users.get(v, []))
+    # the movable ops each value joins: its producer and its users, of its shape
+    near: dict[Value, list[Op]] = {}
+    for op in ops:
+        if movable[id(op)]:
+            for v in op.inputs + op.outputs:
+                if v.shape == _shape(op):
+                    near.setdefault(v, []).append(op)
+    position = {id(op): i for i, op in enumerate(ops)}
+    placed: set[int] = set()
+    order: list[Op] = []
+
+    def joined(seed: Op) -> list[Op]:
+        """The unplaced movable ops of seed's shape that values of that shape join to it and
+        that could run now, with the constants they need first."""
+        shape, found, frontier = _shape(seed), {}, [seed]
+        while frontier:
+            for v in (x := frontier.pop()).inputs + x.outputs:
+                for u in near.get(v, ()):
+                    if id(u) not in placed and id(u) not in found and v.shape == shape:
+                        found[id(u)] = u
+                        frontier.append(u)
+
+        def runs_now(u: Op) -> bool:
+            made = lambda v: (v not in producer or id(producer[v]) in placed
+                              or id(producer[v]) in found or _constant(producer[v]))
+            return all(map(made, u.inputs)) and all(id(w) in found for v in u.outputs
+                                                     for w in users.get(v, []))
+        check = list(found.values())
+        while check:                 # drop what cannot run now, and what it makes wait
+            u = check.pop()
+            if id(u) in found and not runs_now(u):
+                del found[id(u)]
+                check += [producer[v] for v in u.inputs if v in producer and id(producer[v]) in found]
+                check += [w for v in u.outputs for w in users.get(v, []) if id(w) in found]
+        constants = {id(producer[v]): producer[v] for u in found.values() for v in u.inputs
+                     if v in producer and id(producer[v]) not in placed and _constant(producer[v])}
+        return sorted([*constants.values(), *found.values()], key=lambda u: position[id(u)])
+
+    for op in ops:
+        if id(op) in placed:
+            continue
+        placed.add(id(op))
+        order.append(op)
+        for u in joined(op) if elementwise[id(op)] else []:
+            placed.add(id(u))
+            order.append(u)
+    return order
+
+
+def _constant(op: Op) -> bool:
+    """An op that may run anywhere before its users: made once, no draw of random numbers."""
+    return made_once(op) and not op.primitive.random and not op.primitive.effect
 
 
 def _with_epilogues(steps: list[Step]) -> tuple[Step, ...]:

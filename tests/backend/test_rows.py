@@ -85,8 +85,8 @@ def reference(fn: Function, arrays: list[np.ndarray]) -> list[np.ndarray]:
         inputs = [env[v] for v in op.inputs]
         if isinstance(op.primitive, MathFunction):
             b = Builder()
-            x = b.param(op.inputs[0].type)
-            outs = Executable(b.finish([b.emit(op.primitive.name, x, **op.attrs)])).run(inputs)
+            xs = [b.param(v.type) for v in op.inputs]
+            outs = Executable(b.finish([b.emit(op.primitive.name, *xs, **op.attrs)])).run(inputs)
         else:
             outs = interp.evaluate(op, inputs)
         env.update(zip(op.outputs, outs))
