@@ -265,6 +265,7 @@ def _build_tile(module: ir.Module, name: str, dtype: str, t: Tiles, nv: int,
     fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [p, I64, I64, p, I64, I64, p, I64,
                                                              I1, I64, I64]), name)
     fn.linkage = "internal"
+    fn.attributes.add("noinline")      # (its registers its own: see the forms of A below)
     a_pack, a_row, a_k, b_pack, b_k, kc, c, ldc, first, m, n = fn.args
     mr = t.mr if mr is None else mr
     for arg in (a_pack, b_pack, c):
@@ -279,11 +280,13 @@ def _build_tile(module: ir.Module, name: str, dtype: str, t: Tiles, nv: int,
     row_at = [e.min(r, b.sub(m, _i64(1))) for r in range(mr)]
     a_at = [e.at(a_pack, b.mul(r, a_row)) for r in row_at]
     c_at = [[e.at(c, b.mul(r, ldc), v * t.width) for v in range(nv)] for r in row_at]
+    tile_c = [ptr for ptr_row in c_at for ptr in ptr_row]
     none = ir.Constant(ir.VectorType(I1, t.width), [0] * t.width)
-    columns = [e.lanes_below(n, v) for v in range(nv)]
-    masks = [[b.select(rows[r], columns[v], none) for v in range(nv)] for r in range(mr)]
-    tile_c = [(ptr, mask) for ptr_row, mask_row in zip(c_at, masks)
-              for ptr, mask in zip(ptr_row, mask_row)]
+
+    def masks() -> list:
+        """Each of tile_c's vectors' mask, made in the branches that read C through masks."""
+        columns = [e.lanes_below(n, v) for v in range(nv)]
+        return [b.select(rows[r], columns[v], none) for r in range(mr) for v in range(nv)]
 
     # ORDER: the accumulators are C itself. The first K block starts from -0.0, as the
     # definition does; a later one reloads exactly the value the previous block stored.
@@ -291,18 +294,22 @@ def _build_tile(module: ir.Module, name: str, dtype: str, t: Tiles, nv: int,
         with from_zero:
             zero_block = b.block
         with from_c:
-            loaded = [e.masked_load(ptr, mask) for ptr, mask in tile_c]
+            loaded = [e.masked_load(ptr, mask) for ptr, mask in zip(tile_c, masks())]
             load_block = b.block
     acc = e.merge(([ir.Constant(e.vec, [-0.0] * t.width)] * len(loaded), zero_block),
                   (loaded, load_block))
 
-    def step(acc: list, k, bs: list) -> list:
+    def a_element(a: tuple, r: int, k):
+        """A[r, k] in every lane, a being A's rows' addresses and its k stride."""
+        rows_at, k_stride = a
+        return e.splat(b.load(e.at(rows_at[r], b.mul(k, k_stride)), align=e.align))
+
+    def step(acc: list, k, bs: list, a: tuple) -> list:
         # ORDER: one k for every element of the tile: lane (r, j) gains A[r, k]·B[k, j].
         # The vectors run across j (distinct elements), never across k.
         out = []
         for r in range(mr):
-            a = e.splat(b.load(e.at(a_at[r], b.mul(k, a_k)), align=e.align))
-            out += [b.call(fma, [a, bs[v], acc[r * nv + v]]) for v in range(nv)]
+            out += [b.call(fma, [a_element(a, r, k), bs[v], acc[r * nv + v]]) for v in range(nv)]
         return out
 
     def b_row(k, edge: bool) -> list:
@@ -313,15 +320,15 @@ def _build_tile(module: ir.Module, name: str, dtype: str, t: Tiles, nv: int,
             return [e.load_vec(e.at(row, v * t.width)) for v in range(nv)]
         row = e.at(b_pack, b.mul(k, b_k))
         # (the narrowest tile that covers n is called: only its last vector can reach past n)
-        return [e.masked_load(e.at(row, v * t.width), columns[v]) if edge and v == nv - 1 else
+        return [e.masked_load(e.at(row, v * t.width), e.lanes_below(n, v)) if edge and v == nv - 1 else
                 e.load_vec(e.at(row, v * t.width)) for v in range(nv)]
 
-    def by_rows(acc: list, k, count: int, edge: bool = False) -> list:
+    def by_rows(acc: list, k, count: int, a: tuple, edge: bool = False) -> list:
         for u in range(count):
-            acc = step(acc, b.add(k, _i64(u)), b_row(b.add(k, _i64(u)), edge))
+            acc = step(acc, b.add(k, _i64(u)), b_row(b.add(k, _i64(u)), edge), a)
         return acc
 
-    def by_columns(acc: list, k, count: int, rest=None) -> list:
+    def by_columns(acc: list, k, count: int, a: tuple, rest=None) -> list:
         """`count` (= width) k from k on, only those below `rest` where it is given: for each
         vector of columns, width loads along k transposed into that many rows of B."""
         along = e.lanes_below(rest, 0) if rest is not None else None
@@ -338,8 +345,7 @@ def _build_tile(module: ir.Module, name: str, dtype: str, t: Tiles, nv: int,
                 # (a k past the end reads A at k instead: an address inside A)
                 ku = b.add(k, _i64(u)) if inside is None else b.select(inside, b.add(k, _i64(u)), k)
                 for r in range(mr):
-                    a = e.splat(b.load(e.at(a_at[r], b.mul(ku, a_k)), align=e.align))
-                    added = b.call(fma, [a, row, acc[r * nv + v]])
+                    added = b.call(fma, [a_element(a, r, ku), row, acc[r * nv + v]])
                     if inside is not None:   # ORDER: a k past the end adds nothing, not even 0
                         added = b.select(inside, added, acc[r * nv + v])
                     acc[r * nv + v] = added
@@ -367,30 +373,59 @@ def _build_tile(module: ir.Module, name: str, dtype: str, t: Tiles, nv: int,
         b.position_at_end(done)
         return phis, k
 
-    if b_form == "columns":
-        acc, k = k_loop(acc, _i64(0), kc, t.width, "main", by_columns)
-        rest = b.sub(kc, k)                          # ORDER: the tail comes after, in k order
-        without = b.block
-        with b.if_then(b.icmp_signed(">", rest, _i64(0))):
-            tail = by_columns(acc, k, t.width, rest)
-            with_tail = b.block
-        acc = e.merge((acc, without), (tail, with_tail))
-    else:
-        def k_loops(acc: list, trip) -> list:
+    def k_loops(acc: list, a: tuple) -> list:
+        """The tile's kc steps, reading A at a."""
+        if b_form == "columns":
+            trip = functools.partial(by_columns, a=a)
+            acc, k = k_loop(acc, _i64(0), kc, t.width, "main", trip)
+            rest = b.sub(kc, k)                      # ORDER: the tail comes after, in k order
+            without = b.block
+            with b.if_then(b.icmp_signed(">", rest, _i64(0))):
+                tail = trip(acc, k, t.width, rest=rest)
+                with_tail = b.block
+            return e.merge((acc, without), (tail, with_tail))
+
+        def main_and_rest(acc: list, edge: bool) -> list:
+            trip = functools.partial(by_rows, a=a, edge=edge)
             acc, k = k_loop(acc, _i64(0), kc, UNROLL, "main", trip)
             return k_loop(acc, k, kc, 1, "rest", trip)[0]    # ORDER: the tail after, in k order
         if b_form == "packed":
-            acc = k_loops(acc, by_rows)
-        else:
-            # B read in place: only a tile at a column edge loads its last vector through the
-            # mask (a masked load each k costs a whole tile a tenth of its time on Zen 3)
-            edge_of_b = b.icmp_signed("<", n, _i64(nv * t.width))
-            with b.if_else(edge_of_b) as (at_edge, inside):
-                with at_edge:
-                    masked = k_loops(acc, functools.partial(by_rows, edge=True)), b.block
-                with inside:
-                    plain = k_loops(acc, by_rows), b.block
-            acc = e.merge(masked, plain)
+            return main_and_rest(acc, False)
+        # B read in place: only a tile at a column edge loads its last vector through the
+        # mask (a masked load each k costs a whole tile a tenth of its time on Zen 3)
+        with b.if_else(b.icmp_signed("<", n, _i64(nv * t.width))) as (at_edge, inside):
+            with at_edge:
+                masked = main_and_rest(acc, True), b.block
+            with inside:
+                plain = main_and_rest(acc, False), b.block
+        return e.merge(masked, plain)
+
+    def k_loops_for(acc: list, forms: list) -> list:
+        """k_loops for the first of forms (condition, A's rows and k stride) whose condition
+        holds, the last one's being None (any A)."""
+        (holds, a), *others = forms
+        if not others:
+            return k_loops(acc, a)
+        with b.if_else(holds) as (this, other):
+            with this:
+                chosen = k_loops(acc, a), b.block
+            with other:
+                rest = k_loops_for(acc, others), b.block
+        return e.merge(chosen, rest)
+
+    # A's addresses with strides the code knows, where they are (a packed A; A's rows
+    # contiguous): a register a row and displacements, where a runtime stride made an address
+    # for each row and step of the unrolled loop, most of them spilled to the stack. With the
+    # tile a function of its own (inlined, its set-up was spilled the more) and C's masks made
+    # only where read, on a Zen 3 (the kernel called from C, one thread): 64×32×64 3.51 ->
+    # 3.08 µs, 64 of them 204 -> 189, 64 of 32×64×64 230 -> 205, 1024×128×384 1102 -> 1071,
+    # a transposed A's 512×1024×128 1646 -> 1617 (the set-up was a fifth of a 64×32×64)
+    general = (a_at, a_k)
+    unit_k = (b.icmp_signed("==", a_k, _i64(1)), (a_at, _i64(1)))
+    packed = (b.and_(b.icmp_signed("==", a_row, _i64(1)), b.icmp_signed("==", a_k, _i64(mr))),
+              ([e.at(a_pack, r) for r in row_at], _i64(mr)))
+    forms = {"packed": [packed, unit_k], "rows": [unit_k], "columns": []}[b_form]
+    acc = k_loops_for(acc, forms + [(None, general)])
     # A whole tile stores plainly, and so does each row of a tile at the row edge, a row past
     # m not at all: a masked store is microcoded on AMD's Zen (about 10 cycles each on Zen 3,
     # where 12 of them cost a 64-deep tile as much as a third of its fmas); only a tile at a
@@ -398,17 +433,18 @@ def _build_tile(module: ir.Module, name: str, dtype: str, t: Tiles, nv: int,
     full_width = b.icmp_signed("==", n, _i64(nv * t.width))
     with b.if_else(b.and_(full_width, b.icmp_signed("==", m, _i64(mr)))) as (plain, edge):
         with plain:
-            for value, (ptr, _) in zip(acc, tile_c):
+            for value, ptr in zip(acc, tile_c):
                 e.store_vec(value, ptr)
         with edge:
+            tile_masks = masks()
             for r in range(mr):
-                row = list(zip(acc[r * nv:(r + 1) * nv], tile_c[r * nv:(r + 1) * nv]))
+                row = slice(r * nv, (r + 1) * nv)
                 with b.if_then(rows[r]), b.if_else(full_width) as (whole_row, column_edge):
                     with whole_row:
-                        for value, (ptr, _) in row:
+                        for value, ptr in zip(acc[row], tile_c[row]):
                             e.store_vec(value, ptr)
                     with column_edge:
-                        for value, (ptr, mask) in row:
+                        for value, ptr, mask in zip(acc[row], tile_c[row], tile_masks[row]):
                             e.masked_store(value, ptr, mask)
     b.ret_void()
     return fn
