@@ -55,7 +55,10 @@ if TYPE_CHECKING:
     from backend.contract import Matmul
 
 ROOT = Path(__file__).resolve().parents[1]
-MIN_RUN_WORK = 1 << 19      # elements a run's kernels visit, in all: below this, one thread
+# elements a run's kernels visit, in all: below this, one thread (the GPT step's runs of 2^17
+# to 2^19, a layer norm's gradient, a split of q, k and v, took 1.3-1.5 ms on two threads
+# against 1.8-3.3 on one; a map and two reductions of 2^16 elements tie)
+MIN_RUN_WORK = 1 << 17
 MIN_CHUNK_WORK = 1 << 12    # elements of one chunk of a kernel in a run (see backend/cpu.py)
 # an element of a kernel that computes exp, log, tanh… counts this many (on a Zen 3 two threads
 # beat one at an exp of 16K elements; a GPT step's softmax, 262K, ran on one thread)
