@@ -168,8 +168,9 @@ def rematerialize(fn: Function) -> Function:
     out: list[Op] = []
 
     def far(i: int, j: int) -> bool:
-        """Whether a contraction lies between ops i and j."""
-        return contractions[j] > contractions[i + 1]
+        """Whether a contraction lies between ops i and j (none where i is not before j: a
+        result's last use is len(ops), past every op)."""
+        return i < j and contractions[j] > contractions[i + 1]
 
     def kept(v: Value, j: int) -> bool:
         """Whether v is at hand for op j: a parameter, a literal, or a value kept until past

@@ -239,6 +239,22 @@ def test_the_backward_pass_makes_cheap_values_again_rather_than_keep_them(monkey
            [w.tobytes() for w in Executable(raw, planned=kept).run(args)]
 
 
+def test_a_result_read_past_a_product_is_kept_not_made_again():
+    """A value the function returns lives to its end, so an op past a product that reads it
+    reads it where it is (rematerialize asked where a result dies, one past the last op, and
+    raised IndexError: found by benchmarks/fuzz_campaign.py --mode grad, seed 50022)."""
+    source = ("def f(x: f32[N, N], w: f32[N, N]) -> (f32[N, N], f32[N, N]):\n"
+              "  a = exp(x)\n  b = a + 1.0\n  return a, b * (x @ w)\n")
+    x = np.random.default_rng(3).standard_normal((5, 5)).astype(np.float32)
+    low, _ = dsl.loads(source, device="cpu").lower("f", (x, x), {})
+    fn = rematerialize(low.function)
+    assert [op.primitive.name for op in fn.ops].count("add") == 2      # b made again past @
+    assert [g.tobytes() for g in interp.run(fn, [x, x])] == \
+           [w.tobytes() for w in interp.run(low.function, [x, x])]
+    assert [g.tobytes() for g in dsl.loads(source, device="cpu").f(x, x)] == \
+           [w.tobytes() for w in Executable(low.function).run([x, x])]
+
+
 def test_the_backends_passes_keep_the_ops_they_do_not_change():
     """for_backends' form of a gradient shares every op it leaves as it was with the function it
     came from: the CPU's cache entry holds both (the lowering and the plan), and a copy of each
