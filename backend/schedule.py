@@ -191,7 +191,8 @@ def schedule(fn: Function, name: str = "k", products: tuple[str, ...] = PRODUCTS
             steps.append(ViewStep(op, view))
             made.add(v)
 
-    for op in fusion_order(fn.ops):
+    elementwise = {id(op): fusible(op) for op in fn.ops}     # (fusion_order reads it too)
+    for op in fusion_order(fn.ops, elementwise):
         x = op.inputs[0] if op.inputs else None
         source = views[x][1] if x in views else None
         view = None
@@ -205,7 +206,7 @@ def schedule(fn: Function, name: str = "k", products: tuple[str, ...] = PRODUCTS
             steps.append(HostStep(op))     # needs nothing, so it may run before the group
         elif view is not None:
             views[op.outputs[0]] = (op, view)
-        elif fusible(op):
+        elif elementwise[id(op)]:
             joins = rows is not None and _over_rows(op, rows, space) and rows_join(group + [op], rows)
             # a view of a value the group computes is read at other points: store it first
             if not joins and group and (rows is not None or space != _shape(op) or
@@ -264,20 +265,22 @@ def schedule(fn: Function, name: str = "k", products: tuple[str, ...] = PRODUCTS
     return Plan(fn, _with_epilogues(steps))
 
 
-def fusion_order(ops: list[Op]) -> list[Op]:
+def fusion_order(ops: list[Op], elementwise: dict[int, bool] | None = None) -> list[Op]:
     """ops in an order that keeps their data flow, each elementwise op followed at once by the
     later ones of its shape that are joined to it by a value of that shape and could run now,
     where all their results are the program's or used among them alone. The scheduler fuses
     neighbours only, and an optimizer's updates are written map after map over the parameters
     (AdamW: every m, then every v, then every parameter): so each parameter's three updates
     become one kernel, one pass over its gradient and state. Ops that feed later work stay
-    where they are: moved, they would be stored for it instead of fused into it."""
+    where they are: moved, they would be stored for it instead of fused into it. `elementwise`
+    says by id whether each op is fusible, where the caller has it already."""
     producer = {v: op for op in ops for v in op.outputs}
     users: dict[Value, list[Op]] = {}
     for op in ops:
         for v in op.inputs:
             users.setdefault(v, []).append(op)
-    elementwise = {id(op): fusible(op) for op in ops}
+    if elementwise is None:
+        elementwise = {id(op): fusible(op) for op in ops}
     # an op that may move: elementwise, its results going only into such ops of its shape
     movable: dict[int, bool] = {}
     for op in reversed(ops):
