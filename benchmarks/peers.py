@@ -2,7 +2,8 @@
 table timed for dslc, PyTorch eager, JAX `jit`, NumPy where it applies, `torch.compile` for the
 products and IREE (device="iree", where installed) for the training steps and the products,
 printed as dslc's time over each peer's (below 1 is faster). Steps are best
-of --repeat wall-clock calls after a warm-up, dslc and PyTorch on --threads threads each
+of --repeat wall-clock calls after a warm-up, the sides of a case taking turns (a burst of
+other work on the machine falls on all of them alike), dslc and PyTorch on --threads threads each
 (default 2), JAX and NumPy on as many as they take (every core; 2 where issue 15 measured). The
 compile cases run in new processes, timed from their imports done to their first call's end:
 the GPT step into an empty compile cache (cold), into one that holds the kernels every program
@@ -124,26 +125,27 @@ def ready(fn):
 # ---------------------------------------------------------------- the cases
 
 def steps(repeat: int) -> list[tuple[str, dict]]:
-    """(case, {side: seconds}) for the training steps and the LSTM gradients."""
+    """(case, {side: seconds}) for the training steps and the LSTM gradients, the sides of
+    each case interleaved."""
     import jax
     import dsl
     rows = []
-    dslc, torch_, _ = ts.mlp_case(repeat)      # (its own JAX step is the one below)
     p, x, y = ts.mlp_inputs()
-    step = jax_adamw_step(jax_mlp_loss)
     s = ts.state_like(p)
-    rows.append(("names-MLP AdamW step", {"dslc": dslc, "torch": torch_,
-                                          "jax": ts.best(ready(lambda: step(p, s, x, y)), repeat),
-                                          **on_iree(ts.MLP, "mlp_step", p, s, x, y, repeat=repeat)}))
+    prog = dsl.loads(ts.MLP, name=str(ts.MODELS / "mlp_step.bend"), device="cpu")
+    step = jax_adamw_step(jax_mlp_loss)
+    rows.append(("names-MLP AdamW step", ts.interleaved({
+        "dslc": lambda: prog.step(p, s, x, y), "torch": ts.torch_mlp(p, x, y),
+        "jax": ready(lambda: step(p, s, x, y)),
+        **on_iree(ts.MLP, "mlp_step", p, s, x, y)}, repeat)))
     p, idx, tgt = ts.gpt_inputs()
     s = ts.state_like(p)
     prog = dsl.loads(ts.GPT_STEP, name=str(ts.MODELS / "gpt_step.bend"), device="cpu")
     step = jax_adamw_step(jax_gpt_loss)
-    rows.append(("4-layer GPT AdamW step", {
-        "dslc": ts.best(lambda: prog.step(p, s, idx, tgt, 4), repeat),
-        "torch": ts.torch_gpt(p, idx, tgt, repeat),
-        "jax": ts.best(ready(lambda: step(p, s, idx, tgt)), repeat),
-        **on_iree(ts.GPT_STEP, "gpt_step", p, s, idx, tgt, 4, repeat=repeat)}))
+    rows.append(("4-layer GPT AdamW step", ts.interleaved({
+        "dslc": lambda: prog.step(p, s, idx, tgt, 4), "torch": ts.torch_gpt(p, idx, tgt),
+        "jax": ready(lambda: step(p, s, idx, tgt)),
+        **on_iree(ts.GPT_STEP, "gpt_step", p, s, idx, tgt, 4)}, repeat)))
     prog = dsl.loads(LSTM, name=str(ts.MODELS / "lstm.bend"), device="cpu")
     for T, B, D, H in [(16, 16, 64, 128), (32, 32, 64, 64)]:
         rng = np.random.default_rng(0)
@@ -152,23 +154,23 @@ def steps(repeat: int) -> list[tuple[str, dict]]:
              "b": np.zeros(4 * H, np.float32)}
         x = rng.standard_normal((T, B, D)).astype(np.float32)
         grad = jax.jit(jax.grad(jax_lstm_loss))
-        rows.append((f"LSTM loss gradient, T{T} B{B} D{D} H{H}", {
-            "dslc": ts.best(lambda: prog.grad_loss(p, x), repeat),
-            "torch": torch_lstm(p, x, repeat),
-            "jax": ts.best(ready(lambda: grad(p, x)), repeat)}))
+        rows.append((f"LSTM loss gradient, T{T} B{B} D{D} H{H}", ts.interleaved({
+            "dslc": lambda: prog.grad_loss(p, x), "torch": torch_lstm(p, x),
+            "jax": ready(lambda: grad(p, x))}, repeat)))
     return rows
 
 
-def on_iree(source: str, model: str, *inputs, repeat: int) -> dict:
-    """{"iree": seconds} of the program's step on device="iree", or {} without IREE."""
+def on_iree(source: str, model: str, *inputs) -> dict:
+    """{"iree": the program's step on device="iree"}, or {} without IREE."""
     import dsl
     if not iree.usable():
         return {}
     prog = dsl.loads(source, name=str(ts.MODELS / f"{model}.bend"), device="iree")
-    return {"iree": ts.best(lambda: prog.step(*inputs), repeat)}
+    return {"iree": lambda: prog.step(*inputs)}
 
 
-def torch_lstm(p, x, repeat: int) -> float:
+def torch_lstm(p, x):
+    """The LSTM loss's gradient in PyTorch eager (a function)."""
     import torch
     tp = {k: torch.tensor(v, requires_grad=True) for k, v in p.items()}
     tx = torch.tensor(x)
@@ -183,7 +185,7 @@ def torch_lstm(p, x, repeat: int) -> float:
             h = torch.sigmoid(o) * torch.tanh(c)
             hs.append(h)
         torch.autograd.grad(torch.stack(hs).pow(2).mean(), list(tp.values()))
-    return ts.best(run, repeat)
+    return run
 
 
 PRODUCTS = [(64, 64, 64), (1, 768, 2304), (1024, 512, 128)]
@@ -204,16 +206,14 @@ def products(repeat: int, compiled: bool) -> list[tuple[str, dict]]:
         ja, jb = jax.device_put(a), jax.device_put(b)
         jmm = jax.jit(lambda x, y: x @ y)
         count = threads()                      # (read once: NumPy is not charged for it either)
-        times = {"dslc": ts.best(lambda: matmul(a, b, out, count), repeat * 20),
-                 "torch": ts.best(lambda: ta @ tb, repeat * 20),
-                 "jax": ts.best(ready(lambda: jmm(ja, jb)), repeat * 20),
-                 "numpy": ts.best(lambda: a @ b, repeat * 20)}
+        calls = {"dslc": lambda: matmul(a, b, out, count), "torch": lambda: ta @ tb,
+                 "jax": ready(lambda: jmm(ja, jb)), "numpy": lambda: a @ b}
         if compiled:
             tmm = torch.compile(lambda x, y: x @ y)
-            times["torch.compile"] = ts.best(lambda: tmm(ta, tb), repeat * 20)
+            calls["torch.compile"] = lambda: tmm(ta, tb)
         if (imm := iree_product(a, b, "f32")) is not None:
-            times["iree"] = ts.best(imm, repeat * 20)
-        rows.append((f"@ {M}x{K}x{N}", times))
+            calls["iree"] = imm
+        rows.append((f"@ {M}x{K}x{N}", ts.interleaved(calls, repeat * 20)))
     return rows
 
 

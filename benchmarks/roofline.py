@@ -3,8 +3,8 @@ multiply-adds of its products, counted from dslc's plan of the step, at the peak
 cores' FMA units, measured here by a loop of independent vector FMAs that the thread team
 runs as it runs dslc's kernels. Prints that peak, the step's products and their time at the
 peak (the least time any implementation of the step needs, whatever else it does), dslc's
-and PyTorch eager's times for the step (best of --repeat), and the least ratio to PyTorch
-that the floor leaves: issue 15 asks for 0.6."""
+and PyTorch eager's times for the step (best of --repeat, the two taking turns), and the
+least ratio to PyTorch that the floor leaves: issue 15 asks for 0.6."""
 from __future__ import annotations
 
 import argparse
@@ -127,10 +127,17 @@ def main() -> None:
     p, idx, tgt = ts.gpt_inputs()
     s = ts.state_like(p)
     prog = dsl.loads(ts.GPT_STEP, name=str(ts.MODELS / "gpt_step.bend"), device="cpu")
-    dslc = ts.best(lambda: prog.step(p, s, idx, tgt, 4), args.repeat)
+    calls = {"dslc": lambda: prog.step(p, s, idx, tgt, 4)}
+    try:
+        import torch
+        torch.set_num_threads(args.threads)
+        calls["torch"] = ts.torch_gpt(p, idx, tgt)
+    except ImportError:
+        pass
+    times = ts.interleaved(calls, args.repeat)
     count, flops = product_flops(prog, "step", p, s, idx, tgt, 4)
     peak = {n: fma_peak(n)[0] for n in sorted({1, args.threads})}
-    floor = flops / peak[args.threads]
+    floor, dslc = flops / peak[args.threads], times["dslc"]
     print("FMA peak: " + ", ".join(f"{r / 1e9:.1f} GFLOP/s on {n} thread{'s' * (n > 1)}"
                                     for n, r in peak.items())
           + f"; load average {os.getloadavg()[0]:.1f}")
@@ -138,15 +145,10 @@ def main() -> None:
           f"of {args.threads} threads")
     print(f"dslc: {dslc * 1e3:.1f} ms ({flops / dslc / 1e9:.0f} GFLOP/s in its products, "
           f"{flops / dslc / peak[args.threads]:.0%} of the peak over the whole step)")
-    try:
-        import torch
-    except ImportError:
-        return
-    torch.set_num_threads(args.threads)
-    torch_ = ts.torch_gpt(p, idx, tgt, args.repeat)
-    print(f"PyTorch eager: {torch_ * 1e3:.1f} ms; dslc / PyTorch {dslc / torch_:.2f}; "
-          f"the floor / PyTorch {floor / torch_:.2f} (no step can be faster)")
-
+    if "torch" in times:
+        print(f"PyTorch eager: {times['torch'] * 1e3:.1f} ms; dslc / PyTorch "
+              f"{dslc / times['torch']:.2f}; the floor / PyTorch {floor / times['torch']:.2f} "
+              f"(no step can be faster)")
 
 if __name__ == "__main__":
     main()

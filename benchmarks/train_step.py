@@ -14,6 +14,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -48,13 +49,29 @@ def step(p: GPT, s: (i32, GPT, GPT), idx: i32[B, T], targets: i32[B, T], H: int)
 
 
 def best(fn, repeat: int, clock=time.perf_counter) -> float:
-    fn()
-    times = []
-    for _ in range(repeat):
-        t = clock()
-        fn()
-        times.append(clock() - t)
-    return min(times)
+    return interleaved({"": fn}, repeat, clock)[""]
+
+
+def interleaved(calls: dict[str, Callable[[], object]], repeat: int, clock=time.perf_counter,
+                rounds: int = 4, settle: float = 0.005) -> dict[str, float]:
+    """Each call's best of about `repeat` timed calls, the calls taking turns in `rounds`
+    rounds, so that a burst of other work on the machine falls on them all alike. In each
+    round a call first runs untimed for `settle` seconds (at least once): the threads that the
+    one before leaves spinning after its work (dslc's helpers, OpenMP's, Eigen's) are asleep
+    by then, and its own caches are warm."""
+    times: dict[str, list[float]] = {side: [] for side in calls}
+    rounds = max(1, min(rounds, repeat))
+    for _ in range(rounds):
+        for side, fn in calls.items():
+            start = time.perf_counter()
+            fn()
+            while time.perf_counter() - start < settle:
+                fn()
+            for _ in range(-(-repeat // rounds)):
+                t = clock()
+                fn()
+                times[side].append(clock() - t)
+    return {side: min(t) for side, t in times.items()}
 
 
 def state_like(p):
@@ -90,25 +107,32 @@ def mlp_inputs():
 
 
 def mlp_case(repeat, clock=time.perf_counter):
-    import torch
+    """The names MLP step's best times: dslc's, PyTorch eager's and JAX jit's, interleaved."""
     import dsl
-    B, T, E, H, V = MLP_SIZES.values()
     p, x, y = mlp_inputs()
     prog = dsl.loads(MLP, name=str(MODELS / "mlp_step.bend"), device="cpu")
     s = state_like(p)
-    dslc = best(lambda: prog.step(p, s, x, y), repeat, clock)
+    times = interleaved({"dslc": lambda: prog.step(p, s, x, y), "torch": torch_mlp(p, x, y),
+                         "jax": jax_mlp(p, x, y)}, repeat, clock)
+    return times["dslc"], times["torch"], times["jax"]
+
+
+def torch_mlp(p, x, y):
+    """The names MLP's training step in PyTorch eager (a function)."""
+    import torch
+    B, T, E, _, _ = MLP_SIZES.values()
     tp = {k: torch.tensor(v, requires_grad=True) for k, v in p.items()}
     tx, ty = torch.tensor(x, dtype=torch.long), torch.tensor(y, dtype=torch.long)
 
     def loss():
         h = torch.tanh(tp["C"][tx].reshape(B, T * E) @ tp["W1"] + tp["b1"])
         return torch.nn.functional.cross_entropy(h @ tp["W2"] + tp["b2"], ty)
-    ref = best(torch_step(tp.values(), loss), repeat, clock)
-    return dslc, ref, jax_mlp(p, x, y, repeat, clock)
+    return torch_step(tp.values(), loss)
 
 
-def jax_mlp(p, x, y, repeat, clock=time.perf_counter):
-    """The names MLP step by JAX's jit (XLA): AdamW written out, as dsl/lib/optim.bend has it."""
+def jax_mlp(p, x, y):
+    """The names MLP step by JAX's jit (XLA), AdamW written out as dsl/lib/optim.bend has it
+    (a function that waits for its results)."""
     import jax
     import jax.numpy as jnp
     B, T = x.shape
@@ -134,7 +158,7 @@ def jax_mlp(p, x, y, repeat, clock=time.perf_counter):
     jp = {k: jnp.asarray(v) for k, v in p.items()}
     s = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, jp), jax.tree.map(jnp.zeros_like, jp))
     jx, jy = jnp.asarray(x), jnp.asarray(y)
-    return best(lambda: jax.block_until_ready(step(jp, s, jx, jy)), repeat, clock)
+    return lambda: jax.block_until_ready(step(jp, s, jx, jy))
 
 
 def gpt_inputs(layers=4, B=16, T=64, D=128, V=65):
@@ -167,10 +191,11 @@ def gpt_case(repeat, clock=time.perf_counter):
         warm_prog.step(p, s, idx, tgt, 4)
         warm = time.perf_counter() - t
         fresh = min(warm_in_new_process() for _ in range(3))
-        dslc = best(lambda: prog.step(p, s, idx, tgt, 4), repeat, clock)
+        times = interleaved({"dslc": lambda: prog.step(p, s, idx, tgt, 4),
+                             "torch": torch_gpt(p, idx, tgt)}, repeat, clock)
     finally:
         shutil.rmtree(cache, ignore_errors=True)
-    return dslc, torch_gpt(p, idx, tgt, repeat, clock), cold, warm, fresh
+    return times["dslc"], times["torch"], cold, warm, fresh
 
 
 def warm_in_new_process() -> float:
@@ -186,9 +211,9 @@ def warm_in_new_process() -> float:
     return float(out.stdout.split()[-1])
 
 
-def torch_gpt(p, idx, tgt, repeat, clock=time.perf_counter):
-    params, loss = torch_gpt_loss(p, idx, tgt)
-    return best(torch_step(params, loss), repeat, clock)
+def torch_gpt(p, idx, tgt):
+    """The GPT's training step in PyTorch eager (a function)."""
+    return torch_step(*torch_gpt_loss(p, idx, tgt))
 
 
 def torch_gpt_loss(p, idx, tgt):
