@@ -575,8 +575,10 @@ def _build_task(module: ir.Module, name: str, kernel: ir.Function) -> ir.Functio
 # the byte offsets of the fields NAME.direct reads, checked once at import (numpy_layout_holds)
 OB_TYPE, DATA, NDIM, DIMENSIONS, STRIDES, DESCR, FLAGS = 8, 16, 24, 32, 40, 56, 64
 C_CONTIGUOUS, ALIGNED, WRITEABLE = 0x1, 0x100, 0x400      # NPY_ARRAY_… flags
-# NAME.direct's context: the words it compares objects with, and where it writes
-CONTEXT_TYPE, CONTEXT_DESCR, CONTEXT_ARGUMENTS = range(3)
+# NAME.direct's context: the words it compares objects with, the block of a product it runs
+# alone, the block it takes for its caller to run on the team, and that block's taken word
+CONTEXT_TYPE, CONTEXT_DESCR, CONTEXT_ALONE, CONTEXT_BLOCK, CONTEXT_TAKEN = range(5)
+TAKEN = 2           # NAME.direct's answer where another call holds its context's block
 
 
 def _build_direct(module: ir.Module, name: str, dtype: str, t: Tiles, task: ir.Function
@@ -585,9 +587,11 @@ def _build_direct(module: ir.Module, name: str, dtype: str, t: Tiles, task: ir.F
     whole call of c = a @ b from Python for NumPy arrays of rank 2 and the kernel's dtype
     (c C-contiguous and writable), read from the array objects themselves. Returns 0 (nothing
     done) for any other operands; 1 where the product is worth one thread (Matmul.worth, under
-    2·MIN_MULTIPLY_ADDS_PER_THREAD fmas): it is done (with the scratch of one thread); else
-    -n: its arguments are in the block for NAME.task, which the caller runs on n threads (the
-    threads it is worth, at most `threads`)."""
+    2·MIN_MULTIPLY_ADDS_PER_THREAD fmas): it is done, in the context's block for one thread;
+    else -n where it takes the context's other block (its taken word from 0 to 1): its
+    arguments are there, for the caller to run NAME.task on n threads (the threads it is
+    worth, at most `threads`) and free the block; or TAKEN (nothing done) where another call
+    holds that block."""
     i8p = ir.IntType(8).as_pointer()
     fn = ir.Function(module, ir.FunctionType(I64, [i8p, i8p, i8p, I64.as_pointer(), I64]), name)
     a, b_, c, context, threads = fn.args
@@ -632,17 +636,27 @@ def _build_direct(module: ir.Module, name: str, dtype: str, t: Tiles, task: ir.F
     worth = b.sdiv(work, _i64(MIN_MULTIPLY_ADDS_PER_THREAD))
     parts = e.min(threads, worth)
     parts = b.select(b.icmp_signed("<", parts, _i64(1)), _i64(1), parts)
-    block = b.inttoptr(word(CONTEXT_ARGUMENTS), I64.as_pointer())
     data = [field(x, DATA) for x in arrays]
     (a_row, a_col), (b_row, b_col) = ([b.sdiv(s, _i64(size)) for s in pair] for pair in strides)
-    for i, value in enumerate(data + [_i64(1), m, n, k, _i64(0), _i64(0), b.mul(m, n),
-                                      a_row, a_col, b_row, b_col]):
-        b.store(value, e.at(block, i))
-    for i in (ARGUMENTS - 2, ARGUMENTS - 1, ARGUMENTS):    # no epilogue; next_job from 0
-        b.store(_i64(0), e.at(block, i))
+
+    def fill(at: int) -> ir.Value:
+        """The arguments written to the context's block at word `at`: that block."""
+        block = b.inttoptr(word(at), I64.as_pointer())
+        for i, value in enumerate(data + [_i64(1), m, n, k, _i64(0), _i64(0), b.mul(m, n),
+                                          a_row, a_col, b_row, b_col]):
+            b.store(value, e.at(block, i))
+        for i in (ARGUMENTS - 2, ARGUMENTS - 1, ARGUMENTS):    # no epilogue; next_job from 0
+            b.store(_i64(0), e.at(block, i))
+        return block
+
     with b.if_then(b.icmp_signed("<=", worth, _i64(1))):
-        b.call(task, [b.bitcast(block, i8p), _i64(0), _i64(1)])
+        b.call(task, [b.bitcast(fill(CONTEXT_ALONE), i8p), _i64(0), _i64(1)])
         b.ret(_i64(1))
+    taken = b.inttoptr(word(CONTEXT_TAKEN), I64.as_pointer())
+    took = b.extract_value(b.cmpxchg(taken, _i64(0), _i64(1), "acquire", "monotonic"), 1)
+    with b.if_then(b.not_(took), likely=False):
+        b.ret(_i64(TAKEN))
+    fill(CONTEXT_BLOCK)
     b.ret(b.neg(parts))
 
 
@@ -1025,11 +1039,26 @@ class _Layout:
     shape: tuple[int, ...]
 
 
-def _argument_block() -> np.ndarray:
-    """NAME.task's array of arguments, its next_job in a line of its own after them."""
-    block = np.zeros(ARGUMENTS + 8, dtype=np.int64)
-    block[ARGUMENTS - 3] = address(block[ARGUMENTS:])
-    return block
+class _Block:
+    """NAME.task's array of arguments (its next_job in a line of its own after them), scratch
+    for `threads` threads, and the word by which NAME.direct takes the block for its caller
+    (who frees it once the task has run)."""
+
+    def __init__(self, dtype: str, tiles: Tiles, threads: int = 0):
+        self.dtype, self.tiles = dtype, tiles
+        self.words = np.zeros(ARGUMENTS + 8, dtype=np.int64)
+        self.words[ARGUMENTS - 3] = address(self.words[ARGUMENTS:])
+        self.address = address(self.words)
+        self.taken = np.zeros(1, dtype=np.int64)
+        self.threads = 0
+        self.reserve(threads)
+
+    def reserve(self, threads: int) -> None:
+        """Scratch for `threads` threads (kept: a fresh buffer costs page faults each call)."""
+        if threads > self.threads:
+            self.scratch = np.empty(threads * self.tiles.scratch_elements + 64, NUMPY[self.dtype])
+            self.words[ARGUMENTS - 4] = aligned(self.scratch)
+            self.threads = threads
 
 
 class Matmul:
@@ -1043,27 +1072,25 @@ class Matmul:
             self.engine.get_function_address("matmul"))
         self.task = self.engine.get_function_address("matmul.task")
         self._task = Task(self.task)
-        self._lock = threading.Lock()
-        self._arguments = _argument_block()
-        self._arguments_address = address(self._arguments)
-        self._scratch = np.empty(0, dtype=NUMPY[self.dtype])
         self._layouts: dict[tuple, _Layout] = {}
         self._direct = DIRECT(self.engine.get_function_address("matmul.direct"))
-        # NAME.direct's product on one thread uses a block and scratch of its own: it runs
-        # holding the GIL (DIRECT), so no other call can be using them, and needs no lock
-        self._alone = _argument_block()
-        self._alone_scratch = np.empty(self.tiles.scratch_elements + 64, dtype=NUMPY[dtype])
-        self._alone[ARGUMENTS - 4] = aligned(self._alone_scratch)
-        self._context, self._context_address = self._direct_context(self._arguments_address)
-        self._alone_context, self._alone_context_address = self._direct_context(
-            address(self._alone))
+        # NAME.direct's product on one thread uses a block of its own: it runs holding the GIL
+        # (DIRECT), so no other call can be using it. A longer product runs without the GIL
+        # (team().run, on one thread too) in a block NAME.direct takes (its caller frees it);
+        # a call that finds it taken, and the checked path, use the locked block, under the lock
+        self._alone = _Block(dtype, self.tiles, 1)
+        self._shared, self._locked = _Block(dtype, self.tiles), _Block(dtype, self.tiles)
+        self._lock = threading.Lock()
+        self._shared_context, self._locked_context = (self._direct_context(block)
+                                                      for block in (self._shared, self._locked))
 
-    def _direct_context(self, block: int) -> tuple[np.ndarray, int]:
-        """NAME.direct's context writing its arguments to `block`, and its address."""
+    def _direct_context(self, block: _Block) -> tuple[np.ndarray, int]:
+        """NAME.direct's context taking `block` for longer products, and its address."""
         # (where NumPy's array objects are not laid out as NAME.direct reads them, no object
         # has its type word 0: every call takes the checked path)
         context = np.array([id(np.ndarray) if numpy_layout_holds() else 0,
-                            id(np.dtype(NUMPY[self.dtype])), block], dtype=np.int64)
+                            id(np.dtype(NUMPY[self.dtype])), self._alone.address, block.address,
+                            address(block.taken)], dtype=np.int64)
         return context, address(context)
 
     @staticmethod
@@ -1079,14 +1106,6 @@ class Matmul:
         build_matmul(module, "matmul", self.dtype, self.tiles)
         return str(module)
 
-    def scratch(self, threads: int) -> np.ndarray:
-        """Scratch for `threads` threads (kept: a fresh buffer costs page faults each call)."""
-        if self._scratch.size < threads * self.tiles.scratch_elements + 64:
-            self._scratch = np.empty(threads * self.tiles.scratch_elements + 64,
-                                     dtype=NUMPY[self.dtype])
-            self._arguments[ARGUMENTS - 4] = aligned(self._scratch)
-        return self._scratch
-
     def worth(self, rows: int, multiply_adds: int, threads: int) -> int:
         """How many of `threads` a product of C's `rows` rows (of each batch entry) and
         `multiply_adds` fmas is worth (NAME.direct decides alike)."""
@@ -1098,13 +1117,23 @@ class Matmul:
         """out = a @ b on at most `threads` threads where a, b and out are NumPy arrays of rank
         2 and the kernel's dtype, out C-contiguous, by one native call (and the team's, where
         it is worth more than one thread): whether it was (nothing is done for other operands)."""
-        parts = self._direct(a, b, out, self._alone_context_address, threads)
-        if parts < 0:               # a longer product: the team's block, under its lock, and
-            with self._lock:        # run without the GIL (team().run on one thread too)
-                self._direct(a, b, out, self._context_address, threads)
-                self.scratch(-parts)
-                team().run(self.task, self._arguments_address, -parts)
+        parts = self._direct(a, b, out, self._shared_context[1], threads)
+        if parts == TAKEN:          # (another Python thread's product is running in it)
+            with self._lock:
+                parts = self._direct(a, b, out, self._locked_context[1], threads)
+                if parts < 0:
+                    self._run_taken(self._locked, -parts)
+        elif parts < 0:
+            self._run_taken(self._shared, -parts)
         return parts != 0
+
+    def _run_taken(self, block: _Block, threads: int) -> None:
+        """NAME.task on `threads` threads in the block NAME.direct took, then freed."""
+        try:
+            block.reserve(threads)
+            team().run(self.task, block.address, threads)
+        finally:
+            block.taken[0] = 0
 
     def call(self, a: np.ndarray, b: np.ndarray, c: np.ndarray, scratch: np.ndarray,
              next_job: np.ndarray, thread_index: int, thread_count: int,
@@ -1199,16 +1228,17 @@ class Matmul:
 
     def _run(self, words: tuple[int, ...], threads: int, epilogue: tuple[int, int]) -> None:
         """The kernel on `threads` threads with the arguments A … b_col."""
+        block = self._locked
         with self._lock:                                   # one scratch buffer, one call
-            self.scratch(threads)
+            block.reserve(threads)
             # (struct writes the words in a third of the time NumPy's slice assignment takes)
-            struct.pack_into(f"{ARGUMENTS - 4}q", self._arguments, 0, *words)
+            struct.pack_into(f"{ARGUMENTS - 4}q", block.words, 0, *words)
             # the epilogue's two words, then next_job's (zero before the first call starts)
-            struct.pack_into("3q", self._arguments, 8 * (ARGUMENTS - 2), *epilogue, 0)
+            struct.pack_into("3q", block.words, 8 * (ARGUMENTS - 2), *epilogue, 0)
             if threads == 1:                               # (team().run's checks cost 0.3 µs)
-                self._task(self._arguments_address, 0, 1)
+                self._task(block.address, 0, 1)
             else:
-                team().run(self.task, self._arguments_address, threads)
+                team().run(self.task, block.address, threads)
 
     def fuses(self, n: int) -> bool:
         """Whether the kernel calls the epilogue for a product of n columns (its jobs cover

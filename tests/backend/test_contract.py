@@ -62,7 +62,8 @@ def per_thread(kernel: Matmul, a: np.ndarray, b: np.ndarray, threads: int,
     part of the scratch)."""
     a3, b3 = (x.reshape((math.prod(x.shape[:-2]),) + x.shape[-2:]) for x in (a, b))
     c = np.full((max(len(a3), len(b3)), a.shape[-2], b.shape[-1]), np.nan, dtype=a.dtype)
-    scratch, next_job = kernel.scratch(threads).copy(), np.zeros(1, dtype=np.int64)
+    scratch = np.empty(threads * kernel.tiles.scratch_elements + 64, a.dtype)
+    next_job = np.zeros(1, dtype=np.int64)
     calls = [lambda t=t: kernel.call(a3, b3, c, scratch, next_job, t, threads)
              for t in range(threads)]
     if concurrent:
