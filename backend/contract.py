@@ -85,6 +85,7 @@ SIZE = {"f32": 4, "f64": 8}
 UNROLL = 4      # k steps per trip of the register tile's main loop
 JOBS_PER_THREAD = 4   # so that a thread the OS holds up leaves a share to the others
 MIN_JOB_ROWS = 96     # each job packs its B panel: fewer rows would not pay for it
+MIN_JOB_COLUMNS = 64  # and its A block: fewer columns would not pay for that
 PACK_ROWS = 16  # rows of a B of general strides packed per pass (a cache line of f32)
 STREAM_ROWS = 4     # rows of B a matrix-vector product streams at once (4 fmas a load of C)
 COLUMN_VECTORS = 1  # the transposed-B tile's vectors: its width × width transpose fills the registers
@@ -512,6 +513,23 @@ def build_matmul(module: ir.Module, name: str, dtype: str, tiles: Tiles | None =
     n_cols = b.select(spreads, spread, n_cols)
     jobs = b.mul(batch, n_cols)
     n_rows = e.min(e.ceil_div(wanted, jobs), e.ceil_div(M, MIN_JOB_ROWS))
+    # A product of fewer row blocks than threads (under MIN_JOB_ROWS rows: a 96×96×256 ran
+    # as one job, the second thread idle) is cut into column blocks too, of at least
+    # MIN_JOB_COLUMNS: each job packs its own columns of B, and all of its rows of A, which
+    # are few. Not where an epilogue needs whole rows.
+    idle = b.icmp_signed("<", b.mul(jobs, n_rows), nthreads)
+    narrower = e.min(e.ceil_div(wanted, b.mul(batch, n_rows)),
+                     e.ceil_div(N, MIN_JOB_COLUMNS))
+    n_cols = b.select(b.and_(b.and_(idle, b.not_(b.or_(fusing, spreads))),
+                             b.icmp_signed(">", narrower, n_cols)), narrower, n_cols)
+    jobs = b.mul(batch, n_cols)
+    # And so few jobs that the threads cannot share them evenly (256³ in three, 200×512×64 in
+    # three: one thread taking two) are cut into a multiple of the threads, however few rows
+    # each then takes (a thread's jobs of one column block pack B once: _packed_blocks).
+    uneven = b.and_(b.icmp_signed("<", b.mul(jobs, n_rows), wanted),
+                    b.icmp_signed("!=", b.srem(b.mul(jobs, n_rows), nthreads), _i64(0)))
+    even = e.min(b.mul(e.ceil_div(n_rows, nthreads), nthreads), row_panels)
+    n_rows = b.select(uneven, even, n_rows)
     rows = b.mul(e.ceil_div(row_panels, n_rows), _i64(t.mr))
     # (those narrower blocks are cut in vectors, not panels: equal shares of the columns)
     unit = b.select(spreads, _i64(t.width), _i64(t.nr))

@@ -17,7 +17,8 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from backend.contract import NUMPY, SIZE, Matmul, Tiles, host_tiles, numpy_layout_holds
+from backend.contract import (JOBS_PER_THREAD, NUMPY, SIZE, Matmul, Tiles, host_tiles,
+                              numpy_layout_holds)
 from conftest import isolated
 from ir.ops import REGISTRY
 
@@ -480,6 +481,31 @@ def test_a_direct_call_gives_the_checked_paths_bits(dtype, m, k, n):
             out = np.full((m, n), np.nan, NUMPY[dtype])
             assert kernel.direct(x, y, out, threads), (x.strides, y.strides, threads)
             assert bits(out) == bits(want), (x.strides, y.strides, threads)
+
+
+def jobs(kernel: Matmul, a: np.ndarray, b: np.ndarray, threads: int) -> int:
+    """How many jobs the kernel cuts a @ b into for `threads` threads: the last thread index,
+    called alone, claims them all and then one more that is not there."""
+    c = np.empty((a.shape[0], b.shape[1]), a.dtype)
+    scratch = np.empty(threads * kernel.tiles.scratch_elements + 64, a.dtype)
+    next_job = np.zeros(1, dtype=np.int64)
+    kernel.call(a[None], b[None], c[None], scratch, next_job, threads - 1, threads)
+    return int(next_job[0]) - 1
+
+
+@pytest.mark.parametrize("shape", [(96, 96, 256), (100, 64, 64), (200, 512, 64), (256, 256, 256),
+                                   (13, 40, 1000), (1024, 128, 512)])
+def test_every_thread_has_an_even_share_of_jobs(shape):
+    """A product worth several threads is cut into a multiple of them, or into enough jobs
+    (JOBS_PER_THREAD each) for an uneven count to cost little: one of 96 rows ran as a single
+    job, one of 200 rows as three on two threads."""
+    m, k, n = shape
+    kernel = DIRECT["f32"]
+    a, b = random_f32((m, k)), random_f32((k, n))
+    for threads in (2, 3):
+        count = jobs(kernel, a, b, threads)
+        assert count >= threads and (count % threads == 0 or count >= threads * JOBS_PER_THREAD), \
+            (threads, count)
 
 
 def test_python_threads_calling_one_kernel_at_once_get_their_own_bits():
