@@ -18,6 +18,8 @@ import sys
 import time
 from pathlib import Path
 
+from timing import interleaved
+
 # (name, A's shape, B's shape, B read transposed from a contiguous [N, K] array)
 GPT_SHAPES = [
     ("x @ W, d 128", (1024, 128), (128, 128), False),
@@ -41,22 +43,6 @@ SMALL_SHAPES = [
     ("dW2 = hᵀ @ dY", 512, 1024, 128, True, False),
     ("dW1 = xᵀ @ dH", 128, 1024, 512, True, False),
 ]
-
-
-def best_of(runs: dict, rounds: int, repeat: int) -> dict:
-    """The best wall-clock seconds of each run: back-to-back calls of one side, as a training
-    loop makes them, then a pause (after a call, OpenBLAS's and torch's threads spin for a
-    while, on the cores the other side would use); the rounds alternate the sides."""
-    best = dict.fromkeys(runs, float("inf"))
-    for _ in range(rounds):
-        for name, run in runs.items():
-            time.sleep(0.3)
-            run()                                            # warm: code, pages, threads
-            for _ in range(repeat):
-                start = time.perf_counter()
-                run()
-                best[name] = min(best[name], time.perf_counter() - start)
-    return best
 
 
 def main() -> None:
@@ -91,7 +77,7 @@ def main() -> None:
     for n in sorted(args.sizes):
         a, b = (rng.standard_normal((n, n)).astype(dtype) for _ in range(2))
         runs = {"numpy": lambda: a @ b, "dslc": lambda: kernel(a, b, threads=args.threads)}
-        best = best_of(runs, args.rounds, args.repeat)
+        best = interleaved(runs, args.rounds * args.repeat, args.rounds)
         gflops = {name: 2 * n ** 3 / t / 1e9 for name, t in best.items()}
         print(f"{n:>6} {gflops['numpy']:>14.1f} {gflops['dslc']:>13.1f} "
               f"{gflops['dslc'] / gflops['numpy']:>6.2f}")
@@ -125,7 +111,7 @@ def gpt_products(kernel, args, rng) -> None:
             else torch.from_numpy(b)
         runs = {"dslc": lambda: kernel(a, b, threads=args.threads, out=out),
                 "torch": lambda: torch.matmul(ta, tb)}
-        best = best_of(runs, args.rounds, args.repeat)
+        best = interleaved(runs, args.rounds * args.repeat, args.rounds)
         print(f"{name:>22} {'x'.join(map(str, a_shape)):>12} "
               f"{'x'.join(map(str, b_shape)) + ('ᵀ' if transposed else ''):>12} "
               f"{best['dslc'] * 1e6:>8.1f} {best['torch'] * 1e6:>8.1f} "
@@ -174,7 +160,7 @@ def small_products(args, rng, large: float | None) -> None:
             runs["torch"] = lambda: torch.matmul(ta, tb)
         if (iree := iree_product(a, b, args.dtype)) is not None:
             runs["iree"] = iree
-        best = best_of(runs, args.rounds, args.repeat)
+        best = interleaved(runs, args.rounds * args.repeat, args.rounds)
         us = {side: t * 1e6 for side, t in best.items()}
         share = f"{2 * m * k * n / best['dslc'] / 1e9 / large:>6.2f}" if large else f"{'-':>6}"
         peer = {side: (f"{us[side]:>8.1f}", f"{us['dslc'] / us[side]:>7.2f}") if side in us
@@ -222,7 +208,7 @@ def calls(args, rng) -> None:
     """Where a call's time goes, on one thread: CALL_SHAPES by the kernel alone and by each
     route from Python (us a call, best of --rounds × --repeat batches of n calls)."""
     import numpy as np
-    from backend.contract import ARGUMENTS, Matmul
+    from backend.contract import ARGUMENTS, Matmul, _Block
     from runtime.cpu import matmul
     dtype = np.float32 if args.dtype == "f32" else np.float64
     kernel = Matmul(args.dtype)
@@ -234,17 +220,19 @@ def calls(args, rng) -> None:
         a, b = rng.standard_normal((m, k)).astype(dtype), rng.standard_normal((k, n)).astype(dtype)
         out = np.empty((m, n), dtype)
         count = max(1, 2_000_000 // (m * k * n + 50_000))
-        assert kernel.direct(a, b, out, 1)              # the argument block now holds a, b, out
-        block = kernel._arguments_address
+        block = _Block(args.dtype, kernel.tiles, 1)      # the task's arguments for one thread
+        block.words[:ARGUMENTS - 4] = kernel.arguments(a[None], b[None], out[None])
 
         def batch(call):
             return lambda: [call() for _ in range(count)]
-        runs = {"kernel": lambda: loop(kernel.task, block, block + 8 * ARGUMENTS, count),
+        runs = {"kernel": lambda: loop(kernel.task, block.address, block.address + 8 * ARGUMENTS,
+                                       count),
                 "direct": batch(lambda: kernel.direct(a, b, out, 1)),
                 "runtime": batch(lambda: matmul(a, b, out, 1)),
                 "checked": batch(lambda: kernel(a, b, threads=1, out=out)),
                 "numpy": batch(lambda: np.matmul(a, b, out=out))}
-        us = {side: t / count * 1e6 for side, t in best_of(runs, args.rounds, args.repeat).items()}
+        best = interleaved(runs, args.rounds * args.repeat, args.rounds)
+        us = {side: t / count * 1e6 for side, t in best.items()}
         print(f"{f'{m}x{k}x{n}':>15}" + "".join(f" {us[side]:>8.2f}" for side in runs))
 
 

@@ -24,6 +24,7 @@ from unittest import mock
 import numpy as np
 
 import train_step as ts
+from timing import interleaved
 from matmul import iree_product
 from runtime import iree
 
@@ -134,7 +135,7 @@ def steps(repeat: int) -> list[tuple[str, dict]]:
     s = ts.state_like(p)
     prog = dsl.loads(ts.MLP, name=str(ts.MODELS / "mlp_step.bend"), device="cpu")
     step = jax_adamw_step(jax_mlp_loss)
-    rows.append(("names-MLP AdamW step", ts.interleaved({
+    rows.append(("names-MLP AdamW step", interleaved({
         "dslc": lambda: prog.step(p, s, x, y), "torch": ts.torch_mlp(p, x, y),
         "jax": ready(lambda: step(p, s, x, y)),
         **on_iree(ts.MLP, "mlp_step", p, s, x, y)}, repeat)))
@@ -142,7 +143,7 @@ def steps(repeat: int) -> list[tuple[str, dict]]:
     s = ts.state_like(p)
     prog = dsl.loads(ts.GPT_STEP, name=str(ts.MODELS / "gpt_step.bend"), device="cpu")
     step = jax_adamw_step(jax_gpt_loss)
-    rows.append(("4-layer GPT AdamW step", ts.interleaved({
+    rows.append(("4-layer GPT AdamW step", interleaved({
         "dslc": lambda: prog.step(p, s, idx, tgt, 4), "torch": ts.torch_gpt(p, idx, tgt),
         "jax": ready(lambda: step(p, s, idx, tgt)),
         **on_iree(ts.GPT_STEP, "gpt_step", p, s, idx, tgt, 4)}, repeat)))
@@ -154,7 +155,7 @@ def steps(repeat: int) -> list[tuple[str, dict]]:
              "b": np.zeros(4 * H, np.float32)}
         x = rng.standard_normal((T, B, D)).astype(np.float32)
         grad = jax.jit(jax.grad(jax_lstm_loss))
-        rows.append((f"LSTM loss gradient, T{T} B{B} D{D} H{H}", ts.interleaved({
+        rows.append((f"LSTM loss gradient, T{T} B{B} D{D} H{H}", interleaved({
             "dslc": lambda: prog.grad_loss(p, x), "torch": torch_lstm(p, x),
             "jax": ready(lambda: grad(p, x))}, repeat)))
     return rows
@@ -213,7 +214,7 @@ def products(repeat: int, compiled: bool) -> list[tuple[str, dict]]:
             calls["torch.compile"] = lambda: tmm(ta, tb)
         if (imm := iree_product(a, b, "f32")) is not None:
             calls["iree"] = imm
-        rows.append((f"@ {M}x{K}x{N}", ts.interleaved(calls, repeat * 20)))
+        rows.append((f"@ {M}x{K}x{N}", interleaved(calls, repeat * 20)))
     return rows
 
 

@@ -17,6 +17,7 @@ from llvmlite import binding as llvm
 from llvmlite import ir
 
 import train_step as ts
+from timing import interleaved
 
 CHAINS = 12                # independent accumulators: FMA latency × ports, with room to spare
 CHUNK = 100_000            # loop trips a thread claims at once (about 0.1 ms)
@@ -134,7 +135,7 @@ def main() -> None:
         calls["torch"] = ts.torch_gpt(p, idx, tgt)
     except ImportError:
         pass
-    times = ts.interleaved(calls, args.repeat)
+    times = interleaved(calls, args.repeat)
     count, flops = product_flops(prog, "step", p, s, idx, tgt, 4)
     peak = {n: fma_peak(n)[0] for n in sorted({1, args.threads})}
     floor, dslc = flops / peak[args.threads], times["dslc"]

@@ -14,9 +14,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
+
+from timing import interleaved
 
 MODELS = Path(__file__).parent / "models"
 
@@ -49,29 +50,7 @@ def step(p: GPT, s: (i32, GPT, GPT), idx: i32[B, T], targets: i32[B, T], H: int)
 
 
 def best(fn, repeat: int, clock=time.perf_counter) -> float:
-    return interleaved({"": fn}, repeat, clock)[""]
-
-
-def interleaved(calls: dict[str, Callable[[], object]], repeat: int, clock=time.perf_counter,
-                rounds: int = 4, settle: float = 0.005) -> dict[str, float]:
-    """Each call's best of about `repeat` timed calls, the calls taking turns in `rounds`
-    rounds, so that a burst of other work on the machine falls on them all alike. In each
-    round a call first runs untimed for `settle` seconds (at least once): the threads that the
-    one before leaves spinning after its work (dslc's helpers, OpenMP's, Eigen's) are asleep
-    by then, and its own caches are warm."""
-    times: dict[str, list[float]] = {side: [] for side in calls}
-    rounds = max(1, min(rounds, repeat))
-    for _ in range(rounds):
-        for side, fn in calls.items():
-            start = time.perf_counter()
-            fn()
-            while time.perf_counter() - start < settle:
-                fn()
-            for _ in range(-(-repeat // rounds)):
-                t = clock()
-                fn()
-                times[side].append(clock() - t)
-    return {side: min(t) for side, t in times.items()}
+    return interleaved({"": fn}, repeat, rounds=1, clock=clock)[""]
 
 
 def state_like(p):
@@ -113,7 +92,7 @@ def mlp_case(repeat, clock=time.perf_counter):
     prog = dsl.loads(MLP, name=str(MODELS / "mlp_step.bend"), device="cpu")
     s = state_like(p)
     times = interleaved({"dslc": lambda: prog.step(p, s, x, y), "torch": torch_mlp(p, x, y),
-                         "jax": jax_mlp(p, x, y)}, repeat, clock)
+                         "jax": jax_mlp(p, x, y)}, repeat, clock=clock)
     return times["dslc"], times["torch"], times["jax"]
 
 
@@ -192,7 +171,7 @@ def gpt_case(repeat, clock=time.perf_counter):
         warm = time.perf_counter() - t
         fresh = min(warm_in_new_process() for _ in range(3))
         times = interleaved({"dslc": lambda: prog.step(p, s, idx, tgt, 4),
-                             "torch": torch_gpt(p, idx, tgt)}, repeat, clock)
+                             "torch": torch_gpt(p, idx, tgt)}, repeat, clock=clock)
     finally:
         shutil.rmtree(cache, ignore_errors=True)
     return times["dslc"], times["torch"], cold, warm, fresh
