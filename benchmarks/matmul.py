@@ -31,11 +31,15 @@ GPT_SHAPES = [
     ("4 x 4 (call overhead)", (4, 4), (4, 4), False),
 ]
 
-# (name, M, K, N, A read transposed, B read transposed): the GPT step's gradient reads
+# (name, M, K, N, A read transposed, B read transposed): products of few rows (the job grid
+# once gave them one thread, or one thread two jobs of three); the GPT step's gradient reads
 # h.T @ dY and x.T @ dH (A transposed) and dY @ W.T (B transposed)
 SMALL_SHAPES = [
     ("64³", 64, 64, 64, False, False),
     ("a decoder's token", 1, 768, 2304, False, False),
+    ("few rows", 96, 96, 256, False, False),
+    ("three row blocks", 256, 256, 256, False, False),
+    ("narrow", 200, 512, 64, False, False),
     ("MLP down", 1024, 512, 128, False, False),
     ("dX = dY @ W2ᵀ", 1024, 512, 128, False, True),
     ("MLP up", 1024, 128, 512, False, False),
