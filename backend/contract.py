@@ -135,6 +135,11 @@ class Tiles:
         """Elements of scratch one thread packs into."""
         return self.mc * self.kc + self.kc * self.nc
 
+    def scratch_size(self, threads: int) -> int:
+        """Elements of a scratch buffer for `threads` threads: 64 spare, room to start it on a
+        cache line (`aligned`)."""
+        return threads * self.scratch_elements + 64
+
 
 def host_tiles(dtype: str) -> Tiles:
     """Tiles for this machine, measured on a Zen 4 (AVX-512, 32 KiB L1d, 1 MiB L2): a 6 × 4-vector
@@ -1074,7 +1079,7 @@ class _Block:
     def reserve(self, threads: int) -> None:
         """Scratch for `threads` threads (kept: a fresh buffer costs page faults each call)."""
         if threads > self.threads:
-            self.scratch = np.empty(threads * self.tiles.scratch_elements + 64, NUMPY[self.dtype])
+            self.scratch = np.empty(self.tiles.scratch_size(threads), NUMPY[self.dtype])
             self.words[ARGUMENTS - 4] = aligned(self.scratch)
             self.threads = threads
 
@@ -1162,7 +1167,7 @@ class Matmul:
         epilogue the addresses of a kernel over C's rows and its table (0, 0 for none)."""
         if not 0 <= thread_index < thread_count or next_job.dtype != np.int64 \
                 or scratch.dtype != NUMPY[self.dtype] \
-                or scratch.size < thread_count * self.tiles.scratch_elements + 64:
+                or scratch.size < self.tiles.scratch_size(thread_count):
             raise ValueError(f"thread {thread_index} of {thread_count}, next_job {next_job}, "
                              f"scratch {scratch.dtype} [{scratch.size}]")
         self.fn(*self.arguments(a, b, c), aligned(scratch), address(next_job), *epilogue,

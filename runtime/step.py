@@ -514,9 +514,9 @@ class _Frame:
             body.scratch(threads)
         for kernel, block in zip(self.kernels, self.blocks):
             have = self._scratch.get(kernel.dtype)
-            if have is None or have.size < threads * kernel.tiles.scratch_elements + 64:
-                have = self._scratch[kernel.dtype] = np.empty(
-                    threads * kernel.tiles.scratch_elements + 64, NUMPY[kernel.dtype])
+            if have is None or have.size < kernel.tiles.scratch_size(threads):
+                have = self._scratch[kernel.dtype] = np.empty(kernel.tiles.scratch_size(threads),
+                                                              NUMPY[kernel.dtype])
             block[ARGUMENTS - 4] = aligned(have)
 
 

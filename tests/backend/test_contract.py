@@ -63,7 +63,7 @@ def per_thread(kernel: Matmul, a: np.ndarray, b: np.ndarray, threads: int,
     part of the scratch)."""
     a3, b3 = (x.reshape((math.prod(x.shape[:-2]),) + x.shape[-2:]) for x in (a, b))
     c = np.full((max(len(a3), len(b3)), a.shape[-2], b.shape[-1]), np.nan, dtype=a.dtype)
-    scratch = np.empty(threads * kernel.tiles.scratch_elements + 64, a.dtype)
+    scratch = np.empty(kernel.tiles.scratch_size(threads), a.dtype)
     next_job = np.zeros(1, dtype=np.int64)
     calls = [lambda t=t: kernel.call(a3, b3, c, scratch, next_job, t, threads)
              for t in range(threads)]
@@ -487,7 +487,7 @@ def jobs(kernel: Matmul, a: np.ndarray, b: np.ndarray, threads: int) -> int:
     """How many jobs the kernel cuts a @ b into for `threads` threads: the last thread index,
     called alone, claims them all and then one more that is not there."""
     c = np.empty((a.shape[0], b.shape[1]), a.dtype)
-    scratch = np.empty(threads * kernel.tiles.scratch_elements + 64, a.dtype)
+    scratch = np.empty(kernel.tiles.scratch_size(threads), a.dtype)
     next_job = np.zeros(1, dtype=np.int64)
     kernel.call(a[None], b[None], c[None], scratch, next_job, threads - 1, threads)
     return int(next_job[0]) - 1
