@@ -1024,20 +1024,33 @@ def _pack_b_elements(e: _Emitter, src, ld, col, kc, nj, dst) -> None:
 
 def _pack_a(e: _Emitter, src, ld, col, kc, mb, dst) -> None:
     """dst[p][k][r] = src[(p·mr + r)·ld + k·col] (0 past row mb): panels of mr rows. A whole
-    panel copies one k of its mr rows at a time (the scalar form: vectorised, LLVM would
-    scatter)."""
+    panel copies one k of its mr rows at a time: as a few vectors where they lie side by side
+    (a transposed A, ld 1: a weight's gradient Xᵀ @ dY; mr = 6 as 4 + 2), else element by
+    element (vectorised, LLVM would scatter)."""
     b, t = e.b, e.tiles
     zero = ir.Constant(e.scalar, 0.0)
+    pieces = [(r, 1 << bit) for bit in reversed(range(t.mr.bit_length())) if t.mr >> bit & 1
+              for r in [t.mr & ~((2 << bit) - 1)]]
     with e.loop(0, mb, t.mr, "pap") as i:
         panel = e.at(dst, b.mul(i, kc))
         with b.if_else(b.icmp_signed("<=", b.add(i, _i64(t.mr)), mb)) as (whole, part):
-            with whole:
-                rows = [e.at(src, b.mul(b.add(i, _i64(r)), ld)) for r in range(t.mr)]
-                with e.loop(0, kc, 1, "pak") as k:
-                    out = e.at(panel, b.mul(k, _i64(t.mr)))
-                    at = b.mul(k, col)
-                    for r, row in enumerate(rows):
-                        b.store(b.load(e.at(row, at), align=e.align), e.at(out, r), align=e.align)
+            with whole, b.if_else(b.icmp_signed("==", ld, _i64(1))) as (side_by_side, apart):
+                with side_by_side:
+                    with e.loop(0, kc, 1, "pav") as k:
+                        for r, n in pieces:
+                            lanes = ir.VectorType(e.scalar, n).as_pointer()
+                            rows = b.load(b.bitcast(e.at(src, b.add(i, _i64(r)), b.mul(k, col)),
+                                                    lanes), align=e.align)
+                            b.store(rows, b.bitcast(e.at(panel, b.mul(k, _i64(t.mr)), r), lanes),
+                                    align=e.align)
+                with apart:
+                    rows = [e.at(src, b.mul(b.add(i, _i64(r)), ld)) for r in range(t.mr)]
+                    with e.loop(0, kc, 1, "pak") as k:
+                        out = e.at(panel, b.mul(k, _i64(t.mr)))
+                        at = b.mul(k, col)
+                        for r, row in enumerate(rows):
+                            b.store(b.load(e.at(row, at), align=e.align), e.at(out, r),
+                                    align=e.align)
             with part:
                 with e.loop(0, kc, 1, "pae") as k:
                     out = e.at(panel, b.mul(k, _i64(t.mr)))
