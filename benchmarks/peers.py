@@ -53,32 +53,6 @@ def gpt_loss(p: GPT, idx: i32[B, T], targets: i32[B, T], H: int) -> f32:
 
 # ---------------------------------------------------------------- JAX's side
 
-def jax_adamw_step(loss):
-    """A jitted AdamW step of `loss` (dslc's optim.adamw: lr 1e-3, weight decay 1e-2)."""
-    import jax
-    import jax.numpy as jnp
-
-    def step(p, s, *inputs):
-        t, m, v = s
-        value, g = jax.value_and_grad(loss)(p, *inputs)
-        t = t + 1
-        m = jax.tree.map(lambda a, d: a + 0.1 * (d - a), m, g)
-        v = jax.tree.map(lambda b, d: b * 0.999 + 0.001 * d * d, v, g)
-        size, root = 1e-3 / (1 - 0.9 ** t), jnp.sqrt(1 - 0.999 ** t)
-        p = jax.tree.map(lambda w, a, b: w * (1 - 1e-5) - size * a / (jnp.sqrt(b) / root + 1e-8), p, m, v)
-        return p, (t, m, v), value
-    return jax.jit(step)
-
-
-def jax_mlp_loss(p, x, y):
-    import jax
-    import jax.numpy as jnp
-    B, T, E, _, _ = ts.MLP_SIZES.values()
-    h = jnp.tanh(p["C"][x].reshape(B, T * E) @ p["W1"] + p["b1"])
-    z = h @ p["W2"] + p["b2"]
-    return jnp.mean(jax.nn.logsumexp(z, axis=-1) - jnp.take_along_axis(z, y[:, None], axis=-1)[:, 0])
-
-
 def jax_gpt_loss(p, idx, tgt, H=4):
     import jax
     import jax.numpy as jnp
@@ -134,18 +108,16 @@ def steps(repeat: int) -> list[tuple[str, dict]]:
     p, x, y = ts.mlp_inputs()
     s = ts.state_like(p)
     prog = dsl.loads(ts.MLP, name=str(ts.MODELS / "mlp_step.bend"), device="cpu")
-    step = jax_adamw_step(jax_mlp_loss)
     rows.append(("names-MLP AdamW step", interleaved({
         "dslc": lambda: prog.step(p, s, x, y), "torch": ts.torch_mlp(p, x, y),
-        "jax": ready(lambda: step(p, s, x, y)),
+        "jax": ts.jax_mlp(p, x, y),
         **on_iree(ts.MLP, "mlp_step", p, s, x, y)}, repeat)))
     p, idx, tgt = ts.gpt_inputs()
     s = ts.state_like(p)
     prog = dsl.loads(ts.GPT_STEP, name=str(ts.MODELS / "gpt_step.bend"), device="cpu")
-    step = jax_adamw_step(jax_gpt_loss)
     rows.append(("4-layer GPT AdamW step", interleaved({
         "dslc": lambda: prog.step(p, s, idx, tgt, 4), "torch": ts.torch_gpt(p, idx, tgt),
-        "jax": ready(lambda: step(p, s, idx, tgt)),
+        "jax": ts.on_jax(ts.jax_adamw_step(jax_gpt_loss), p, s, idx, tgt),
         **on_iree(ts.GPT_STEP, "gpt_step", p, s, idx, tgt, 4)}, repeat)))
     prog = dsl.loads(LSTM, name=str(ts.MODELS / "lstm.bend"), device="cpu")
     for T, B, D, H in [(16, 16, 64, 128), (32, 32, 64, 64)]:
@@ -157,7 +129,7 @@ def steps(repeat: int) -> list[tuple[str, dict]]:
         grad = jax.jit(jax.grad(jax_lstm_loss))
         rows.append((f"LSTM loss gradient, T{T} B{B} D{D} H{H}", interleaved({
             "dslc": lambda: prog.grad_loss(p, x), "torch": torch_lstm(p, x),
-            "jax": ready(lambda: grad(p, x))}, repeat)))
+            "jax": ts.on_jax(grad, p, x)}, repeat)))
     return rows
 
 
@@ -243,7 +215,7 @@ def first_call(side: str) -> float:
     p, idx, tgt = ts.gpt_inputs()
     s = ts.state_like(p)
     if side == "jax":
-        step = jax_adamw_step(jax_gpt_loss)
+        step = ts.jax_adamw_step(jax_gpt_loss)
         start = time.perf_counter()
         ready(lambda: step(p, s, idx, tgt))()
         return time.perf_counter() - start

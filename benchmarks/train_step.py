@@ -110,34 +110,45 @@ def torch_mlp(p, x, y):
 
 
 def jax_mlp(p, x, y):
-    """The names MLP step by JAX's jit (XLA), AdamW written out as dsl/lib/optim.bend has it
-    (a function that waits for its results)."""
+    """The names MLP step by JAX's jit (XLA), AdamW as dsl/lib/optim.bend has it (a function
+    that waits for its results)."""
+    return on_jax(jax_adamw_step(jax_mlp_loss), p, state_like(p), x, y)
+
+
+def jax_adamw_step(loss):
+    """A jitted AdamW step of `loss` (dslc's optim.adamw: lr 1e-3, weight decay 1e-2)."""
+    import jax
+    import jax.numpy as jnp
+
+    def step(p, s, *inputs):
+        t, m, v = s
+        value, g = jax.value_and_grad(loss)(p, *inputs)
+        t = t + 1
+        m = jax.tree.map(lambda a, d: a + 0.1 * (d - a), m, g)
+        v = jax.tree.map(lambda b, d: b * 0.999 + 0.001 * d * d, v, g)
+        size, root = 1e-3 / (1 - 0.9 ** t), jnp.sqrt(1 - 0.999 ** t)
+        p = jax.tree.map(lambda w, a, b: w * (1 - 1e-5) - size * a / (jnp.sqrt(b) / root + 1e-8), p, m, v)
+        return p, (t, m, v), value
+    return jax.jit(step)
+
+
+def jax_mlp_loss(p, x, y):
     import jax
     import jax.numpy as jnp
     B, T = x.shape
-    E = p["C"].shape[1]
+    h = jnp.tanh(p["C"][x].reshape(B, T * p["C"].shape[1]) @ p["W1"] + p["b1"])
+    z = h @ p["W2"] + p["b2"]
+    return jnp.mean(jax.nn.logsumexp(z, axis=-1) - jnp.take_along_axis(z, y[:, None], axis=-1)[:, 0])
 
-    def loss(p, x, y):
-        h = jnp.tanh(p["C"][x].reshape(B, T * E) @ p["W1"] + p["b1"])
-        z = jax.nn.log_softmax(h @ p["W2"] + p["b2"])
-        return -jnp.mean(z[jnp.arange(B), y])
 
-    @jax.jit
-    def step(p, s, x, y):
-        l, g = jax.value_and_grad(loss)(p, x, y)
-        t, m, v = s
-        t = t + 1
-        m = jax.tree.map(lambda m, g: 0.9 * m + 0.1 * g, m, g)
-        v = jax.tree.map(lambda v, g: 0.999 * v + 0.001 * g * g, v, g)
-        c1, c2 = 1 - 0.9 ** t, 1 - 0.999 ** t
-        p = jax.tree.map(lambda p, m, v: p - 1e-3 * (m / c1 / (jnp.sqrt(v / c2) + 1e-8) + 0.01 * p),
-                         p, m, v)
-        return p, (t, m, v), l
-
-    jp = {k: jnp.asarray(v) for k, v in p.items()}
-    s = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, jp), jax.tree.map(jnp.zeros_like, jp))
-    jx, jy = jnp.asarray(x), jnp.asarray(y)
-    return lambda: jax.block_until_ready(step(jp, s, jx, jy))
+def on_jax(fn, *args):
+    """fn(*args), its arguments put on JAX's device once, as a JAX user keeps parameters and
+    batches there (given NumPy arrays, each call copies them in: the names MLP step took
+    0.157-0.169 ms so, 0.120-0.124 ms with them on the device); a function that waits for
+    the results."""
+    import jax
+    args = jax.device_put(args)
+    return lambda: jax.block_until_ready(fn(*args))
 
 
 def gpt_inputs(layers=4, B=16, T=64, D=128, V=65):
