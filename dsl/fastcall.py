@@ -56,12 +56,14 @@ def _signature(value: Any, leaves: list, seen: dict[int, int]) -> Hashable | Non
         seen[id(value)] = len(leaves)
         leaves.append(value)
         return value.shape, value.dtype, value.flags.c_contiguous
+    # (lists, not generators: a names MLP step's arguments, 18 arrays in a record and a tuple
+    # of records, took 13.8 µs to sign with generators, 9 with lists)
     if t is tuple or t is list:
-        parts = tuple(_signature(v, leaves, seen) for v in value)
-        return None if None in parts else (t, parts)
+        parts = [_signature(v, leaves, seen) for v in value]
+        return None if None in parts else (t, tuple(parts))
     if t is dict:
-        parts = tuple((k, _signature(v, leaves, seen)) for k, v in value.items())
-        return None if any(p is None for _, p in parts) else (t, parts)
+        parts = [_signature(v, leaves, seen) for v in value.values()]
+        return None if None in parts else (t, tuple(value), tuple(parts))
     if t is float or isinstance(value, np.generic):
         return t, repr(value)              # (-0.0 is not 0.0, nor nan a miss each time)
     if t is int or t is bool or t is str:

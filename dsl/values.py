@@ -64,7 +64,7 @@ def flatten_python(value: Any, path: str, array: Callable[[Any], Any] = np.asarr
 
 def unflatten(layout: Layout, arrays: list[np.ndarray]) -> Any:
     """A function's result arrays as the Python value `layout` describes (Records, Keys, tuples)."""
-    return layout.unflatten(list(arrays), Record, Key)
+    return layout.unflatten(iter(arrays), Record, Key)
 
 
 def shortest(value: Any, dtype: DTypeLike = None) -> str:

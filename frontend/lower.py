@@ -10,7 +10,7 @@ structured inputs and outputs.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 
 from frontend.values import (AdtV, KeyV, ListV, RecordV, StaticV, TensorV, TupleV, UnknownV,
@@ -122,17 +122,17 @@ class Layout:
     fields: tuple[str, ...] = ()
     value: Any = None
 
-    def unflatten(self, leaves: list, record: Callable[[str, dict], Any], key: Callable[[Any], Any]) -> Any:
+    def unflatten(self, leaves: Iterator, record: Callable[[str, dict], Any], key: Callable[[Any], Any]) -> Any:
         """Rebuild the Python value from leaves (consumed in order)."""
         match self.kind:
             case "tensor":
-                return leaves.pop(0)
+                return next(leaves)
             case "key":
-                return key(leaves.pop(0))
+                return key(next(leaves))
             case "static":
                 return self.value
             case "tuple":
-                return tuple(i.unflatten(leaves, record, key) for i in self.items)
+                return tuple([i.unflatten(leaves, record, key) for i in self.items])
             case "list":
                 return [i.unflatten(leaves, record, key) for i in self.items]
         return record(self.name, {f: i.unflatten(leaves, record, key) for f, i in zip(self.fields, self.items)})
