@@ -27,9 +27,10 @@ tile function that covers its columns, and a tile at an edge of C reads and writ
 masks (rows past M, lanes past N), so an edge of C costs neither a copy nor a whole tile's work
 (a whole tile stores plainly: a masked store is microcoded on AMD's Zen). A job of at most
 mr rows (a matrix-vector product: a decoder's token) packs nothing: where B's rows are
-contiguous it streams STREAM_ROWS of them at a time across all its columns, and tiles of mr rows
-read a transposed B (x @ W.T: a tied embedding's logits) in blocks of width × width that they
-transpose in registers. A job whose K block of B (rows contiguous) fits in half of L1
+contiguous, one row streams STREAM_ROWS of them at a time across all its columns and more
+read B in place with the tiles below; tiles of mr rows read a transposed B (x @ W.T: a tied
+embedding's logits) in blocks of width × width that they transpose in registers. A job whose
+K block of B (rows contiguous) fits in half of L1
 (Tiles.in_place_bytes: a 64³, an attention head's products), or of few rows whose B rows lie
 close (Tiles.in_place_rows: an RNN cell's products) packs nothing either: tiles of mr rows read
 A and B in place, B's rows as vectors, only a tile's last vector through a mask.
@@ -91,10 +92,13 @@ STREAM_ROWS = 4     # rows of B a matrix-vector product streams at once (4 fmas 
 COLUMN_VECTORS = 1  # the transposed-B tile's vectors: its width × width transpose fills the registers
 LAYOUTS = 256       # operand layouts a Matmul remembers (then it forgets them all)
 ARGUMENTS = 18      # NAME.task's array: A … b_col, scratch, next_job, epilogue, epilogue_table
-MIN_MULTIPLY_ADDS_PER_THREAD = 1 << 20     # a product's threads get at least this many
-                                           # (NAME.direct has it compiled in)
-MATRIX_VECTOR_COST = 16     # a product of one row tile's fmas cost about this many of a blocked
-                            # product's (they wait on loads of B from memory)
+# a product's threads get at least this many fmas each (NAME.direct has it compiled in): at
+# 2^20, on a Zen 4, 64³ took 5.8 µs on one thread (NumPy 5.6), now 5.0 on two; 64×64×256
+# 21.7 µs, now 12.5; 16×512×128, an LSTM's step, 21.2, now 14.9 (its gradient 1.93 -> 1.51 ms)
+MIN_MULTIPLY_ADDS_PER_THREAD = 1 << 17
+# a product of one row tile's fmas cost about this many of a blocked product's, divided by
+# its rows (each of B's loads from memory feeds one fma a row)
+MATRIX_VECTOR_COST = 2
 
 # LLVM's level for the kernel: its tiles are vector code already, and O1 runs them as fast as
 # O3 (on a Zen 3, A/B over 64³, 1024×512×128, 256³, 1×768×2304, 7×13×29 and 64 batched
@@ -654,8 +658,9 @@ def _build_direct(module: ir.Module, name: str, dtype: str, t: Tiles, task: ir.F
                     for pair in strides for s in pair)))
     # the threads it is worth (Matmul.worth for other operands)
     work = b.mul(b.mul(m, n), k)
-    work = b.select(b.icmp_signed("<=", m, _i64(t.mr)), b.mul(work, _i64(MATRIX_VECTOR_COST)),
-                    work)
+    work = b.select(b.icmp_signed("<=", m, _i64(t.mr)),
+                    b.sdiv(b.mul(work, _i64(MATRIX_VECTOR_COST)),
+                           b.select(b.icmp_signed(">", m, _i64(1)), m, _i64(1))), work)
     worth = b.sdiv(work, _i64(MIN_MULTIPLY_ADDS_PER_THREAD))
     parts = e.min(threads, worth)
     parts = b.select(b.icmp_signed("<", parts, _i64(1)), _i64(1), parts)
@@ -700,12 +705,15 @@ def _job(e: _Emitter, tiles, a, b_, c_base, mj, nj, K, N, a_pack, b_pack, finish
     # sum waits in C (an exact store and load). K is never padded: a padding 0·x would turn an
     # accumulated -0.0 into +0.0, and 0·inf into NaN.
     # B is packed for reuse across row tiles. A job of at most one row tile (a matrix-vector
-    # product, a decoder's token) reads B in place instead (packing would cost more than the
-    # fmas): streaming its rows where they are contiguous, its columns with the
-    # transposing tiles where those are (x @ W.T, q @ K.T). So does a job whose K block of B
-    # is in cache (rows contiguous): its reads of B cost less than a copy of them.
+    # product, a decoder's token, a small batch) reads B in place instead (packing would cost
+    # more than the fmas): one row streaming B's rows where they are contiguous, more by the
+    # in-place tiles, whose every load of B feeds all their rows (streamed, 6×512×96 took
+    # 15.9 µs on a Zen 4, 6×768×2304 274; by tiles 6.8 and 98; NumPy 7.0 and 360); B's
+    # columns with the transposing tiles where those are contiguous (x @ W.T, q @ K.T). So
+    # does a job whose K block of B is in cache (rows contiguous): its reads of B cost less
+    # than a copy of them.
     few = b.icmp_signed("<=", mj, _i64(t.mr))
-    by_rows = b.and_(few, b.icmp_signed("==", b_[2], _i64(1)))
+    by_rows = b.and_(b.icmp_signed("==", mj, _i64(1)), b.icmp_signed("==", b_[2], _i64(1)))
     by_columns = b.and_(few, b.icmp_signed("==", b_[1], _i64(1)))
     with b.if_else(by_rows) as (rows_in_place, other):
         with rows_in_place:
@@ -721,7 +729,8 @@ def _job(e: _Emitter, tiles, a, b_, c_base, mj, nj, K, N, a_pack, b_pack, finish
                                           _i64(t.in_place_bytes // e.align))
                     few_close = b.and_(b.icmp_signed("<=", mj, _i64(t.in_place_rows)),
                                        b.icmp_signed("<=", b_[1], _i64(t.in_place_row_bytes // e.align)))
-                    in_cache = b.and_(b.icmp_signed("==", b_[2], _i64(1)), b.or_(small, few_close))
+                    in_cache = b.and_(b.icmp_signed("==", b_[2], _i64(1)),
+                                      b.or_(b.or_(small, few_close), few))
                     with b.if_else(in_cache) as (in_place, pack):
                         with in_place:
                             _blocks_in_place(e, in_place_tiles, a, b_, c_base, mj, nj, K, N,
@@ -781,8 +790,11 @@ def _rows_streamed(e: _Emitter, a, b_, c_base, mj, nj, K, N, finished) -> None:
         # the columns before the first row's first vector-aligned one through a mask: the
         # loop's loads of B are then whole vectors, none across two cache lines (rows of a
         # length in vectors are all so; 1×768×2304 on one thread 0.115 -> 0.106 ms)
+        # (one row of C only: with several, their masked first vectors made 3×512×96 1.3-1.6
+        # times slower on a Zen 4, each row's masked store read back by its next sweep)
         misaligned = b.ptrtoint(b_k[0], I64)
         head = e.min(nj, b.and_(b.sdiv(b.neg(misaligned), _i64(e.align)), _i64(t.width - 1)))
+        head = b.select(b.icmp_signed("==", mj, _i64(1)), head, _i64(0))
         with b.if_then(b.icmp_signed(">", head, _i64(0))):
             vector(_i64(0), e.lanes_below(head, 0))
         full = b.sub(nj, b.srem(b.sub(nj, head), _i64(t.width)))
@@ -1145,8 +1157,8 @@ class Matmul:
     def worth(self, rows: int, multiply_adds: int, threads: int) -> int:
         """How many of `threads` a product of C's `rows` rows (of each batch entry) and
         `multiply_adds` fmas is worth (NAME.direct decides alike)."""
-        if rows <= self.tiles.mr:                  # B read in place, one load an fma
-            multiply_adds *= MATRIX_VECTOR_COST
+        if rows <= self.tiles.mr:                  # B read in place, a load an fma a row
+            multiply_adds = multiply_adds * MATRIX_VECTOR_COST // max(rows, 1)
         return min(threads, max(1, multiply_adds // MIN_MULTIPLY_ADDS_PER_THREAD))
 
     def direct(self, a: np.ndarray, b: np.ndarray, out: np.ndarray, threads: int) -> bool:
@@ -1298,7 +1310,7 @@ if _data(_probe) != _probe.ctypes.data:      # (a Python whose ids are not addre
 
 # (a PYFUNCTYPE keeps the GIL: 0.1 µs less a call than releasing and taking it again, and the
 # calls of one kernel exclude each other; the product it runs itself is worth one thread, under
-# 2·MIN_MULTIPLY_ADDS_PER_THREAD fmas or about 50 µs, whatever `threads` is)
+# 2·MIN_MULTIPLY_ADDS_PER_THREAD fmas or about 5 µs, whatever `threads` is)
 DIRECT = ctypes.PYFUNCTYPE(ctypes.c_int64, ctypes.py_object, ctypes.py_object, ctypes.py_object,
                            ctypes.c_void_p, ctypes.c_int64)
 

@@ -154,11 +154,13 @@ def test_f32_sign_of_zero_sums(kernels):
     assert np.signbit(kernel(np.zeros((2, 0), np.float32), np.zeros((0, 3), np.float32))).all()
 
 
-@pytest.mark.parametrize("m, k, n", [(1, 21, 40), (5, 7, 33), (6, 40, 17), (2, 16, 3)])
+@pytest.mark.parametrize("m, k, n", [(1, 21, 40), (5, 7, 33), (6, 40, 17), (2, 16, 3),
+                                     (3, 600, 700), (4, 9, 1100)])
 def test_few_rows_read_b_in_place_with_the_reference_bits(kernels, m, k, n):
-    """At most mr rows read B in place, by rows where they are contiguous and by transposed
-    blocks of columns where B is transposed: K tails, special values, and sums of -0.0
-    products that a k past the end (a +0.0) would turn into +0.0."""
+    """At most mr rows read B in place, by rows where they are contiguous (streamed for one
+    row, by the tiles for more, B's rows near or far apart, K in one block or more) and by
+    transposed blocks of columns where B is transposed: K tails, special values, and sums of
+    -0.0 products that a k past the end (a +0.0) would turn into +0.0."""
     kernel = kernels["f32"]
     a = with_specials(random_f32((m, k)), "f32", 0.1)
     b_t = with_specials(random_f32((n, k)), "f32", 0.1)
