@@ -7,6 +7,7 @@ general f64 inputs are compared with an exact fma written with fractions."""
 from __future__ import annotations
 
 import ctypes
+import itertools
 import dataclasses
 import math
 import mmap
@@ -169,6 +170,20 @@ def test_few_rows_read_b_in_place_with_the_reference_bits(kernels, m, k, n):
     minus_zero = np.full((n, k), -0.0, np.float32)
     for b in (np.ascontiguousarray(minus_zero.T), minus_zero.T):
         assert np.signbit(check_threads(kernel, np.ones((m, k), np.float32), b)).all()
+
+
+@pytest.mark.parametrize("m, k", [(2, 1), (7, 3), (130, 1000), (300, 17)])
+def test_a_product_of_one_column_has_the_reference_bits(kernels, m, k):
+    """A matrix times a vector, computed as the transposed product of one row: the same bits
+    with A's rows or its columns contiguous, the vector's elements next to each other or
+    not, in a batch, and with special values."""
+    kernel = kernels["f32"]
+    a = with_specials(random_f32((2, m, k)), "f32", 0.1)
+    b = with_specials(random_f32((2, 2 * k, 1)), "f32", 0.1)[:, ::2]
+    a_columns = np.ascontiguousarray(a.transpose(0, 2, 1)).transpose(0, 2, 1)
+    for a_, b_ in itertools.product((a, a_columns), (b, np.ascontiguousarray(b))):
+        assert bits(check_threads(kernel, a_, b_)) == bits(reference(a, b))
+        assert bits(check_threads(kernel, a_[0], b_[0])) == bits(reference(a[0], b[0]))
 
 
 def test_a_b_of_one_row_broadcast_is_packed_again_for_each_k_block(kernels):
