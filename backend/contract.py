@@ -22,17 +22,16 @@ blocks transposed in registers where b_row is 1. C need not be initialised and m
 overlap A, B or scratch. K = 0 gives -0.0 everywhere (the empty sum); M, N or batch ≤ 0 does
 nothing.
 
-Tiles: the register tile is mr rows × 1 to nv vectors; each tile of C runs the narrowest
-tile function that covers its columns, and a tile at an edge of C reads and writes it through
-masks (rows past M, lanes past N), so an edge of C costs neither a copy nor a whole tile's work
-(a whole tile stores plainly: a masked store is microcoded on AMD's Zen). A job of at most
-mr rows (a matrix-vector product: a decoder's token) packs nothing: where B's rows are
-contiguous, one row streams STREAM_ROWS of them at a time across all its columns and more
-read B in place with the tiles below; tiles of mr rows read a transposed B (x @ W.T: a tied
-embedding's logits) in blocks of width × width that they transpose in registers (so does a
-product of one column, computed as its transpose, one row). A job whose
-K block of B (rows contiguous) fits in half of L1
-(Tiles.in_place_bytes: a 64³, an attention head's products), or of few rows whose B rows lie
+Tiles: the register tile is mr rows × 1 to nv vectors; each tile of C runs the narrowest tile
+function that covers its columns, and a tile at an edge of C reads and writes it through masks
+(rows past M, lanes past N), so an edge of C costs neither a copy nor a whole tile's work (a
+whole tile stores plainly: a masked store is microcoded on AMD's Zen). A job of at most mr rows
+(a matrix-vector product: a decoder's token) packs nothing: where B's rows are contiguous, one
+row streams STREAM_ROWS of them at a time across all its columns and more read B in place with
+the tiles below; tiles of mr rows read a transposed B (x @ W.T: a tied embedding's logits) in
+blocks of width × width that they transpose in registers (so does a product of one column,
+computed as its transpose, one row). A job whose K block of B (rows contiguous) fits in half of
+L1 (Tiles.in_place_bytes: a 64³, an attention head's products), or of few rows whose B rows lie
 close (Tiles.in_place_rows: an RNN cell's products) packs nothing either: tiles of mr rows read
 A and B in place, B's rows as vectors, only a tile's last vector through a mask.
 
