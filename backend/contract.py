@@ -88,7 +88,8 @@ JOBS_PER_THREAD = 4   # so that a thread the OS holds up leaves a share to the o
 MIN_JOB_ROWS = 96     # each job packs its B panel: fewer rows would not pay for it
 MIN_JOB_COLUMNS = 64  # and its A block: fewer columns would not pay for that
 PACK_ROWS = 16  # rows of a B of general strides packed per pass (a cache line of f32)
-STREAM_ROWS = 4     # rows of B a matrix-vector product streams at once (4 fmas a load of C)
+STREAM_ROWS = 8     # rows of B a matrix-vector product streams at once (8 fmas a load of C:
+                    # 10-15% faster than 4 at 1×768×2304 on a Zen 3)
 COLUMN_VECTORS = 1  # the transposed-B tile's vectors: its width × width transpose fills the registers
 LAYOUTS = 256       # operand layouts a Matmul remembers (then it forgets them all)
 ARGUMENTS = 18      # NAME.task's array: A … b_col, scratch, next_job, epilogue, epilogue_table
@@ -733,7 +734,7 @@ def _job(e: _Emitter, tiles, a, b_, c_base, mj, nj, K, N, a_pack, b_pack, finish
     by_columns = b.and_(few, b.icmp_signed("==", b_[1], _i64(1)))
     with b.if_else(by_rows) as (rows_in_place, other):
         with rows_in_place:
-            _rows_streamed(e, a, b_, c_base, mj, nj, K, N, finished)
+            _row_streamed(e, a, b_, c_base, nj, K, finished)
         with other:
             with b.if_else(by_columns) as (columns_in_place, packed):
                 with columns_in_place:
@@ -777,28 +778,26 @@ def _columns_in_place(e: _Emitter, column_tiles, a, b_, c_base, mj, nj, K, N, fi
         finished(_i64(0), mj)
 
 
-def _rows_streamed(e: _Emitter, a, b_, c_base, mj, nj, K, N, finished) -> None:
-    """_job's elements with B (b_col 1) read in place, STREAM_ROWS rows of it at a time across
-    all nj columns for each of the mj rows of C in turn: those rows of B stay in cache while
-    C's rows take them, and B passes once, in the order of its rows, as prefetchers follow.
-    Only a row's last vector goes through a mask (with every load and store of C masked the
-    loop ran 2.5 times slower)."""
+def _row_streamed(e: _Emitter, a, b_, c_base, nj, K, finished) -> None:
+    """_job's one row of C with B (b_col 1) read in place, STREAM_ROWS rows of it at a time
+    across all nj columns: B passes once, in the order of its rows, as prefetchers follow, and
+    C is loaded and stored once a sweep (STREAM_ROWS fmas). Only the row's last vector goes
+    through a mask (with every load and store of C masked the loop ran 2.5 times slower)."""
     b, t = e.b, e.tiles
-    (a_base, a_row, a_col), (b_base, b_row, _) = a, b_
+    (a_base, _, a_col), (b_base, b_row, _) = a, b_
     fma = e.intrinsic(f"llvm.fma.{overload_suffix(e.vec)}", e.vec, [e.vec] * 3)
     zero = ir.Constant(e.vec, [-0.0] * t.width)
 
-    def sweep(i, k0, rows: int) -> None:
-        """C[i, :nj] gains A[i, k]·B[k, :nj] for k = k0, …, k0 + rows - 1."""
-        a_i, c_i = e.at(a_base, b.mul(i, a_row)), e.at(c_base, b.mul(i, N))
+    def sweep(k0, rows: int) -> None:
+        """C[0, :nj] gains A[0, k]·B[k, :nj] for k = k0, …, k0 + rows - 1."""
         ks = [b.add(k0, _i64(u)) for u in range(rows)]
-        a_k = [e.splat(b.load(e.at(a_i, b.mul(k, a_col)), align=e.align)) for k in ks]
+        a_k = [e.splat(b.load(e.at(a_base, b.mul(k, a_col)), align=e.align)) for k in ks]
         b_k = [e.at(b_base, b.mul(k, b_row)) for k in ks]
         first = b.icmp_signed("==", k0, _i64(0))
 
         def vector(j, mask=None) -> None:
             load = e.load_vec if mask is None else (lambda at: e.masked_load(at, mask))
-            c_at = e.at(c_i, j)
+            c_at = e.at(c_base, j)
             # ORDER: from -0.0 at k = 0, else from the sum up to k0 as it was stored; then
             # the k of this sweep in increasing order
             acc = b.select(first, zero, load(c_at))
@@ -812,11 +811,8 @@ def _rows_streamed(e: _Emitter, a, b_, c_base, mj, nj, K, N, finished) -> None:
         # the columns before the first row's first vector-aligned one through a mask: the
         # loop's loads of B are then whole vectors, none across two cache lines (rows of a
         # length in vectors are all so; 1×768×2304 on one thread 0.115 -> 0.106 ms)
-        # (one row of C only: with several, their masked first vectors made 3×512×96 1.3-1.6
-        # times slower on a Zen 4, each row's masked store read back by its next sweep)
         misaligned = b.ptrtoint(b_k[0], I64)
         head = e.min(nj, b.and_(b.sdiv(b.neg(misaligned), _i64(e.align)), _i64(t.width - 1)))
-        head = b.select(b.icmp_signed("==", mj, _i64(1)), head, _i64(0))
         with b.if_then(b.icmp_signed(">", head, _i64(0))):
             vector(_i64(0), e.lanes_below(head, 0))
         full = b.sub(nj, b.srem(b.sub(nj, head), _i64(t.width)))
@@ -825,23 +821,13 @@ def _rows_streamed(e: _Emitter, a, b_, c_base, mj, nj, K, N, finished) -> None:
         with b.if_then(b.icmp_signed("<", full, nj)):
             vector(full, e.lanes_below(b.sub(nj, full), 0))
 
-    def stream(rows: int) -> None:
-        whole = b.sub(K, b.srem(K, _i64(rows)))
-        with e.loop(0, whole, rows, "sk") as k0, e.loop(0, mj, 1, "si") as i:
-            sweep(i, k0, rows)
-        with e.loop(whole, K, 1, "st") as k0, e.loop(0, mj, 1, "sr") as i:   # K's last rows
-            sweep(i, k0, 1)
-
-    # one row of C takes twice as many rows of B at a time (C loaded and stored half as
-    # often: 10-15% faster at 1×768×2304 on a Zen 3); several rows of C keep STREAM_ROWS,
-    # whose rows of B stay in L1 while each row of C takes them
-    with b.if_else(b.icmp_signed("==", mj, _i64(1))) as (one, several):
-        with one:
-            stream(2 * STREAM_ROWS)
-        with several:
-            stream(STREAM_ROWS)
+    whole = b.sub(K, b.srem(K, _i64(STREAM_ROWS)))
+    with e.loop(0, whole, STREAM_ROWS, "sk") as k0:
+        sweep(k0, STREAM_ROWS)
+    with e.loop(whole, K, 1, "st") as k0:                  # K's last rows
+        sweep(k0, 1)
     with b.if_then(b.icmp_signed(">", K, _i64(0))):
-        finished(_i64(0), mj)
+        finished(_i64(0), _i64(1))
 
 
 def _blocks_in_place(e: _Emitter, in_place_tiles, a, b_, c_base, mj, nj, K, N,
@@ -1063,8 +1049,7 @@ def _pack_a(e: _Emitter, src, ld, col, kc, mb, dst) -> None:
     element (vectorised, LLVM would scatter)."""
     b, t = e.b, e.tiles
     zero = ir.Constant(e.scalar, 0.0)
-    pieces = [(r, 1 << bit) for bit in reversed(range(t.mr.bit_length())) if t.mr >> bit & 1
-              for r in [t.mr & ~((2 << bit) - 1)]]
+    pieces = _powers_of_two(t.mr)
     with e.loop(0, mb, t.mr, "pap") as i:
         panel = e.at(dst, b.mul(i, kc))
         with b.if_else(b.icmp_signed("<=", b.add(i, _i64(t.mr)), mb)) as (whole, part):
@@ -1094,6 +1079,16 @@ def _pack_a(e: _Emitter, src, ld, col, kc, mb, dst) -> None:
                         safe = b.select(inside, row, _i64(0))
                         value = b.load(e.at(src, b.mul(safe, ld), b.mul(k, col)), align=e.align)
                         b.store(b.select(inside, value, zero), e.at(out, r), align=e.align)
+
+
+def _powers_of_two(n: int) -> list[tuple[int, int]]:
+    """[0, n) as runs of powers of two, the longest first: (start, length); 6 is (0, 4), (4, 2)."""
+    runs, start = [], 0
+    for bit in reversed(range(n.bit_length())):
+        if n >> bit & 1:
+            runs.append((start, 1 << bit))
+            start += 1 << bit
+    return runs
 
 
 # ---------------------------------------------------------------------------------------------
