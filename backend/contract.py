@@ -76,7 +76,7 @@ from llvmlite import ir
 
 from backend import cpu
 from backend.cpu import address
-from backend.llvm import overload_suffix
+from backend.llvm import masked_load, overload_suffix
 from backend.team import Task, team
 
 I1, I32, I64 = ir.IntType(1), ir.IntType(32), ir.IntType(64)
@@ -228,12 +228,7 @@ class _Emitter:
 
     def masked_load(self, ptr, mask):
         """A vector from ptr where mask is set, +0.0 elsewhere (those lanes are not read)."""
-        vec = self.vec
-        f = self.intrinsic(f"llvm.masked.load.{overload_suffix(vec)}.p0", vec,
-                           [vec.as_pointer(), I32, mask.type, vec])
-        return self.b.call(f, [self.b.bitcast(ptr, vec.as_pointer()),
-                               ir.Constant(I32, self.align), mask,
-                               ir.Constant(vec, [0.0] * vec.count)])
+        return masked_load(self.b, self.b.bitcast(ptr, self.vec.as_pointer()), mask, self.align)
 
     def masked_store(self, value, ptr, mask) -> None:
         vec = self.vec
@@ -472,9 +467,9 @@ def build_matmul(module: ir.Module, name: str, dtype: str, tiles: Tiles | None =
                          for nv in range(1, t.nv + 1)]
     # (and for one row, whose tiles of mr rows spent five sixths of their fmas and loads of A
     # on rows past it: 1×768×2304 with B transposed, a tied embedding's logits, took 150 µs)
-    columns_by_width = [[_build_tile(module, f"{name}.{rows}columns{nv}", dtype, t, nv, "columns",
-                                     mr=1 if rows == "row_" else None)
-                         for nv in range(1, COLUMN_VECTORS + 1)] for rows in ("row_", "")]
+    columns_by_width = [[_build_tile(module, f"{name}.{label}{nv}", dtype, t, nv, "columns", mr)
+                         for nv in range(1, COLUMN_VECTORS + 1)]
+                        for label, mr in (("row_columns", 1), ("columns", t.mr))]
     p = SCALAR[dtype].as_pointer()
     table = ir.IntType(8).as_pointer().as_pointer()
     epilogue_type = ir.FunctionType(ir.VoidType(), [table, I64, I64, I64]).as_pointer()

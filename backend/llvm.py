@@ -40,6 +40,15 @@ def overload_suffix(t: ir.Type) -> str:
     return f"v{t.count}{t.element.intrinsic_name}" if isinstance(t, ir.VectorType) else t.intrinsic_name
 
 
+def masked_load(b: ir.IRBuilder, vptr: ir.Value, mask: ir.Value, align: int) -> ir.Value:
+    """The vector at vptr where mask is set, +0.0 (or 0) elsewhere: those lanes are not read."""
+    vec = vptr.type.pointee
+    name = f"llvm.masked.load.{overload_suffix(vec)}.p0"
+    fn = b.module.globals.get(name) or ir.Function(
+        b.module, ir.FunctionType(vec, [vec.as_pointer(), I32, mask.type, vec]), name)
+    return b.call(fn, [vptr, ir.Constant(I32, align), mask, ir.Constant(vec, None)])
+
+
 class Emitter:
     """Scalar (or lane-vector) operations for the dtypes of the language."""
 
@@ -367,16 +376,9 @@ class _KernelGen:
         if lane_stride == 0:
             return self.e.splat(self.load(ins, offset), lanes)
         if lane_stride == 1:
-            vec = ir.VectorType(mem, lanes)
-            vptr = b.bitcast(b.gep(ptr, [offset]), vec.as_pointer())
+            vptr = b.bitcast(b.gep(ptr, [offset]), ir.VectorType(mem, lanes).as_pointer())
             align = mem.width // 8 if hasattr(mem, "width") else 4
-            if mask is None:
-                v = b.load(vptr, align=align)
-            else:
-                name = f"llvm.masked.load.{overload_suffix(vec)}.p0"
-                masked = self.e.module.globals.get(name) or ir.Function(
-                    self.e.module, ir.FunctionType(vec, [vec.as_pointer(), I32, mask.type, vec]), name)
-                v = b.call(masked, [vptr, ir.Constant(I32, align), mask, ir.Constant(vec, None)])
+            v = b.load(vptr, align=align) if mask is None else masked_load(b, vptr, mask, align)
             # (a mask's lanes one load and one compare: element by element, a softmax's
             # causal mask cost as much as the rest of its row kernel)
             return b.icmp_unsigned("!=", v, ir.Constant(v.type, None)) if ins.dtype == "bool" else v
