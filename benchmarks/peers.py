@@ -91,12 +91,6 @@ def jax_lstm_loss(p, x):
     return jnp.mean(hs * hs)
 
 
-def ready(fn):
-    """fn, waiting for JAX's asynchronous results (a no-op on NumPy's and PyTorch's)."""
-    import jax
-    return lambda: jax.block_until_ready(fn())
-
-
 # ---------------------------------------------------------------- the cases
 
 def steps(repeat: int) -> list[tuple[str, dict]]:
@@ -176,11 +170,9 @@ def products(repeat: int, compiled: bool) -> list[tuple[str, dict]]:
         a, b = rng.standard_normal((M, K), np.float32), rng.standard_normal((K, N), np.float32)
         out = np.empty((M, N), np.float32)
         ta, tb = torch.from_numpy(a), torch.from_numpy(b)
-        ja, jb = jax.device_put(a), jax.device_put(b)
-        jmm = jax.jit(lambda x, y: x @ y)
         count = threads()                      # (read once: NumPy is not charged for it either)
         calls = {"dslc": lambda: matmul(a, b, out, count), "torch": lambda: ta @ tb,
-                 "jax": ready(lambda: jmm(ja, jb)), "numpy": lambda: a @ b}
+                 "jax": ts.on_jax(jax.jit(lambda x, y: x @ y), a, b), "numpy": lambda: a @ b}
         if compiled:
             tmm = torch.compile(lambda x, y: x @ y)
             calls["torch.compile"] = lambda: tmm(ta, tb)
@@ -217,7 +209,7 @@ def first_call(side: str) -> float:
     if side == "jax":
         step = ts.jax_adamw_step(jax_gpt_loss)
         start = time.perf_counter()
-        ready(lambda: step(p, s, idx, tgt))()
+        ts.ready(lambda: step(p, s, idx, tgt))()
         return time.perf_counter() - start
     start = time.perf_counter()
     device = "iree" if side == "iree" else "cpu"
@@ -247,11 +239,11 @@ def _new_batch_size() -> dict:
     prog = dsl.loads(GPT_LOSS, name=str(ts.MODELS / "gpt_loss.bend"), device="cpu")
     loss = jax.jit(jax_gpt_loss)
     prog.gpt_loss(p, idx, tgt, 4)
-    ready(lambda: loss(p, idx, tgt))()
+    ts.ready(lambda: loss(p, idx, tgt))()
     small = idx[:3], tgt[:3]
     times = {}
     for side, call in [("dslc", lambda: prog.gpt_loss(p, *small, 4)),
-                       ("jax", ready(lambda: loss(p, *small))), ("torch", torch_loss(p, *small))]:
+                       ("jax", ts.ready(lambda: loss(p, *small))), ("torch", torch_loss(p, *small))]:
         start = time.perf_counter()
         call()
         times[side] = time.perf_counter() - start

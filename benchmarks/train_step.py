@@ -148,7 +148,13 @@ def on_jax(fn, *args):
     the results."""
     import jax
     args = jax.device_put(args)
-    return lambda: jax.block_until_ready(fn(*args))
+    return ready(lambda: fn(*args))
+
+
+def ready(fn):
+    """fn, waiting for JAX's asynchronous results (a no-op on NumPy's and PyTorch's)."""
+    import jax
+    return lambda: jax.block_until_ready(fn())
 
 
 def gpt_inputs(layers=4, B=16, T=64, D=128, V=65):
