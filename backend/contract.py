@@ -78,6 +78,7 @@ from backend import cpu
 from backend.cpu import address
 from backend.llvm import masked_load, overload_suffix
 from backend.team import Task, team
+from runtime import cache
 
 I1, I32, I64 = ir.IntType(1), ir.IntType(32), ir.IntType(64)
 SCALAR = {"f32": ir.FloatType(), "f64": ir.DoubleType()}
@@ -101,10 +102,20 @@ MIN_MULTIPLY_ADDS_PER_THREAD = 1 << 17
 # its rows (each of B's loads from memory feeds one fma a row)
 MATRIX_VECTOR_COST = 2
 
-# LLVM's level for the kernel: its tiles are vector code already, and O1 runs them as fast as
-# O3 (on a Zen 3, A/B over 64³, 1024×512×128, 256³, 1×768×2304, 7×13×29 and 64 batched
-# 64×32×64: within 3%, noise) in half the compile time (1.2 s against 2.4)
-OPT_LEVEL = 1
+# LLVM's levels for the kernel. Its code generator's at O1: the tiles are vector code already,
+# and O1 runs them as fast as O3 (on a Zen 3, A/B over 64³, 1024×512×128, 256³, 1×768×2304,
+# 7×13×29 and 64 batched 64×32×64: within 3%, noise) in half the compile time (1.2 s against
+# 2.4). Its passes none (level 0): the IR is written as the code should be, and the code
+# generator's own passes (strength reduction, LICM, CSE) do the rest; on a Zen 4, in one
+# process against O1's passes, 51 shapes (11 named, 40 random up to 512×1000×1024, either
+# operand transposed) ran in 0.999 of the time (geometric mean; 0.93-1.07 each, same bits),
+# and the kernel compiled in 1.4-2.0 CPU s against 2.0-3.0.
+PASSES_LEVEL, CODE_LEVEL = 0, 1
+# The kernel's object code is made in PARTS, each compiled on its own (a cold program starts
+# a process for each: runtime/cpu.py) and linked in one engine: the in-place tiles (part 0,
+# nearly half of its instructions), and the rest, which calls them. On two cores the first
+# call of a GPT step waited 1.2 s for the kernel after its own pieces were compiled.
+PARTS = 2
 
 
 @dataclass(frozen=True)
@@ -170,6 +181,14 @@ def _i64(v: int | ir.Value) -> ir.Value:
     return ir.Constant(I64, v) if isinstance(v, int) else v
 
 
+@functools.cache
+def _zeros(t: ir.Type) -> ir.Constant:
+    """t's zero, one object for every use: llvmlite writes a constant's text once, and a
+    vector's, made and written element by element at each splat and mask, took a fifth of
+    the time Python took to write the kernel's IR."""
+    return ir.Constant(t, None)
+
+
 class _Emitter:
     """An IRBuilder plus the integer and loop idioms the kernel is written in."""
 
@@ -202,9 +221,8 @@ class _Emitter:
 
     def splat(self, scalar, vec=None):
         vec = vec or self.vec
-        one = self.b.insert_element(ir.Constant(vec, None), scalar, ir.Constant(I32, 0))
-        return self.b.shuffle_vector(one, ir.Constant(vec, None),
-                                     ir.Constant(ir.VectorType(I32, vec.count), [0] * vec.count))
+        one = self.b.insert_element(_zeros(vec), scalar, ir.Constant(I32, 0))
+        return self.b.shuffle_vector(one, _zeros(vec), _zeros(ir.VectorType(I32, vec.count)))
 
     def lanes_below(self, n, v: int):
         """The mask of the lanes of vector v (of a row of vectors) whose column is < n."""
@@ -257,7 +275,8 @@ class _Emitter:
 
 
 def _build_tile(module: ir.Module, name: str, dtype: str, t: Tiles, nv: int,
-                b_form: str = "packed", mr: int | None = None) -> ir.Function:
+                b_form: str = "packed", mr: int | None = None, declared: bool = False
+                ) -> ir.Function:
     """void tile(const T *a, i64 a_row, i64 a_k, const T *b, i64 b_k, i64 kc, T *c, i64 ldc,
     i1 first, i64 m, i64 n): the m × n corner (m ≤ mr, n ≤ nv·width) of the mr × nv-vector
     block of C at c (row stride ldc) gains kc steps from A (A[r, k] at a[r·a_row + k·a_k]: a
@@ -266,11 +285,13 @@ def _build_tile(module: ir.Module, name: str, dtype: str, t: Tiles, nv: int,
     at b[k·nr + j]), or B itself read in place ("rows": B[k, j] at b[k·b_k + j], the last
     vector through the column mask, as lanes past n are past B's rows), or from a transposed B
     ("columns": B[k, j] at b[j·b_k + k], width k of width columns loaded along k and
-    transposed in registers)."""
+    transposed in registers). Only declared where `declared` (another part defines it)."""
     p = SCALAR[dtype].as_pointer()
     fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [p, I64, I64, p, I64, I64, p, I64,
                                                              I1, I64, I64]), name)
-    fn.linkage = "internal"
+    if declared:
+        return fn
+    fn.linkage = "internal" if b_form != "rows" else "external"     # (part 0 defines those)
     fn.attributes.add("noinline")      # (its registers its own: see the forms of A below)
     a_pack, a_row, a_k, b_pack, b_k, kc, c, ldc, first, m, n = fn.args
     mr = t.mr if mr is None else mr
@@ -287,7 +308,7 @@ def _build_tile(module: ir.Module, name: str, dtype: str, t: Tiles, nv: int,
     a_at = [e.at(a_pack, b.mul(r, a_row)) for r in row_at]
     c_at = [[e.at(c, b.mul(r, ldc), v * t.width) for v in range(nv)] for r in row_at]
     tile_c = [ptr for ptr_row in c_at for ptr in ptr_row]
-    none = ir.Constant(ir.VectorType(I1, t.width), [0] * t.width)
+    none = _zeros(ir.VectorType(I1, t.width))
 
     def masks() -> list:
         """Each of tile_c's vectors' mask, made in the branches that read C through masks."""
@@ -456,15 +477,18 @@ def _build_tile(module: ir.Module, name: str, dtype: str, t: Tiles, nv: int,
     return fn
 
 
-def build_matmul(module: ir.Module, name: str, dtype: str, tiles: Tiles | None = None
-                 ) -> ir.Function:
-    """Add NAME (the C signature is in this module's docstring), NAME.task and the internal
-    tile functions NAME.tile1 … NAME.tile{nv} (one per tile width in vectors) to module."""
+def build_matmul(module: ir.Module, name: str, dtype: str, tiles: Tiles | None = None,
+                 part: int | None = None) -> None:
+    """Add NAME (the C signature is in this module's docstring), NAME.task, NAME.direct and
+    the tile functions (one per tile width in vectors and form of B) to module; only those of
+    one of the PARTS where `part` is given."""
     t = tiles or host_tiles(dtype)
+    in_place_by_width = [_build_tile(module, f"{name}.in_place{nv}", dtype, t, nv, "rows",
+                                     declared=part == 1) for nv in range(1, t.nv + 1)]
+    if part == 0:
+        return
     tiles_by_width = [_build_tile(module, f"{name}.tile{nv}", dtype, t, nv)
                       for nv in range(1, t.nv + 1)]
-    in_place_by_width = [_build_tile(module, f"{name}.in_place{nv}", dtype, t, nv, "rows")
-                         for nv in range(1, t.nv + 1)]
     # (and for one row, whose tiles of mr rows spent five sixths of their fmas and loads of A
     # on rows past it: 1×768×2304 with B transposed, a tied embedding's logits, took 150 µs)
     columns_by_width = [[_build_tile(module, f"{name}.{label}{nv}", dtype, t, nv, "columns", mr)
@@ -591,7 +615,6 @@ def build_matmul(module: ir.Module, name: str, dtype: str, tiles: Tiles | None =
     b.ret_void()
     task = _build_task(module, f"{name}.task", fn)
     _build_direct(module, f"{name}.direct", dtype, t, task)
-    return fn
 
 
 def _build_task(module: ir.Module, name: str, kernel: ir.Function) -> ir.Function:
@@ -974,7 +997,7 @@ def _pack_b_transposed(e: _Emitter, src, col, kc, nj, dst) -> None:
     (no tile reads them)."""
     b, t = e.b, e.tiles
     w = t.width
-    none = ir.Constant(ir.VectorType(I1, w), [0] * w)
+    none = _zeros(ir.VectorType(I1, w))
     with e.loop(0, e.ceil_div(nj, t.nr), 1, "ptq") as q, e.loop(0, kc, w, "ptk") as k0:
         ks = e.lanes_below(b.sub(kc, k0), 0)
         panel = e.at(dst, b.mul(q, b.mul(kc, _i64(t.nr))), b.mul(k0, _i64(t.nr)))
@@ -1121,12 +1144,40 @@ class _Block:
             self.threads = threads
 
 
+def object_code(dtype: str, part: int, tiles: Tiles | None = None) -> bytes:
+    """One of the PARTS of the kernel's object code (from the compile cache where it is there)."""
+    tiles = tiles or host_tiles(dtype)
+    return cpu.object_code(_key(dtype, part, tiles), lambda: llvm_ir(dtype, part, tiles),
+                           PASSES_LEVEL, CODE_LEVEL)
+
+
+def cached(dtype: str, part: int) -> bool:
+    """Whether the compile cache holds that part of the host's kernel for dtype."""
+    return cache.load(cpu.jit_key(_key(dtype, part, host_tiles(dtype)), PASSES_LEVEL,
+                                  CODE_LEVEL)) is not None
+
+
+def _key(dtype: str, part: int, tiles: Tiles) -> tuple[str, ...]:
+    """What names a part's object code (with backend/cpu.py's jit_key)."""
+    return ("matmul", dtype, repr(tiles), f"part {part} of {PARTS}")
+
+
+def llvm_ir(dtype: str, part: int, tiles: Tiles) -> str:
+    """A part's LLVM IR."""
+    module = ir.Module(name=f"matmul_{dtype}_{part}")
+    module.triple = llvm.get_process_triple()
+    module.data_layout = str(cpu.target_machine().target_data)
+    build_matmul(module, "matmul", dtype, tiles, part)
+    return str(module)
+
+
 class Matmul:
     """A JIT-compiled kernel and a NumPy front: `kernel(a, b, threads=2)`."""
 
     def __init__(self, dtype: str, tiles: Tiles | None = None):
         self.dtype, self.tiles = dtype, tiles or host_tiles(dtype)
-        self.engine = cpu.jit(self.key(dtype, self.tiles), lambda: self.llvm_ir, OPT_LEVEL)
+        self.engine = cpu.link([object_code(dtype, part, self.tiles) for part in range(PARTS)],
+                               CODE_LEVEL)
         self.fn = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * 3, *[ctypes.c_int64] * 11,
                                    *[ctypes.c_void_p] * 4, *[ctypes.c_int64] * 2)(
             self.engine.get_function_address("matmul"))
@@ -1153,18 +1204,6 @@ class Matmul:
                             address(block.taken)], dtype=np.int64)
         return context, address(context)
 
-    @staticmethod
-    def key(dtype: str, tiles: Tiles) -> tuple[str, ...]:
-        """What names the kernel's object code (with backend/cpu.py's jit_key, at OPT_LEVEL)."""
-        return ("matmul", dtype, repr(tiles))
-
-    @functools.cached_property
-    def llvm_ir(self) -> str:
-        module = ir.Module(name=f"matmul_{self.dtype}")
-        module.triple = llvm.get_process_triple()
-        module.data_layout = str(cpu.target_machine().target_data)
-        build_matmul(module, "matmul", self.dtype, self.tiles)
-        return str(module)
 
     def worth(self, rows: int, multiply_adds: int, threads: int) -> int:
         """How many of `threads` a product of C's `rows` rows (of each batch entry) and

@@ -200,29 +200,13 @@ def address(a) -> int:
 def jit(key: tuple[str, ...], build: Callable[[], ir.Module | str], opt: int = 3,
         codegen: int | None = None) -> llvm.ExecutionEngine:
     """An MCJIT engine for the module build() makes (or its text), optimised at level `opt` for
-    the host CPU, its code generated at level `codegen` (opt's unless given). Its object code
-    comes from the on-disk cache when there is an entry under key (which must name everything
-    the module depends on) for this backend's code, the IR's (where the primitives' scalar
-    bodies are) and this machine: then build() is not even called; nor where this process
-    holds the engine already."""
-    codegen = opt if codegen is None else codegen
-    k = jit_key(key if codegen == opt else (*key, f"code generation at O{codegen}"), opt)
+    the host CPU, its code generated at level `codegen` (opt's unless given): its object_code,
+    linked; the engine this process holds already where there is one."""
+    k = jit_key(key, opt, codegen)
     engine = _jitted.get(k)
-    if engine is not None:
-        return engine
-    machine = target_machine(codegen)
-    cached = cache.load(k)
-    if cached is not None:
-        engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), machine)
-        engine.add_object_file(llvm.ObjectFileRef.from_data(cached))
-    else:
-        mod = llvm.parse_assembly(str(build()))
-        mod.verify()
-        optimise(mod, opt)
-        engine = llvm.create_mcjit_compiler(mod, machine)
-        engine.set_object_cache(lambda _, data: cache.store(k, data), lambda _: None)
-    engine.finalize_object()
-    _jitted[k] = engine
+    if engine is None:
+        engine = _jitted[k] = link([object_code(key, build, opt, codegen)],
+                                  opt if codegen is None else codegen)
     return engine
 
 
@@ -231,8 +215,37 @@ def jit(key: tuple[str, ...], build: Callable[[], ir.Module | str], opt: int = 3
 _jitted: weakref.WeakValueDictionary[str, llvm.ExecutionEngine] = weakref.WeakValueDictionary()
 
 
-def jit_key(key: tuple[str, ...], opt: int = 3) -> str:
-    """The compile cache's key of the object code jit(key, …, opt) makes."""
+def object_code(key: tuple[str, ...], build: Callable[[], ir.Module | str], opt: int = 3,
+                codegen: int | None = None) -> bytes:
+    """The host's object code for the module build() makes, as jit describes it: from the
+    on-disk cache where there is an entry under key (which must name everything the module
+    depends on) for this backend's code, the IR's (where the primitives' scalar bodies are)
+    and this machine; then build() is not even called."""
+    k = jit_key(key, opt, codegen)
+    data = cache.load(k)
+    if data is None:
+        mod = llvm.parse_assembly(str(build()))
+        mod.verify()
+        optimise(mod, opt)
+        data = target_machine(opt if codegen is None else codegen).emit_object(mod)
+        cache.store(k, data)
+    return data
+
+
+def link(objects: list[bytes], codegen: int) -> llvm.ExecutionEngine:
+    """One MCJIT engine holding these objects (a symbol one of them declares is the one
+    another defines)."""
+    engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), target_machine(codegen))
+    for data in objects:
+        engine.add_object_file(llvm.ObjectFileRef.from_data(data))
+    engine.finalize_object()
+    return engine
+
+
+def jit_key(key: tuple[str, ...], opt: int = 3, codegen: int | None = None) -> str:
+    """The compile cache's key of the object code jit(key, …, opt, codegen) makes."""
+    if codegen is not None and codegen != opt:
+        key = (*key, f"code generation at O{codegen}")
     return cache.key(*key, *machine_key(opt))
 
 

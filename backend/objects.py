@@ -104,11 +104,7 @@ def link(pieces: list[KernelPiece]) -> tuple[dict[str, Linked], tuple[str, ...]]
     for p, data in zip(missing, compile_all(missing)):
         objects[p.symbol] = data
         cache.store(keys[p.symbol], data)
-    engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), cpu.target_machine(OPT_LEVEL))
-    for data in objects.values():
-        engine.add_object_file(llvm.ObjectFileRef.from_data(data))
-    engine.finalize_object()
-    linked = Linked(engine, list(objects))
+    linked = Linked(cpu.link(list(objects.values()), OPT_LEVEL), list(objects))
     for symbol in objects:
         held[symbol] = _linked[symbol] = linked
     return held, tuple(p.symbol for p in missing)

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from backend import scatter
-from backend.cpu import SYNC_SLOT, Compiled, Run, address, jit_key, run_function, sync_words
+from backend.cpu import SYNC_SLOT, Compiled, Run, address, run_function, sync_words
 from backend.llvm import grain
 from backend.loops import LoopKernel
 from backend.objects import kernel_symbols
@@ -456,24 +456,27 @@ def _table(args: tuple[Value, ...], views: dict[Value, np.ndarray]) -> list[int]
 
 _matmuls: dict[np.dtype, Matmul] = {}
 _MATMUL_DTYPES = {np.dtype(np.float32): "f32", np.dtype(np.float64): "f64"}
-_beside: dict[str, subprocess.Popen] = {}   # product kernels another process is compiling, by dtype
+_beside: dict[str, list[subprocess.Popen]] = {}   # compiling product kernels' parts, by dtype
 
 
 def compile_products_beside(fn: Function) -> None:
     """Start compiling the product kernel of each dtype fn's contractions take, where it is
-    neither made nor cached, in a process of its own: the largest single compilation of a
+    neither made nor cached, a process for each of its parts: the largest compilation of a
     program (shared by every program) then goes on while this process plans and compiles the
     program's own kernels, not after them."""
-    from backend.contract import OPT_LEVEL, Matmul, host_tiles
+    from backend import contract
     dtypes = {op.outputs[0].dtype for op in _ops(fn) if op.primitive.role is Role.CONTRACTION}
     made = {_MATMUL_DTYPES[d] for d in _matmuls}
     for dtype in sorted(dtypes & set(_MATMUL_DTYPES.values()) - made - _beside.keys()):
-        if cache.load(jit_key(Matmul.key(dtype, host_tiles(dtype)), OPT_LEVEL)) is None:
-            command = (f"import sys; sys.path[0] = {str(ROOT)!r}; "
-                       f"from backend.contract import Matmul; Matmul({dtype!r})")
-            with contextlib.suppress(OSError):      # then this process compiles it, at its first use
-                _beside[dtype] = subprocess.Popen([sys.executable, "-c", command], stdin=subprocess.DEVNULL,
-                                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _beside[dtype] = []
+        for part in range(contract.PARTS):
+            if not contract.cached(dtype, part):
+                command = (f"import sys; sys.path[0] = {str(ROOT)!r}; "
+                           f"from backend.contract import object_code; object_code({dtype!r}, {part})")
+                with contextlib.suppress(OSError):  # then this process compiles it, at its first use
+                    _beside[dtype].append(subprocess.Popen(
+                        [sys.executable, "-c", command], stdin=subprocess.DEVNULL,
+                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
 
 
 def _ops(fn: Function) -> list[Op]:
@@ -510,9 +513,8 @@ def _matmul(dtype: np.dtype) -> Matmul:
     kernel = _matmuls.get(dtype)
     if kernel is None:
         from backend.contract import Matmul
-        beside = _beside.pop(_MATMUL_DTYPES[dtype], None)
-        if beside is not None:              # it stores the kernel in the cache, or fails: then made here
-            beside.wait()
+        for beside in _beside.pop(_MATMUL_DTYPES[dtype], []):
+            beside.wait()                   # it stores its part in the cache, or fails: then made here
         kernel = _matmuls[dtype] = Matmul(_MATMUL_DTYPES[dtype])
     return kernel
 
