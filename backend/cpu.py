@@ -178,11 +178,13 @@ def _min(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
     return b.select(b.icmp_signed("<", x, y), x, y)
 
 
-def optimise(mod: llvm.ModuleRef, opt: int = 3, machine: llvm.TargetMachine | None = None) -> None:
-    """LLVM's pipeline at level `opt`, with the loop and SLP vectorisers."""
+def optimise(mod: llvm.ModuleRef, opt: int = 3, machine: llvm.TargetMachine | None = None,
+             slp: bool = True) -> None:
+    """LLVM's pipeline at level `opt`, with the loop vectoriser, and the SLP vectoriser unless
+    told not."""
     pto = llvm.create_pipeline_tuning_options(speed_level=opt)
     pto.loop_vectorization = True
-    pto.slp_vectorization = True
+    pto.slp_vectorization = slp
     machine = machine or target_machine(opt)
     pb = llvm.create_pass_builder(machine, pto)
     pb.getModulePassManager().run(mod, pb)
