@@ -220,11 +220,11 @@ def compile_segments(segments: list[tuple[Call, ...]], sizes_from: int
     text = functools.cache(lambda: str(module_ir(skeleton, sizes_from)))
     k = cache.key("segments", cache.code_digest("backend", "ir"), repr((skeleton, sizes_from)))
     digest = cache.memo(k, lambda: hashlib.sha256(text().encode()).hexdigest(), str)
-    # O1's passes and O0's code generation: a segment is glue (loads, stores, calls, a fold's
-    # loop) around the kernels, where the time goes. The GPT step's segments: LLVM's passes
-    # 0.15 s, code generation 0.03 s against O1's 0.34 (one sitting, a loaded machine); its
-    # step and the names MLP's run in the same time (A/B, best of 5 runs each)
-    engine = cpu.jit(("step", digest), text, opt=1, codegen=0)
+    # O0: a segment is glue (loads, stores, calls, a fold's loop) around the kernels, where the
+    # time goes. The GPT step's segments: code generation 0.03 s against O1's 0.34 (a loaded
+    # machine), and LLVM's passes 0.012 s against O1's 0.085 (a Zen 4); its step, the names
+    # MLP's and the LSTM gradient's run in the same time (A/B in one process, 7 runs each)
+    engine = cpu.jit(("step", digest), text, opt=0)
     addresses = [engine.get_function_address(f"segment{j}") for j in range(len(segments))]
     return engine, addresses, sizes
 
