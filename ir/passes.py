@@ -460,6 +460,11 @@ def _matmul_plan(op: Op):
     k = list(dict.fromkeys(c for c in lhs if c.isalpha() and c not in out))
     if any(c not in ta or c not in tb for c in k) or len(batch) + len(m) + len(n) != len(out):
         return None
+    if [c for c in out if c not in batch] == n + m:
+        # b's letters lead the result's rows (`bhtd,bhts->bhsd`, attention's dV): the product
+        # of b and a writes them in place, where a's and b's would be transposed after (and
+        # read so by whatever reads it). Each element's sum is the same: fma(x, y) = fma(y, x)
+        a, b, ta, tb, m, n = b, a, tb, ta, n, m
     size = {c: s for t, v in ((ta, a), (tb, b)) for c, s in zip(t, v.shape)}
     prod = lambda cs: int(np.prod([size[c] for c in cs], dtype=np.int64))
 
