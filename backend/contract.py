@@ -575,7 +575,6 @@ def build_matmul(module: ir.Module, name: str, dtype: str, tiles: Tiles | None =
                     b.icmp_signed("!=", b.srem(b.mul(jobs, n_rows), nthreads), _i64(0)))
     even = e.min(b.mul(e.ceil_div(n_rows, nthreads), nthreads), row_panels)
     n_rows = b.select(uneven, even, n_rows)
-    rows = b.mul(e.ceil_div(row_panels, n_rows), _i64(t.mr))
     # (those narrower blocks are cut in vectors, not panels: equal shares of the columns)
     unit = b.select(spreads, _i64(t.width), _i64(t.nr))
     cols = b.mul(e.ceil_div(e.ceil_div(N, unit), n_cols), unit)
@@ -592,8 +591,13 @@ def build_matmul(module: ir.Module, name: str, dtype: str, tiles: Tiles | None =
     jn = b.srem(job, n_cols)
     jm = b.srem(b.sdiv(job, n_cols), n_rows)
     bi = b.sdiv(job, b.mul(n_cols, n_rows))
-    i0, j0 = b.mul(jm, rows), b.mul(jn, cols)
-    mj, nj = e.min(rows, b.sub(M, i0)), e.min(cols, b.sub(N, j0))
+    # the row blocks' panels shared out evenly (no two blocks differ by more than one panel):
+    # cut into blocks of the most panels a block takes, a 1024-row product's eight jobs left
+    # the last one 17 panels against 22, and its thread idle for the difference
+    first_panel = lambda j: b.sdiv(b.mul(j, row_panels), n_rows)
+    i0, j0 = b.mul(first_panel(jm), _i64(t.mr)), b.mul(jn, cols)
+    i1 = e.min(b.mul(first_panel(b.add(jm, _i64(1))), _i64(t.mr)), M)
+    mj, nj = b.sub(i1, i0), e.min(cols, b.sub(N, j0))
     a_base = e.at(A, b.mul(bi, sa), b.mul(i0, a_row))
     b_base = e.at(B, b.mul(bi, sb), b.mul(j0, b_col))
     c_base = e.at(C, b.mul(bi, sc), b.mul(i0, N), j0)
