@@ -31,9 +31,10 @@ row streams STREAM_ROWS of them at a time across all its columns and more read B
 the tiles below; tiles of mr rows read a transposed B (x @ W.T: a tied embedding's logits) in
 blocks of width × width that they transpose in registers (so does a product of one column,
 computed as its transpose, one row). A job whose K block of B (rows contiguous) fits in half of
-L1 (Tiles.in_place_bytes: a 64³, an attention head's products), or of few rows whose B rows lie
-close (Tiles.in_place_rows: an RNN cell's products) packs nothing either: tiles of mr rows read
-A and B in place, B's rows as vectors, only a tile's last vector through a mask.
+L1 (Tiles.in_place_bytes: a 64³, an attention head's products), or whose B rows lie close
+(Tiles.in_place_row_bytes; on a host without AVX-512 only for a job of few rows,
+Tiles.in_place_rows: an RNN cell's products) packs nothing either: tiles of mr rows read A and B
+in place, B's rows as vectors, only a tile's last vector through a mask.
 
 Threads: C is cut into jobs (one batch entry × a block of rows × a block of columns, each
 running the whole K loop of its elements; about JOBS_PER_THREAD per thread where the shape
@@ -93,6 +94,7 @@ STREAM_ROWS = 8     # rows of B a matrix-vector product streams at once (8 fmas 
                     # 10-15% faster than 4 at 1×768×2304 on a Zen 3)
 COLUMN_VECTORS = 1  # the transposed-B tile's vectors: its width × width transpose fills the registers
 LAYOUTS = 256       # operand layouts a Matmul remembers (then it forgets them all)
+ANY_ROWS = 1 << 62  # Tiles.in_place_rows where the rows of a job do not matter
 ARGUMENTS = 18      # NAME.task's array: A … b_col, scratch, next_job, epilogue, epilogue_table
 # a product's threads get at least this many fmas each (NAME.direct has it compiled in): at
 # 2^20, on a Zen 4, 64³ took 5.8 µs on one thread (NumPy 5.6), now 5.0 on two; 64×64×256
@@ -162,15 +164,21 @@ def host_tiles(dtype: str) -> Tiles:
     tile (24 accumulators, 4 B vectors and a broadcast in 32 registers; B rows of 4 lines), a
     K block of 512 (C is reloaded once per 512 fmas) and a B panel of about 1 MiB; a K block of
     B of up to 32 KiB read in place (64³: 10% faster than packing it; at 64 KiB, 1024×128×128,
-    and 256 KiB, 1024×512×128, packing it is 15% faster); so is B for a job of at most 48 rows
-    whose B rows are at most 2 KiB apart (on a Zen 3: 8×512×384 92 → 56 µs, 16×64×512 21.7 →
-    18.3, 32×512×512 270 → 255; rows 4 KiB apart and more conflict in the caches, and were
-    up to 30% slower). Without AVX-512 (16 registers) the 6 × 2-vector Haswell tile."""
+    and 256 KiB, 1024×512×128, packing it is 15% faster on a Zen 3); so is B for any job whose
+    B rows are at most 12 KiB apart, each tile streaming them from L2 (a copy of B cost more
+    than it saved: the GPT step's weights' gradients, 128×1024×N, took 0.86-0.92 of the time,
+    its forward products 0.95-0.98, random shapes up to 1024³ 0.97-0.99, geometric means; rows
+    16 KiB apart and more were up to 7% slower). Without AVX-512 (16 registers) the 6 × 2-vector
+    Haswell tile, and B read in place for a job of at most 48 rows whose B rows are at most
+    2 KiB apart (on a Zen 3: 8×512×384 92 → 56 µs, 16×64×512 21.7 → 18.3, 32×512×512 270 →
+    255; rows 4 KiB apart and more conflict in its caches, and were up to 30% slower)."""
     features = llvm.get_host_cpu_features()
     vector_bytes = 64 if features.get("avx512f") else 32 if features.get("avx") else 16
     width = vector_bytes // SIZE[dtype]
-    nv = 4 if vector_bytes == 64 else 2
-    return Tiles(mr=6, nv=nv, width=width, kc=512, mc=96, nc=2048 // SIZE[dtype])
+    if vector_bytes == 64:
+        return Tiles(mr=6, nv=4, width=width, kc=512, mc=96, nc=2048 // SIZE[dtype],
+                     in_place_rows=ANY_ROWS, in_place_row_bytes=12 << 10)
+    return Tiles(mr=6, nv=2, width=width, kc=512, mc=96, nc=2048 // SIZE[dtype])
 
 
 # ---------------------------------------------------------------------------------------------

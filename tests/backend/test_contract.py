@@ -99,7 +99,9 @@ def shapes(t: Tiles) -> list[tuple[int, ...]]:
         (2 * t.mr, 3 * t.nr, 2 * t.kc), (t.mc + 1, t.nc + 1, 3),
         (300, 1, 17), (1, 300, 17), (257, 2, 33), (2, 257, 33),
         (4, 7, 5, 6), (3, 1, 1, 9), (9, t.mr + 2, t.nr + 3, t.kc + 4),
-        (HOST["f32"].in_place_rows, 500, t.kc + 7), (HOST["f32"].in_place_rows + 1, 500, 40),
+        # either side of where B starts to be packed: the rows of a job, how far apart B's are
+        (min(HOST["f32"].in_place_rows, 64), 500, t.kc + 7), (min(HOST["f32"].in_place_rows + 1, 65), 500, 40),
+        (7, HOST["f32"].in_place_row_bytes // 4, 20), (7, HOST["f32"].in_place_row_bytes // 4 + 1, 20),
     ]
 
 
