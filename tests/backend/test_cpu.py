@@ -449,3 +449,30 @@ def test_a_power_by_a_scalar_has_c99s_special_values_on_every_device(exponent):
         ordered = ~np.isnan(c99)
         assert np.array_equal(np.signbit(result[ordered]), np.signbit(c99[ordered]))
         np.testing.assert_array_max_ulp(result[~special], c99[~special], maxulp=2)
+
+
+@pytest.mark.parametrize("shape, interleaved", [((3, 1001), True), ((5000,), True), ((64, 10), False)])
+def test_a_costly_maps_long_loops_are_interleaved_with_the_same_bits(shape, interleaved, monkeypatch,
+                                                                    tmp_path):
+    """tanh's and exp's chains of dependent operations leave the core waiting on one vector a
+    trip: a long innermost loop of a costly kernel computes several, each element as it was;
+    a short one does not (it would be left to the scalar loop after it)."""
+    import weakref
+    from backend import cpu, llvm, objects
+    b = Builder()
+    x = b.param(tensor_type("f32", shape))
+    fn = b.finish([b.emit("mul", b.emit("tanh", x), b.emit("exp", x))])
+    arg = f32(*shape)
+
+    def run(interleave: int):
+        monkeypatch.setattr(llvm, "INTERLEAVE", interleave)
+        monkeypatch.setenv("DSLC_CACHE_DIR", str(tmp_path / str(interleave)))
+        monkeypatch.setattr(objects, "_linked", weakref.WeakValueDictionary())
+        exe = Executable(fn)
+        return exe.run([arg]), str(cpu.module_ir(exe.plan.kernels))
+
+    (got,), text = run(llvm.INTERLEAVE)
+    (want,), plain = run(1)
+    same_bits([got], [want])
+    assert ("llvm.loop.interleave.count" in text) == interleaved
+    assert "llvm.loop.interleave.count" not in plain
