@@ -491,6 +491,7 @@ def build_matmul(module: ir.Module, name: str, dtype: str, tiles: Tiles | None =
     the tile functions (one per tile width in vectors and form of B) to module; only those of
     one of the PARTS where `part` is given."""
     t = tiles or host_tiles(dtype)
+    # part 0: the tiles that read B in place; part 1: the rest, which calls them
     in_place_by_width = [_build_tile(module, f"{name}.in_place{nv}", dtype, t, nv, "rows",
                                      declared=part == 1) for nv in range(1, t.nv + 1)]
     if part == 0:
