@@ -523,6 +523,37 @@ def test_the_product_kernel_is_compiled_beside_a_cold_plan_not_after_it(cache_di
     np.testing.assert_allclose(got, a.astype(np.float64) @ b.astype(np.float64), rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("failing", ["a process that fails", "no process at all"])
+def test_a_part_of_the_product_kernel_not_made_beside_is_made_here(cache_dir, monkeypatch, failing):
+    """The kernel's parts are compiled by processes of their own; one that fails, or cannot
+    start, leaves its part to the first product, which then links both."""
+    import subprocess
+    import dsl
+    import runtime.cpu
+    from backend import contract
+    monkeypatch.setattr(runtime.cpu, "_matmuls", {})            # as in a new process
+    monkeypatch.setattr(runtime.cpu, "_beside", {})
+    start = subprocess.Popen
+
+    def popen(command, **kwargs):
+        if "object_code('f32', 0)" not in command[-1]:
+            return start(command, **kwargs)
+        if failing == "no process at all":
+            raise OSError("no process")
+        return start([sys.executable, "-c", "raise SystemExit(3)"], **kwargs)
+
+    monkeypatch.setattr(runtime.cpu.subprocess, "Popen", popen)
+    made_here = []
+    llvm_ir = contract.llvm_ir
+    monkeypatch.setattr(contract, "llvm_ir", lambda *part: made_here.append(part[1]) or llvm_ir(*part))
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((200, 300), np.float32), rng.standard_normal((300, 100), np.float32)
+    got = dsl.loads("def f(a: f32[M, K], b: f32[K, N]) -> f32[M, N]:\n  return a @ b\n",
+                    device="cpu").f(a, b)
+    np.testing.assert_allclose(got, a.astype(np.float64) @ b.astype(np.float64), rtol=1e-5, atol=1e-4)
+    assert made_here == [0] and all(contract.cached("f32", part) for part in range(contract.PARTS))
+
+
 def test_the_product_kernel_starts_compiling_once_the_products_are_traced(cache_dir, monkeypatch):
     """Before the optimisation and the plan, not after them: the GPT step's first call waited
     0.34-0.42 s for the kernel when it started at the plan."""
