@@ -299,7 +299,7 @@ def _build_tile(module: ir.Module, name: str, dtype: str, t: Tiles, nv: int,
                                                              I1, I64, I64]), name)
     if declared:
         return fn
-    fn.linkage = "internal" if b_form != "rows" else "external"     # (part 0 defines those)
+    fn.linkage = "internal"
     fn.attributes.add("noinline")      # (its registers its own: see the forms of A below)
     a_pack, a_row, a_k, b_pack, b_k, kc, c, ldc, first, m, n = fn.args
     mr = t.mr if mr is None else mr
@@ -495,6 +495,8 @@ def build_matmul(module: ir.Module, name: str, dtype: str, tiles: Tiles | None =
     in_place_by_width = [_build_tile(module, f"{name}.in_place{nv}", dtype, t, nv, "rows",
                                      declared=part == 1) for nv in range(1, t.nv + 1)]
     if part == 0:
+        for fn in in_place_by_width:          # (part 1 calls them)
+            fn.linkage = "external"
         return
     tiles_by_width = [_build_tile(module, f"{name}.tile{nv}", dtype, t, nv)
                       for nv in range(1, t.nv + 1)]

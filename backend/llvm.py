@@ -332,6 +332,8 @@ def loop(b: ir.IRBuilder, start: ir.Value, stop: ir.Value, body: Callable[[ir.Va
 def _loop_hint(module: ir.Module, name: str, value: int) -> ir.MDValue:
     """A loop's identity (a node that names itself, LLVM's convention) carrying one hint."""
     hint = module.add_metadata([ir.MetaDataString(module, name), ir.Constant(I32, value)])
+    # (made with a stand-in third operand that no other node has, or llvmlite would hand back
+    # another loop's node, its cache keyed by operands; then made to name itself)
     identity = module.add_metadata([hint, hint, ir.MetaDataString(module, str(len(module.metadata)))])
     identity.operands = (identity, hint)
     return identity

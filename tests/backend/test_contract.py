@@ -100,7 +100,8 @@ def shapes(t: Tiles) -> list[tuple[int, ...]]:
         (300, 1, 17), (1, 300, 17), (257, 2, 33), (2, 257, 33),
         (4, 7, 5, 6), (3, 1, 1, 9), (9, t.mr + 2, t.nr + 3, t.kc + 4),
         # either side of where B starts to be packed: the rows of a job, how far apart B's are
-        (min(HOST["f32"].in_place_rows, 64), 500, t.kc + 7), (min(HOST["f32"].in_place_rows + 1, 65), 500, 40),
+        (min(HOST["f32"].in_place_rows, 64), 500, t.kc + 7),
+        (min(HOST["f32"].in_place_rows + 1, 65), 500, 40),
         (7, HOST["f32"].in_place_row_bytes // 4, 20), (7, HOST["f32"].in_place_row_bytes // 4 + 1, 20),
     ]
 

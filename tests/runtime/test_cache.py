@@ -510,12 +510,9 @@ def test_a_damaged_program_entry_is_built_again(cache_dir, sources, monkeypatch,
     assert isinstance(cache.load_value(k, Stored), Stored)                  # stored again
 
 
-def test_the_product_kernel_is_compiled_beside_a_cold_plan_not_after_it(cache_dir, monkeypatch):
+def a_product_runs() -> None:
+    """A program's first product, in this process, checked against float64 NumPy."""
     import dsl
-    import runtime.cpu
-    from backend import contract
-    monkeypatch.setattr(runtime.cpu, "_matmuls", {})            # as in a new process
-    monkeypatch.setattr(contract, "llvm_ir", lambda *part: pytest.fail("compiled here"))
     rng = np.random.default_rng(0)
     a, b = rng.standard_normal((200, 300), np.float32), rng.standard_normal((300, 100), np.float32)
     got = dsl.loads("def f(a: f32[M, K], b: f32[K, N]) -> f32[M, N]:\n  return a @ b\n",
@@ -523,12 +520,18 @@ def test_the_product_kernel_is_compiled_beside_a_cold_plan_not_after_it(cache_di
     np.testing.assert_allclose(got, a.astype(np.float64) @ b.astype(np.float64), rtol=1e-5, atol=1e-4)
 
 
+def test_the_product_kernel_is_compiled_beside_a_cold_plan_not_after_it(cache_dir, monkeypatch):
+    import runtime.cpu
+    from backend import contract
+    monkeypatch.setattr(runtime.cpu, "_matmuls", {})            # as in a new process
+    monkeypatch.setattr(contract, "llvm_ir", lambda *part: pytest.fail("compiled here"))
+    a_product_runs()
+
+
 @pytest.mark.parametrize("failing", ["a process that fails", "no process at all"])
 def test_a_part_of_the_product_kernel_not_made_beside_is_made_here(cache_dir, monkeypatch, failing):
     """The kernel's parts are compiled by processes of their own; one that fails, or cannot
     start, leaves its part to the first product, which then links both."""
-    import subprocess
-    import dsl
     import runtime.cpu
     from backend import contract
     monkeypatch.setattr(runtime.cpu, "_matmuls", {})            # as in a new process
@@ -546,11 +549,7 @@ def test_a_part_of_the_product_kernel_not_made_beside_is_made_here(cache_dir, mo
     made_here = []
     llvm_ir = contract.llvm_ir
     monkeypatch.setattr(contract, "llvm_ir", lambda *part: made_here.append(part[1]) or llvm_ir(*part))
-    rng = np.random.default_rng(0)
-    a, b = rng.standard_normal((200, 300), np.float32), rng.standard_normal((300, 100), np.float32)
-    got = dsl.loads("def f(a: f32[M, K], b: f32[K, N]) -> f32[M, N]:\n  return a @ b\n",
-                    device="cpu").f(a, b)
-    np.testing.assert_allclose(got, a.astype(np.float64) @ b.astype(np.float64), rtol=1e-5, atol=1e-4)
+    a_product_runs()
     assert made_here == [0] and all(contract.cached("f32", part) for part in range(contract.PARTS))
 
 
