@@ -306,6 +306,36 @@ def unravel(b: ir.IRBuilder, flat: ir.Value, shape: tuple[int, ...]) -> list[ir.
     return [rest] + index[::-1] if shape else []
 
 
+def merged_axes(k: LoopKernel) -> tuple[LoopKernel, int]:
+    """The map k over fewer axes: neighbours that every load walks as one (its stride on the
+    outer is the inner's times the inner's extent) made one, so that a loop's trips are many
+    and few are left to the scalar loop after the vectors (AdamW on a 200 x 27 weight ran 27
+    trips a row, 11 of them scalar); and how many times longer the first axis grew, by which
+    the caller's range is scaled. Not where a load has a window (it bounds its own axis), nor
+    where the space is empty."""
+    loads = [ins.load for ins in k.body if ins.load is not None]
+    if len(k.shape) < 2 or 0 in k.shape[1:] or any(load.window for load in loads):
+        return k, 1
+    extents, strides, grown = [k.shape[0]], [[load.strides[0]] for load in loads], 1
+    for d, n in enumerate(k.shape[1:], 1):
+        if n == 1 or all(s[-1] == load.strides[d] * n for s, load in zip(strides, loads)):
+            extents[-1] *= n
+            grown *= n if len(extents) == 1 else 1
+            for s, load in zip(strides, loads):
+                s[-1] = load.strides[d] if n != 1 else s[-1]
+        else:
+            extents.append(n)
+            for s, load in zip(strides, loads):
+                s.append(load.strides[d])
+    if len(extents) == len(k.shape):
+        return k, 1
+    walks = iter(strides)
+    body = tuple(ins if ins.load is None else
+                 dataclasses.replace(ins, load=dataclasses.replace(ins.load, strides=tuple(next(walks))))
+                 for ins in k.body)
+    return dataclasses.replace(k, shape=tuple(extents), body=body), grown
+
+
 def loop(b: ir.IRBuilder, start: ir.Value, stop: ir.Value, body: Callable[[ir.Value], None],
          step: int = 1, interleave: int = 1) -> None:
     """for i in range(start, stop, step): body(i) — as basic blocks, leaving b after the loop;
@@ -445,6 +475,9 @@ class _KernelGen:
     # -------------------------------------------------------- maps
 
     def map(self, lo: ir.Value, hi: ir.Value) -> None:
+        self.k, grown = merged_axes(self.k)
+        if grown > 1:
+            lo, hi = (self.b.mul(x, ir.Constant(I64, grown)) for x in (lo, hi))
         shape = self.k.shape
         out_strides = row_major(shape)
         if not shape:

@@ -122,6 +122,8 @@ def heads_runs(folder: str) -> list[tuple[bool, int]]:
     import os
     os.environ["DSLC_CACHE_DIR"] = folder
     import dsl
+    from backend import objects as linked
+    linked._linked.clear()          # (forked: what an earlier test linked would be reused)
     prog, definition = dsl.loads(HEADS, device="cpu"), dsl.loads(HEADS, device="reference")
     done = []
     for batch in (3, 5):
@@ -155,6 +157,8 @@ def length_runs(folder: str) -> list[tuple[int, bool, int]]:
     import os
     os.environ["DSLC_CACHE_DIR"] = folder
     import dsl
+    from backend import objects as linked
+    linked._linked.clear()          # (forked: what an earlier test linked would be reused)
     prog, definition = dsl.loads(LENGTHS, device="cpu"), dsl.loads(LENGTHS, device="reference")
     done = []
     for n in (100, 4000, 4096, 4097, 9000, 4096 * 4096 + 5, 1, 0, 33):
