@@ -56,6 +56,35 @@ def test_the_three_gradients_of_qkv_added_make_no_zeros():
     assert "HostStep" not in steps(exe) and len(windowed_loads(exe)) == 3
 
 
+@pytest.mark.parametrize("slices, cut", [(3, True), (4, True), (9, False)])
+def test_a_maps_loops_are_cut_where_windows_begin_and_end(slices, cut, monkeypatch):
+    """Gates' gradients side by side (an LSTM's four, qkv's three): each piece of the axis
+    reads one gradient and the others' zeros, decided where the loops are made, not by a test
+    and a select at each element; more pieces than MAX_CUTS are tested per element. The
+    interpreter's bits either way, -0.0 and NaN included, on 1 to 3 threads."""
+    from backend import cpu, llvm
+    width = 5
+
+    def build(b, *gates):
+        parts = [b.emit("unindex", g, items=(ALL, SliceSpec(i * width, (i + 1) * width)),
+                        shape=(7, slices * width)) for i, g in enumerate(gates)]
+        total = parts[0]
+        for part in parts[1:]:
+            total = b.emit("add", total, part)
+        return [b.emit("mul", total, b.constant(2.0, "f32"))]
+    gates = [f32(7, width) for _ in range(slices)]
+    gates[0].flat[:SPECIAL.size] = SPECIAL[:gates[0].size]
+    assert (llvm.MAX_CUTS >= slices) == cut
+    for threads in ("1", "2", "3"):
+        monkeypatch.setenv("DSLC_THREADS", threads)
+        got, want, exe = run_both(build, *gates)
+        same_bits(got, want)
+    (kernel,) = exe.plan.kernels
+    assert len(windowed_loads(exe)) == slices
+    text = str(cpu.module_ir([kernel]))
+    assert ("select" not in text) == cut
+
+
 @pytest.mark.parametrize("view", ["transpose", "broadcast_to"])
 def test_a_transpose_or_broadcast_of_a_window_keeps_the_window(view):
     def build(b, x, y):
