@@ -87,6 +87,7 @@ NUMPY = {"f32": np.float32, "f64": np.float64}
 SIZE = {"f32": 4, "f64": 8}
 UNROLL = 4      # k steps per trip of the register tile's main loop
 JOBS_PER_THREAD = 4   # so that a thread the OS holds up leaves a share to the others
+MIN_TAKE_FMAS = 1 << 15     # the work a thread takes at once, where jobs are smaller (build_matmul)
 MIN_JOB_ROWS = 96     # each job packs its B panel: fewer rows would not pay for it
 MIN_JOB_COLUMNS = 64  # and its A block: fewer columns would not pay for that
 PACK_ROWS = 16  # rows of a B of general strides packed per pass (a cache line of f32)
@@ -593,38 +594,48 @@ def build_matmul(module: ir.Module, name: str, dtype: str, tiles: Tiles | None =
     # a job of whole rows hands them to the epilogue (one predictable branch per job)
     whole_rows = fusing
 
+    # Small jobs are taken `grain` at a time, so that a take is worth MIN_TAKE_FMAS: each
+    # take is an atomic add on a line the threads share, which moves between their cores
+    # (300 products of 8×16×8, a job each, took 27-33 µs on two threads, 18-19 taken so).
+    # A take is at most jobs / wanted, JOBS_PER_THREAD takes a thread, lest the last leave a
+    # thread idle (attention's 64 heads of 64×64×32 taken 8 at a time were 2-5% slower).
+    # (+1: K may be 0)
+    job_fmas = b.mul(b.mul(e.ceil_div(M, n_rows), e.min(cols, N)), K)
+    grain = e.min(e.ceil_div(jobs, wanted), b.sdiv(_i64(MIN_TAKE_FMAS), b.add(job_fmas, _i64(1))))
+    grain = b.select(b.icmp_signed("<", grain, _i64(1)), _i64(1), grain)
     head, body, done = (fn.append_basic_block(f"job.{s}") for s in ("head", "body", "done"))
     b.branch(head)
     b.position_at_end(head)
-    job = b.atomic_rmw("add", next_job, _i64(1), "monotonic", name="job")
-    b.cbranch(b.icmp_signed("<", job, jobs), body, done)
+    taken = b.atomic_rmw("add", next_job, grain, "monotonic", name="taken")
+    b.cbranch(b.icmp_signed("<", taken, jobs), body, done)
     b.position_at_end(body)
-    jn = b.srem(job, n_cols)
-    jm = b.srem(b.sdiv(job, n_cols), n_rows)
-    bi = b.sdiv(job, b.mul(n_cols, n_rows))
-    # the row blocks' panels shared out evenly (no two blocks differ by more than one panel):
-    # cut into blocks of the most panels a block takes, a 1024-row product's eight jobs left
-    # the last one 17 panels against 22, and its thread idle for the difference
-    first_panel = lambda j: b.sdiv(b.mul(j, row_panels), n_rows)
-    i0, j0 = b.mul(first_panel(jm), _i64(t.mr)), b.mul(jn, cols)
-    i1 = e.min(b.mul(first_panel(b.add(jm, _i64(1))), _i64(t.mr)), M)
-    mj, nj = b.sub(i1, i0), e.min(cols, b.sub(N, j0))
-    a_base = e.at(A, b.mul(bi, sa), b.mul(i0, a_row))
-    b_base = e.at(B, b.mul(bi, sb), b.mul(j0, b_col))
-    c_base = e.at(C, b.mul(bi, sc), b.mul(i0, N), j0)
-    live = b.and_(b.icmp_signed(">", mj, _i64(0)), b.icmp_signed(">", nj, _i64(0)))
-    with b.if_then(live):
-        first_row = b.add(b.mul(bi, M), i0)
+    with e.loop(taken, e.min(b.add(taken, grain), jobs), name="job") as job:
+        jn = b.srem(job, n_cols)
+        jm = b.srem(b.sdiv(job, n_cols), n_rows)
+        bi = b.sdiv(job, b.mul(n_cols, n_rows))
+        # the row blocks' panels shared out evenly (no two blocks differ by more than one panel):
+        # cut into blocks of the most panels a block takes, a 1024-row product's eight jobs left
+        # the last one 17 panels against 22, and its thread idle for the difference
+        first_panel = lambda j: b.sdiv(b.mul(j, row_panels), n_rows)
+        i0, j0 = b.mul(first_panel(jm), _i64(t.mr)), b.mul(jn, cols)
+        i1 = e.min(b.mul(first_panel(b.add(jm, _i64(1))), _i64(t.mr)), M)
+        mj, nj = b.sub(i1, i0), e.min(cols, b.sub(N, j0))
+        a_base = e.at(A, b.mul(bi, sa), b.mul(i0, a_row))
+        b_base = e.at(B, b.mul(bi, sb), b.mul(j0, b_col))
+        c_base = e.at(C, b.mul(bi, sc), b.mul(i0, N), j0)
+        live = b.and_(b.icmp_signed(">", mj, _i64(0)), b.icmp_signed(">", nj, _i64(0)))
+        with b.if_then(live):
+            first_row = b.add(b.mul(bi, M), i0)
 
-        def finished(i, m) -> None:
-            """Rows [i, i + m) of the job are final: the epilogue's, where it has them."""
-            with b.if_then(whole_rows, likely=False):
-                lo = b.add(first_row, i)
-                b.call(epilogue, [epilogue_table, lo, b.add(lo, m), _i64(0)])   # (no reduction)
+            def finished(i, m) -> None:
+                """Rows [i, i + m) of the job are final: the epilogue's, where it has them."""
+                with b.if_then(whole_rows, likely=False):
+                    lo = b.add(first_row, i)
+                    b.call(epilogue, [epilogue_table, lo, b.add(lo, m), _i64(0)])   # (no reduction)
 
-        _job(e, (tiles_by_width, columns_by_width, in_place_by_width),
-             (a_base, a_row, a_col),
-             (b_base, b_row, b_col), c_base, mj, nj, K, N, a_pack, b_pack, finished)
+            _job(e, (tiles_by_width, columns_by_width, in_place_by_width),
+                 (a_base, a_row, a_col),
+                 (b_base, b_row, b_col), c_base, mj, nj, K, N, a_pack, b_pack, finished)
     b.branch(head)
     b.position_at_end(done)
     b.ret_void()

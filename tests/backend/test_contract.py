@@ -623,3 +623,24 @@ def test_a_direct_call_refuses_what_it_does_not_read():
                     (a, b.view(np.dtype(np.float32).newbyteorder(">")), out)]:
         assert not kernel.direct(x, y, z, 2)
         assert np.isnan(z).all()
+
+
+@pytest.mark.parametrize("batch, m, k, n, several", [(301, 8, 16, 8, True), (64, 64, 32, 64, False)])
+def test_small_jobs_are_taken_several_at_a_time(batch, m, k, n, several):
+    """Each take of jobs is an atomic add on a line the threads share: 301 products of
+    8×16×8, a job each, are taken several at a time (each thread's last, failed take then
+    passes the last job by a take's worth); an attention's heads of 64×64×32, worth a take
+    each, one at a time. Every
+    job is run exactly once either way: the definition's bits on 1 to 3 threads."""
+    kernel = DIRECT["f32"]
+    a, b = random_f32((batch, m, k)), random_f32((batch, k, n))
+    want = np.stack([reference(x, y) for x, y in zip(a, b)])
+    for threads in (1, 2, 3):
+        c = np.full((batch, m, n), np.nan, np.float32)
+        scratch = np.empty(kernel.tiles.scratch_size(threads), np.float32)
+        next_job = np.zeros(1, dtype=np.int64)
+        for index in reversed(range(threads)):      # one after another, the last first
+            kernel.call(a, b, c, scratch, next_job, index, threads)
+        assert bits(c) == bits(want), threads
+        if threads > 1:
+            assert (next_job[0] > batch + threads) == several, (threads, next_job[0])
