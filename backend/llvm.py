@@ -319,11 +319,14 @@ def merged_axes(k: LoopKernel) -> tuple[LoopKernel, int]:
         return k, 1
     extents, strides, grown = [k.shape[0]], [[load.strides[0]] for load in loads], 1
     for d, n in enumerate(k.shape[1:], 1):
-        if n == 1 or all(s[-1] == load.strides[d] * n for s, load in zip(strides, loads)):
+        if n == 1:                              # (an axis of one point walks nowhere)
+            continue
+        if all(s[-1] == load.strides[d] * n for s, load in zip(strides, loads)):
+            if len(extents) == 1:
+                grown *= n
             extents[-1] *= n
-            grown *= n if len(extents) == 1 else 1
             for s, load in zip(strides, loads):
-                s[-1] = load.strides[d] if n != 1 else s[-1]
+                s[-1] = load.strides[d]
         else:
             extents.append(n)
             for s, load in zip(strides, loads):
@@ -525,9 +528,10 @@ class _KernelGen:
                 self.point(index, offset)
                 return
             if d == 0:
-                return loop(self.b, lo, hi, lambda i: level(1, [i]),
-                            interleave=self.interleave(None) if len(shape) == 1 else 1)
-            whole = self.k
+                loop(self.b, lo, hi, lambda i: level(1, [i]),
+                     interleave=self.interleave(None) if len(shape) == 1 else 1)
+                return
+            whole = self.k          # (point() reads self.k: each piece's, its windows decided)
             for start, stop in window_cuts(whole, d):
                 self.k = decided(whole, d, start, stop)
                 loop(self.b, ir.Constant(I64, start), ir.Constant(I64, stop),
