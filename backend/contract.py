@@ -599,9 +599,8 @@ def build_matmul(module: ir.Module, name: str, dtype: str, tiles: Tiles | None =
     # (300 products of 8×16×8, a job each, took 27-33 µs on two threads, 18-19 taken so).
     # A take is at most jobs / wanted, JOBS_PER_THREAD takes a thread, lest the last leave a
     # thread idle (attention's 64 heads of 64×64×32 taken 8 at a time were 2-5% slower).
-    # (+1: K may be 0)
-    job_fmas = b.mul(b.mul(e.ceil_div(M, n_rows), e.min(cols, N)), K)
-    grain = e.min(e.ceil_div(jobs, wanted), b.sdiv(_i64(MIN_TAKE_FMAS), b.add(job_fmas, _i64(1))))
+    job_fmas = b.add(b.mul(b.mul(e.ceil_div(M, n_rows), e.min(cols, N)), K), _i64(1))  # (K ≥ 0)
+    grain = e.min(e.ceil_div(jobs, wanted), b.sdiv(_i64(MIN_TAKE_FMAS), job_fmas))
     grain = b.select(b.icmp_signed("<", grain, _i64(1)), _i64(1), grain)
     head, body, done = (fn.append_basic_block(f"job.{s}") for s in ("head", "body", "done"))
     b.branch(head)

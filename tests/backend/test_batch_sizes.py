@@ -116,15 +116,21 @@ def scores(qkv: f32[B, T, 3 * D], H: int) -> f32[B, H, T, T]:
 """
 
 
-def heads_runs(folder: str) -> list[tuple[bool, int]]:
-    """In a child with its own cache folder: the scores at batch 3, then 5, each as (whether
-    they are the interpreter's bits, the pieces of object code compiled)."""
+def in_own_cache(folder: str, source: str) -> tuple:
+    """In a forked child: the program compiled into its own cache folder (what the parent had
+    linked cleared, lest it be reused and no object code counted), and its definition."""
     import os
     os.environ["DSLC_CACHE_DIR"] = folder
     import dsl
-    from backend import objects as linked
-    linked._linked.clear()          # (forked: what an earlier test linked would be reused)
-    prog, definition = dsl.loads(HEADS, device="cpu"), dsl.loads(HEADS, device="reference")
+    from backend import objects
+    objects._linked.clear()
+    return dsl.loads(source, device="cpu"), dsl.loads(source, device="reference")
+
+
+def heads_runs(folder: str) -> list[tuple[bool, int]]:
+    """In a child with its own cache folder: the scores at batch 3, then 5, each as (whether
+    they are the interpreter's bits, the pieces of object code compiled)."""
+    prog, definition = in_own_cache(folder, HEADS)
     done = []
     for batch in (3, 5):
         qkv = np.random.default_rng(batch).standard_normal((batch, 7, 24)).astype(np.float32)
@@ -154,12 +160,7 @@ def total(x: f32[N]) -> f32:
 def length_runs(folder: str) -> list[tuple[int, bool, int]]:
     """In a child with its own cache folder: the mean of squares at each length in turn, each
     as (the length, whether it is the interpreter's bits, the pieces of object code compiled)."""
-    import os
-    os.environ["DSLC_CACHE_DIR"] = folder
-    import dsl
-    from backend import objects as linked
-    linked._linked.clear()          # (forked: what an earlier test linked would be reused)
-    prog, definition = dsl.loads(LENGTHS, device="cpu"), dsl.loads(LENGTHS, device="reference")
+    prog, definition = in_own_cache(folder, LENGTHS)
     done = []
     for n in (100, 4000, 4096, 4097, 9000, 4096 * 4096 + 5, 1, 0, 33):
         x = np.random.default_rng(n).standard_normal(n).astype(np.float32)
