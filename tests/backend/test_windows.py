@@ -85,6 +85,21 @@ def test_a_maps_loops_are_cut_where_windows_begin_and_end(slices, cut, monkeypat
     assert ("select" not in text) == cut
 
 
+def test_cuts_on_several_axes_are_bounded_innermost_first():
+    """Each cut copies the loops inside it: a padding's gradient windowed on three axes (3
+    pieces each, 27 copies) is cut on its last axis alone (3 × 3 would pass MAX_CUTS), the
+    others tested per element; the interpreter's bits."""
+    from backend import llvm
+    inner = (SliceSpec(1, 5), SliceSpec(1, 6), SliceSpec(1, 7))
+    got, want, exe = run_both(
+        lambda b, x, y: [b.emit("add", b.emit("unindex", x, items=(ALL,) + inner, shape=(2, 6, 7, 8)), y)],
+        f32(2, 4, 5, 6), f32(2, 6, 7, 8))
+    same_bits(got, want)
+    (kernel,) = exe.plan.kernels
+    assert {axis for load in windowed_loads(exe) for axis, _, _ in load.window} == {1, 2, 3}
+    assert llvm.window_cuts(kernel) == {3: [(0, 1), (1, 7), (7, 8)]}
+
+
 @pytest.mark.parametrize("view", ["transpose", "broadcast_to"])
 def test_a_transpose_or_broadcast_of_a_window_keeps_the_window(view):
     def build(b, x, y):
