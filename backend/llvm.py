@@ -517,6 +517,8 @@ class _KernelGen:
     # -------------------------------------------------------- maps
 
     def map(self, lo: ir.Value, hi: ir.Value) -> None:
+        """The loop nest over [lo, hi) of the first axis: over fewer axes where the loads allow
+        (merged_axes), its loops cut where windows begin and end (window_cuts)."""
         self.k, grown = merged_axes(self.k)
         if grown > 1:
             lo, hi = (self.b.mul(x, ir.Constant(I64, grown)) for x in (lo, hi))
