@@ -213,6 +213,10 @@ class _Emitter:
         x, y = _i64(x), _i64(y)
         return self.b.select(self.b.icmp_signed("<", x, y), x, y)
 
+    def max(self, x, y):
+        x, y = _i64(x), _i64(y)
+        return self.b.select(self.b.icmp_signed("<", x, y), y, x)
+
     def ceil_div(self, x, d):
         return self.b.sdiv(self.b.add(x, self.b.sub(_i64(d), _i64(1))), _i64(d))
 
@@ -600,8 +604,7 @@ def build_matmul(module: ir.Module, name: str, dtype: str, tiles: Tiles | None =
     # A take is at most jobs / wanted, JOBS_PER_THREAD takes a thread, lest the last leave a
     # thread idle (attention's 64 heads of 64×64×32 taken 8 at a time were 2-5% slower).
     job_fmas = b.add(b.mul(b.mul(e.ceil_div(M, n_rows), e.min(cols, N)), K), _i64(1))  # (K ≥ 0)
-    grain = e.min(e.ceil_div(jobs, wanted), b.sdiv(_i64(MIN_TAKE_FMAS), job_fmas))
-    grain = b.select(b.icmp_signed("<", grain, _i64(1)), _i64(1), grain)
+    grain = e.max(e.min(e.ceil_div(jobs, wanted), b.sdiv(_i64(MIN_TAKE_FMAS), job_fmas)), 1)
     head, body, done = (fn.append_basic_block(f"job.{s}") for s in ("head", "body", "done"))
     b.branch(head)
     b.position_at_end(head)
@@ -722,8 +725,7 @@ def _build_direct(module: ir.Module, name: str, dtype: str, t: Tiles, task: ir.F
                     b.sdiv(b.mul(work, _i64(MATRIX_VECTOR_COST)),
                            b.select(b.icmp_signed(">", m, _i64(1)), m, _i64(1))), work)
     worth = b.sdiv(work, _i64(MIN_MULTIPLY_ADDS_PER_THREAD))
-    parts = e.min(threads, worth)
-    parts = b.select(b.icmp_signed("<", parts, _i64(1)), _i64(1), parts)
+    parts = e.max(e.min(threads, worth), 1)
     data = [field(x, DATA) for x in arrays]
     (a_row, a_col), (b_row, b_col) = ([b.sdiv(s, _i64(size)) for s in pair] for pair in strides)
 

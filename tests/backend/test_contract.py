@@ -58,14 +58,15 @@ def bits(x: np.ndarray) -> bytes:
 
 
 def per_thread(kernel: Matmul, a: np.ndarray, b: np.ndarray, threads: int,
-               concurrent: bool) -> np.ndarray:
-    """a @ b by calling the kernel once per thread index, all sharing one job counter: from
-    Python threads, or one after another (the last index first: it takes every job, in its own
-    part of the scratch)."""
+               concurrent: bool, next_job: np.ndarray | None = None) -> np.ndarray:
+    """a @ b by calling the kernel once per thread index, all sharing one job counter (a fresh
+    one, or `next_job`, which then shows how far the calls took it): from Python threads, or
+    one after another (the last index first: it takes every job, in its own part of the
+    scratch)."""
     a3, b3 = (x.reshape((math.prod(x.shape[:-2]),) + x.shape[-2:]) for x in (a, b))
     c = np.full((max(len(a3), len(b3)), a.shape[-2], b.shape[-1]), np.nan, dtype=a.dtype)
     scratch = np.empty(kernel.tiles.scratch_size(threads), a.dtype)
-    next_job = np.zeros(1, dtype=np.int64)
+    next_job = np.zeros(1, dtype=np.int64) if next_job is None else next_job
     calls = [lambda t=t: kernel.call(a3, b3, c, scratch, next_job, t, threads)
              for t in range(threads)]
     if concurrent:
@@ -630,17 +631,14 @@ def test_small_jobs_are_taken_several_at_a_time(batch, m, k, n, several):
     """Each take of jobs is an atomic add on a line the threads share: 301 products of
     8×16×8, a job each, are taken several at a time (each thread's last, failed take then
     passes the last job by a take's worth); an attention's heads of 64×64×32, worth a take
-    each, one at a time. Every
-    job is run exactly once either way: the definition's bits on 1 to 3 threads."""
+    each, one at a time. Every job is run exactly once either way: the definition's bits on 1
+    to 3 threads."""
     kernel = DIRECT["f32"]
     a, b = random_f32((batch, m, k)), random_f32((batch, k, n))
     want = np.stack([reference(x, y) for x, y in zip(a, b)])
     for threads in (1, 2, 3):
-        c = np.full((batch, m, n), np.nan, np.float32)
-        scratch = np.empty(kernel.tiles.scratch_size(threads), np.float32)
         next_job = np.zeros(1, dtype=np.int64)
-        for index in reversed(range(threads)):      # one after another, the last first
-            kernel.call(a, b, c, scratch, next_job, index, threads)
+        c = per_thread(kernel, a, b, threads, concurrent=False, next_job=next_job)
         assert bits(c) == bits(want), threads
         if threads > 1:
             assert (next_job[0] > batch + threads) == several, (threads, next_job[0])
