@@ -8,7 +8,7 @@ import os
 import weakref
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Hashable
 
 import numpy as np
 
@@ -19,7 +19,6 @@ from dsl.generic import NotGeneric, merge, sample_sizes
 from dsl.inputs import (COMPILED, MAX_BYTES, Inputs, abstract_inputs, bind_python, check_sizes,
                         dimension_names, from_arrays, from_python, kind, memory_bytes)
 from dsl.specialisations import Specialisation, Specialisations, kept_per_entry
-from dsl.values import unflatten
 from frontend import ast
 from frontend.check import Checker, deep, raise_collected
 from frontend.collector import without_gc
@@ -88,13 +87,16 @@ class Program:
         self._last: dict[str, tuple[Lowered, Inputs]] = {}
         self._entries: dict[str, Compiled] = {}
         self._devices: dict[tuple[str, str], Program] = {}   # on the other devices and numerics
-        self._signatures: dict[str, Signatures] = {}   # each entry's fast path (dsl/fastcall.py)
+        # the fast paths (dsl/fastcall.py) of each entry's calls and of its gradients
+        self._signatures: dict[Hashable, Signatures] = {}
         self._stored: weakref.WeakKeyDictionary[Function, Stored] = weakref.WeakKeyDictionary()
 
     def __getattr__(self, name: str) -> Compiled:
         if name.startswith("_"):
             raise AttributeError(name)
-        return self._entry(name)
+        # kept as an attribute, so that the next `prog.name` is found without this call
+        compiled = self.__dict__[name] = self._entry(name)
+        return compiled
 
     def __dir__(self) -> list[str]:
         return sorted(set(super().__dir__()) | set(self.functions()))
@@ -146,19 +148,29 @@ class Program:
                       and all(p.type is not None for p in e.node.params))
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
-        signatures = self._signatures.get(name) or self._signatures.setdefault(name, Signatures())
+        spec, _, arrays, _ = self._fast(name, name, args, kwargs)
+        return spec.results(self._run(name, spec, None, arrays))
+
+    def _fast(self, path: Hashable, name: str, args: tuple, kwargs: dict,
+              derive: Callable[[Specialisation, Inputs], Any] = lambda spec, inputs: None
+              ) -> tuple[Specialisation, Inputs, list[np.ndarray], Any]:
+        """Entry `name` specialised for these arguments, its inputs, the call's arrays and
+        what derive() makes of the first two: by the fast path of `path` (dsl/fastcall.py: a
+        call or a gradient) for a signature met before, else checked and lowered."""
+        signatures = self._signatures.get(path) or self._signatures.setdefault(path, Signatures())
         fast = signatures.get(args, kwargs)
         # the fast path holds a specialisation weakly: one evicted, and gone, takes the full path
         spec = fast[0][0]() if fast is not None else None
         if spec is None:
             spec, inputs = self._specialisation(name, args, kwargs)
-            arrays = inputs.arrays
-            signatures.remember(args, kwargs, (weakref.ref(spec), replace(inputs, arrays=[])), arrays)
-        else:
-            (_, inputs), arrays = fast
-            self._kept[name].use(spec)
-            self._last[name] = (spec.lowered, inputs)
-        return unflatten(spec.lowered.outputs, self._run(name, spec, None, arrays))
+            derived = derive(spec, inputs)
+            signatures.remember(args, kwargs, (weakref.ref(spec), replace(inputs, arrays=[]), derived),
+                                inputs.arrays)
+            return spec, inputs, inputs.arrays, derived
+        (_, inputs, derived), arrays = fast
+        self._kept[name].use(spec)
+        self._last[name] = (spec.lowered, inputs)
+        return spec, inputs, arrays, derived
 
     def specialisations(self, name: str) -> list[str]:
         """The input signatures entry `name` is held specialised for (with its executables),
@@ -170,11 +182,9 @@ class Program:
     def _run(self, name: str, spec: Specialisation, grad: tuple[int, ...] | None,
              arrays: list[np.ndarray]) -> list[np.ndarray]:
         """Run spec's function under `grad` (None: the entry itself) on the program's device."""
-        span = self._def(name).name_span
-
         def compiled(fn: Function):
-            check_sizes(span, name, fn, memory_bytes(), "an array may take here (the smaller "
-                        "of 2**40 and this machine's memory)")
+            check_sizes(self._def(name).name_span, name, fn, memory_bytes(), "an array may take "
+                        "here (the smaller of 2**40 and this machine's memory)")
             # (the backend, like the front end, makes many objects and few cycles worth
             # collecting before it is done: collections would cost a sixth of its Python time)
             return without_gc(lambda: self.executable(fn))()
@@ -182,12 +192,14 @@ class Program:
             return spec.executable(grad, compiled).run(arrays)
         except interp.EvalError as e:
             message = f"while running '{name}': {e}"
-            raise (e.origin.error(message) if e.origin else DslError(span, message)) from None
+            raise (e.origin.error(message) if e.origin else DslError(self._def(name).name_span,
+                                                                       message)) from None
         except NotExpressible as e:                 # device="iree": an op MLIR cannot say yet
-            raise (e.origin.error(str(e)) if e.origin else DslError(span, str(e))) from None
+            raise (e.origin.error(str(e)) if e.origin else DslError(self._def(name).name_span,
+                                                                     str(e))) from None
         except MemoryError:
-            raise DslError(span, f"while running '{name}': out of memory (its arrays do not fit "
-                                 "in this machine's memory together)") from None
+            raise DslError(self._def(name).name_span, f"while running '{name}': out of memory "
+                           "(its arrays do not fit in this machine's memory together)") from None
 
     def executable(self, fn: Function):
         """fn made runnable on this program's device (a new one each time: a call's live in
@@ -208,32 +220,38 @@ class Program:
 
     def grad(self, name: str, wrt: str | tuple[str, ...], has_aux: bool = False):
         """grad(f, wrt=…) from Python: the gradient function of entry `name`."""
-        _grad_options(self._def(name), wrt, has_aux)
-        return lambda *args, **kwargs: self._grad(name, wrt, has_aux, False, args, kwargs)
+        wanted = _grad_options(self._def(name), wrt, has_aux)
+        return lambda *args, **kwargs: self._grad(name, wanted, isinstance(wrt, str), has_aux,
+                                                  False, args, kwargs)
 
     def value_and_grad(self, name: str, wrt: str | tuple[str, ...], has_aux: bool = False):
-        _grad_options(self._def(name), wrt, has_aux)
-        return lambda *args, **kwargs: self._grad(name, wrt, has_aux, True, args, kwargs)
+        wanted = _grad_options(self._def(name), wrt, has_aux)
+        return lambda *args, **kwargs: self._grad(name, wanted, isinstance(wrt, str), has_aux,
+                                                  True, args, kwargs)
 
-    def _grad(self, name, wrt, has_aux, with_value, args, kwargs):
+    def _grad(self, name: str, wanted: tuple[str, ...], one: bool, has_aux: bool, with_value: bool,
+              args: tuple, kwargs: dict) -> Any:
+        """The gradient of entry `name` with respect to `wanted` (`one`: given as a name, not
+        a tuple), with its value where `with_value`, at these arguments."""
         d = self._def(name)
-        names = [p.name for p in d.params]
-        wanted = _wrt_names(d, wrt)
-        spec, inputs = self._specialisation(name, args, kwargs)
+
+        def positions(spec: Specialisation, inputs: Inputs) -> tuple[int, ...]:
+            _differentiable(d, inputs, wanted)
+            return tuple(_float_leaves(d, spec.lowered, inputs, wanted))
+        spec, _, arrays, at = self._fast((name, wanted), name, args, kwargs, positions)
         low = spec.lowered
         fn = low.function
-        _differentiable(d, inputs, wanted)
-        positions = _float_leaves(d, low, inputs, wanted)
-        spec.function(tuple(positions), lambda: optimize(grad_function(fn, positions, with_value=True)))
-        outs = self._run(name, spec, tuple(positions), inputs.arrays)
-        grads = dict(zip(positions, outs[len(fn.results):]))
+        spec.function(at, lambda: optimize(grad_function(fn, list(at), with_value=True)))
+        outs = self._run(name, spec, at, arrays)
+        grads = dict(zip(at, outs[len(fn.results):]))
+        names = [p.name for p in d.params]
         results = []
         for w in wanted:
             k = names.index(w)
-            leaves = [grads[i] if i in grads else np.zeros_like(inputs.arrays[i]) for i in low.arg_leaves[k]]
-            results.append(unflatten(low.params[k], leaves))
-        g = results[0] if isinstance(wrt, str) else tuple(results)
-        value = unflatten(low.outputs, outs[:len(fn.results)])
+            leaves = [grads[i] if i in grads else np.zeros_like(arrays[i]) for i in low.arg_leaves[k]]
+            results.append(spec.parameter(k)(leaves))
+        g = results[0] if one else tuple(results)
+        value = spec.results(outs[:len(fn.results)])
         if has_aux:
             if not (isinstance(value, tuple) and len(value) == 2):
                 raise DslError(d.name_span, "with has_aux=True the function must return (loss, aux)")
@@ -719,10 +737,11 @@ def _wrt_names(d: ast.Def, wrt: str | tuple[str, ...]) -> tuple[str, ...]:
     return wanted
 
 
-def _grad_options(d: ast.Def, wrt: Any, has_aux: Any) -> None:
-    _wrt_names(d, wrt)
+def _grad_options(d: ast.Def, wrt: Any, has_aux: Any) -> tuple[str, ...]:
+    """The parameters of a gradient from Python, its options checked."""
     if not isinstance(has_aux, bool):
         raise DslError(d.name_span, f"has_aux= is True or False, got {has_aux!r}")
+    return _wrt_names(d, wrt)
 
 
 def _differentiable(d: ast.Def, inputs: Inputs, wanted: tuple[str, ...]) -> None:

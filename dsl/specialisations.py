@@ -10,6 +10,7 @@ import threading
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Callable
 
+from dsl.values import builder
 from frontend.diagnostics import DslError
 from ir.core import Function
 
@@ -39,8 +40,16 @@ class Specialisation:
         self.key = key
         self.lowered = lowered
         self.signature = signature                 # as a user reads it: x: f32[3, 4]
+        self.results = builder(lowered.outputs)    # the entry's result arrays as its value
         self._functions: dict[tuple[int, ...] | None, Function] = {None: lowered.function}
         self._executables: dict[tuple[int, ...] | None, Any] = {}
+        self._parameters: dict[int, Callable[[list], Any]] = {}
+
+    def parameter(self, k: int) -> Callable[[list], Any]:
+        """Parameter k's value from its leaves (builder's, made at first use): a gradient with
+        respect to it has its structure."""
+        made = self._parameters.get(k)
+        return made if made is not None else self._parameters.setdefault(k, builder(self.lowered.params[k]))
 
     def function(self, grad: tuple[int, ...] | None, make: Callable[[], Function]) -> Function:
         """The function under `grad`, made by make() the first time (a concurrent call may make

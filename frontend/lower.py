@@ -10,7 +10,7 @@ structured inputs and outputs.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
 
 
 from frontend.values import (AdtV, KeyV, ListV, RecordV, StaticV, TensorV, TupleV, UnknownV,
@@ -121,21 +121,6 @@ class Layout:
     name: str = ""
     fields: tuple[str, ...] = ()
     value: Any = None
-
-    def unflatten(self, leaves: Iterator, record: Callable[[str, dict], Any], key: Callable[[Any], Any]) -> Any:
-        """Rebuild the Python value from leaves (consumed in order)."""
-        match self.kind:
-            case "tensor":
-                return next(leaves)
-            case "key":
-                return key(next(leaves))
-            case "static":
-                return self.value
-            case "tuple":
-                return tuple([i.unflatten(leaves, record, key) for i in self.items])
-            case "list":
-                return [i.unflatten(leaves, record, key) for i in self.items]
-        return record(self.name, {f: i.unflatten(leaves, record, key) for f, i in zip(self.fields, self.items)})
 
 
 def flatten(v) -> tuple[list, Layout]:

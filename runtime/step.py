@@ -102,11 +102,16 @@ class NativeStep:
         views = self._python_views(items)
         self.items = self._segments(items, views)
         self.bases = np.array([w for w, _, _ in self.params], np.intp)
+        self.param_values = [p for _, p, _ in self.params]
+        self.param_dtypes = [dtype for _, _, dtype in self.params]
         # what a call makes lies in one block of memory, each value on a cache line of its own:
         # one allocation a call, not one a value
         self.fresh_words = np.array([w for w, *_ in self.fresh], np.intp)
         sizes = [-(-size // ALIGN) * ALIGN for _, _, size, _, _ in self.fresh]
-        self.fresh_offsets = np.array([0, *accumulate(sizes)], np.int64)
+        *offsets, self.fresh_size = accumulate(sizes, initial=0)
+        self.fresh_offsets = np.array(offsets, np.int64)
+        self.fresh_values = [v for _, v, _, _, _ in self.fresh]
+        self.fresh_arrays = [(shape, dtype, at) for (_, _, _, dtype, shape), at in zip(self.fresh, offsets)]
         self.places.clear()         # the stand-ins' memory back
         self._stand_in = None
         kept = {v for _, v, _, _, _ in self.kept}
@@ -428,17 +433,15 @@ class _Segments(_Host):
 
     def arguments(self, arrays: list[np.ndarray]) -> dict[Value, np.ndarray]:
         native, words = self.native, self.frame.words
+        given = [np.asarray(a, dtype, order="C")            # (runtime/cpu.py's _buffer)
+                 for a, dtype in zip(arrays, native.param_dtypes)]
+        words[native.bases] = [*map(id, given)] if BY_ID else [*map(address, given)]
+        block, base = empty_aligned(native.fresh_size, BYTE, (native.fresh_size,))
+        words[native.fresh_words] = native.fresh_offsets + base
         env = dict(self.frame.seen)
-        bases = []                              # written to the frame at once
-        for (_, p, dtype), a in zip(native.params, arrays):
-            env[p] = a = np.asarray(a, dtype, order="C")        # (runtime/cpu.py's _buffer)
-            bases.append(a)
-        words[native.bases] = [*map(id, bases)] if BY_ID else [*map(address, bases)]
-        offsets = native.fresh_offsets
-        block, base = empty_aligned(int(offsets[-1]), BYTE, (int(offsets[-1]),))
-        words[native.fresh_words] = offsets[:-1] + base
-        for (_, v, _, dtype, shape), at in zip(native.fresh, offsets.tolist()):
-            env[v] = np.ndarray(shape, dtype, block, at)
+        env.update(zip(native.param_values, given))
+        env.update(zip(native.fresh_values, [np.ndarray(shape, dtype, block, at)
+                                             for shape, dtype, at in native.fresh_arrays]))
         return env
 
     def segment(self, segment: Native, env: dict[Value, np.ndarray]) -> None:

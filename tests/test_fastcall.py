@@ -1,0 +1,148 @@
+"""The fast path of calls (dsl/fastcall.py): a signature's compiled check accepts exactly the
+arguments whose signature is the one it was made for, and hands back their arrays; a training
+loop that passes a step's results back in (records, keys) and a gradient called from Python
+take it, with the bits of the full path."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+import dsl
+from conftest import raises
+from dsl.fastcall import Signatures, _signature, compile_check
+from dsl.values import Key, Record
+
+rng = np.random.default_rng(11)
+A = rng.standard_normal((3, 4)).astype(np.float32)
+B = rng.standard_normal((4,)).astype(np.float32)
+
+# argument lists a call may be given, every pair compared: containers of each kind, arrays of
+# other shapes, dtypes and layouts, one array in two places, numbers that differ only in type
+# or in the sign of zero, and leaves the fast path does not know
+VALUES = [
+    ((A, B), {}),
+    ((A.copy(), B.copy()), {}),
+    ((A, A), {}),
+    ((A, B.copy()), {}),
+    ((B, A), {}),
+    ((A.T, B), {}),
+    ((A.astype(np.float64), B), {}),
+    ((A[:2], B), {}),
+    ((A, [B]), {}),
+    ((A, (B,)), {}),
+    ((A, B), {"n": 3}),
+    ((A, B), {"n": 3.0}),
+    ((A, B), {"n": True}),
+    ((A, B), {"n": -0.0}),
+    ((A, B), {"n": 0.0}),
+    ((A, B), {"n": float("nan")}),
+    ((A, B), {"n": np.float32(3)}),
+    ((A, B), {"n": "3"}),
+    (({"W": A, "b": B},), {}),
+    (({"b": B, "W": A},), {}),
+    ((Record("P", {"W": A, "b": B}),), {}),
+    ((Record("P", {"W": A.copy(), "b": B}),), {}),
+    (({"W": A, "b": B, "c": B},), {}),
+    ((Key(np.array([1, 2], np.uint32)),), {}),
+    ((Key(np.array([3, 4], np.uint32)),), {}),
+    ((Key(np.array([1, 2], np.int64)),), {}),
+    ((object(),), {}),
+    ((), {}),
+]
+
+
+def arrays_of(args: tuple, kwargs: dict) -> list[np.ndarray]:
+    leaves: list[np.ndarray] = []
+    _signature((args, kwargs), leaves, {})
+    return leaves
+
+
+@pytest.mark.parametrize("made, given", list(itertools.product(range(len(VALUES)), repeat=2)))
+def test_a_check_accepts_exactly_its_signature(made, given):
+    key = _signature(VALUES[made], [], {})
+    if key is None:                     # never remembered: no check is made
+        return
+    leaves = arrays_of(*VALUES[made])
+    check = compile_check(VALUES[made], [None] * len(leaves), list(range(len(leaves))))
+    got = check(*VALUES[given])
+    if _signature(VALUES[given], [], {}) != key:
+        assert got is None
+    else:
+        assert [id(a) for a in got] == [id(a) for a in arrays_of(*VALUES[given])]
+
+
+def test_a_check_hands_back_the_arrays_in_the_lowerings_order_with_its_constants():
+    constant = np.float32(2.5)
+    args = ((A, B), {"n": 2.5})
+    check = compile_check(args, [None, constant, None], [1, None, 0])
+    C, D = A + 1, B + 1
+    assert [id(a) for a in check((C, D), {"n": 2.5})] == [id(D), id(constant), id(C)]
+    assert check((C, D), {"n": 2.0}) is None
+
+
+def test_the_signature_last_met_is_checked_first_and_another_is_still_found():
+    signatures = Signatures()
+    small, large = (A[:2].copy(), B), (A, B)
+    signatures.remember(small, {}, "small", list(small))
+    signatures.remember(large, {}, "large", list(large))
+    assert signatures.get((A + 1, B), {})[0] == "large"
+    assert signatures.get(small, {})[0] == "small"
+    assert signatures.get((A, B.astype(np.float64)), {}) is None
+
+
+LOOP = """
+object P { W: f32[D, H], b: f32[H] }
+
+def init(k: Key, D: int, H: int) -> P:
+  return P { W: normal(k, [D, H]) * 0.1, b: zeros([H]) }
+
+def loss(p: P, x: f32[B, D], y: f32[B, H]) -> f32:
+  return mean((tanh(x @ p.W + p.b) - y) * (tanh(x @ p.W + p.b) - y))
+
+def step(p: P, k: Key, x: f32[B, D], y: f32[B, H]) -> (P, Key, f32):
+  l, g = value_and_grad(loss, wrt=p)(p, x + 0.01 * normal(k, [B, D]), y)
+  return P { W: p.W - 0.1 * g.W, b: p.b - 0.1 * g.b }, split(k, 2)[1], l
+"""
+
+
+def counted(prog: dsl.Program, monkeypatch) -> list[str]:
+    """The entries prog checks and lowers from now on (the full path), in order."""
+    lowerings: list[str] = []
+    full = prog._specialisation
+    monkeypatch.setattr(prog, "_specialisation", lambda *a: lowerings.append(a[0]) or full(*a))
+    return lowerings
+
+
+def test_a_loop_that_passes_a_steps_records_and_keys_back_takes_the_fast_path(monkeypatch):
+    prog = dsl.loads(LOOP, device="cpu")
+    reference = dsl.loads(LOOP, device="cpu")
+    lowerings = counted(prog, monkeypatch)
+    x, y = rng.standard_normal((8, 5)).astype(np.float32), rng.standard_normal((8, 3)).astype(np.float32)
+    p, k = prog.init(dsl.key(0), 5, 3), dsl.key(1)
+    q, j = p, k
+    for _ in range(4):
+        p, k, loss = prog.step(p, k, x, y)
+        q, j, want = reference.step(dict(q), Key(j.words.copy()), x, y)   # plain dicts' bits
+        assert type(p) is Record and type(k) is Key
+        assert loss.tobytes() == want.tobytes() and p.W.tobytes() == q["W"].tobytes()
+    assert lowerings == ["init", "step"]
+
+
+def test_a_gradient_from_python_takes_the_fast_path_with_the_full_paths_bits(monkeypatch):
+    prog = dsl.loads(LOOP, device="cpu")
+    lowerings = counted(prog, monkeypatch)
+    x, y = rng.standard_normal((8, 5)).astype(np.float32), rng.standard_normal((8, 3)).astype(np.float32)
+    p = dict(prog.init(dsl.key(0), 5, 3))
+    value_and_grad = prog.value_and_grad("loss", "p")
+    first = value_and_grad(p, x, y)
+    again = value_and_grad(p, x, y)
+    other = prog.grad("loss", ("p", "x"))(p, x, y)
+    assert lowerings == ["init", "loss", "loss"]      # one lowering for each gradient
+    assert type(again[1]) is Record and again[1].keys() == {"W", "b"}
+    assert all(first[1][f].tobytes() == again[1][f].tobytes() == other[0][f].tobytes() for f in "Wb")
+    assert first[0].tobytes() == again[0].tobytes() and other[1].shape == x.shape
+    value_and_grad(p, x[:4], y[:4])                   # a new batch size
+    assert lowerings[-1:] == ["loss"] and len(lowerings) == 4
+    raises(lambda: value_and_grad(p, x.astype(np.float64), y), "argument 'x' of 'loss'", "got f64[8, 5]")
