@@ -140,10 +140,11 @@ def step_key(seed: int, t: int) -> Key:
     return fold_in(fold_in(seed_key(seed), STEP), t)
 
 
-def batch_indices(seed: int, t: int, n: int, batch_size: int) -> np.ndarray | slice:
-    """The examples of step t's batch: batch_size draws with replacement, or the whole split."""
+def batch_indices(seed: int, t: int, n: int, batch_size: int) -> np.ndarray:
+    """The positions of step t's batch among the split's n examples: batch_size draws with
+    replacement, or the whole split."""
     if batch_size <= 0 or batch_size >= n:
-        return slice(None)
+        return np.arange(n)
     return np.random.Generator(np.random.PCG64([seed, t])).integers(0, n, size=batch_size)
 
 
@@ -797,7 +798,8 @@ def train(path: str, *, steps: int | None = None, seed: int | None = None, data:
     t0 = time.perf_counter()
     try:
         for t in range(start, total):
-            order = np.arange(n_train)[batch_indices(state.seed, t, n_train, bs)]
+            # (not np.arange(n_train)[…]: an index of every example, 0.2 ms a step of the names MLP)
+            order = batch_indices(state.seed, t, n_train, bs)
             if m is None:
                 batch = train_split.fetch(order)
                 p, s, loss = model.step(state.p, state.s, batch, t, state.seed)

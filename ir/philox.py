@@ -24,21 +24,21 @@ DRAW, SPLIT, FOLD_IN = 0, 1, 2
 Words = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 
-def _mulhilo(m: int, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    p = np.uint64(m) * x.astype(np.uint64)
-    return (p >> np.uint64(32)).astype(np.uint32), p.astype(np.uint32)
-
-
 def philox4x32(c0, c1, c2, c3, k0: int, k1: int) -> Words:
-    """The Philox 4x32-10 block of each counter (c0..c3 broadcast together) under key (k0, k1)."""
-    c0, c1, c2, c3 = np.broadcast_arrays(*(np.asarray(c, np.uint32) for c in (c0, c1, c2, c3)))
+    """The Philox 4x32-10 block of each counter (c0..c3: Python integers, or NumPy integer
+    arrays broadcast together) under key (k0, k1), as uint32 arrays. The words are held in
+    64 bits (Python integers, or uint64), where the rounds' products are exact: on Python
+    integers a block costs 10 µs, where NumPy's scalars took 110 (dslc train's key a step)."""
+    c = (c0, c1, c2, c3)
+    if not all(type(x) is int for x in c):
+        c = np.broadcast_arrays(*(np.asarray(x, np.uint64) for x in c))
+    c0, c1, c2, c3 = c
     for r in range(ROUNDS):
         if r:
             k0, k1 = (k0 + W0) & MASK, (k1 + W1) & MASK
-        hi0, lo0 = _mulhilo(M0, c0)
-        hi1, lo1 = _mulhilo(M1, c2)
-        c0, c1, c2, c3 = hi1 ^ c1 ^ np.uint32(k0), lo1, hi0 ^ c3 ^ np.uint32(k1), lo0
-    return c0, c1, c2, c3
+        p0, p1 = M0 * c0, M1 * c2
+        c0, c1, c2, c3 = (p1 >> 32) ^ c1 ^ k0, p1 & MASK, (p0 >> 32) ^ c3 ^ k1, p0 & MASK
+    return tuple(np.asarray(x, np.uint32) for x in (c0, c1, c2, c3))
 
 
 def seed_key(seed: int) -> np.ndarray:
@@ -47,10 +47,11 @@ def seed_key(seed: int) -> np.ndarray:
 
 
 def block(key: np.ndarray, index, domain: int) -> Words:
-    """The block for counter index + 2**96 * domain (index < 2**64, scalar or array)."""
-    index = np.asarray(index, np.uint64)
-    return philox4x32(index & np.uint64(MASK), index >> np.uint64(32), 0, domain,
-                      int(key[0]), int(key[1]))
+    """The block for counter index + 2**96 * domain (index < 2**64, a Python integer or an
+    array)."""
+    if type(index) is not int:
+        index = np.asarray(index, np.uint64)
+    return philox4x32(index & MASK, index >> 32, 0, domain, int(key[0]), int(key[1]))
 
 
 def derive(key: np.ndarray, i: int, domain: int) -> np.ndarray:
