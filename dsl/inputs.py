@@ -139,7 +139,7 @@ def from_python(b: Builder, value: Any, t: ast.TypeExpr, mod, where: str, arrays
             value if isinstance(value, Spec) or _on_device(value) else \
             _borrowed(value, t, where) if device == "cuda" and _in_gpu_memory(value) else \
             _foreign_array(value, t, where) if _is_foreign_array(value) else \
-            _array_from_python(value, dtype, t, where)
+            array_from_python(value, dtype, t, where)
         dt = arr.dtype if isinstance(arr, Spec) else dtype_name(arr.dtype)
         if dt is None:
             raise DslError(t.span, f"'{where}' must be an array of a dslc dtype "
@@ -229,7 +229,7 @@ def kind(value: Any) -> str:
     return "None" if value is None else type(value).__name__
 
 
-def _array_from_python(value: Any, dtype: str, t: ast.TypeExpr, where: str) -> np.ndarray:
+def array_from_python(value: Any, dtype: str, t: ast.TypeExpr, where: str) -> np.ndarray:
     """A Python number or nested list of numbers as an array of `dtype`; anything else, or
     a number an integer dtype cannot hold exactly (1.5 or 2**40 for i32) or one beyond a float
     dtype's range (1e300 for f32), is an error (floats round to the nearest, as NumPy's do)."""

@@ -113,6 +113,7 @@ from safetensors.numpy import save_file
 
 from dsl import distributed, npz, safetensors
 from dsl.atomic import replacing
+from dsl.inputs import array_from_python
 from dsl.plot import check_plot_path, plot_losses
 from dsl.program import DEVICES, Program, load
 from dsl.progress import Progress
@@ -122,6 +123,7 @@ from frontend.check import check_file
 from frontend.diagnostics import Diagnostic, DslError, Note
 from ir import philox
 from ir.ops.base import dtype_name
+from ir.types import FLOAT_DTYPES
 
 FORMAT = "dslc-train-2"
 NPZ_FORMAT = "dslc-train-1"          # the .npz checkpoints of earlier versions, still read
@@ -377,7 +379,7 @@ class Model:
                 raise DslError(p.span, f"no value for '{p.name}' of '{entry}': dslc train passes "
                                        "parameters by name from the batch, the loader's hyper() "
                                        "and DIMS (or --dims)", [Note(f"available: {offered}")])
-            args[p.name] = found
+            args[p.name] = _runtime_number(p, found)
         return args
 
     def _leading_doc(self, entry: str) -> str:
@@ -914,6 +916,16 @@ def share(order: np.ndarray, team: distributed.Team) -> np.ndarray:
     """The examples of this rank's micro-batches."""
     part = len(order) // team.size
     return order[team.rank * part:(team.rank + 1) * part]
+
+
+def _runtime_number(p: ast.Param, value: Any) -> Any:
+    """A Python number for a float scalar parameter (a learning rate) as the 0-d array a call
+    makes of it, made here: a value that changes by step (a schedule) then keeps the call's
+    signature (dsl/fastcall.py), of which a Python number is a part."""
+    if type(value) in (int, float) and isinstance(p.type, ast.NamedType) \
+            and len(p.type.name) == 1 and p.type.name[0] in FLOAT_DTYPES:
+        return array_from_python(value, p.type.name[0], p.type, p.name)
+    return value
 
 
 def sharing(m: int | None, team: distributed.Team) -> str:

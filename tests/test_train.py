@@ -452,6 +452,8 @@ def model_copy(tmp_path: Path, bend: str, loader: str | None) -> Path:
 
 
 XOR_LOADER = (EXAMPLES / "xor.py").read_text()
+XOR_X = np.array([[0, 0], [0, 1], [1, 0], [1, 1]], np.float32)
+XOR_Y = np.array([0, 1, 1, 0], np.float32)
 
 
 def test_missing_hooks(tmp_path):
@@ -544,6 +546,20 @@ def test_training_on_a_missing_gpu_says_why():
 def test_usage_errors_exit_2(args, message):
     r = dslc("train", str(XOR), *args)
     assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_learning_rate_schedule_keeps_the_steps_signature_and_its_bits(tmp_path):
+    """A hyper(t) whose learning rate changes each step: the step's calls keep one signature
+    (the fast path of dsl/fastcall.py), with the bits of calls given the rate as a number."""
+    loader = XOR_LOADER.replace('HYPER = {"lr": 0.5}', "def hyper(t):\n    return {'lr': 0.5 / (1 + t)}")
+    model = Model(str(model_copy(tmp_path, XOR.read_text(), loader)), device="cpu")
+    p, _ = model.init(0)
+    q = p
+    for t in range(4):
+        p, _, loss = model.step(p, None, {"x": XOR_X, "y": XOR_Y}, t, 0)
+        q, want = model.prog.step(dict(q), XOR_X, XOR_Y, 0.5 / (1 + t))
+        assert same_bits(p, q) and loss == float(want)
+    assert len(model.prog._signatures["step"]._known) == 1 + 4     # the model's, and the numbers'
 
 
 def test_checkpoint_loader_checks_dtype_and_shape(tmp_path):
