@@ -33,12 +33,15 @@ def timed(fn) -> float:
 
 def launches(prog, name: str, args: tuple) -> dict[str, int]:
     """What one call of `name` runs, by kind: fused kernels (a product's epilogue included),
-    matrix products, host steps (views, which compute nothing, left out)."""
+    matrix products, host steps (views, which compute nothing, left out), and of those the
+    ones Python runs (the rest are in the native call: docs/cpu.md)."""
     from backend.schedule import ContractStep, HostStep, made_once
     low, _ = prog.lower(name, args, {})
-    plan = prog.executable(low.function).plan
+    exe = prog.executable(low.function)
+    plan = exe.plan
     return {"kernels": len(plan.kernels), "matmuls": sum(isinstance(s, ContractStep) for s in plan.steps),
-            "host": sum(isinstance(s, HostStep) and not made_once(s.op) for s in plan.steps)}
+            "host": sum(isinstance(s, HostStep) and not made_once(s.op) for s in plan.steps),
+            "python": sum(isinstance(x, int) and not made_once(plan.steps[x].op) for x in exe.native.items)}
 
 
 def main() -> None:
@@ -52,6 +55,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     os.environ.setdefault("DSLC_THREADS", str(args.threads))
+    # forward at each of the 9 lengths is a specialisation of its own, timed round after round:
+    # with the default 8 kept, each call built its specialisation again (12 ms at any length)
+    os.environ.setdefault("DSLC_SPECIALISATIONS", "16")
     import dsl
 
     n_ctx = args.tokens + 1
@@ -64,12 +70,12 @@ def main() -> None:
     _, cache = prog.prefill(p, seq, args.heads, n_ctx)
     print(f"GPT-2 with {args.layers} layers, {args.heads} heads, width {args.width}, vocabulary "
           f"{args.vocab}, a cache of {n_ctx} positions; DSLC_THREADS={os.environ['DSLC_THREADS']}")
-    step = (p, seq[:, 0], np.int32(0), cache)
+    step = (p, seq[:, 0], np.array(0, np.int32), cache)
     counts = launches(prog, "decode", step)
     print(f"decode, every token: {counts['kernels']} fused kernels + {counts['matmuls']} matrix "
-          f"products + {counts['host']} host steps")
+          f"products + {counts['host']} host steps, {counts['python']} of them in Python")
     tokens = [2 ** i for i in range(args.tokens.bit_length()) if 2 ** i <= args.tokens]
-    calls = {t: (lambda t=t: prog.decode(p, seq[:, t], np.int32(t), cache),
+    calls = {t: (lambda t=t: prog.decode(p, seq[:, t], np.array(t, np.int32), cache),
                  lambda t=t: prog.forward(p, seq[:, :t + 1], args.heads)) for t in tokens}
     best = {t: [timed(c), timed(f)] for t, (c, f) in calls.items()}     # the first compiles
     for _ in range(args.repeat):        # rounds over every token, so that noise spreads evenly

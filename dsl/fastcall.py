@@ -22,12 +22,16 @@ MAX_SIGNATURES = 64         # per entry point: Python numbers that change each c
 Check = Callable[[tuple, dict], "list | None"]
 
 
-@dataclass(frozen=True)
+@dataclass
 class Known:
-    """A signature met before: what remember() was given, and the check that takes a call's
-    arguments to its arrays (None where they have another signature)."""
+    """A signature met before: what remember() was given, where the call's arrays come from
+    (leaf slots[i] of the signature, or constants[i] where that is None), and once the
+    signature is met again, its check (made then: a signature met once, as a number that
+    changes each call makes them, is not worth compiling)."""
     lowered: Any
-    check: Check
+    slots: list[int | None]
+    constants: list
+    check: Check | None = None
 
 
 class Signatures:
@@ -35,19 +39,23 @@ class Signatures:
 
     def __init__(self):
         self._known: dict[Hashable, Known] = {}
-        self._last: Known | None = None      # the signature last met, checked first
+        self._last: Known | None = None      # the signature last met again, checked first
 
     def get(self, args: tuple, kwargs: dict) -> tuple[Any, list] | None:
         """(what remember() was given, the call's arrays) for a known signature, else None."""
         last = self._last
         if last is not None and (arrays := last.check(args, kwargs)) is not None:
             return last.lowered, arrays
-        key = _signature((args, kwargs), [], {})
+        leaves: list[np.ndarray] = []
+        key = _signature((args, kwargs), leaves, {})
         known = self._known.get(key) if key is not None else None
         if known is None:
             return None
+        if known.check is None:
+            known.check = compile_check((args, kwargs), known.constants, known.slots)
         self._last = known
-        return known.lowered, known.check(args, kwargs)
+        return known.lowered, [leaves[j] if j is not None else c
+                               for j, c in zip(known.slots, known.constants)]
 
     def remember(self, args: tuple, kwargs: dict, lowered: Any, arrays: list) -> None:
         """That a call of these arguments lowered to `lowered` and ran on `arrays`: each the
@@ -62,8 +70,7 @@ class Signatures:
             return                      # an array was converted: its contents vary by call
         if len(self._known) >= MAX_SIGNATURES:
             del self._known[next(iter(self._known))]
-        self._known[key] = self._last = Known(lowered, compile_check(
-            (args, kwargs), [None if j is not None else a for j, a in zip(slots, arrays)], slots))
+        self._known[key] = Known(lowered, slots, [None if j is not None else a for j, a in zip(slots, arrays)])
 
 
 def _signature(value: Any, leaves: list, seen: dict[int, int]) -> Hashable | None:

@@ -27,7 +27,7 @@ from ir.core import Value
 from ir.ops.base import np_dtype
 from ir.ops.control import Scan
 from ir.ops.index import ScatterAdd, Take
-from ir.ops.shape import Concat, Split
+from ir.ops.shape import Concat, Split, Stack
 from runtime import cpu, executor
 from runtime.cpu import (Executable, _Arena, _copy, _Host, _made_once, empty_aligned,
                          _RunLaunch, _View, product, threads)
@@ -256,11 +256,12 @@ class NativeStep:
                          int(op.attrs.get("from_end", True))))
 
     def _pieces(self, op) -> list[CopyCall] | None:
-        """A split's parts, or a concat's inputs, copied as rows of bytes (each part a view of
-        the whole on the stand-ins, NumPy's own split)."""
+        """A split's parts, or a concat's or a stack's inputs, copied as rows of bytes (each
+        part a view of the whole on the stand-ins, NumPy's own split; a stacked part one slice
+        along the new axis)."""
         if isinstance(op.primitive, Split):
             (whole,), parts, into = op.inputs, op.outputs, False
-        elif isinstance(op.primitive, Concat):
+        elif isinstance(op.primitive, (Concat, Stack)):
             parts, (whole,), into = op.inputs, op.outputs, True
         else:
             return None
@@ -269,7 +270,8 @@ class NativeStep:
             return None
         axis = op.attrs.get("axis", 0) % len(whole.shape)
         stand_in = self._stand_in(whole)            # (only offsets are read from it)
-        views = Split().evaluate(stand_in, tuple(v.shape[axis] for v in parts), axis)
+        sizes = (1,) * len(parts) if isinstance(op.primitive, Stack) else tuple(v.shape[axis] for v in parts)
+        views = Split().evaluate(stand_in, sizes, axis)
         rows = [_rows(view) for view in views]
         if None in rows:
             return None

@@ -70,6 +70,9 @@ def lstm_grad(p: Lstm, xs: f32[T, B, D], h0: f32[B, H], c0: f32[B, H]) -> (f32, 
   l, g = value_and_grad(lstm_loss, wrt=p)(p, xs, h0, c0)
   return l, g
 
+def stacked(x: f32[A, N], y: f32[A, N]) -> (f32[3, A, N], f32[A, 2, N], f32[A, N, 2]):
+  return stack([x, y * 2.0, x + y]), stack([tanh(x), y], axis=1), stack([x, exp(y)], axis=-1)
+
 def running(xs: f32[T, N], w: f32[N]) -> (f32[N], f32[N], f32[N], f32[T, 2 * N], f32[T]):
   stacked, means = fold x in xs with total = 0.0, top = zeros([N]) - 1e9, kept = w:
     total = total + x * w
@@ -106,7 +109,9 @@ CASES = [("mlp", lambda n: [floats(n, 7), floats(7, 13), floats(13), floats(13, 
          ("row", lambda n: [floats(3, n), floats(n, 5)]),
          ("embedding_grad", lambda n: [floats(11, 3), indices(11, n, 2)]),
          ("scattered", lambda n: [floats(7, n), indices(7, 5), floats(5, n)]),
-         ("running", lambda n: [floats(n, 6), floats(6)])]
+         ("running", lambda n: [floats(n, 6), floats(6)]),
+         ("stacked", lambda n: [floats(n, 5), floats(n, 5)]),
+         ("stacked", lambda n: [floats(3, n), floats(3, n)])]
 # folds whose compiled gradients are not the interpreter's bits: checked against the walk's
 # (a Python loop calling the compiled body)
 LOOPS = [("lstm_grad", lambda n: [cell(3, 5), floats(n, 2, 3), floats(2, 5), floats(2, 5)]),
@@ -169,6 +174,12 @@ def test_a_step_without_host_steps_is_one_native_call():
 def test_products_of_heads_sliced_from_one_array_are_in_the_native_call(entry, qkv):
     fn, _ = lowered(entry, [floats(*qkv)])
     assert [x for x in segments(Executable(fn)) if "ProductCall" not in x] == []
+
+
+def test_a_stack_is_copies_in_the_native_call():
+    fn, _ = lowered("stacked", [floats(4, 5), floats(4, 5)])
+    assert segments(Executable(fn)) == ["RunCall CopyCall CopyCall CopyCall RunCall CopyCall "
+                                        "CopyCall RunCall CopyCall CopyCall"]
 
 
 @pytest.mark.parametrize("entry, args, want", [
