@@ -256,34 +256,39 @@ class NativeStep:
                          int(op.attrs.get("from_end", True))))
 
     def _pieces(self, op) -> list[CopyCall] | None:
-        """A split's parts, or a concat's or a stack's inputs, copied as rows of bytes (each
-        part a view of the whole on the stand-ins, NumPy's own split; a stacked part one slice
-        along the new axis)."""
+        """A split's parts, or a concat's or a stack's inputs (contiguous or not: halves of
+        a GPT's rotary embedding are views), copied as rows of bytes (each part a view of the
+        whole on the stand-ins, NumPy's own split; a stacked part one slice along the new
+        axis)."""
         if isinstance(op.primitive, Split):
             (whole,), parts, into = op.inputs, op.outputs, False
         elif isinstance(op.primitive, (Concat, Stack)):
             parts, (whole,), into = op.inputs, op.outputs, True
         else:
             return None
-        if any(v not in self.places or not self.places[v][1].flags.c_contiguous
-               for v in op.inputs):
+        if any(v not in self.places for v in op.inputs) or \
+                not into and not self.places[whole][1].flags.c_contiguous:
             return None
         axis = op.attrs.get("axis", 0) % len(whole.shape)
         stand_in = self._stand_in(whole)            # (only offsets are read from it)
         sizes = (1,) * len(parts) if isinstance(op.primitive, Stack) else tuple(v.shape[axis] for v in parts)
         views = Split().evaluate(stand_in, sizes, axis)
-        rows = [_rows(view) for view in views]
-        if None in rows:
+        # each copy's rows, read from the part where it lies (a concat's), or written into a
+        # part made contiguous (a split's)
+        copies = [None if view.size == 0 else _matched(self.places[part][1], view) if into
+                  else _matched(view, self._stand_in(part)) for part, view in zip(parts, views)]
+        if any(c is None for c, view in zip(copies, views) if view.size):
             return None
         self._fresh(op.outputs)
         whole_ref = self._ref(whole)
         calls = []
-        for part, view, (count, row, stride) in zip(parts, views, rows):
-            if view.size == 0:
+        for part, view, copy in zip(parts, views, copies):
+            if copy is None:
                 continue
             ref = Ref(whole_ref.word, whole_ref.offset + _pointer(view) - _pointer(stand_in))
+            count, row, *strides = copy
             calls.append(CopyCall(*((self._ref(part), ref) if into else (ref, self._ref(part))),
-                                  count, row, (row, stride) if into else (stride, row)))
+                                  count, row, tuple(strides)))
         return calls
 
     def _scan(self, op) -> ScanCall | None:
@@ -563,7 +568,21 @@ def _outer_axes(a: np.ndarray, b: np.ndarray, c: np.ndarray, points: int
             (a[first], b[first], c[first]))
 
 
-def _rows(view: np.ndarray) -> tuple[int, int, int, int] | None:
+def _matched(source: np.ndarray, destination: np.ndarray) -> tuple[int, int, int, int] | None:
+    """A copy of source's elements into destination's (of one shape, but for axes of one) as
+    rows of bytes: (rows, row bytes, bytes between the source's rows, the destination's), or
+    None where their layouts have no such rows in common."""
+    a, b = _rows(source), _rows(destination)
+    if a is None or b is None:
+        return None
+    if a[0] == 1 and a[1] == b[0] * b[1]:           # a contiguous side: cut as the other's rows
+        a = (b[0], b[1], b[1])
+    if b[0] == 1 and b[1] == a[0] * a[1]:
+        b = (a[0], a[1], a[1])
+    return (a[0], a[1], a[2], b[2]) if a[:2] == b[:2] else None
+
+
+def _rows(view: np.ndarray) -> tuple[int, int, int] | None:
     """A view as rows of contiguous bytes the same distance apart: (rows, row bytes, bytes
     between rows), or None where it is not."""
     dims = [(n, s) for n, s in zip(view.shape, view.strides) if n != 1]

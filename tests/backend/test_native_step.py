@@ -73,6 +73,9 @@ def lstm_grad(p: Lstm, xs: f32[T, B, D], h0: f32[B, H], c0: f32[B, H]) -> (f32, 
 def stacked(x: f32[A, N], y: f32[A, N]) -> (f32[3, A, N], f32[A, 2, N], f32[A, N, 2]):
   return stack([x, y * 2.0, x + y]), stack([tanh(x), y], axis=1), stack([x, exp(y)], axis=-1)
 
+def halves(x: f32[A, 6], y: f32[6, A]) -> (f32[A, 6], f32[2, A, 3], f32[A, 9]):
+  return concat([x[:, 3:], -x[:, :3]], axis=1), stack([x[:, 3:], x[:, :3]]), concat([x, transpose(y)[:, 3:]], axis=-1)
+
 def running(xs: f32[T, N], w: f32[N]) -> (f32[N], f32[N], f32[N], f32[T, 2 * N], f32[T]):
   stacked, means = fold x in xs with total = 0.0, top = zeros([N]) - 1e9, kept = w:
     total = total + x * w
@@ -111,7 +114,8 @@ CASES = [("mlp", lambda n: [floats(n, 7), floats(7, 13), floats(13), floats(13, 
          ("scattered", lambda n: [floats(7, n), indices(7, 5), floats(5, n)]),
          ("running", lambda n: [floats(n, 6), floats(6)]),
          ("stacked", lambda n: [floats(n, 5), floats(n, 5)]),
-         ("stacked", lambda n: [floats(3, n), floats(3, n)])]
+         ("stacked", lambda n: [floats(3, n), floats(3, n)]),
+         ("halves", lambda n: [floats(n, 6), floats(6, n)])]
 # folds whose compiled gradients are not the interpreter's bits: checked against the walk's
 # (a Python loop calling the compiled body)
 LOOPS = [("lstm_grad", lambda n: [cell(3, 5), floats(n, 2, 3), floats(2, 5), floats(2, 5)]),
@@ -176,10 +180,12 @@ def test_products_of_heads_sliced_from_one_array_are_in_the_native_call(entry, q
     assert [x for x in segments(Executable(fn)) if "ProductCall" not in x] == []
 
 
-def test_a_stack_is_copies_in_the_native_call():
+def test_stacks_and_concats_of_views_are_copies_in_the_native_call():
     fn, _ = lowered("stacked", [floats(4, 5), floats(4, 5)])
     assert segments(Executable(fn)) == ["RunCall CopyCall CopyCall CopyCall RunCall CopyCall "
                                         "CopyCall RunCall CopyCall CopyCall"]
+    fn, _ = lowered("halves", [floats(4, 6), floats(6, 4)])       # (a transpose's columns: no rows)
+    assert segments(Executable(fn)) == ["RunCall CopyCall CopyCall CopyCall CopyCall", "concat"]
 
 
 @pytest.mark.parametrize("entry, args, want", [
