@@ -101,13 +101,13 @@ class TakeCall:
 
 @dataclass(frozen=True)
 class CopyCall:
-    """Rows of contiguous bytes copied (a split's parts, a concat's inputs): `rows` rows of
-    `row` bytes, `strides` (source's, destination's) bytes apart."""
+    """Rows of contiguous bytes copied (a split's parts, a concat's or a stack's inputs):
+    `row` bytes at each point of `levels`, nested loops from the outermost, each (its count,
+    the bytes between the source's rows along it, between the destination's)."""
     source: Ref
     destination: Ref
-    rows: int
+    levels: tuple[tuple[int, int, int], ...]
     row: int
-    strides: tuple[int, int]
 
 
 @dataclass(frozen=True)
@@ -181,8 +181,8 @@ def sized(segments: list[tuple[Call, ...]]) -> tuple[list[tuple[Call, ...]], lis
         if isinstance(c, (ScatterCall, TakeCall)):
             return replace(c, operands=tuple(map(ref, c.operands)), sizes=tuple(map(size, c.sizes)))
         if isinstance(c, CopyCall):
-            return CopyCall(ref(c.source), ref(c.destination), size(c.rows), size(c.row),
-                            tuple(map(size, c.strides)))
+            return CopyCall(ref(c.source), ref(c.destination),
+                            tuple(tuple(map(size, level)) for level in c.levels), size(c.row))
         if isinstance(c, ScanCall):
             return replace(c, calls=tuple(map(call, c.calls)), length=size(c.length),
                            states=tuple(State(ref(s.initial), ref(s.final), s.spare)
@@ -352,10 +352,16 @@ class _Segment:
 
     def copy(self, call: CopyCall) -> None:
         b = self.b
-        source, destination = self.address(call.source), self.address(call.destination)
-        (from_, to), row = (self.size(s) for s in call.strides), self.size(call.row)
-        loop(b, ir.Constant(I64, 0), self.size(call.rows), lambda r: self.copy_bytes(
-            b.add(destination, b.mul(r, to)), b.add(source, b.mul(r, from_)), row))
+        levels, row = [[self.size(s) for s in level] for level in call.levels], self.size(call.row)
+
+        def rows(level: int, source: ir.Value, destination: ir.Value) -> None:
+            if level == len(levels):
+                self.copy_bytes(destination, source, row)
+                return
+            count, from_, to = levels[level]
+            loop(b, ir.Constant(I64, 0), count, lambda r: rows(
+                level + 1, b.add(source, b.mul(r, from_)), b.add(destination, b.mul(r, to))))
+        rows(0, self.address(call.source), self.address(call.destination))
 
     def scan(self, call: ScanCall) -> None:
         b = self.b

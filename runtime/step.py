@@ -38,6 +38,7 @@ BYTE = np.dtype(np.uint8)
 # CPython's id of an object is its address: the first segment reads each argument's data
 # address from the array object itself (backend/step.py's AddressCall)
 BY_ID = sys.implementation.name == "cpython"
+MIN_ROW = 16                        # bytes of the rows a split, concat or stack copies, at least
 
 
 @dataclass(frozen=True)
@@ -275,8 +276,8 @@ class NativeStep:
         views = Split().evaluate(stand_in, sizes, axis)
         # each copy's rows, read from the part where it lies (a concat's), or written into a
         # part made contiguous (a split's)
-        copies = [None if view.size == 0 else _matched(self.places[part][1], view) if into
-                  else _matched(view, self._stand_in(part)) for part, view in zip(parts, views)]
+        copies = [None if view.size == 0 else _copied(self.places[part][1], view) if into
+                  else _copied(view, self._stand_in(part)) for part, view in zip(parts, views)]
         if any(c is None for c, view in zip(copies, views) if view.size):
             return None
         self._fresh(op.outputs)
@@ -286,9 +287,7 @@ class NativeStep:
             if copy is None:
                 continue
             ref = Ref(whole_ref.word, whole_ref.offset + _pointer(view) - _pointer(stand_in))
-            count, row, *strides = copy
-            calls.append(CopyCall(*((self._ref(part), ref) if into else (ref, self._ref(part))),
-                                  count, row, tuple(strides)))
+            calls.append(CopyCall(*((self._ref(part), ref) if into else (ref, self._ref(part))), *copy))
         return calls
 
     def _scan(self, op) -> ScanCall | None:
@@ -568,33 +567,26 @@ def _outer_axes(a: np.ndarray, b: np.ndarray, c: np.ndarray, points: int
             (a[first], b[first], c[first]))
 
 
-def _matched(source: np.ndarray, destination: np.ndarray) -> tuple[int, int, int, int] | None:
-    """A copy of source's elements into destination's (of one shape, but for axes of one) as
-    rows of bytes: (rows, row bytes, bytes between the source's rows, the destination's), or
-    None where their layouts have no such rows in common."""
-    a, b = _rows(source), _rows(destination)
-    if a is None or b is None:
-        return None
-    if a[0] == 1 and a[1] == b[0] * b[1]:           # a contiguous side: cut as the other's rows
-        a = (b[0], b[1], b[1])
-    if b[0] == 1 and b[1] == a[0] * a[1]:
-        b = (a[0], a[1], a[1])
-    return (a[0], a[1], a[2], b[2]) if a[:2] == b[:2] else None
-
-
-def _rows(view: np.ndarray) -> tuple[int, int, int] | None:
-    """A view as rows of contiguous bytes the same distance apart: (rows, row bytes, bytes
-    between rows), or None where it is not."""
-    dims = [(n, s) for n, s in zip(view.shape, view.strides) if n != 1]
-    row = view.itemsize
-    while dims and dims[-1][1] == row:
-        row *= dims.pop()[0]
-    if not dims:
-        return 1, row, row
-    count, stride = dims.pop()
-    while dims and dims[-1][1] == stride * count:
-        count *= dims.pop()[0]
-    return None if dims else (count, row, stride)
+def _copied(source: np.ndarray, destination: np.ndarray
+            ) -> tuple[tuple[tuple[int, int, int], ...], int] | None:
+    """A copy of source's elements to destination's (of one shape, but for axes of one) as
+    backend/step.py's CopyCall makes it: the levels of its loops and the bytes of its rows,
+    their axes merged where both sides step through them as one; None where it takes more
+    than one level of rows shorter than MIN_ROW bytes (each a call of memcpy: NumPy's strided
+    copy is faster)."""
+    levels = [(n, a, b) for (n, a), b in zip(
+        [(n, a) for n, a in zip(source.shape, source.strides) if n != 1],
+        [b for n, b in zip(destination.shape, destination.strides) if n != 1])]
+    row = source.itemsize
+    while levels and levels[-1][1] == levels[-1][2] == row:
+        row *= levels.pop()[0]
+    merged: list[tuple[int, int, int]] = []
+    for n, a, b in levels:
+        if merged and merged[-1][1] == a * n and merged[-1][2] == b * n:
+            merged[-1] = (merged[-1][0] * n, a, b)
+        else:
+            merged.append((n, a, b))
+    return None if len(merged) > 1 and row < MIN_ROW else (tuple(merged), row)
 
 
 class _StandIns:

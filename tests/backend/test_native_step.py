@@ -76,6 +76,10 @@ def stacked(x: f32[A, N], y: f32[A, N]) -> (f32[3, A, N], f32[A, 2, N], f32[A, N
 def halves(x: f32[A, 6], y: f32[6, A]) -> (f32[A, 6], f32[2, A, 3], f32[A, 9]):
   return concat([x[:, 3:], -x[:, :3]], axis=1), stack([x[:, 3:], x[:, :3]]), concat([x, transpose(y)[:, 3:]], axis=-1)
 
+def heads_concat(x: f32[B, T, H, D]) -> f32[B, H, T, 2 * D]:
+  q = transpose(x, [0, 2, 1, 3])
+  return concat([q, -q], axis=-1)
+
 def running(xs: f32[T, N], w: f32[N]) -> (f32[N], f32[N], f32[N], f32[T, 2 * N], f32[T]):
   stacked, means = fold x in xs with total = 0.0, top = zeros([N]) - 1e9, kept = w:
     total = total + x * w
@@ -115,7 +119,8 @@ CASES = [("mlp", lambda n: [floats(n, 7), floats(7, 13), floats(13), floats(13, 
          ("running", lambda n: [floats(n, 6), floats(6)]),
          ("stacked", lambda n: [floats(n, 5), floats(n, 5)]),
          ("stacked", lambda n: [floats(3, n), floats(3, n)]),
-         ("halves", lambda n: [floats(n, 6), floats(6, n)])]
+         ("halves", lambda n: [floats(n, 6), floats(6, n)]),
+         ("heads_concat", lambda n: [floats(2, n, 3, 4)])]
 # folds whose compiled gradients are not the interpreter's bits: checked against the walk's
 # (a Python loop calling the compiled body)
 LOOPS = [("lstm_grad", lambda n: [cell(3, 5), floats(n, 2, 3), floats(2, 5), floats(2, 5)]),
@@ -186,6 +191,8 @@ def test_stacks_and_concats_of_views_are_copies_in_the_native_call():
                                         "CopyCall RunCall CopyCall CopyCall"]
     fn, _ = lowered("halves", [floats(4, 6), floats(6, 4)])       # (a transpose's columns: no rows)
     assert segments(Executable(fn)) == ["RunCall CopyCall CopyCall CopyCall CopyCall", "concat"]
+    fn, _ = lowered("heads_concat", [floats(2, 5, 3, 4)])     # heads' rows of a transpose
+    assert segments(Executable(fn)) == ["RunCall CopyCall CopyCall"]
 
 
 @pytest.mark.parametrize("entry, args, want", [
