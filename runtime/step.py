@@ -221,40 +221,59 @@ class NativeStep:
                                lambda arena, frame: ctypes.cast(kernel.fn, ctypes.c_void_p).value)
                            if outer else 0)
 
-    def _scatter(self, op) -> ScatterCall | None:
+    def _scatter(self, op) -> list[CopyCall | ScatterCall] | None:
         if not isinstance(op.primitive, ScatterAdd):
             return None
         x, indices, updates = op.inputs
         (out,) = op.outputs
         if out.dtype not in scatter.FLOATS \
                 or indices.dtype not in scatter.INDICES or {x.dtype, updates.dtype} != {out.dtype} \
-                or not x.shape or any(v not in self.places or not self.places[v][1].flags.c_contiguous
-                                      for v in op.inputs):
+                or not x.shape or any(v not in self.places for v in op.inputs) \
+                or (staged := self._contiguous(op.inputs)) is None:
             return None
+        copies, refs = staged
         self._fresh([out])
         fn = ctypes.cast(scatter._function(out.dtype, indices.dtype)[1], ctypes.c_void_p).value
         axis = op.attrs.get("axis", 0) % len(x.shape)
         outer, size, inner = scatter.around(x.shape, axis)
-        return ScatterCall(self._static(lambda arena, frame: fn),
-                           tuple(self._ref(v) for v in (out, x, indices, updates)),
-                           (outer, prod(indices.shape), size, inner))
+        return [*copies, ScatterCall(self._static(lambda arena, frame: fn), (self._ref(out), *refs),
+                                     (outer, prod(indices.shape), size, inner))]
 
-    def _take(self, op) -> TakeCall | None:
+    def _take(self, op) -> list[CopyCall | TakeCall] | None:
         if not isinstance(op.primitive, Take):
             return None
         x, indices = op.inputs
         (out,) = op.outputs
-        if indices.dtype not in scatter.INDICES or not x.shape or any(
-                v not in self.places or not self.places[v][1].flags.c_contiguous for v in op.inputs):
+        if indices.dtype not in scatter.INDICES or not x.shape \
+                or any(v not in self.places for v in op.inputs) \
+                or (staged := self._contiguous(op.inputs)) is None:
             return None
+        copies, refs = staged
         self._fresh([out])
         axis = op.attrs.get("axis", 0) % len(x.shape)
         outer, size, inner = scatter.around(x.shape, axis)
         fn = scatter.take_function(indices.dtype)
-        return TakeCall(self._static(lambda arena, frame: fn),
-                        tuple(self._ref(v) for v in (out, x, indices)),
-                        (outer, prod(indices.shape), size, inner * np_dtype(x.dtype).itemsize,
-                         int(op.attrs.get("from_end", True))))
+        return [*copies, TakeCall(self._static(lambda arena, frame: fn), (self._ref(out), *refs),
+                                  (outer, prod(indices.shape), size, inner * np_dtype(x.dtype).itemsize,
+                                   int(op.attrs.get("from_end", True))))]
+
+    def _contiguous(self, values) -> tuple[list[CopyCall], list[Ref]] | None:
+        """Where each value is read contiguously: where it lies, or (a strided view: an LSTM's
+        outputs, batch-major, of its time-major fold) a buffer the frame holds that the call
+        copies it into first, with those copies; None where a copy would not pay (_copied)."""
+        copies, refs = [], []
+        for v in values:
+            placed = self.places[v][1]
+            if placed.flags.c_contiguous:
+                refs.append(self._ref(v))
+                continue
+            copy = _copied(placed, self._stand_in(v))
+            if copy is None:
+                return None
+            held = Ref(self._static(lambda arena, frame, size=nbytes(v): frame.hold(size)))
+            copies.append(CopyCall(self._ref(v), held, *copy))
+            refs.append(held)
+        return copies, refs
 
     def _pieces(self, op) -> list[CopyCall] | None:
         """A split's parts, or a concat's or a stack's inputs (contiguous or not: halves of

@@ -76,6 +76,12 @@ def stacked(x: f32[A, N], y: f32[A, N]) -> (f32[3, A, N], f32[A, 2, N], f32[A, N
 def halves(x: f32[A, 6], y: f32[6, A]) -> (f32[A, 6], f32[2, A, 3], f32[A, 9]):
   return concat([x[:, 3:], -x[:, :3]], axis=1), stack([x[:, 3:], x[:, :3]]), concat([x, transpose(y)[:, 3:]], axis=-1)
 
+def scattered_steps(x: f32[V, E], i: i32[B, T], u: f32[T, B, E]) -> f32[V, E]:
+  return scatter_add(x, i, transpose(u, [1, 0, 2]))
+
+def gathered(C: f32[V, 2, E], i: i32[B]) -> f32[B, E]:
+  return C[:, 1][i]
+
 def heads_concat(x: f32[B, T, H, D]) -> f32[B, H, T, 2 * D]:
   q = transpose(x, [0, 2, 1, 3])
   return concat([q, -q], axis=-1)
@@ -120,7 +126,9 @@ CASES = [("mlp", lambda n: [floats(n, 7), floats(7, 13), floats(13), floats(13, 
          ("stacked", lambda n: [floats(n, 5), floats(n, 5)]),
          ("stacked", lambda n: [floats(3, n), floats(3, n)]),
          ("halves", lambda n: [floats(n, 6), floats(6, n)]),
-         ("heads_concat", lambda n: [floats(2, n, 3, 4)])]
+         ("heads_concat", lambda n: [floats(2, n, 3, 4)]),
+         ("scattered_steps", lambda n: [floats(7, n), indices(7, 3, 2), floats(2, 3, n)]),
+         ("gathered", lambda n: [floats(5, 2, n), indices(5, 4)])]
 # folds whose compiled gradients are not the interpreter's bits: checked against the walk's
 # (a Python loop calling the compiled body)
 LOOPS = [("lstm_grad", lambda n: [cell(3, 5), floats(n, 2, 3), floats(2, 5), floats(2, 5)]),
@@ -193,6 +201,13 @@ def test_stacks_and_concats_of_views_are_copies_in_the_native_call():
     assert segments(Executable(fn)) == ["RunCall CopyCall CopyCall CopyCall CopyCall", "concat"]
     fn, _ = lowered("heads_concat", [floats(2, 5, 3, 4)])     # heads' rows of a transpose
     assert segments(Executable(fn)) == ["RunCall CopyCall CopyCall"]
+
+
+@pytest.mark.parametrize("entry, args, want", [
+    ("scattered_steps", [floats(7, 5), indices(7, 3, 2), floats(2, 3, 5)], "CopyCall ScatterCall"),
+    ("gathered", [floats(5, 2, 6), indices(5, 4)], "CopyCall TakeCall")])
+def test_a_strided_operand_of_a_scatter_or_a_gather_is_copied_in_the_native_call(entry, args, want):
+    assert segments(Executable(lowered(entry, args)[0])) == [want]
 
 
 @pytest.mark.parametrize("entry, args, want", [
