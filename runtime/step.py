@@ -38,7 +38,7 @@ BYTE = np.dtype(np.uint8)
 # CPython's id of an object is its address: the first segment reads each argument's data
 # address from the array object itself (backend/step.py's AddressCall)
 BY_ID = sys.implementation.name == "cpython"
-MIN_ROW = 16                        # bytes of the rows a split, concat or stack copies, at least
+MIN_ROW = 16                        # bytes of a copy's rows (with more than one level of them), at least
 
 
 @dataclass(frozen=True)
