@@ -101,6 +101,12 @@ ARGUMENTS = 18      # NAME.task's array: A … b_col, scratch, next_job, epilogu
 # 2^20, on a Zen 4, 64³ took 5.8 µs on one thread (NumPy 5.6), now 5.0 on two; 64×64×256
 # 21.7 µs, now 12.5; 16×512×128, an LSTM's step, 21.2, now 14.9 (its gradient 1.93 -> 1.51 ms)
 MIN_MULTIPLY_ADDS_PER_THREAD = 1 << 17
+# a product in a native step's segment hands its jobs to the team in native code, where a
+# direct call from Python goes back to Python to run them (a second call, the team's lock):
+# it is worth a second thread from half the work (the names MLP step's products, 32×30×200,
+# 32×200×27 and their gradients', 1.7 to 1.9·10^5 fmas: the step 64.4-65.1 µs -> 58.7-59.4;
+# a direct 32×64×64 on two threads took 3.9-5.4 µs, on one 3.7-3.8)
+IN_STEP_MULTIPLY_ADDS_PER_THREAD = MIN_MULTIPLY_ADDS_PER_THREAD // 2
 # a product of one row tile's fmas cost about this many of a blocked product's, divided by
 # its rows (each of B's loads from memory feeds one fma a row)
 MATRIX_VECTOR_COST = 2
@@ -1232,12 +1238,16 @@ class Matmul:
         return context, address(context)
 
 
-    def worth(self, rows: int, multiply_adds: int, threads: int) -> int:
+    def worth(self, rows: int, multiply_adds: int, threads: int, in_step: bool = False) -> int:
         """How many of `threads` a product of C's `rows` rows (of each batch entry) and
-        `multiply_adds` fmas is worth (NAME.direct decides alike)."""
+        `multiply_adds` fmas is worth, called alone (NAME.direct decides alike) or in a native
+        step's segment (`in_step`)."""
+        per_thread = IN_STEP_MULTIPLY_ADDS_PER_THREAD if in_step else MIN_MULTIPLY_ADDS_PER_THREAD
         if rows <= self.tiles.mr:                  # B read in place, a load an fma a row
             multiply_adds = multiply_adds * MATRIX_VECTOR_COST // max(rows, 1)
-        return min(threads, max(1, multiply_adds // MIN_MULTIPLY_ADDS_PER_THREAD))
+            # (and no sooner in a step: 1×512×192 took 5.1 µs on one thread, 6.4-7.7 on two)
+            per_thread = MIN_MULTIPLY_ADDS_PER_THREAD
+        return min(threads, max(1, multiply_adds // per_thread))
 
     def direct(self, a: np.ndarray, b: np.ndarray, out: np.ndarray, threads: int) -> bool:
         """out = a @ b on at most `threads` threads where a, b and out are NumPy arrays of rank

@@ -498,14 +498,15 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray, threads: int,
     return fused
 
 
-def product(a: np.ndarray, b: np.ndarray, out: np.ndarray, threads: int
+def product(a: np.ndarray, b: np.ndarray, out: np.ndarray, threads: int, in_step: bool = False
             ) -> tuple[Matmul, np.ndarray, np.ndarray, int]:
     """The contraction kernel for out's dtype, a and b as matrices (a 1-D operand as a row or
-    a column), and how many of `threads` the product is worth."""
+    a column), and how many of `threads` the product is worth (in a native step's segment,
+    `in_step`: Matmul.worth)."""
     a2 = a[None, :] if a.ndim == 1 else a
     b2 = b[:, None] if b.ndim == 1 else b
     kernel = _matmul(out.dtype)
-    return kernel, a2, b2, kernel.worth(a2.shape[-2], out.size * a2.shape[-1], threads)
+    return kernel, a2, b2, kernel.worth(a2.shape[-2], out.size * a2.shape[-1], threads, in_step)
 
 
 def _matmul(dtype: np.dtype) -> Matmul:

@@ -190,7 +190,7 @@ class NativeStep:
             return None
         (a_ref, a), (b_ref, b) = (self.places[v] for v in step.op.inputs)
         c = self.places[out][1] if out in self.places else self._stand_in(out)
-        kernel, a2, b2, parts = product(a, b, c, MAX_THREADS)
+        kernel, a2, b2, parts = product(a, b, c, MAX_THREADS, in_step=True)
         outer, operands = (), kernel.operands(a2, b2, c, copy=False)
         for points in range(1, c.ndim - 2):    # batch axes that are not one: a loop of products
             if operands is not None and _in_place(operands[:3], (a, b, c)):

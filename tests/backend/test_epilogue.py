@@ -112,7 +112,8 @@ def lowered(name: str, shapes: list[tuple[int, ...]]):
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_epilogues_give_the_bits_of_the_operations_done_one_by_one(name, shapes, threads, monkeypatch):
     monkeypatch.setenv("DSLC_THREADS", str(threads))
-    monkeypatch.setattr(backend.contract, "MIN_MULTIPLY_ADDS_PER_THREAD", 1)   # jobs on every thread
+    for least in ("MIN_MULTIPLY_ADDS_PER_THREAD", "IN_STEP_MULTIPLY_ADDS_PER_THREAD"):
+        monkeypatch.setattr(backend.contract, least, 1)                       # jobs on every thread
     monkeypatch.setattr(runtime.cpu, "MIN_RUN_WORK", 1)
     fn, inputs = lowered(name, shapes)
     exe = Executable(fn)

@@ -150,7 +150,8 @@ def three_ways(case: tuple[int, int, int], cases: list = CASES) -> list[str]:
     run shared by the threads and cut as finely as it goes."""
     (name, make), n, threads = cases[case[0]], case[1], case[2]
     os.environ["DSLC_THREADS"] = str(threads)
-    cpu.MIN_RUN_WORK, cpu.MIN_CHUNK_WORK, contract.MIN_MULTIPLY_ADDS_PER_THREAD = 0, 1, 1
+    cpu.MIN_RUN_WORK, cpu.MIN_CHUNK_WORK = 0, 1
+    contract.MIN_MULTIPLY_ADDS_PER_THREAD = contract.IN_STEP_MULTIPLY_ADDS_PER_THREAD = 1
     fn, arrays = lowered(name, make(n))
     exe = Executable(fn)
     native, walked = exe.run(arrays), exe.walk(arrays)
