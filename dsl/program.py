@@ -220,14 +220,15 @@ class Program:
 
     def grad(self, name: str, wrt: str | tuple[str, ...], has_aux: bool = False):
         """grad(f, wrt=…) from Python: the gradient function of entry `name`."""
-        wanted = _grad_options(self._def(name), wrt, has_aux)
-        return lambda *args, **kwargs: self._grad(name, wanted, isinstance(wrt, str), has_aux,
-                                                  False, args, kwargs)
+        return self._gradient(name, wrt, has_aux, with_value=False)
 
     def value_and_grad(self, name: str, wrt: str | tuple[str, ...], has_aux: bool = False):
-        wanted = _grad_options(self._def(name), wrt, has_aux)
-        return lambda *args, **kwargs: self._grad(name, wanted, isinstance(wrt, str), has_aux,
-                                                  True, args, kwargs)
+        return self._gradient(name, wrt, has_aux, with_value=True)
+
+    def _gradient(self, name: str, wrt: str | tuple[str, ...], has_aux: bool, with_value: bool):
+        """The function of `name`'s arguments that _grad computes, its options checked now."""
+        wanted, one = _grad_options(self._def(name), wrt, has_aux), isinstance(wrt, str)
+        return lambda *args, **kwargs: self._grad(name, wanted, one, has_aux, with_value, args, kwargs)
 
     def _grad(self, name: str, wanted: tuple[str, ...], one: bool, has_aux: bool, with_value: bool,
               args: tuple, kwargs: dict) -> Any:
