@@ -18,6 +18,9 @@ import numpy as np
 from dsl.values import Key, Record
 
 MAX_SIGNATURES = 64         # per entry point: Python numbers that change each call would grow it
+# the containers a signature holds: sequences by their items, mappings (a record a call
+# returned, passed back in, is one) by their keys and values
+SEQUENCES, MAPPINGS = (tuple, list), (dict, Record)
 
 Check = Callable[[tuple, dict], "list | None"]
 
@@ -87,10 +90,10 @@ def _signature(value: Any, leaves: list, seen: dict[int, int]) -> Hashable | Non
         return value.shape, value.dtype, value.flags.c_contiguous
     # (lists, not generators: a names MLP step's arguments, 18 arrays in a record and a tuple
     # of records, took 13.8 µs to sign with generators, 9 with lists)
-    if t is tuple or t is list:
+    if t in SEQUENCES:
         parts = [_signature(v, leaves, seen) for v in value]
         return None if None in parts else (t, tuple(parts))
-    if t is dict or t is Record:        # (a record a call returned, passed back in)
+    if t in MAPPINGS:
         parts = [_signature(v, leaves, seen) for v in value.values()]
         return None if None in parts else (t, tuple(value), tuple(parts))
     if t is Key:
@@ -124,8 +127,8 @@ def compile_check(value: tuple, constants: list, slots: list[int | None]) -> Che
             leaves.append((v, x))
             lines.append(f"if {v}.shape != {x.shape!r} or {v}.dtype != {constant(x.dtype)} or "
                          f"{v}.flags.c_contiguous is not {x.flags.c_contiguous}: return None")
-        elif t is tuple or t is list or t is dict or t is Record:
-            mapping = t is dict or t is Record
+        elif t in SEQUENCES or t in MAPPINGS:
+            mapping = t in MAPPINGS
             items = list(x.values()) if mapping else list(x)
             parts = [f"{v}_{i}" for i in range(len(items))]
             lines.append(f"if len({v}) != {len(items)}: return None")
