@@ -369,10 +369,9 @@ def decided(k: LoopKernel, axis: int, start: int, stop: int) -> LoopKernel:
         if load is None or not any(a == axis for a, _, _ in load.window):
             return ins
         if not all(lo <= start and stop <= hi for a, lo, hi in load.window if a == axis):
-            return Instr(None, (), (("value", 0),), ins.dtype)
-        return Instr(ins.prim, ins.args, ins.attrs, ins.dtype,
-                     Load(load.buffer, load.strides, load.offset,
-                          tuple(w for w in load.window if w[0] != axis)))
+            return Instr.constant(0, ins.dtype)
+        return Instr.read(Load(load.buffer, load.strides, load.offset,
+                               tuple(w for w in load.window if w[0] != axis)), ins.dtype)
     if start == 0 and stop == k.shape[axis]:
         return k
     return dataclasses.replace(k, body=tuple(settled(ins) for ins in k.body))
