@@ -296,3 +296,12 @@ def pickled_call(fn, *args) -> bytes:
 def pickled_new(module: str, qualname: str) -> bytes:
     """A pickle that makes an object of the class module.qualname, which need not exist."""
     return b"\x80\x04c" + f"{module}\n{qualname}\n".encode() + b")\x81."
+
+
+def lowerings(prog, monkeypatch) -> list[str]:
+    """The entries prog checks and lowers from now on (the full path, not the fast path of
+    dsl/fastcall.py), in order."""
+    made: list[str] = []
+    full = prog._specialisation
+    monkeypatch.setattr(prog, "_specialisation", lambda *a: made.append(a[0]) or full(*a))
+    return made

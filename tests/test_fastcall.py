@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import dsl
-from conftest import raises
+from conftest import lowerings, raises
 from dsl.fastcall import Signatures, _signature, compile_check
 from dsl.values import Key, Record
 
@@ -107,18 +107,10 @@ def step(p: P, k: Key, x: f32[B, D], y: f32[B, H]) -> (P, Key, f32):
 """
 
 
-def counted(prog: dsl.Program, monkeypatch) -> list[str]:
-    """The entries prog checks and lowers from now on (the full path), in order."""
-    lowerings: list[str] = []
-    full = prog._specialisation
-    monkeypatch.setattr(prog, "_specialisation", lambda *a: lowerings.append(a[0]) or full(*a))
-    return lowerings
-
-
 def test_a_loop_that_passes_a_steps_records_and_keys_back_takes_the_fast_path(monkeypatch):
     prog = dsl.loads(LOOP, device="cpu")
     reference = dsl.loads(LOOP, device="cpu")
-    lowerings = counted(prog, monkeypatch)
+    made = lowerings(prog, monkeypatch)
     x, y = rng.standard_normal((8, 5)).astype(np.float32), rng.standard_normal((8, 3)).astype(np.float32)
     p, k = prog.init(dsl.key(0), 5, 3), dsl.key(1)
     q, j = p, k
@@ -127,22 +119,22 @@ def test_a_loop_that_passes_a_steps_records_and_keys_back_takes_the_fast_path(mo
         q, j, want = reference.step(dict(q), Key(j.words.copy()), x, y)   # plain dicts' bits
         assert type(p) is Record and type(k) is Key
         assert loss.tobytes() == want.tobytes() and p.W.tobytes() == q["W"].tobytes()
-    assert lowerings == ["init", "step"]
+    assert made == ["init", "step"]
 
 
 def test_a_gradient_from_python_takes_the_fast_path_with_the_full_paths_bits(monkeypatch):
     prog = dsl.loads(LOOP, device="cpu")
-    lowerings = counted(prog, monkeypatch)
+    made = lowerings(prog, monkeypatch)
     x, y = rng.standard_normal((8, 5)).astype(np.float32), rng.standard_normal((8, 3)).astype(np.float32)
     p = dict(prog.init(dsl.key(0), 5, 3))
     value_and_grad = prog.value_and_grad("loss", "p")
     first = value_and_grad(p, x, y)
     again = value_and_grad(p, x, y)
     other = prog.grad("loss", ("p", "x"))(p, x, y)
-    assert lowerings == ["init", "loss", "loss"]      # one lowering for each gradient
+    assert made == ["init", "loss", "loss"]      # one lowering for each gradient
     assert type(again[1]) is Record and again[1].keys() == {"W", "b"}
     assert all(first[1][f].tobytes() == again[1][f].tobytes() == other[0][f].tobytes() for f in "Wb")
     assert first[0].tobytes() == again[0].tobytes() and other[1].shape == x.shape
     value_and_grad(p, x[:4], y[:4])                   # a new batch size
-    assert lowerings[-1:] == ["loss"] and len(lowerings) == 4
+    assert made[-1:] == ["loss"] and len(made) == 4
     raises(lambda: value_and_grad(p, x.astype(np.float64), y), "argument 'x' of 'loss'", "got f64[8, 5]")

@@ -13,7 +13,7 @@ import pytest
 import dsl
 from backend import contract
 from backend.step import ScatterCall, TakeCall
-from conftest import isolated, raises
+from conftest import isolated, lowerings, raises
 from runtime import cpu
 from runtime.cpu import Executable
 from runtime.step import Native
@@ -246,16 +246,14 @@ def test_an_index_out_of_range_in_a_native_call_is_reported_as_the_walk_reports_
 
 def test_a_second_call_of_the_same_signature_is_not_lowered_again(monkeypatch):
     prog = program()
-    lowerings = []
-    lower = prog._specialisation                    # the full path: checked and lowered
-    monkeypatch.setattr(prog, "_specialisation", lambda *a: lowerings.append(a[0]) or lower(*a))
+    made = lowerings(prog, monkeypatch)
     x, W, b, V2 = floats(4, 7), floats(7, 13), floats(13), floats(13, 4)
     first = prog.mlp(x, W, b, V2)
     second = prog.mlp(x + 1, W, b, V2)
-    assert lowerings == ["mlp"]
+    assert made == ["mlp"]
     assert second.tobytes() == PROGRAM.mlp(x + 1, W, b, V2).tobytes() != first.tobytes()
     prog.mlp(floats(5, 7), W, b, V2)                # a new shape
-    assert lowerings == ["mlp"] * 2
+    assert made == ["mlp"] * 2
 
 
 def test_a_wrong_input_after_a_fast_call_gets_the_full_paths_diagnostic():
