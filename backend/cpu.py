@@ -217,6 +217,24 @@ def jit(key: tuple[str, ...], build: Callable[[], ir.Module | str], opt: int = 3
 _jitted: weakref.WeakValueDictionary[str, llvm.ExecutionEngine] = weakref.WeakValueDictionary()
 
 
+def routine(name: str, build: Callable[[ir.Module], None], *dtypes: str) -> int:
+    """The address of function `name`, which build adds to a module of its own (a routine the
+    runtime calls: a scatter, a gather, a strided copy, an argmax), compiled once for the
+    process and its engine kept; dtypes name what build's code depends on."""
+    engine = _routines.get((name, dtypes))
+    if engine is None:
+        def made() -> ir.Module:
+            module = ir.Module(name="_".join((name,) + dtypes))
+            module.triple = llvm.get_default_triple()
+            build(module)
+            return module
+        engine = _routines[(name, dtypes)] = jit((name,) + dtypes, made)
+    return engine.get_function_address(name)
+
+
+_routines: dict[tuple, llvm.ExecutionEngine] = {}   # kept for the process: called by address
+
+
 def object_code(key: tuple[str, ...], build: Callable[[], ir.Module | str], opt: int = 3,
                 codegen: int | None = None) -> bytes:
     """The host's object code for the module build() makes, as jit describes it: from the

@@ -58,7 +58,7 @@ from ir.ops.base import Primitive
 from ir.ops.index import Take
 from ir import philox
 from ir.ops.random import TWO_PI, Bernoulli, FoldIn, Key, KeySplit, Normal
-from ir.ops.reduce import ArgMax, ArgReduction
+from ir.ops.reduce import ArgReduction
 from ir.ops.shape import Concat, Split
 from ir.numerics import CHUNK, LANES
 
@@ -866,14 +866,7 @@ def _extreme_entry(module: ir.Module, prim: Primitive, dtype: str, annotations, 
     x, out, outer, n, inner = fn.args
     g = _Builder(fn, I64, target)
     b = g.b
-    order = ">" if isinstance(prim, ArgMax) else "<"
     best, where = g.slot(t), g.slot(I64)
-
-    def better(v: ir.Value, than: ir.Value) -> ir.Value:
-        if dtype not in ("f32", "f64", "f16"):
-            return (b.icmp_signed if dtype in ("i32", "i64") else b.icmp_unsigned)(order, v, than)
-        nan = lambda a: b.fcmp_unordered("uno", a, a)
-        return b.and_(b.not_(nan(than)), b.or_(nan(v), b.fcmp_ordered(order, v, than)))
 
     def result(e: ir.Value) -> None:
         j, o = b.urem(e, inner), b.udiv(e, inner)
@@ -884,7 +877,7 @@ def _extreme_entry(module: ir.Module, prim: Primitive, dtype: str, annotations, 
 
         def step(p: ir.Value) -> None:
             v = at(p)
-            wins = better(v, b.load(best))
+            wins = prim.wins(g.e, v, b.load(best), dtype)
             b.store(b.select(wins, v, b.load(best)), best)
             b.store(b.select(wins, p, b.load(where)), where)
 

@@ -29,6 +29,7 @@ from typing import Callable
 import numpy as np
 from llvmlite import ir
 
+from backend import cpu
 from backend.llvm import I64, SCALAR, loop
 from ir.core import Op
 from ir.interp import EvalError
@@ -109,35 +110,20 @@ def _build_take(module: ir.Module, index: str) -> None:
     b.ret(c(-1))
 
 
-@functools.cache
-def _function(dtype: str, index: str):
-    """The compiled function for these dtypes (object code from the cache when there)."""
-    engine = _engine("scatter_add", lambda module: _build(module, dtype, index), dtype, index)
-    fn = ctypes.CFUNCTYPE(ctypes.c_int64, *[ctypes.c_void_p] * 4, *[ctypes.c_int64] * 4)(
-        engine.get_function_address("scatter_add"))
-    return engine, fn
+def scatter_function(dtype: str, index: str) -> int:
+    """The address of scatter_add for values and indices of these dtypes."""
+    return cpu.routine("scatter_add", lambda module: _build(module, dtype, index), dtype, index)
 
 
 @functools.cache
+def _callable(dtype: str, index: str) -> Callable:
+    return ctypes.CFUNCTYPE(ctypes.c_int64, *[ctypes.c_void_p] * 4, *[ctypes.c_int64] * 4)(
+        scatter_function(dtype, index))
+
+
 def take_function(index: str) -> int:
-    """The address of take for indices of this dtype (its engine kept for the process)."""
-    return _engine("take", lambda module: _build_take(module, index), index).get_function_address("take")
-
-
-def _engine(name: str, build: Callable[[ir.Module], None], *dtypes: str):
-    from backend import cpu
-
-    def made() -> ir.Module:
-        module = ir.Module(name="_".join((name,) + dtypes))
-        module.triple = cpu.llvm.get_default_triple()
-        build(module)
-        return module
-
-    engine = _engines[(name, dtypes)] = cpu.jit((name,) + dtypes, made)
-    return engine
-
-
-_engines: dict[tuple, object] = {}      # kept for the process: their code is called by address
+    """The address of take for indices of this dtype."""
+    return cpu.routine("take", lambda module: _build_take(module, index), index)
 
 
 def evaluate(op: Op, inputs: list[np.ndarray]) -> list[np.ndarray] | None:
@@ -148,7 +134,7 @@ def evaluate(op: Op, inputs: list[np.ndarray]) -> list[np.ndarray] | None:
     if not isinstance(op.primitive, ScatterAdd) or out.dtype not in FLOATS or indices.dtype not in INDICES \
             or x.dtype != out.dtype or updates.dtype != out.dtype:
         return None
-    _, fn = _function(out.dtype, indices.dtype)
+    fn = _callable(out.dtype, indices.dtype)
     x, indices, updates = (np.ascontiguousarray(a) for a in inputs)
     axis = op.attrs.get("axis", 0) % x.ndim
     result = np.empty_like(x)

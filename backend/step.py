@@ -6,8 +6,9 @@ The frame is an array of i64 words that the runtime (runtime/step.py) fills: the
 team's entry and box, the functions' and tables' addresses, and the buffers' base addresses
 (an argument's, a result's, the arena's: a value is a base plus a fixed offset, a view's
 included). No address is in the code, so a module is the same in every process and comes
-from the compile cache. A segment returns 0, or 1 where a scatter met an index out of range
-(then the runtime runs the call again step by step, for the interpreter's diagnostic).
+from the compile cache. A segment returns 0, or 1 where a scatter or a gather met an index
+out of range (then the runtime runs the call again step by step, for the interpreter's
+diagnostic).
 
 A fold over a tensor whose body is native throughout is a loop here: each step writes the
 body's frame (its parameters: the states, the step's slices, the constants; its results: the
@@ -17,6 +18,7 @@ from __future__ import annotations
 import functools
 import hashlib
 from dataclasses import dataclass, replace
+from typing import Callable
 
 from llvmlite import ir
 
@@ -27,8 +29,9 @@ from runtime import cache
 
 I8P = ir.IntType(8).as_pointer()
 I64 = ir.IntType(64)
-TEAM_RUN, TEAM_BOX = 0, 1          # the frame's first words: team.run's address and its box
-HEADER = 2
+# the frame's first words: team.run's address and its box, and copy_rows's address
+TEAM_RUN, TEAM_BOX, COPY_ROWS = 0, 1, 2
+HEADER = 3
 
 _TASK = ir.FunctionType(ir.VoidType(), [I8P, I64, I64])
 # backend/contract.py's kernel: A, B, C, 11 sizes and strides, scratch, next_job, epilogue,
@@ -37,6 +40,10 @@ _KERNEL = ir.FunctionType(ir.VoidType(), [I8P] * 3 + [I64] * 11 + [I8P, I64.as_p
                                                                      I8P, I64, I64])
 KERNEL = ARGUMENTS + 1             # a product block's word for the kernel's address (outer)
 OUTER = ARGUMENTS + 8              # its words from here on: each outer axis's count and steps
+# copy_rows(destination, source, count, source stride, destination stride, row bytes)
+_COPY_ROWS = ir.FunctionType(ir.VoidType(), [I8P, I8P] + [I64] * 4)
+# rows of these bytes (a transpose's elements) are copied by a load and a store, not by memcpy
+ELEMENT_ROWS = (1, 2, 4, 8)
 _TEAM_RUN = ir.FunctionType(ir.VoidType(), [I64.as_pointer(), _TASK.as_pointer(), I8P, I64])
 
 
@@ -82,21 +89,27 @@ class ProductCall:
 
 
 @dataclass(frozen=True)
-class ScatterCall:
+class RoutineCall:
+    """A routine compiled for the process, called with addresses and sizes: it returns -1, or
+    at least 0 where an index is out of range, which ends the segment."""
+    function: int
+    operands: tuple[Ref, ...]
+    sizes: tuple[int, ...]
+
+
+class ScatterCall(RoutineCall):
     """A scatter_add (backend/scatter.py): out, x, indices and updates, and its sizes
     (outer, n, size, inner)."""
-    function: int
-    operands: tuple[Ref, Ref, Ref, Ref]
-    sizes: tuple[int, int, int, int]
 
 
-@dataclass(frozen=True)
-class TakeCall:
+class TakeCall(RoutineCall):
     """A take (backend/scatter.py): out, x and indices, and its sizes (outer, n, size,
     row_bytes, from_end)."""
-    function: int
-    operands: tuple[Ref, Ref, Ref]
-    sizes: tuple[int, int, int, int, int]
+
+
+class ExtremeCall(RoutineCall):
+    """An argmax or an argmin (backend/extreme.py): x and out, and its sizes (outer, n,
+    inner)."""
 
 
 @dataclass(frozen=True)
@@ -148,7 +161,7 @@ class AddressCall:
     field: int
 
 
-Call = RunCall | ProductCall | ScatterCall | TakeCall | CopyCall | ScanCall | AddressCall
+Call = RunCall | ProductCall | RoutineCall | CopyCall | ScanCall | AddressCall
 
 
 @dataclass(frozen=True)
@@ -178,7 +191,7 @@ def sized(segments: list[tuple[Call, ...]]) -> tuple[list[tuple[Call, ...]], lis
         if isinstance(c, ProductCall):
             return replace(c, operands=tuple(map(ref, c.operands)), parts=size(c.parts),
                            epilogue=c.epilogue and call(c.epilogue))
-        if isinstance(c, (ScatterCall, TakeCall)):
+        if isinstance(c, RoutineCall):
             return replace(c, operands=tuple(map(ref, c.operands)), sizes=tuple(map(size, c.sizes)))
         if isinstance(c, CopyCall):
             return CopyCall(ref(c.source), ref(c.destination),
@@ -257,7 +270,7 @@ class _Segment:
             elif isinstance(call, AddressCall):
                 self.addresses(call)
             else:
-                self.indexed(call)
+                self.routine(call)
 
     def word(self, i: int) -> ir.Value:
         return self.b.load(self.b.gep(self.frame, [ir.Constant(I64, i)]))
@@ -334,14 +347,14 @@ class _Segment:
             data = self.b.load(self.b.inttoptr(field, I64.as_pointer()))
             self.store(data, self.frame, word)
 
-    def indexed(self, call: ScatterCall | TakeCall) -> None:
-        """A scatter or a gather; a bad index ends the segment."""
+    def routine(self, call: RoutineCall) -> None:
+        """A routine's call; an index out of range ends the segment."""
         b = self.b
         type_ = ir.FunctionType(I64, [I8P] * len(call.operands) + [I64] * len(call.sizes))
         fn = self.pointer(call.function, type_.as_pointer())
         bad = b.call(fn, [b.inttoptr(self.address(r), I8P) for r in call.operands] +
                      [self.size(n) for n in call.sizes])
-        go_on = b.append_basic_block("scattered")
+        go_on = b.append_basic_block("routine_done")
         b.cbranch(b.icmp_signed(">=", bad, ir.Constant(I64, 0)), self.failed, go_on)
         b.position_at_end(go_on)
 
@@ -351,17 +364,25 @@ class _Segment:
                              size, ir.Constant(ir.IntType(1), 0)])
 
     def copy(self, call: CopyCall) -> None:
+        """The rows by nested loops, the innermost level's by copy_rows."""
         b = self.b
         levels, row = [[self.size(s) for s in level] for level in call.levels], self.size(call.row)
 
         def rows(level: int, source: ir.Value, destination: ir.Value) -> None:
-            if level == len(levels):
-                self.copy_bytes(destination, source, row)
+            if level == len(levels) - 1:
+                count, from_, to = levels[level]
+                b.call(self.pointer(COPY_ROWS, _COPY_ROWS.as_pointer()),
+                       [b.inttoptr(destination, I8P), b.inttoptr(source, I8P), count, from_, to, row])
                 return
             count, from_, to = levels[level]
             loop(b, ir.Constant(I64, 0), count, lambda r: rows(
                 level + 1, b.add(source, b.mul(r, from_)), b.add(destination, b.mul(r, to))))
-        rows(0, self.address(call.source), self.address(call.destination))
+
+        source, destination = self.address(call.source), self.address(call.destination)
+        if levels:
+            rows(0, source, destination)
+        else:
+            self.copy_bytes(destination, source, row)
 
     def scan(self, call: ScanCall) -> None:
         b = self.b
@@ -404,6 +425,36 @@ class _Segment:
             self.frame = outer
 
         loop(b, zero, length, step)
+
+
+@functools.cache
+def copy_rows() -> int:
+    """The address of `copy_rows`, compiled once (a segment is compiled at O0, and rows of an
+    element each, a transpose's, are a load and a store where a loop at O0 took five times as
+    long): count rows of `row` bytes, each `source stride` bytes after the last in the source,
+    `destination stride` in the destination."""
+    def build(module: ir.Module) -> None:
+        fn = ir.Function(module, _COPY_ROWS, name="copy_rows")
+        destination, source, count, from_, to, row = fn.args
+        b = ir.IRBuilder(fn.append_basic_block("entry"))
+        memcpy = module.declare_intrinsic("llvm.memcpy", [I8P, I8P, I64])
+
+        def rows(copy_row) -> None:
+            loop(b, ir.Constant(I64, 0), count, lambda r: copy_row(
+                b.gep(destination, [b.mul(r, to)]), b.gep(source, [b.mul(r, from_)])))
+            b.ret_void()
+
+        for bytes_ in ELEMENT_ROWS:
+            element, other = fn.append_basic_block(f"rows{bytes_}"), fn.append_basic_block()
+            b.cbranch(b.icmp_signed("==", row, ir.Constant(I64, bytes_)), element, other)
+            b.position_at_end(element)
+            pointer = ir.IntType(8 * bytes_).as_pointer()
+            rows(lambda to, from_: b.store(b.load(b.bitcast(from_, pointer), align=1),
+                                           b.bitcast(to, pointer), align=1))
+            b.position_at_end(other)
+        rows(lambda to, from_: b.call(memcpy, [to, from_, row, ir.Constant(ir.IntType(1), 0)]))
+
+    return cpu.routine("copy_rows", build)
 
 
 def _points_task(module: ir.Module, outer: int) -> ir.Function:

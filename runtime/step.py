@@ -15,18 +15,19 @@ from typing import Callable
 
 import numpy as np
 
-from backend import scatter
+from backend import extreme, scatter
 from backend.contract import ARGUMENTS, DATA_FIELD, NUMPY, Matmul, aligned
 from backend.cpu import address, sync_words
 from backend.schedule import ALIGN, ContractStep, HostStep, KernelStep, ViewStep, nbytes
-from backend.step import (HEADER, OUTER, TEAM_BOX, TEAM_RUN, AddressCall, Call, CopyCall,
-                          ProductCall, Ref, RunCall, ScanCall, ScatterCall, State, TakeCall,
-                          compile_segments)
+from backend.step import (COPY_ROWS, HEADER, OUTER, TEAM_BOX, TEAM_RUN, AddressCall, Call, CopyCall,
+                          ExtremeCall, ProductCall, Ref, RunCall, ScanCall, ScatterCall, State,
+                          TakeCall, compile_segments, copy_rows)
 from backend.team import MAX_THREADS, team
 from ir.core import Value
 from ir.ops.base import np_dtype
 from ir.ops.control import Scan
 from ir.ops.index import ScatterAdd, Take
+from ir.ops.reduce import ArgReduction
 from ir.ops.shape import Concat, Split, Stack
 from runtime import cpu, executor
 from runtime.cpu import (Executable, _Arena, _copy, _Host, _made_once, empty_aligned,
@@ -38,7 +39,6 @@ BYTE = np.dtype(np.uint8)
 # CPython's id of an object is its address: the first segment reads each argument's data
 # address from the array object itself (backend/step.py's AddressCall)
 BY_ID = sys.implementation.name == "cpython"
-MIN_ROW = 16                        # bytes of a copy's rows (with more than one level of them), at least
 
 
 @dataclass(frozen=True)
@@ -152,8 +152,8 @@ class NativeStep:
         elif _made_once(step):
             return []
         else:
-            call = (self._scatter(step.op) or self._take(step.op) or self._pieces(step.op)
-                    or self._scan(step.op))
+            call = (self._scatter(step.op) or self._take(step.op) or self._extreme(step.op)
+                    or self._pieces(step.op) or self._scan(step.op))
         return None if call is None else call if isinstance(call, list) else [call]
 
     def _fresh(self, values) -> None:
@@ -228,12 +228,11 @@ class NativeStep:
         (out,) = op.outputs
         if out.dtype not in scatter.FLOATS \
                 or indices.dtype not in scatter.INDICES or {x.dtype, updates.dtype} != {out.dtype} \
-                or not x.shape or any(v not in self.places for v in op.inputs) \
-                or (staged := self._contiguous(op.inputs)) is None:
+                or not x.shape or any(v not in self.places for v in op.inputs):
             return None
-        copies, refs = staged
+        copies, refs = self._contiguous(op.inputs)
         self._fresh([out])
-        fn = ctypes.cast(scatter._function(out.dtype, indices.dtype)[1], ctypes.c_void_p).value
+        fn = scatter.scatter_function(out.dtype, indices.dtype)
         axis = op.attrs.get("axis", 0) % len(x.shape)
         outer, size, inner = scatter.around(x.shape, axis)
         return [*copies, ScatterCall(self._static(lambda arena, frame: fn), (self._ref(out), *refs),
@@ -245,10 +244,9 @@ class NativeStep:
         x, indices = op.inputs
         (out,) = op.outputs
         if indices.dtype not in scatter.INDICES or not x.shape \
-                or any(v not in self.places for v in op.inputs) \
-                or (staged := self._contiguous(op.inputs)) is None:
+                or any(v not in self.places for v in op.inputs):
             return None
-        copies, refs = staged
+        copies, refs = self._contiguous(op.inputs)
         self._fresh([out])
         axis = op.attrs.get("axis", 0) % len(x.shape)
         outer, size, inner = scatter.around(x.shape, axis)
@@ -257,10 +255,24 @@ class NativeStep:
                                   (outer, prod(indices.shape), size, inner * np_dtype(x.dtype).itemsize,
                                    int(op.attrs.get("from_end", True))))]
 
-    def _contiguous(self, values) -> tuple[list[CopyCall], list[Ref]] | None:
+    def _extreme(self, op) -> list[CopyCall | ExtremeCall] | None:
+        if not isinstance(op.primitive, ArgReduction):
+            return None
+        (x,), (out,) = op.inputs, op.outputs
+        axis = op.attrs.get("axis")
+        outer, n, inner = (1, prod(x.shape), 1) if axis is None else scatter.around(x.shape, axis % len(x.shape))
+        if x.dtype not in extreme.DTYPES or x not in self.places:
+            return None
+        copies, (x_ref,) = self._contiguous([x])
+        self._fresh([out])
+        fn = extreme.function(op.primitive, x.dtype)
+        return [*copies, ExtremeCall(self._static(lambda arena, frame: fn), (x_ref, self._ref(out)),
+                                     (outer, n, inner))]
+
+    def _contiguous(self, values) -> tuple[list[CopyCall], list[Ref]]:
         """Where each value is read contiguously: where it lies, or (a strided view: an LSTM's
         outputs, batch-major, of its time-major fold) a buffer the frame holds that the call
-        copies it into first, with those copies; None where a copy would not pay (_copied)."""
+        copies it into first, with those copies."""
         copies, refs = [], []
         for v in values:
             placed = self.places[v][1]
@@ -268,8 +280,6 @@ class NativeStep:
                 refs.append(self._ref(v))
                 continue
             copy = _copied(placed, self._stand_in(v))
-            if copy is None:
-                return None
             held = Ref(self._static(lambda arena, frame, size=nbytes(v): frame.hold(size)))
             copies.append(CopyCall(self._ref(v), held, *copy))
             refs.append(held)
@@ -297,8 +307,6 @@ class NativeStep:
         # part made contiguous (a split's)
         copies = [None if view.size == 0 else _copied(self.places[part][1], view) if into
                   else _copied(view, self._stand_in(part)) for part, view in zip(parts, views)]
-        if any(c is None for c, view in zip(copies, views) if view.size):
-            return None
         self._fresh(op.outputs)
         whole_ref = self._ref(whole)
         calls = []
@@ -431,6 +439,7 @@ class NativeStep:
         words = frame.words
         if any(isinstance(x, Native) and x.team for x in self.items):    # (made on first use)
             words[TEAM_RUN], words[TEAM_BOX] = team().run_address, team().address
+        words[COPY_ROWS] = copy_rows()
         for word, fill in self.statics:
             words[word] = fill(arena, frame)
         for (word, _, _, step), block in zip(self.products, frame.blocks):
@@ -587,12 +596,10 @@ def _outer_axes(a: np.ndarray, b: np.ndarray, c: np.ndarray, points: int
 
 
 def _copied(source: np.ndarray, destination: np.ndarray
-            ) -> tuple[tuple[tuple[int, int, int], ...], int] | None:
+            ) -> tuple[tuple[tuple[int, int, int], ...], int]:
     """A copy of source's elements to destination's (of one shape, but for axes of one) as
     backend/step.py's CopyCall makes it: the levels of its loops and the bytes of its rows,
-    their axes merged where both sides step through them as one; None where it takes more
-    than one level of rows shorter than MIN_ROW bytes (each a call of memcpy: NumPy's strided
-    copy is faster)."""
+    their axes merged where both sides step through them as one."""
     levels = [(n, a, b) for (n, a), b in zip(
         [(n, a) for n, a in zip(source.shape, source.strides) if n != 1],
         [b for n, b in zip(destination.shape, destination.strides) if n != 1])]
@@ -605,7 +612,7 @@ def _copied(source: np.ndarray, destination: np.ndarray
             merged[-1] = (merged[-1][0] * n, a, b)
         else:
             merged.append((n, a, b))
-    return None if len(merged) > 1 and row < MIN_ROW else (tuple(merged), row)
+    return tuple(merged), row
 
 
 class _StandIns:

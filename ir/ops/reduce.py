@@ -304,7 +304,7 @@ class ArgReduction(Reduction):
     result_dtype = "i32"
     differentiable = False
     role = Role.HOST
-    host = "an index of an extreme is not compiled yet"
+    host = "an index of an extreme: a routine of the native step (backend/extreme.py), NumPy's in the walk"
 
     better: ClassVar[str]                    # the comparison an element must win: > or <
 
@@ -312,6 +312,15 @@ class ArgReduction(Reduction):
         if isinstance(axis, tuple):
             raise OpError(f"'{self.name}' takes one axis or None, got {axis}", "axis")
         return axis
+
+    def wins(self, e: Any, v: Any, best: Any, dtype: str) -> Any:
+        """Whether v, met after best in the walk along the axis, takes its place (the CPU's and
+        the GPU's extreme kernels, by the backend's emitter e): a NaN where best is a number,
+        else a strictly better number, so that the first extreme is kept."""
+        better = e.compare(self.better, v, best, dtype)
+        if dtype not in FLOAT_DTYPES:
+            return better
+        return e.and_(e.compare("==", best, best, dtype), e.or_(e.isnan(v), better))
 
     def mlir(self, w: Any, op: Any) -> list[str]:
         """A linalg.generic reducing the axis (of the flattened tensor for None) to the pair
