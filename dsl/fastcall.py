@@ -1,8 +1,9 @@
 """The fast path of an entry point's calls: a call whose arguments have the structure, shapes
-and dtypes (and Python numbers) of an earlier call that was checked and lowered reuses that
-lowering, its arrays passed through as they are. Anything else (a new shape, a wrong input, an
-argument that is not a NumPy array, a Python number or a container of them) takes the full
-path, with its diagnostics.
+and dtypes (and static Python numbers) of an earlier call that was checked and lowered reuses
+that lowering, its arrays passed through as they are, and a float that made an array of a
+float tensor (a learning rate) made into that array again. Anything else (a new shape, a wrong
+input, an argument that is not a NumPy array, a Python number or a container of them) takes
+the full path, with its diagnostics.
 
 A signature's check is compiled to Python, one straight line of tests a leaf, as the guards of
 PyTorch's dynamo are: a training loop calls with one signature over and over, and the check of
@@ -10,6 +11,7 @@ the signature last met costs a names MLP step's 18 arrays 3 µs where walking th
 key and looking that up cost 12."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable
 
@@ -17,31 +19,51 @@ import numpy as np
 
 from dsl.values import Key, Record
 
-MAX_SIGNATURES = 64         # per entry point: Python numbers that change each call would grow it
+MAX_SIGNATURES = 64         # per entry point: static numbers that change each call would grow it
 # the containers a signature holds: sequences by their items, mappings (a record a call
 # returned, passed back in, is one) by their keys and values
 SEQUENCES, MAPPINGS = (tuple, list), (dict, Record)
+# A float (Python's or NumPy's) passed for a float tensor, as a learning rate, makes the
+# call's array of that dtype: a signature holds it by its type, so that a schedule keeps one
+# signature. Each dtype's limit is the least magnitude beyond its range (from_python's error).
+MADE = {np.dtype(np.float32): 2.0 ** 128 - 2.0 ** 103, np.dtype(np.float64): math.inf}
 
 Check = Callable[[tuple, dict], "list | None"]
+# where a call's array comes from: leaf j of the signature, float number i made into an array
+# of a dtype, or a constant (made from numbers the signature holds by value)
+Source = int | tuple[int, np.dtype] | np.ndarray
 
 
 @dataclass
 class Known:
-    """A signature met before: what remember() was given, where the call's arrays come from
-    (leaf slots[i] of the signature, or constants[i] where that is None), and once the
-    signature is met again, its check (made then: a signature met once, as a number that
-    changes each call makes them, is not worth compiling)."""
+    """A signature met before: what remember() was given, where each of the call's arrays
+    comes from, the float numbers it holds by value (the others each call makes arrays of),
+    and once the signature is met again, its check (made then: a signature met once, as a
+    static number that changes each call makes them, is not worth compiling)."""
     lowered: Any
-    slots: list[int | None]
-    constants: list
+    sources: list[Source]
+    statics: tuple[tuple[int, str], ...]        # (number, its repr)
     check: Check | None = None
+
+    def arrays(self, leaves: list[np.ndarray], numbers: list) -> list[np.ndarray] | None:
+        """The call's arrays, from its leaves and numbers; None where a number is out of its
+        array's range."""
+        out = []
+        for source in self.sources:
+            if type(source) is tuple:
+                i, dtype = source
+                if MADE[dtype] <= abs(numbers[i]) < math.inf:
+                    return None
+                source = np.array(numbers[i], dtype)
+            out.append(leaves[source] if type(source) is int else source)
+        return out
 
 
 class Signatures:
     """The lowerings of an entry point's earlier calls, by their arguments' signature."""
 
     def __init__(self):
-        self._known: dict[Hashable, Known] = {}
+        self._known: dict[Hashable, list[Known]] = {}
         self._last: Known | None = None      # the signature last met again, checked first
 
     def get(self, args: tuple, kwargs: dict) -> tuple[Any, list] | None:
@@ -50,36 +72,57 @@ class Signatures:
         if last is not None and (arrays := last.check(args, kwargs)) is not None:
             return last.lowered, arrays
         leaves: list[np.ndarray] = []
-        key = _signature((args, kwargs), leaves, {})
-        known = self._known.get(key) if key is not None else None
-        if known is None:
+        numbers: list = []
+        key = _signature((args, kwargs), leaves, {}, numbers)
+        known = next((k for k in self._known.get(key, ()) if all(
+            repr(numbers[i]) == r for i, r in k.statics)), None) if key is not None else None
+        if known is None or (arrays := known.arrays(leaves, numbers)) is None:
             return None
         if known.check is None:
-            known.check = compile_check((args, kwargs), known.constants, known.slots)
+            known.check = compile_check((args, kwargs), known.sources, known.statics)
         self._last = known
-        return known.lowered, [leaves[j] if j is not None else c
-                               for j, c in zip(known.slots, known.constants)]
+        return known.lowered, arrays
 
-    def remember(self, args: tuple, kwargs: dict, lowered: Any, arrays: list) -> None:
+    def remember(self, args: tuple, kwargs: dict, lowered: Any, arrays: list,
+                 made: dict[int, Any]) -> None:
         """That a call of these arguments lowered to `lowered` and ran on `arrays`: each the
-        very array it was given, or one made from its Python numbers (the same each time)."""
+        very array it was given, or one made from its Python numbers (made[position], where
+        one number made it)."""
         leaves: list[np.ndarray] = []
-        key = _signature((args, kwargs), leaves, {})
+        numbers: list = []
+        key = _signature((args, kwargs), leaves, {}, numbers)
         if key is None:
             return
         position = {id(a): j for j, a in enumerate(leaves)}
-        slots = [position.get(id(a)) for a in arrays]
-        if {j for j in slots if j is not None} != set(range(len(leaves))):
+        number = {}                     # a float's position among numbers; -1 where it repeats
+        for i, n in enumerate(numbers):
+            number[id(n)] = -1 if id(n) in number else i
+        sources: list[Source] = []
+        for k, a in enumerate(arrays):
+            i = number.get(id(made[k]), -1) if k in made else -1
+            sources.append(position[id(a)] if id(a) in position else
+                           (i, a.dtype) if i >= 0 and a.dtype in MADE and a.shape == () else a)
+        if {s for s in sources if type(s) is int} != set(range(len(leaves))):
             return                      # an array was converted: its contents vary by call
-        if len(self._known) >= MAX_SIGNATURES:
-            del self._known[next(iter(self._known))]
-        self._known[key] = Known(lowered, slots, [None if j is not None else a for j, a in zip(slots, arrays)])
+        dynamic = {s[0] for s in sources if type(s) is tuple}
+        statics = tuple((i, repr(n)) for i, n in enumerate(numbers) if i not in dynamic)
+        known = [k for k in self._known.pop(key, []) if k.statics != statics]
+        if sum(map(len, self._known.values())) + len(known) >= MAX_SIGNATURES:
+            if known:
+                del known[0]
+            else:
+                oldest = next(iter(self._known))
+                del self._known[oldest][0]
+                if not self._known[oldest]:
+                    del self._known[oldest]
+        self._known[key] = known + [Known(lowered, sources, statics)]
 
 
-def _signature(value: Any, leaves: list, seen: dict[int, int]) -> Hashable | None:
-    """What the lowering of value depends on; its arrays appended to leaves (an array passed
-    twice appears once: the signature says where it repeats); None where it has something
-    the fast path does not know."""
+def _signature(value: Any, leaves: list, seen: dict[int, int], numbers: list) -> Hashable | None:
+    """What the lowering of value depends on, but its float numbers' values; its arrays
+    appended to leaves (an array passed twice appears once: the signature says where it
+    repeats) and its floats to numbers; None where it has something the fast path does not
+    know."""
     t = type(value)
     if t is np.ndarray:
         at = seen.get(id(value))
@@ -91,26 +134,30 @@ def _signature(value: Any, leaves: list, seen: dict[int, int]) -> Hashable | Non
     # (lists, not generators: a names MLP step's arguments, 18 arrays in a record and a tuple
     # of records, took 13.8 µs to sign with generators, 9 with lists)
     if t in SEQUENCES:
-        parts = [_signature(v, leaves, seen) for v in value]
+        parts = [_signature(v, leaves, seen, numbers) for v in value]
         return None if None in parts else (t, tuple(parts))
     if t in MAPPINGS:
-        parts = [_signature(v, leaves, seen) for v in value.values()]
+        parts = [_signature(v, leaves, seen, numbers) for v in value.values()]
         return None if None in parts else (t, tuple(value), tuple(parts))
     if t is Key:
-        words = _signature(value.words, leaves, seen)
+        words = _signature(value.words, leaves, seen, numbers)
         return None if words is None else (t, words)
-    if t is float or isinstance(value, np.generic):
-        return t, repr(value)              # (-0.0 is not 0.0, nor nan a miss each time)
+    if t is float or isinstance(value, np.floating):
+        numbers.append(value)
+        return t
+    if isinstance(value, np.generic):
+        return t, repr(value)
     if t is int or t is bool or t is str:
         return t, value
     return None
 
 
-def compile_check(value: tuple, constants: list, slots: list[int | None]) -> Check:
+def compile_check(value: tuple, sources: list[Source], statics: tuple[tuple[int, str], ...]) -> Check:
     """The check of value's signature as a Python function of a call's (args, kwargs): a test
     for each container and leaf that the signature holds, then the call's arrays in the order
-    of the lowering (leaf slots[i], or constants[i] where slots[i] is None)."""
-    lines, names, leaves = [], {}, []
+    of the lowering (from `sources`, statics' numbers tested by their repr)."""
+    lines, names, leaves, numbers = [], {}, [], []
+    by_value = dict(statics)
 
     def constant(x: Any) -> str:
         names[f"K{len(names)}"] = x
@@ -141,13 +188,28 @@ def compile_check(value: tuple, constants: list, slots: list[int | None]) -> Che
         elif t is Key:
             lines.append(f"{v}_words = {v}.words")
             test(f"{v}_words", x.words)
-        elif t is float or isinstance(x, np.generic):
+        elif t is float or isinstance(x, np.floating):
+            if len(numbers) in by_value:
+                lines.append(f"if repr({v}) != {constant(by_value[len(numbers)])}: return None")
+            numbers.append(v)
+        elif isinstance(x, np.generic):
             lines.append(f"if repr({v}) != {constant(repr(x))}: return None")
         else:                                           # int, bool, str
             lines.append(f"if {v} != {constant(x)}: return None")
 
+    def array(source: Source) -> str:
+        if type(source) is int:
+            return leaves[source][0]
+        if type(source) is not tuple:
+            return constant(source)
+        i, dtype = source
+        v = numbers[i]
+        if MADE[dtype] < math.inf:
+            lines.append(f"if {MADE[dtype]!r} <= abs({v}) < {constant(math.inf)}: return None")
+        return f"{constant(np.array)}({v}, {constant(dtype)})"
+
     test("v", value)
-    result = [leaves[j][0] if j is not None else constant(c) for j, c in zip(slots, constants)]
+    result = [array(source) for source in sources]
     source = "def check(args, kwargs):\n    v = (args, kwargs)\n" + "".join(
         f"    {line}\n" for line in lines) + f"    return [{', '.join(result)}]\n"
     exec(compile(source, "<dsl signature check>", "exec"), names)

@@ -8,7 +8,7 @@ import math
 import os
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, fields as dataclass_fields, is_dataclass
+from dataclasses import dataclass, field, fields as dataclass_fields, is_dataclass
 from typing import Any
 
 import numpy as np
@@ -69,10 +69,12 @@ def check_sizes(span, name: str, fn: Function, limit: int, bound: str) -> None:
 
 @dataclass(frozen=True)
 class Inputs:
-    """A call's arguments: their abstract values (the specialisation key) and their arrays."""
+    """A call's arguments: their abstract values (the specialisation key) and their arrays,
+    with the Python number each array made from one was made from, by its position."""
     abstract: list
     arrays: list[np.ndarray]
     arg_leaves: list[list[int]]
+    numbers: dict[int, Any] = field(default_factory=dict)
 
     @property
     def key(self) -> tuple:
@@ -126,12 +128,13 @@ def literal_default(p: ast.Param) -> Any:
 
 
 def from_python(b: Builder, value: Any, t: ast.TypeExpr, mod, where: str, arrays: list,
-                device: str = "cpu", params: Params = NO_PARAMS):
+                device: str = "cpu", params: Params = NO_PARAMS, numbers: dict | None = None):
     """The abstract value of a Python input for a parameter annotated t (a field of a record
     whose use gives `params`), for a program on `device`; arrays become parameters of b and are
-    appended to `arrays` in the same order."""
+    appended to `arrays` in the same order, and where one is made from a Python number, that
+    number is `numbers[its position]`."""
     if (arg := type_argument(t, params, where)) is not None:
-        return from_python(b, value, arg[0], arg[1], where, arrays, device, arg[2])
+        return from_python(b, value, arg[0], arg[1], where, arrays, device, arg[2], numbers)
     name = "/".join(t.name) if isinstance(t, ast.NamedType) else None
     if isinstance(t, ast.TensorTypeExpr) or name in NUMPY_DTYPES and name != "bool":
         dtype = t.dtype if isinstance(t, ast.TensorTypeExpr) else name
@@ -144,6 +147,8 @@ def from_python(b: Builder, value: Any, t: ast.TypeExpr, mod, where: str, arrays
         if dt is None:
             raise DslError(t.span, f"'{where}' must be an array of a dslc dtype "
                                    f"({', '.join(NUMPY_DTYPES)}), got {arr.dtype}")
+        if numbers is not None and isinstance(value, (bool, int, float, np.generic)):
+            numbers[len(arrays)] = value
         arrays.append(arr)
         param = b.param(tensor_type(dt, arr.shape))
         return TensorV(param.type, ir=param)
@@ -169,8 +174,8 @@ def from_python(b: Builder, value: Any, t: ast.TypeExpr, mod, where: str, arrays
             raise DslError(t.span, f"'{where}' must be a {'tuple' if items else 'list'}, got {kind(value)}")
         if items is not None and len(items) != len(value):
             raise DslError(t.span, f"'{where}' must be a tuple of {len(items)} items, got {len(value)}")
-        parts = [from_python(b, v, items[i] if items else t.args[0], mod, f"{where}[{i}]", arrays, device, params)
-                 for i, v in enumerate(value)]
+        parts = [from_python(b, v, items[i] if items else t.args[0], mod, f"{where}[{i}]", arrays, device,
+                             params, numbers) for i, v in enumerate(value)]
         return TupleV(tuple(parts)) if items is not None else ListV.of(parts)
     entity = lookup_type(t.name, mod)
     if entity is not None and entity.kind == "object":
@@ -191,7 +196,7 @@ def from_python(b: Builder, value: Any, t: ast.TypeExpr, mod, where: str, arrays
                 raise DslError(t.span, f"'{where}' lacks the field '{f.name}' of {record}",
                                [Note(f"the fields of {record} are {', '.join(names)}", entity.node.span)])
             fields.append((f.name, from_python(b, given[f.name], f.type, entity.module,
-                                               f"{where}.{f.name}", arrays, device, inner)))
+                                               f"{where}.{f.name}", arrays, device, inner, numbers)))
         return RecordV(record, tuple(fields), entity)
     raise DslError(t.span, f"a value of type '{name}' cannot be passed from Python")
 

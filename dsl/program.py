@@ -164,8 +164,8 @@ class Program:
         if spec is None:
             spec, inputs = self._specialisation(name, args, kwargs)
             derived = derive(spec, inputs)
-            signatures.remember(args, kwargs, (weakref.ref(spec), replace(inputs, arrays=[]), derived),
-                                inputs.arrays)
+            signatures.remember(args, kwargs, (weakref.ref(spec), replace(inputs, arrays=[], numbers={}),
+                                               derived), inputs.arrays, inputs.numbers)
             return spec, inputs, inputs.arrays, derived
         (_, inputs, derived), arrays = fast
         self._kept[name].use(spec)
@@ -555,13 +555,13 @@ class Program:
         return spec, inputs
 
     def _inputs(self, b: Builder, d: ast.Def, bound: dict[str, Any]) -> Inputs:
-        abstract, arrays, arg_leaves = [], [], []
+        abstract, arrays, arg_leaves, numbers = [], [], [], {}
         for p in d.params:
             start = len(arrays)
             abstract.append(from_python(b, bound[p.name], p.type, self._resolved.main, p.name, arrays,
-                                        self.device))
+                                        self.device, numbers=numbers))
             arg_leaves.append(list(range(start, len(arrays))))
-        return Inputs(abstract, arrays, arg_leaves)
+        return Inputs(abstract, arrays, arg_leaves, numbers)
 
     def _lowered(self, d: ast.Def, b: Builder, inputs: Inputs) -> Lowered:
         """d lowered for these inputs: from the program's entry in the on-disk cache

@@ -53,43 +53,79 @@ VALUES = [
 ]
 
 
-def arrays_of(args: tuple, kwargs: dict) -> list[np.ndarray]:
+def signed(args: tuple, kwargs: dict) -> tuple:
+    """The signature of a call's arguments, its arrays and its float numbers."""
     leaves: list[np.ndarray] = []
-    _signature((args, kwargs), leaves, {})
-    return leaves
+    numbers: list = []
+    return _signature((args, kwargs), leaves, {}, numbers), leaves, numbers
 
 
 @pytest.mark.parametrize("made, given", list(itertools.product(range(len(VALUES)), repeat=2)))
 def test_a_check_accepts_exactly_its_signature(made, given):
-    key = _signature(VALUES[made], [], {})
+    key, leaves, numbers = signed(*VALUES[made])
     if key is None:                     # never remembered: no check is made
         return
-    leaves = arrays_of(*VALUES[made])
-    check = compile_check(VALUES[made], [None] * len(leaves), list(range(len(leaves))))
+    statics = tuple((i, repr(n)) for i, n in enumerate(numbers))      # every number by value
+    check = compile_check(VALUES[made], list(range(len(leaves))), statics)
     got = check(*VALUES[given])
-    if _signature(VALUES[given], [], {}) != key:
+    other, leaves, numbers = signed(*VALUES[given])
+    if other != key or tuple((i, repr(n)) for i, n in enumerate(numbers)) != statics:
         assert got is None
     else:
-        assert [id(a) for a in got] == [id(a) for a in arrays_of(*VALUES[given])]
+        assert [id(a) for a in got] == [id(a) for a in leaves]
 
 
 def test_a_check_hands_back_the_arrays_in_the_lowerings_order_with_its_constants():
-    constant = np.float32(2.5)
+    constant = np.array(2.5, np.float32)
     args = ((A, B), {"n": 2.5})
-    check = compile_check(args, [None, constant, None], [1, None, 0])
+    check = compile_check(args, [1, constant, 0], ((0, "2.5"),))
     C, D = A + 1, B + 1
     assert [id(a) for a in check((C, D), {"n": 2.5})] == [id(D), id(constant), id(C)]
     assert check((C, D), {"n": 2.0}) is None
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_check_makes_the_array_of_a_float_it_holds_by_type(dtype):
+    """As from_python makes it: rounded to the dtype, NaN and infinities kept; a float beyond
+    the dtype's finite range (from_python's error) takes the full path."""
+    check = compile_check(((A,), {"lr": 0.5}), [0, (0, np.dtype(dtype))], ())
+    for lr in (0.1, -0.0, 1e-40, float("nan"), float("inf"), 3.4028235e38, 1e300):
+        got = check((A,), {"lr": lr})
+        if dtype is np.float32 and lr == 1e300:
+            assert got is None
+            continue
+        with np.errstate(over="ignore"):
+            want = np.asarray(lr).astype(dtype)
+        assert got[0] is A and got[1].shape == () and got[1].dtype == dtype
+        assert got[1].tobytes() == want.tobytes()
+    assert check((A,), {"lr": np.float32(0.1)}) is None       # another type: another signature
+    assert check((A,), {"lr": 1}) is None
+
+
 def test_the_signature_last_met_is_checked_first_and_another_is_still_found():
     signatures = Signatures()
     small, large = (A[:2].copy(), B), (A, B)
-    signatures.remember(small, {}, "small", list(small))
-    signatures.remember(large, {}, "large", list(large))
+    signatures.remember(small, {}, "small", list(small), {})
+    signatures.remember(large, {}, "large", list(large), {})
     assert signatures.get((A + 1, B), {})[0] == "large"
     assert signatures.get(small, {})[0] == "small"
     assert signatures.get((A, B.astype(np.float64)), {}) is None
+
+
+def test_a_float_that_made_an_array_is_held_by_type_and_one_that_did_not_by_value():
+    signatures = Signatures()
+    lr, scale, twice = 0.1, 2.0, 0.5
+    made = np.array(lr, np.float32)
+    # lr made the call's second array; scale made none (a static); twice made the third, but
+    # is also passed in a second place, where it made the fourth: which made which is unknown
+    args = (A, lr, scale, twice, twice)
+    signatures.remember(args, {}, "step", [A, made, np.array(twice), np.array(twice)],
+                        {1: lr, 2: twice, 3: twice})
+    lowered, arrays = signatures.get((A, 0.25, 2.0, twice, twice), {})
+    assert lowered == "step" and arrays[0] is A and arrays[1].tobytes() == np.float32(0.25).tobytes()
+    assert float(arrays[2]) == float(arrays[3]) == twice
+    assert signatures.get((A, 0.25, 3.0, twice, twice), {}) is None     # a static's new value
+    assert signatures.get((A, 0.25, 2.0, 0.75, 0.75), {}) is None       # held by value
 
 
 LOOP = """
@@ -138,3 +174,29 @@ def test_a_gradient_from_python_takes_the_fast_path_with_the_full_paths_bits(mon
     value_and_grad(p, x[:4], y[:4])                   # a new batch size
     assert made[-1:] == ["loss"] and len(made) == 4
     raises(lambda: value_and_grad(p, x.astype(np.float64), y), "argument 'x' of 'loss'", "got f64[8, 5]")
+
+
+SCHEDULED = LOOP + """
+def sgd(p: P, x: f32[B, D], y: f32[B, H], lr: f32, decay: float) -> P:
+  g = grad(loss, wrt=p)(p, x, y)
+  return P { W: p.W * decay - lr * g.W, b: p.b - lr * g.b }
+"""
+
+
+def test_a_learning_rate_schedule_of_python_floats_is_lowered_once(monkeypatch):
+    """lr, a float for an f32 tensor, is held by type: each call's value reaches the step,
+    with the bits of a 0-d array; decay, a static float, is held by value."""
+    prog = dsl.loads(SCHEDULED, device="cpu")
+    reference = dsl.loads(SCHEDULED, device="cpu")
+    made = lowerings(prog, monkeypatch)
+    x, y = rng.standard_normal((8, 5)).astype(np.float32), rng.standard_normal((8, 3)).astype(np.float32)
+    p = q = prog.init(dsl.key(0), 5, 3)
+    for t in range(5):
+        lr = 0.1 / (t + 1)
+        p = prog.sgd(p, x, y, lr, 0.99)
+        q = reference.sgd(q, x, y, np.array(lr, np.float32), 0.99)
+        assert p.W.tobytes() == q.W.tobytes() and p.b.tobytes() == q.b.tobytes()
+    assert made == ["init", "sgd"]
+    prog.sgd(p, x, y, 0.1, 0.98)
+    assert made == ["init", "sgd", "sgd"]
+    raises(lambda: prog.sgd(p, x, y, 1e300, 0.99), "'lr' must be f32: a number too large for f32")

@@ -306,7 +306,7 @@ def test_an_array_passed_twice_then_two_arrays_are_not_mixed_up():
     assert all(a.tobytes() == b.tobytes() for a, b in zip(got, want))
 
 
-def test_python_numbers_are_part_of_the_signature():
+def test_a_python_number_for_a_tensor_is_its_value_at_each_call():
     prog = dsl.loads("def f(x: f32[N], s: f32) -> f32[N]:\n  return x * s\n", device="cpu")
     x = floats(4)
     assert prog.f(x, 2.0).tobytes() == (x * 2).tobytes()
