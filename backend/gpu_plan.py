@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from backend import nvptx, persistent, scatter, tensorcore, views
+from backend import draws, nvptx, persistent, scatter, tensorcore, views
 from backend.llvm import SCALAR
 from backend.loops import Instr, Load, LoopKernel
 from backend.persistent import Call, Copy, FoldKernel, Place
@@ -20,7 +20,6 @@ from ir.core import Function, Op, Value
 from ir.interp import EvalError
 from ir.ops.base import Primitive, Role, np_dtype
 from ir.ops.index import ScatterAdd, Take
-from ir.ops.random import Bernoulli, FoldIn, Key, KeySplit, Normal, Uniform
 from ir.ops.reduce import ArgReduction
 from ir.ops.shape import Concat, Rearrange, Split
 from runtime import cache
@@ -122,19 +121,6 @@ def gpu_kernels(plan: Plan, name: str, numerics: str = "exact", fold: Op | None 
                       (persistent_fold,) if persistent_fold else ())
 
 
-def draw_bounds(op: Op) -> tuple[int, ...]:
-    """A uniform draw kernel's L, H and TOP (backend/nvptx.py), each the bits of a value of
-    the draw's dtype as a signed integer; nothing for bernoulli."""
-    if not isinstance(op.primitive, Uniform):
-        return ()
-    a = op.attrs
-    low, high, dtype = a.get("low", 0.0), a.get("high", 1.0), op.outputs[0].dtype
-    t = np_dtype(dtype)
-    signed = np.int64 if dtype == "f64" else np.int32
-    values = (t.type(low), t.type(high), Uniform.top(low, high, dtype))
-    return tuple(int(np.array(v, t).view(signed)) for v in values)
-
-
 @dataclass(frozen=True)
 class Product:
     """What a call of the contraction kernel (or, with mma, the tensor-core kernel, which
@@ -166,9 +152,9 @@ class Product:
 
 def gather_kernel(op: Op) -> tuple[Primitive, str] | None:
     """The gather kernel, (primitive, dtype), that runs a take, a concat or a split (of any
-    dtype: a copy), a scatter_add (of the values backend/scatter.py compiles for the CPU), a uniform or
-    bernoulli draw (f32 and f64: of its values, of bernoulli's p), a normal draw (f32), a key,
-    a key's split or fold_in (of i's dtype), or an argmax or argmin (of any dtype), else None."""
+    dtype: a copy), a scatter_add (of the values backend/scatter.py compiles for the CPU), a
+    draw or a key that backend/draws.py computes (of draws.dtype_of), or an argmax or argmin
+    (of any dtype), else None."""
     dtype = op.outputs[0].dtype if op.outputs else None
     if isinstance(op.primitive, Take) and dtype in SCALAR:
         return op.primitive, dtype
@@ -176,18 +162,10 @@ def gather_kernel(op: Op) -> tuple[Primitive, str] | None:
         return op.primitive, dtype
     if isinstance(op.primitive, Split) and dtype in SCALAR:
         return op.primitive, dtype
-    if isinstance(op.primitive, Uniform) and dtype in ("f32", "f64"):
-        return op.primitive, dtype
-    if isinstance(op.primitive, Normal) and dtype == "f32":
-        return op.primitive, dtype
-    if isinstance(op.primitive, (KeySplit, Key)):
-        return op.primitive, "u32"
-    if isinstance(op.primitive, FoldIn):
-        return op.primitive, op.inputs[1].dtype                  # (its kernel reads i)
+    if (op.primitive.random or isinstance(op.primitive, draws.KEYS)) and draws.dtype_of(op):
+        return op.primitive, draws.dtype_of(op)
     if isinstance(op.primitive, ArgReduction) and op.inputs[0].dtype in SCALAR:
         return op.primitive, op.inputs[0].dtype                  # (its kernel reads x)
-    if isinstance(op.primitive, Bernoulli) and op.inputs[1].dtype in ("f32", "f64"):
-        return op.primitive, op.inputs[1].dtype                  # (its kernel reads p)
     if isinstance(op.primitive, ScatterAdd) and dtype in scatter.FLOATS and \
             op.inputs[0].dtype == op.inputs[2].dtype == dtype:
         return op.primitive, dtype

@@ -48,16 +48,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 import llvmlite.binding as llvm
-import numpy as np
 from llvmlite import ir
 
-from backend import mathlib
+from backend import draws
 from backend.llvm import I8, I32, I64, SCALAR, Emitter, evaluate_body, memory_type, row_major, windowed
 from backend.loops import IDENTITY, Instr, LoopKernel
 from ir.ops.base import Primitive
 from ir.ops.index import Take
-from ir import philox
-from ir.ops.random import TWO_PI, Bernoulli, FoldIn, Key, KeySplit, Normal
 from ir.ops.reduce import ArgReduction
 from ir.ops.shape import Concat, Split
 from ir.numerics import CHUNK, LANES
@@ -890,164 +887,17 @@ def _extreme_entry(module: ir.Module, prim: Primitive, dtype: str, annotations, 
 
 # ---------------------------------------------------------------------------------------------
 # The draw kernels: uniform, bernoulli and normal; the key kernels: split, fold_in and key
-# (docs/random.md)
-
-KEYS = (KeySplit, FoldIn, Key)          # the primitives whose kernel makes keys
+# (docs/random.md), a thread per element, each computed as backend/draws.py says
 
 
-def _philox(b: ir.IRBuilder, index: ir.Value, key: ir.Value, domain: int = philox.DRAW) -> list[ir.Value]:
-    """The four words of the Philox 4x32-10 block for counter index + 2**96 * domain under
-    key[0], key[1] (ir/philox.py's block)."""
-    word = lambda v: ir.Constant(I32, v)
-    k0, k1 = (b.load(b.gep(key, [ir.Constant(I64, i)], inbounds=True), align=4) for i in (0, 1))
-    c = [b.trunc(index, I32), b.trunc(b.lshr(index, ir.Constant(I64, 32)), I32), word(0), word(domain)]
-
-    def mulhilo(m: int, x: ir.Value) -> tuple[ir.Value, ir.Value]:
-        product = b.mul(ir.Constant(I64, m), b.zext(x, I64))
-        return b.trunc(b.lshr(product, ir.Constant(I64, 32)), I32), b.trunc(product, I32)
-
-    for r in range(philox.ROUNDS):
-        if r:
-            k0, k1 = b.add(k0, word(philox.W0)), b.add(k1, word(philox.W1))
-        hi0, lo0 = mulhilo(philox.M0, c[0])
-        hi1, lo1 = mulhilo(philox.M1, c[2])
-        c = [b.xor(b.xor(hi1, c[1]), k0), lo1, b.xor(b.xor(hi0, c[3]), k1), lo0]
-    return c
-
-
-def _stream_word(b: ir.IRBuilder, key: ir.Value, s: ir.Value) -> ir.Value:
-    """Word s of the key's draw stream: word s % 4 of block s / 4."""
-    words = _philox(b, b.udiv(s, ir.Constant(I64, 4)), key)
-    return _pick(b, words, b.trunc(b.urem(s, ir.Constant(I64, 4)), I32))
-
-
-def _pick(b: ir.IRBuilder, words: list[ir.Value], r: ir.Value) -> ir.Value:
-    """words[r] for an i32 r in [0, len(words))."""
-    out = words[0]
-    for i, word in enumerate(words[1:], 1):
-        out = b.select(b.icmp_unsigned("==", r, ir.Constant(I32, i)), word, out)
-    return out
-
-
-def _unit32(b: ir.IRBuilder, w: ir.Value, plus_one: bool = False) -> ir.Value:
-    """unit32(w) = f32(w >> 8) * 2^-24 in [0, 1); with plus_one, unit32⁺ in (0, 1]."""
-    v = b.lshr(w, ir.Constant(I32, 8))
-    if plus_one:
-        v = b.add(v, ir.Constant(I32, 1))
-    return b.fmul(b.uitofp(v, SCALAR["f32"]), ir.Constant(SCALAR["f32"], 2.0 ** -24))
-
-
-def _unit(b: ir.IRBuilder, key: ir.Value, j: ir.Value, dtype: str) -> ir.Value:
-    """Element j's uniform value in [0, 1): unit32(s_j) for f32, unit64(s_2j, s_2j+1) for f64."""
-    if dtype == "f32":
-        return _unit32(b, _stream_word(b, key, j))
-    two = b.mul(j, ir.Constant(I64, 2))
-    lo, hi = (b.zext(_stream_word(b, key, s), I64) for s in (two, b.add(two, ir.Constant(I64, 1))))
-    v = b.lshr(b.or_(b.shl(hi, ir.Constant(I64, 32)), lo), ir.Constant(I64, 11))
-    return b.fmul(b.uitofp(v, SCALAR["f64"]), ir.Constant(SCALAR["f64"], 2.0 ** -53))
-
-
-def _rounded(b: ir.IRBuilder, f: Callable, x: ir.Value) -> ir.Value:
-    """f(x) for an f32 x, correctly rounded: mathlib's f64 f rounded to f32 (docs/random.md §5:
-    on every x a normal draw feeds it, that is RN of the exact value)."""
-    return b.fptrunc(f(b, b.fpext(x, SCALAR["f64"])), SCALAR["f32"])
-
-
-def _normal(b: ir.IRBuilder, key: ir.Value, j: ir.Value) -> ir.Value:
-    """Element j of an f32 normal draw: r cos(t) or r sin(t) of pair m = j >> 1, as j is even
-    or odd (docs/random.md §5). Words s_2m, s_2m+1 are words 0, 1 or 2, 3 of block m >> 1."""
-    f32 = SCALAR["f32"]
-    m = b.lshr(j, ir.Constant(I64, 1))
-    words = _philox(b, b.lshr(m, ir.Constant(I64, 1)), key)
-    second = b.trunc(b.and_(m, ir.Constant(I64, 1)), ir.IntType(1))
-    u1 = _unit32(b, b.select(second, words[2], words[0]), plus_one=True)
-    u2 = _unit32(b, b.select(second, words[3], words[1]))
-    sqrt = b.module.globals.get("llvm.sqrt.f32") or ir.Function(b.module, ir.FunctionType(f32, [f32]), "llvm.sqrt.f32")
-    r = b.call(sqrt, [b.fmul(ir.Constant(f32, -2.0), _rounded(b, mathlib.log, u1))])
-    t = b.fmul(ir.Constant(f32, float(TWO_PI[np.float32])), u2)
-    cos, sin = _rounded(b, mathlib.cos, t), _rounded(b, mathlib.sin, t)
-    odd = b.trunc(j, ir.IntType(1))
-    return b.fmul(r, b.select(odd, sin, cos))
-
-
-def _draw_entry(module: ir.Module, prim: Primitive, dtype: str, annotations, target: Target) -> None:
-    """A thread per element j of a draw of n elements from key (two u32 words):
-
-    void dslc_uniform_T(const u32 *key, T *out, i64 n, i64 low, i64 high, i64 top):
-        out[j] = min(L + (H - L) * u_j, TOP)        (T's bits of L, H, TOP as integers)
-    void dslc_bernoulli_T(const u32 *key, const T *p, bool *out, i64 n):
-        out[j] = unit32(s_j) < f32(p[0])           (T: p's dtype)
-    void dslc_normal_f32(const u32 *key, f32 *out, i64 n):
-        out[j] = r cos(t) or r sin(t), Box–Muller on pair j >> 1
-
-    TOP is the largest value below H where L < H, else +inf. Launched by gather_launch."""
-    t = SCALAR[dtype]
-    bernoulli, normal = isinstance(prim, Bernoulli), isinstance(prim, Normal)
-    params = [I32.as_pointer()] + ([t.as_pointer(), I8.as_pointer()] if bernoulli else [t.as_pointer()])
-    fn = _entry(module, gather_entry(prim, dtype), params + [I64] * (1 if bernoulli or normal else 4),
-                annotations, BLOCK)
+def _random_entry(module: ir.Module, prim: Primitive, dtype: str, annotations, target: Target) -> None:
+    """A thread per element of a draw or per key (backend/draws.py's functions, as entries).
+    Launched by gather_launch."""
+    fn = _entry(module, gather_entry(prim, dtype), draws.params(prim, dtype), annotations, BLOCK)
     g = _Builder(fn, I64, target)
-    b = g.b
-    if bernoulli:
-        key, p, out, n = fn.args
-        f32 = SCALAR["f32"]
-        p = b.load(p, align=_bytes(dtype))
-        threshold = b.fptrunc(p, f32) if dtype == "f64" else p
-        value_at = lambda j: b.zext(b.fcmp_ordered("<", _unit(b, key, j, "f32"), threshold), I8)
-    elif normal:
-        key, out, n = fn.args
-        value_at = lambda j: _normal(b, key, j)
-    else:
-        key, out, n, *bits = fn.args
-        as_value = lambda v: b.bitcast(v if dtype == "f64" else b.trunc(v, I32), t)
-        low, high, top = map(as_value, bits)
-        span = b.fsub(high, low)
-
-        def value_at(j: ir.Value) -> ir.Value:
-            x = b.fadd(low, b.fmul(span, _unit(b, key, j, dtype)))
-            return b.select(b.fcmp_ordered(">", x, top), top, x)
-
-    g.each_element(n, lambda j: b.store(value_at(j), b.gep(out, [j], inbounds=True)))
-    b.ret_void()
-
-
-def _key_entry(module: ir.Module, prim: Primitive, dtype: str, annotations, target: Target) -> None:
-    """The kernels that make keys, a thread per key j (two u32 words each):
-
-    void dslc_key_split_u32(const u32 *key, u32 *out, i64 n):
-        out[2j], out[2j + 1] = words 0, 1 of the block for counter j + 2**96 * SPLIT
-    void dslc_fold_in_T(const u32 *key, const T *i, u32 *out, i64 n):       (n = 1)
-        out[0], out[1] = words 0, 1 of the block for counter (i mod 2**64) + 2**96 * FOLD_IN
-    void dslc_key_u32(u32 *out, i64 n, i64 low, i64 high):                 (n = 1)
-        out[0], out[1] = low, high     (the seed's words)
-
-    T is i's dtype: a signed i is sign-extended to 64 bits, a u32 zero-extended. Launched by
-    gather_launch for the n keys."""
-    words = I32.as_pointer()
-    params = {KeySplit: [words, words], FoldIn: [words, memory_type(dtype).as_pointer(), words],
-              Key: [words]}[type(prim)]
-    fn = _entry(module, gather_entry(prim, dtype), params + [I64] * (3 if isinstance(prim, Key) else 1),
-                annotations, BLOCK)
-    g = _Builder(fn, I64, target)
-    b = g.b
-    if isinstance(prim, Key):
-        out, n, *seed = fn.args
-        made = lambda j: [b.trunc(w, I32) for w in seed]
-    elif isinstance(prim, FoldIn):
-        key, i, out, n = fn.args
-        extend = b.zext if dtype.startswith("u") else b.sext
-        made = lambda j: _philox(b, extend(b.load(i, align=_bytes(dtype)), I64) if dtype != "i64"
-                                 else b.load(i, align=8), key, philox.FOLD_IN)[:2]
-    else:
-        key, out, n = fn.args
-        made = lambda j: _philox(b, j, key, philox.SPLIT)[:2]
-
-    def key_at(j: ir.Value) -> None:
-        for w, word in enumerate(made(j)):
-            b.store(word, b.gep(out, [b.add(b.mul(j, g.c(2)), g.c(w))], inbounds=True), align=4)
-
-    g.each_element(n, key_at)
-    b.ret_void()
+    n, store = draws.elements(g.b, prim, dtype, fn.args)
+    g.each_element(n, store)
+    g.b.ret_void()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1074,9 +924,9 @@ def module_ir(kernels: list[LoopKernel], matmuls: tuple[str, ...] = (), target: 
         for t in TILES:
             _matmul_entry(module, dtype, annotations, t, target)
     for prim, dtype in gathers:
-        entry = (_slab_entry if isinstance(prim, (Concat, Split)) else _key_entry if isinstance(prim, KEYS)
-                 else _extreme_entry if isinstance(prim, ArgReduction) else _draw_entry if prim.random
-                 else _gather_entry)
+        entry = (_slab_entry if isinstance(prim, (Concat, Split))
+                 else _random_entry if isinstance(prim, draws.KEYS) or prim.random
+                 else _extreme_entry if isinstance(prim, ArgReduction) else _gather_entry)
         entry(module, prim, dtype, annotations, target)
     return module
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import functools
 import hashlib
 from dataclasses import dataclass, replace
-from typing import Callable
 
 from llvmlite import ir
 
@@ -105,6 +104,11 @@ class ScatterCall(RoutineCall):
 class TakeCall(RoutineCall):
     """A take (backend/scatter.py): out, x and indices, and its sizes (outer, n, size,
     row_bytes, from_end)."""
+
+
+class DrawCall(RoutineCall):
+    """A draw or a key's split or fold_in (backend/draws.py): its inputs and out, and its
+    sizes (n, and a uniform draw's bounds)."""
 
 
 class ExtremeCall(RoutineCall):

@@ -34,11 +34,10 @@ from typing import Any
 
 import numpy as np
 
-from backend import nvptx, scatter
+from backend import draws, nvptx, scatter
 from backend.gpu_plan import (
     Product,
     compile_ptx,
-    draw_bounds,
     gather_rows,
     gpu_kernels,
     gpu_schedule,
@@ -738,7 +737,7 @@ class Executable:
         if id(op) in self.constants:
             env.update(zip(op.outputs, self.constants[id(op)]))
             return
-        if isinstance(op.primitive, nvptx.KEYS):
+        if isinstance(op.primitive, draws.KEYS):
             self.make_key(op, env)
             return
         if isinstance(op.primitive, ArgReduction) and id(op) in self.gathers:
@@ -816,7 +815,7 @@ class Executable:
         env[out] = result = self.empty(out, f"the result of {shape.entry}")
         if shape.extent:
             self._launch(shape.entry, (shape.grid, 1, 1), shape.block,
-                         [env[v].ptr for v in op.inputs] + [result.ptr], [n, *draw_bounds(op)])
+                         [env[v].ptr for v in op.inputs] + [result.ptr], [n, *draws.bounds(op)])
 
     def fold(self, op: Op, body: Executable, env: dict[Value, DeviceArray]) -> None:
         """A scan (Scan.run's meaning) on the device: its body's executable run step by step

@@ -15,18 +15,19 @@ from typing import Callable
 
 import numpy as np
 
-from backend import extreme, scatter
+from backend import draws, extreme, scatter
 from backend.contract import ARGUMENTS, DATA_FIELD, NUMPY, Matmul, aligned
 from backend.cpu import address, sync_words
 from backend.schedule import ALIGN, ContractStep, HostStep, KernelStep, ViewStep, nbytes
 from backend.step import (COPY_ROWS, HEADER, OUTER, TEAM_BOX, TEAM_RUN, AddressCall, Call, CopyCall,
-                          ExtremeCall, ProductCall, Ref, RunCall, ScanCall, ScatterCall, State,
+                          DrawCall, ExtremeCall, ProductCall, Ref, RunCall, ScanCall, ScatterCall, State,
                           TakeCall, compile_segments, copy_rows)
 from backend.team import MAX_THREADS, team
 from ir.core import Value
 from ir.ops.base import np_dtype
 from ir.ops.control import Scan
 from ir.ops.index import ScatterAdd, Take
+from ir.ops.random import KeySplit
 from ir.ops.reduce import ArgReduction
 from ir.ops.shape import Concat, Split, Stack
 from runtime import cpu, executor
@@ -153,7 +154,7 @@ class NativeStep:
             return []
         else:
             call = (self._scatter(step.op) or self._take(step.op) or self._extreme(step.op)
-                    or self._pieces(step.op) or self._scan(step.op))
+                    or self._random(step.op) or self._pieces(step.op) or self._scan(step.op))
         return None if call is None else call if isinstance(call, list) else [call]
 
     def _fresh(self, values) -> None:
@@ -268,6 +269,24 @@ class NativeStep:
         fn = extreme.function(op.primitive, x.dtype)
         return [*copies, ExtremeCall(self._static(lambda arena, frame: fn), (x_ref, self._ref(out)),
                                      (outer, n, inner))]
+
+    def _random(self, op) -> list[CopyCall | DrawCall] | None:
+        """A draw, or a key's split or fold_in, by its function; a split's keys written into a
+        buffer the frame holds, then copied to their places."""
+        if not (op.primitive.random or isinstance(op.primitive, draws.KEYS)) \
+                or (dtype := draws.dtype_of(op)) is None or any(v not in self.places for v in op.inputs):
+            return None
+        copies, refs = self._contiguous(op.inputs)
+        self._fresh(op.outputs)
+        fn = draws.function(op.primitive, dtype)
+        split = isinstance(op.primitive, KeySplit)
+        out = Ref(self._static(lambda arena, frame, size=8 * len(op.outputs): frame.hold(size))) \
+            if split else self._ref(op.outputs[0])
+        n = len(op.outputs) if split else prod(op.outputs[0].shape)
+        keys = [CopyCall(Ref(out.word, 8 * j), self._ref(v), (), 8) for j, v in enumerate(op.outputs)] \
+            if split else []
+        return [*copies, DrawCall(self._static(lambda arena, frame: fn), (*refs, out),
+                                  (n, *draws.bounds(op))), *keys]
 
     def _contiguous(self, values) -> tuple[list[CopyCall], list[Ref]]:
         """Where each value is read contiguously: where it lies, or (a strided view: an LSTM's

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import dsl
+from dsl.train import DEFAULTS, Model, batch_indices, step_key
 from backend import contract
 from backend.step import ScatterCall, TakeCall
 from conftest import isolated, lowerings, raises
@@ -98,6 +99,14 @@ def extremes(x: f32[A, 5], y: f64[5, A], i: i32[A, 3], l: i64[A, 4], u: u32[A, 2
 def extreme_all(x: f32[A, 3]) -> (i32, i32):
   return argmax(x), argmin(x * 2.0)
 
+def drawn(k: Key, p: f32, q: f64, i: i32, x: f32[A, 3]
+          ) -> (f32[A, 3], f64[A], bool[A, 3], bool[A], f32[A, 2], Key, f32[A, 3]):
+  ks = split(k, 3)
+  j = fold_in(ks[2], i)
+  return (uniform(ks[0], [A, 3], -1.0, 2.0) * x, uniform(ks[1], [A], 0.5, 0.5, f64),
+          bernoulli(j, p, [A, 3]), bernoulli(ks[0], q, [A]), normal(j, [A, 2]),
+          fold_in(j, cast(i, i64)), x * 2.0)
+
 def running(xs: f32[T, N], w: f32[N]) -> (f32[N], f32[N], f32[N], f32[T, 2 * N], f32[T]):
   stacked, means = fold x in xs with total = 0.0, top = zeros([N]) - 1e9, kept = w:
     total = total + x * w
@@ -154,7 +163,9 @@ CASES = [("mlp", lambda n: [floats(n, 7), floats(7, 13), floats(13), floats(13, 
                                  indices(3, n, 3), indices(4, n, 4).astype(np.int64),
                                  rng.integers(0, 2 ** 32, (n, 2), dtype=np.uint32),
                                  rng.random((n, 2)) < 0.5]),
-         ("extreme_all", lambda n: [awkward(n + 1, 3)])]
+         ("extreme_all", lambda n: [awkward(n + 1, 3)]),
+         ("drawn", lambda n: [dsl.key(n), np.array(0.3, np.float32), np.array(0.6), np.array(-n, np.int32),
+                              floats(n, 3)])]
 # folds whose compiled gradients are not the interpreter's bits: checked against the walk's
 # (a Python loop calling the compiled body)
 LOOPS = [("lstm_grad", lambda n: [cell(3, 5), floats(n, 2, 3), floats(2, 5), floats(2, 5)]),
@@ -248,7 +259,7 @@ def test_a_fold_whose_body_is_native_is_a_loop_in_the_native_call(entry, args, w
     assert segments(Executable(lowered(entry, args)[0])) == want
 
 
-def test_a_names_mlp_step_is_one_native_call():
+def test_a_names_mlp_steps_calls_are_the_ones_it_needs():
     prog = dsl.load(str(EXAMPLES / "names_mlp.bend"), device="cpu")
     B, T, E, H, V = 32, 3, 10, 200, 27
     p = {"C": floats(V, E), "W1": floats(T * E, H), "b1": floats(H), "W2": floats(H, V),
@@ -260,6 +271,23 @@ def test_a_names_mlp_step_is_one_native_call():
     assert segments(exe) == ["TakeCall ProductCall ProductCall RunCall TakeCall RunCall ProductCall "
                              "ProductCall RunCall ProductCall ProductCall ScatterCall RunCall"]
     assert exe.native.items[0].function is not None
+
+
+@pytest.mark.parametrize("example", ["xor", "names_mlp", "lstm_chars", "cnn_digits", "resnet_digits",
+                                     "bert", "gpt"])
+def test_every_examples_training_step_is_one_native_call(example):
+    """dslc train's step of each example, at its batch size: argmaxes, draws, keys, folds,
+    gathers, scatters, concats of views, all in the one call."""
+    model = Model(str(EXAMPLES / f"{example}.bend"), device="cpu")
+    p, s = model.init(0)
+    split = model.split("train")
+    size = {**DEFAULTS, **model.loader.settings}["batch_size"]
+    batch = split.fetch(batch_indices(0, 0, split.size, size))
+    args = model.bind("step", (p, s) if model.has["init_opt"] else (p,), batch, model.hyper(0),
+                      step_key(0, 0))
+    low, _ = model.prog.lower("step", (), args)
+    exe = model.prog.executable(low.function)
+    assert len(exe.native.items) == 1 and isinstance(exe.native.items[0], Native), segments(exe)
 
 
 @pytest.mark.parametrize("entry, args, call, message", [
