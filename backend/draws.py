@@ -103,7 +103,7 @@ def _keys(b: ir.IRBuilder, prim: Primitive, dtype: str, args: list[ir.Value]
         key, i, out, n = args
         extend = b.zext if dtype.startswith("u") else b.sext
         made = lambda j: _philox(b, extend(b.load(i, align=_bytes(dtype)), I64) if dtype != "i64"
-                                      else b.load(i, align=8), key, philox.FOLD_IN)[:2]
+                                 else b.load(i, align=8), key, philox.FOLD_IN)[:2]
     else:
         key, out, n = args
         made = lambda j: _philox(b, j, key, philox.SPLIT)[:2]

@@ -162,7 +162,7 @@ def gather_kernel(op: Op) -> tuple[Primitive, str] | None:
         return op.primitive, dtype
     if isinstance(op.primitive, Split) and dtype in SCALAR:
         return op.primitive, dtype
-    if (op.primitive.random or isinstance(op.primitive, draws.KEYS)) and draws.dtype_of(op):
+    if op.primitive.random and draws.dtype_of(op):
         return op.primitive, draws.dtype_of(op)
     if isinstance(op.primitive, ArgReduction) and op.inputs[0].dtype in SCALAR:
         return op.primitive, op.inputs[0].dtype                  # (its kernel reads x)

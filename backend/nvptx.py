@@ -925,7 +925,7 @@ def module_ir(kernels: list[LoopKernel], matmuls: tuple[str, ...] = (), target: 
             _matmul_entry(module, dtype, annotations, t, target)
     for prim, dtype in gathers:
         entry = (_slab_entry if isinstance(prim, (Concat, Split))
-                 else _random_entry if isinstance(prim, draws.KEYS) or prim.random
+                 else _random_entry if prim.random
                  else _extreme_entry if isinstance(prim, ArgReduction) else _gather_entry)
         entry(module, prim, dtype, annotations, target)
     return module

@@ -260,10 +260,10 @@ class NativeStep:
         if not isinstance(op.primitive, ArgReduction):
             return None
         (x,), (out,) = op.inputs, op.outputs
-        axis = op.attrs.get("axis")
-        outer, n, inner = (1, prod(x.shape), 1) if axis is None else scatter.around(x.shape, axis % len(x.shape))
         if x.dtype not in extreme.DTYPES or x not in self.places:
             return None
+        axis = op.attrs.get("axis")
+        outer, n, inner = (1, prod(x.shape), 1) if axis is None else scatter.around(x.shape, axis % len(x.shape))
         copies, (x_ref,) = self._contiguous([x])
         self._fresh([out])
         fn = extreme.function(op.primitive, x.dtype)
@@ -273,20 +273,18 @@ class NativeStep:
     def _random(self, op) -> list[CopyCall | DrawCall] | None:
         """A draw, or a key's split or fold_in, by its function; a split's keys written into a
         buffer the frame holds, then copied to their places."""
-        if not (op.primitive.random or isinstance(op.primitive, draws.KEYS)) \
-                or (dtype := draws.dtype_of(op)) is None or any(v not in self.places for v in op.inputs):
+        if not op.primitive.random or (dtype := draws.dtype_of(op)) is None \
+                or any(v not in self.places for v in op.inputs):
             return None
         copies, refs = self._contiguous(op.inputs)
         self._fresh(op.outputs)
-        fn = draws.function(op.primitive, dtype)
-        split = isinstance(op.primitive, KeySplit)
-        out = Ref(self._static(lambda arena, frame, size=8 * len(op.outputs): frame.hold(size))) \
-            if split else self._ref(op.outputs[0])
-        n = len(op.outputs) if split else prod(op.outputs[0].shape)
-        keys = [CopyCall(Ref(out.word, 8 * j), self._ref(v), (), 8) for j, v in enumerate(op.outputs)] \
-            if split else []
-        return [*copies, DrawCall(self._static(lambda arena, frame: fn), (*refs, out),
-                                  (n, *draws.bounds(op))), *keys]
+        fn = self._static(lambda arena, frame, fn=draws.function(op.primitive, dtype): fn)
+        if not isinstance(op.primitive, KeySplit):
+            (out,) = op.outputs
+            return [*copies, DrawCall(fn, (*refs, self._ref(out)), (prod(out.shape), *draws.bounds(op)))]
+        keys = Ref(self._static(lambda arena, frame, size=8 * len(op.outputs): frame.hold(size)))
+        return [*copies, DrawCall(fn, (*refs, keys), (len(op.outputs),)),
+                *(CopyCall(Ref(keys.word, 8 * j), self._ref(v), (), 8) for j, v in enumerate(op.outputs))]
 
     def _contiguous(self, values) -> tuple[list[CopyCall], list[Ref]]:
         """Where each value is read contiguously: where it lies, or (a strided view: an LSTM's

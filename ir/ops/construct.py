@@ -94,7 +94,7 @@ class Arange(Primitive):
         (wrapping to dtype); a float start + i * (second - start) in f32 (f64 for f64) from the
         first two elements rounded to dtype, and those two as they are."""
         a, b = statics(op), w.body
-        (start, stop), step, dtype = map(int, _range(a["start"], a["stop"])), a["step"], a["dtype"]
+        (start, _), step, dtype = map(int, _range(a["start"], a["stop"])), a["step"], a["dtype"]
 
         def element(args: list) -> list:
             i = b.from_index(b.position(0), "i64")

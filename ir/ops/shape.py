@@ -105,7 +105,7 @@ class Transpose(Primitive):
         return (b.emit("transpose", cts[0], perm=tuple(int(i) for i in np.argsort(axes))),)
 
     def mlir(self, w: Any, op: Any) -> list[str]:
-        (x,), out = op.inputs, op.outputs[0]
+        (x,) = op.inputs
         perm = statics(op)["perm"]
         perm = tuple(reversed(range(len(x.shape)))) if perm is None else \
             normalize_axes(perm, len(x.shape), "x")
