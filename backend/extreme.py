@@ -9,13 +9,23 @@ specialises), and out [outer, inner], both contiguous; each result walks its lin
 in order. The result is -1 (a routine's, backend/step.py's RoutineCall: nothing fails)."""
 from __future__ import annotations
 
+from math import prod
+
 from llvmlite import ir
 
-from backend import cpu
+from backend import cpu, scatter
 from backend.llvm import I32, I64, Emitter, loop, memory_type
+from ir.core import Op
 from ir.ops.reduce import ArgReduction
 
 DTYPES = ("f32", "f64", "i32", "i64", "u32", "bool")
+
+
+def around(op: Op) -> tuple[int, int, int]:
+    """op's x as [outer, n, inner] about its axis (the flattened tensor for None): the sizes
+    this routine and the GPU's extreme kernel take."""
+    (x,), axis = op.inputs, op.attrs.get("axis")
+    return (1, prod(x.shape), 1) if axis is None else scatter.around(x.shape, axis % len(x.shape))
 
 
 def function(prim: ArgReduction, dtype: str) -> int:

@@ -162,8 +162,8 @@ def gather_kernel(op: Op) -> tuple[Primitive, str] | None:
         return op.primitive, dtype
     if isinstance(op.primitive, Split) and dtype in SCALAR:
         return op.primitive, dtype
-    if op.primitive.random and draws.dtype_of(op):
-        return op.primitive, draws.dtype_of(op)
+    if op.primitive.random and (random := draws.dtype_of(op)):
+        return op.primitive, random
     if isinstance(op.primitive, ArgReduction) and op.inputs[0].dtype in SCALAR:
         return op.primitive, op.inputs[0].dtype                  # (its kernel reads x)
     if isinstance(op.primitive, ScatterAdd) and dtype in scatter.FLOATS and \

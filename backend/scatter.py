@@ -126,15 +126,23 @@ def take_function(index: str) -> int:
     return cpu.routine("take", lambda module: _build_take(module, index), index)
 
 
-def evaluate(op: Op, inputs: list[np.ndarray]) -> list[np.ndarray] | None:
-    """op's outputs where it is a scatter_add this module compiles (float values of one dtype,
-    i32 or i64 indices), else None. An index out of range is the interpreter's EvalError."""
+def compiles(op: Op) -> bool:
+    """Whether op is a scatter_add this module compiles: float values of one dtype, i32 or i64
+    indices."""
+    if not isinstance(op.primitive, ScatterAdd):
+        return False
     x, indices, updates = op.inputs
-    (out,) = op.outputs
-    if not isinstance(op.primitive, ScatterAdd) or out.dtype not in FLOATS or indices.dtype not in INDICES \
-            or x.dtype != out.dtype or updates.dtype != out.dtype:
+    return op.outputs[0].dtype in FLOATS and indices.dtype in INDICES \
+        and x.dtype == updates.dtype == op.outputs[0].dtype
+
+
+def evaluate(op: Op, inputs: list[np.ndarray]) -> list[np.ndarray] | None:
+    """op's outputs where this module compiles it, else None. An index out of range is the
+    interpreter's EvalError."""
+    if not compiles(op):
         return None
-    fn = _callable(out.dtype, indices.dtype)
+    (out,) = op.outputs
+    fn = _callable(out.dtype, op.inputs[1].dtype)
     x, indices, updates = (np.ascontiguousarray(a) for a in inputs)
     axis = op.attrs.get("axis", 0) % x.ndim
     result = np.empty_like(x)

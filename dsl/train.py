@@ -921,7 +921,7 @@ def share(order: np.ndarray, team: distributed.Team) -> np.ndarray:
 def _runtime_number(p: ast.Param, value: Any) -> Any:
     """A Python number for a float scalar parameter (a learning rate) as the 0-d array a call
     makes of it, made here: a value that changes by step (a schedule) then keeps the call's
-    signature (dsl/fastcall.py), of which a Python number is a part."""
+    signature (dsl/fastcall.py), which holds a float by its type but an int by its value."""
     if type(value) in (int, float) and isinstance(p.type, ast.NamedType) \
             and len(p.type.name) == 1 and p.type.name[0] in FLOAT_DTYPES:
         return array_from_python(value, p.type.name[0], p.type, p.name)

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from backend import draws, nvptx, scatter
+from backend import draws, extreme, nvptx, scatter
 from backend.gpu_plan import (
     Product,
     compile_ptx,
@@ -863,8 +863,7 @@ class Executable:
     def extreme(self, op: Op, env: dict[Value, DeviceArray]) -> None:
         """argmax or argmin by its kernel; of an empty axis, the interpreter's error."""
         (x,), (out,) = op.inputs, op.outputs
-        axis = op.attrs.get("axis")
-        outer, n, inner = (1, math.prod(x.shape), 1) if axis is None else scatter.around(x.shape, axis % len(x.shape))
+        outer, n, inner = extreme.around(op)
         if n == 0 and outer * inner:
             interp.evaluate(op, [np.empty(x.shape, np_dtype(x.dtype))])     # (raises its EvalError)
         shape = nvptx.gather_launch(*self.gathers[id(op)], outer * inner)

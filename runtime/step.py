@@ -26,7 +26,7 @@ from backend.team import MAX_THREADS, team
 from ir.core import Value
 from ir.ops.base import np_dtype
 from ir.ops.control import Scan
-from ir.ops.index import ScatterAdd, Take
+from ir.ops.index import Take
 from ir.ops.random import KeySplit
 from ir.ops.reduce import ArgReduction
 from ir.ops.shape import Concat, Split, Stack
@@ -223,13 +223,11 @@ class NativeStep:
                            if outer else 0)
 
     def _scatter(self, op) -> list[CopyCall | ScatterCall] | None:
-        if not isinstance(op.primitive, ScatterAdd):
+        if not scatter.compiles(op):
             return None
-        x, indices, updates = op.inputs
+        x, indices, _ = op.inputs
         (out,) = op.outputs
-        if out.dtype not in scatter.FLOATS \
-                or indices.dtype not in scatter.INDICES or {x.dtype, updates.dtype} != {out.dtype} \
-                or not x.shape or any(v not in self.places for v in op.inputs):
+        if not x.shape or any(v not in self.places for v in op.inputs):
             return None
         copies, refs = self._contiguous(op.inputs)
         self._fresh([out])
@@ -262,13 +260,11 @@ class NativeStep:
         (x,), (out,) = op.inputs, op.outputs
         if x.dtype not in extreme.DTYPES or x not in self.places:
             return None
-        axis = op.attrs.get("axis")
-        outer, n, inner = (1, prod(x.shape), 1) if axis is None else scatter.around(x.shape, axis % len(x.shape))
         copies, (x_ref,) = self._contiguous([x])
         self._fresh([out])
         fn = extreme.function(op.primitive, x.dtype)
         return [*copies, ExtremeCall(self._static(lambda arena, frame: fn), (x_ref, self._ref(out)),
-                                     (outer, n, inner))]
+                                     extreme.around(op))]
 
     def _random(self, op) -> list[CopyCall | DrawCall] | None:
         """A draw, or a key's split or fold_in, by its function; a split's keys written into a
