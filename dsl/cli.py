@@ -4,13 +4,15 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import signal
 import sys
+import threading
 import time
 import traceback
 
 
 
-def interrupted():
+def interrupted(*_signal: object) -> None:
     """Ctrl-C: one line and status 130. By os._exit: once a KeyboardInterrupt has passed through
     code that C ran (as in some imports), CPython would end sys.exit(130) by SIGINT instead."""
     print("dslc: interrupted", file=sys.stderr)
@@ -22,7 +24,12 @@ def interrupted():
     os._exit(130)
 
 
-try:                          # Ctrl-C while NumPy and the compiler load: exit 130, no traceback
+# Ctrl-C while NumPy and the compiler load: exit 130 from the signal's handler, not by a
+# KeyboardInterrupt, which C code on its way may turn into another error (NumPy's import of
+# datetime raises an ImportError in its place).
+_in_main_thread = threading.current_thread() is threading.main_thread()   # where handlers are set
+_on_sigint = signal.signal(signal.SIGINT, interrupted) if _in_main_thread else None
+try:
     import numpy as np
 
     import dsl
@@ -31,8 +38,9 @@ try:                          # Ctrl-C while NumPy and the compiler load: exit 1
     from frontend.check import check_file
     from frontend.diagnostics import DslError
     from runtime import cache
-except KeyboardInterrupt:
-    interrupted()
+finally:
+    if _in_main_thread:
+        signal.signal(signal.SIGINT, _on_sigint or signal.default_int_handler)
 
 REPORT = "this is a bug in dslc: please report it with the input that caused it"
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -493,6 +494,22 @@ def test_ctrl_c_during_start_up_or_compilation_exits_130_quietly(library):
         if (p.returncode, err) not in ((0, ""), (-signal.SIGINT, "")):
             break
     assert (p.returncode, err) == (130, "dslc: interrupted\n")
+
+
+def test_ctrl_c_while_numpys_c_code_imports_exits_130_quietly():
+    """SIGINT as NumPy's C start-up imports datetime: a KeyboardInterrupt there would come out as
+    an ImportError (with a traceback), so the start-up's handler must end the process itself."""
+    code = textwrap.dedent("""
+        import os, signal, sys
+        class InterruptAtDatetime:
+            def find_spec(self, name, path=None, target=None):
+                if name == "datetime":
+                    os.kill(os.getpid(), signal.SIGINT)
+        sys.meta_path.insert(0, InterruptAtDatetime())
+        from dsl.cli import main
+        """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert (r.returncode, r.stderr) == (130, "dslc: interrupted\n")
 
 
 def test_compiling_an_array_past_2_to_the_40_bytes_is_a_user_error(tmp_path: Path):
