@@ -26,7 +26,23 @@ SEQUENCES, MAPPINGS = (tuple, list), (dict, Record)
 # A float (Python's or NumPy's) passed for a float tensor, as a learning rate, makes the
 # call's array of that dtype: a signature holds it by its type, so that a schedule keeps one
 # signature. Each dtype's limit is the least magnitude beyond its range (from_python's error).
-MADE = {np.dtype(np.float32): 2.0 ** 128 - 2.0 ** 103, np.dtype(np.float64): math.inf}
+
+
+def least_beyond(dtype: type) -> np.longdouble:
+    """Float dtype's largest number and half a step more, which rounds to infinity (exact in an
+    x86 long double; infinity for f64 where a long double is no wider than a double)."""
+    f = np.finfo(dtype)
+    with np.errstate(over="ignore"):
+        return np.ldexp(np.longdouble(1), f.maxexp) - np.ldexp(np.longdouble(1), f.maxexp - f.nmant - 2)
+
+
+MADE = {np.dtype(t): least_beyond(t) for t in (np.float32, np.float64)}
+
+
+def may_exceed(number_type: type, dtype: np.dtype) -> bool:
+    """Whether a float of number_type can be beyond dtype's range: a Python float can for f32,
+    a long double for both, an np.float32 never."""
+    return np.finfo(np.float64 if number_type is float else number_type).max >= MADE[dtype]
 
 Check = Callable[[tuple, dict], "list | None"]
 # where a call's array comes from: leaf j of the signature, float number i made into an array
@@ -52,7 +68,7 @@ class Known:
         for source in self.sources:
             if type(source) is tuple:
                 i, dtype = source
-                if MADE[dtype] <= abs(numbers[i]) < math.inf:
+                if may_exceed(type(numbers[i]), dtype) and MADE[dtype] <= abs(numbers[i]) < math.inf:
                     return None
                 source = np.array(numbers[i], dtype)
             out.append(leaves[source] if type(source) is int else source)
@@ -191,7 +207,7 @@ def compile_check(value: tuple, sources: list[Source], statics: tuple[tuple[int,
         elif t is float or isinstance(x, np.floating):
             if len(numbers) in by_value:
                 lines.append(f"if repr({v}) != {constant(by_value[len(numbers)])}: return None")
-            numbers.append(v)
+            numbers.append((v, t))
         elif isinstance(x, np.generic):
             lines.append(f"if repr({v}) != {constant(repr(x))}: return None")
         else:                                           # int, bool, str
@@ -203,14 +219,15 @@ def compile_check(value: tuple, sources: list[Source], statics: tuple[tuple[int,
         if type(source) is not tuple:
             return constant(source)
         i, dtype = source
-        v = numbers[i]
-        if MADE[dtype] < math.inf:
-            lines.append(f"if {MADE[dtype]!r} <= abs({v}) < {constant(math.inf)}: return None")
+        v, number_type = numbers[i]
+        if may_exceed(number_type, dtype):
+            lines.append(f"if {constant(MADE[dtype])} <= abs({v}) < {constant(math.inf)}: return None")
         return f"{constant(np.array)}({v}, {constant(dtype)})"
 
     test("v", value)
     result = [array(source) for source in sources]
     source = "def check(args, kwargs):\n    v = (args, kwargs)\n" + "".join(
         f"    {line}\n" for line in lines) + f"    return [{', '.join(result)}]\n"
+    names["__name__"] = __name__                       # whose code it is, in warnings and tracebacks
     exec(compile(source, "<dsl signature check>", "exec"), names)
     return names["check"]

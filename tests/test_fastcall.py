@@ -5,6 +5,7 @@ take it, with the bits of the full path."""
 from __future__ import annotations
 
 import itertools
+import warnings
 
 import numpy as np
 import pytest
@@ -84,22 +85,31 @@ def test_a_check_hands_back_the_arrays_in_the_lowerings_order_with_its_constants
     assert check((C, D), {"n": 2.0}) is None
 
 
+@pytest.mark.parametrize("number_type", [float, np.float16, np.float32, np.float64, np.longdouble])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_a_check_makes_the_array_of_a_float_it_holds_by_type(dtype):
+def test_a_check_makes_the_array_of_a_float_it_holds_by_type(dtype, number_type):
     """As from_python makes it: rounded to the dtype, NaN and infinities kept; a float beyond
-    the dtype's finite range (from_python's error) takes the full path."""
-    check = compile_check(((A,), {"lr": 0.5}), [0, (0, np.dtype(dtype))], ())
-    for lr in (0.1, -0.0, 1e-40, float("nan"), float("inf"), 3.4028235e38, 1e300):
-        got = check((A,), {"lr": lr})
-        if dtype is np.float32 and lr == 1e300:
-            assert got is None
-            continue
+    the dtype's finite range (from_python's error) takes the full path; and without a warning
+    of NumPy's, whatever the float's type."""
+    check = compile_check(((A,), {"lr": number_type(0.5)}), [0, (0, np.dtype(dtype))], ())
+    with np.errstate(over="ignore"):
+        lrs = [number_type(v) for v in (0.1, -0.0, 1e-40, "nan", "inf", 3.4028235e38, 3.4028236e38, 1e300)]
+        if number_type is np.longdouble:
+            lrs += [np.longdouble("1.797693134862315807e308"), np.longdouble("1.797693134862315808e308"),
+                    np.longdouble("1e4000")]
+    for lr in lrs:
         with np.errstate(over="ignore"):
             want = np.asarray(lr).astype(dtype)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            got = check((A,), {"lr": lr})
+        if np.isinf(want) and not np.isinf(lr):
+            assert got is None
+            continue
         assert got[0] is A and got[1].shape == () and got[1].dtype == dtype
         assert got[1].tobytes() == want.tobytes()
-    assert check((A,), {"lr": np.float32(0.1)}) is None       # another type: another signature
     assert check((A,), {"lr": 1}) is None
+    assert check((A,), {"lr": np.float32(0.1) if number_type is not np.float32 else 0.1}) is None
 
 
 def test_the_signature_last_met_is_checked_first_and_another_is_still_found():
