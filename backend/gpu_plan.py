@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from backend import draws, nvptx, persistent, scatter, tensorcore, views
-from backend.llvm import SCALAR
+from backend.llvm import FLOATS, SCALAR
 from backend.loops import Instr, Load, LoopKernel
 from backend.persistent import Call, Copy, FoldKernel, Place
 from backend.schedule import PRODUCTS, ContractStep, HostStep, KernelStep, Plan, made_once, schedule
@@ -50,9 +50,10 @@ def module_ptx(kernels: list, matmuls: tuple[str, ...], gathers: tuple[tuple[str
 
 def gpu_schedule(fn: Function, name: str, numerics: str = "exact") -> Plan:
     """fn's plan on the GPU: in fast numerics the bf16 and f16 products too are contraction
-    steps, which the tensor cores compute."""
+    steps, which the tensor cores compute; the kernels reduce floats only (a warp's shuffles
+    move floats)."""
     fast = tuple(dict.fromkeys(PRODUCTS + tensorcore.DTYPES))
-    return schedule(fn, name, fast if numerics == "fast" else PRODUCTS)
+    return schedule(fn, name, fast if numerics == "fast" else PRODUCTS, FLOATS)
 
 
 @dataclass(frozen=True)

@@ -15,9 +15,10 @@ from typing import Any, Callable
 
 from llvmlite import ir
 
-from backend.loops import IDENTITY, Instr, Load, LoopKernel
+from backend.loops import Instr, Load, LoopKernel
 from ir.numerics import CHUNK, LANES
 from ir.ops.elementwise import Add, Maximum, Minimum, Mul
+from ir.ops.reduce import identity
 
 I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
 SCALAR = {"f32": ir.FloatType(), "f64": ir.DoubleType(), "f16": ir.HalfType(),
@@ -501,13 +502,14 @@ class _KernelGen:
               lane_stride: int = 1) -> None:
         """value at offset, or a vector of values at offset, offset + lane_stride, …"""
         b = self.b
-        if dtype == "bool":
-            value = b.zext(value, I8)
+        vector = isinstance(value.type, ir.VectorType)
+        if dtype == "bool":             # a byte each (a reduction's points are a vector of them)
+            value = b.zext(value, ir.VectorType(I8, value.type.count) if vector else I8)
         ptr = b.gep(self.ptrs[buffer], [offset])
-        if not isinstance(value.type, ir.VectorType):
+        if not vector:
             b.store(value, ptr)
         elif lane_stride == 1:
-            b.store(value, b.bitcast(ptr, value.type.as_pointer()), align=_bits(dtype) // 8)
+            b.store(value, b.bitcast(ptr, value.type.as_pointer()), align=max(1, _bits(dtype) // 8))
         else:
             for j in range(value.type.count):
                 at = b.gep(ptr, [ir.Constant(I64, j * lane_stride)])
@@ -732,7 +734,7 @@ class _KernelGen:
         return self.e.combine(how, a, c, dtype)
 
     def identity(self, how: str, dtype: str) -> ir.Value:
-        return self.e.const(IDENTITY[how], dtype)
+        return self.e.const(identity(how, dtype), dtype)
 
     def reduce(self, n: ir.Value, value_at: Callable, dtype: str, how: str, points: int,
                whole: bool, depth: int) -> ir.Value:

@@ -69,13 +69,11 @@ class Instr:
         return Instr(None, (), (), dtype, load)
 
 
-# each combining operation of a reduction, and the value an empty lane holds (docs/numerics.md)
-IDENTITY = {"add": -0.0, "mul": 1.0, "max": float("-inf"), "min": float("inf")}
 
 
 @dataclass(frozen=True)
 class Reduce:
-    """The body's instruction `value` combined over the reduced axis (one of IDENTITY's),
+    """The body's instruction `value` combined over the reduced axis by add, mul, max or min,
     divided by `count` afterwards when count is set (mean), stored into `buffer`."""
     combine: str
     value: int

@@ -52,10 +52,10 @@ from llvmlite import ir
 
 from backend import draws
 from backend.llvm import I8, I32, I64, SCALAR, Emitter, evaluate_body, memory_type, row_major, windowed
-from backend.loops import IDENTITY, Instr, LoopKernel
+from backend.loops import Instr, LoopKernel
 from ir.ops.base import Primitive
 from ir.ops.index import Take
-from ir.ops.reduce import ArgReduction
+from ir.ops.reduce import ArgReduction, identity
 from ir.ops.shape import Concat, Split
 from ir.numerics import CHUNK, LANES
 
@@ -353,7 +353,7 @@ class _LoopKernelGen(_Builder):
         lane l takes l, l+32, … left to right, then the shuffle-down tree. Valid in lane 0."""
         b = self.b
         acc = self.slot(SCALAR[self.dtype])
-        b.store(self.e.const(IDENTITY[self.k.reduce.combine], self.dtype), acc)
+        b.store(self.e.const(identity(self.k.reduce.combine, self.dtype), self.dtype), acc)
         self.loop(lane, count, self.c(WARP),
                   lambda j: b.store(self.combine(b.load(acc), value_at(j)), acc), "lane")
         value = b.load(acc)

@@ -116,11 +116,17 @@ def scans(op: Op) -> bool:
 
 # the dtypes of the `@`s that a contraction kernel computes (the others run on the host)
 PRODUCTS = ("f32", "f64")
+# the dtypes of the reductions (sums, products, maxima, minima) that the kernels compute: on
+# the CPU every one (integers and bools are exact in any order); the GPU's warp shuffles move
+# floats only (backend/gpu_plan.py)
+REDUCED = FLOATS + ("i32", "i64", "u32", "bool")
 
 
-def schedule(fn: Function, name: str = "k", products: tuple[str, ...] = PRODUCTS) -> Plan:
+def schedule(fn: Function, name: str = "k", products: tuple[str, ...] = PRODUCTS,
+             reduced: tuple[str, ...] = REDUCED) -> Plan:
     """Cut fn into kernels and host steps, in an order that respects its data flow; the `@`s
-    of the dtypes in `products` are contraction steps."""
+    of the dtypes in `products` are contraction steps, the reductions of those in `reduced`
+    kernels."""
     users: dict[Value, int] = {}
     for op in fn.ops:
         for v in op.inputs:
@@ -216,7 +222,7 @@ def schedule(fn: Function, name: str = "k", products: tuple[str, ...] = PRODUCTS
                 space = _shape(op)
             group.append(op)
             in_group.update(op.outputs)
-        elif reduces(op) and _reducible(op) or scans(op):
+        elif reduces(op) and _reducible(op, reduced) or scans(op):
             x = op.inputs[0]
             # a reduction over a row that comes back into the row, or one more over the rows of
             # a row group: a stage of the group's row kernel
@@ -483,11 +489,11 @@ def _axes(op: Op) -> tuple[int, ...]:
     return tuple(sorted(a % rank for a in given))
 
 
-def _reducible(op: Op) -> bool:
-    """A float reduction whose reduced axes are adjacent, so that they read as one strided
-    axis (others run on the host)."""
+def _reducible(op: Op, reduced: tuple[str, ...]) -> bool:
+    """A reduction of one of the dtypes `reduced` whose reduced axes are adjacent, so that they
+    read as one strided axis (others run on the host)."""
     x = op.inputs[0]
-    if x.dtype not in FLOATS:
+    if x.dtype not in reduced:
         return False
     axes = _axes(op)
     return not axes or axes == tuple(range(axes[0], axes[-1] + 1))

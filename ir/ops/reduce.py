@@ -43,7 +43,8 @@ class Reduction(Primitive):
     averages: ClassVar[bool] = False           # the combination is divided by the count (mean)
     pairwise: ClassVar[str | None] = None      # the elementwise primitive that a call with two
                                                # values, max(x, 0.0), means: maximum
-    host = "integer and bool reductions (exact in any order) are evaluated by NumPy"
+    host = ("over axes that are not adjacent, and on the GPU of integers and bools (its warp "
+            "shuffles move floats): evaluated by NumPy")
 
     def infer(self, x: TensorType, axis: Axes = None, keepdims: bool = False) -> TensorType:
         x = need(x, self.accepts, lambda: f"'{self.name}' needs {self.needs} tensor, got {x}; "
@@ -91,7 +92,7 @@ class Reduction(Primitive):
         axes = normalize_axes(statics(op)["axis"], len(x.shape), "x")
         kept = [n for i, n in enumerate(x.shape) if i not in axes]
         combine = REGISTRY[self.pairwise or self.combine]
-        name = w.reduce(w[x], x.shape, x.dtype, axes, _identity(self, x.dtype),
+        name = w.reduce(w[x], x.shape, x.dtype, axes, identity(self.combine, x.dtype),
                         lambda a, b: combine.scalar(w.body, [a, b], [x.dtype] * 2, x.dtype, {}),
                         self.name)
         t = tensor_type(kept, x.dtype)
@@ -112,15 +113,18 @@ class Reduction(Primitive):
         raise NotImplementedError(f"no VJP rule for '{self.name}'")
 
 
-def _identity(r: Reduction, dtype: str) -> int | float:
-    """Where a reduction starts: its canonical identity; an integer max or min starts from
-    the dtype's extreme."""
+def identity(combine: str, dtype: str) -> int | float | bool:
+    """Where a reduction by `combine` (add, mul, max, min) of dtype starts: -0.0 for a float
+    sum (a sum of -0.0s is -0.0), 0 for an integer one, 1 for a product; a max or min starts
+    from the dtype's extreme (±inf, the least or greatest integer, False or True)."""
+    if combine in ("add", "mul"):
+        return 1 if combine == "mul" else -0.0 if dtype in FLOAT_DTYPES else 0
     if dtype in FLOAT_DTYPES:
-        return r.canonical[1]
-    if r.integer_identity or dtype == "bool":
-        return {"add": 0, "mul": 1}.get(r.combine, r.combine == "min")
+        return -np.inf if combine == "max" else np.inf
+    if dtype == "bool":
+        return combine == "min"
     info = np.iinfo(np_dtype(dtype))
-    return info.min if r.combine == "max" else info.max
+    return int(info.min if combine == "max" else info.max)
 
 
 def _kept(b: Any, v: Any, x: Any, axes: tuple[int, ...]) -> Any:
@@ -335,7 +339,7 @@ class ArgReduction(Reduction):
         kept = [n for i, n in enumerate(shape) if i != axis]
         worst = np.inf if self.better == "<" else -np.inf
         if x.dtype not in FLOAT_DTYPES:
-            worst = _identity(REGISTRY["max" if self.better == ">" else "min"], x.dtype)
+            worst = identity("max" if self.better == ">" else "min", x.dtype)
         inits = [w.filled(worst, kept, x.dtype, "init"), w.filled(0, kept, "i32", "init")]
         b = w.body
 

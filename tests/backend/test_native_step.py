@@ -107,6 +107,12 @@ def drawn(k: Key, p: f32, q: f64, i: i32, x: f32[A, 3]
           bernoulli(j, p, [A, 3]), bernoulli(ks[0], q, [A]), normal(j, [A, 2]),
           fold_in(j, cast(i, i64)), x * 2.0)
 
+def counted(x: i32[A, 5], l: i64[5, A], u: u32[A, 3], b: bool[A, 4], c: bool[4, 8 * A]
+            ) -> (i32[5], i32[A], i32, i64[5], i64[1, A], u32[3], u32[A], bool[A], bool[8 * A], i32[A, 5]):
+  return (sum(x, axis=0), sum(x * 3, axis=1), prod(x), prod(l, axis=1), max(l, axis=0, keepdims=True),
+          sum(u, axis=0), min(u, axis=1), max(b, axis=1), min(c, axis=0),
+          x - max(x, axis=-1, keepdims=True) + sum(x, axis=-1, keepdims=True))
+
 def running(xs: f32[T, N], w: f32[N]) -> (f32[N], f32[N], f32[N], f32[T, 2 * N], f32[T]):
   stacked, means = fold x in xs with total = 0.0, top = zeros([N]) - 1e9, kept = w:
     total = total + x * w
@@ -137,6 +143,12 @@ def awkward(*shape: int) -> np.ndarray:
     return x
 
 
+def wide(dtype: str, *shape: int) -> np.ndarray:
+    """Integers of the dtype's whole range, so that sums and products wrap round."""
+    info = np.iinfo(dtype)
+    return rng.integers(info.min, info.max, shape, dtype=dtype, endpoint=True)
+
+
 def indices(high: int, *shape: int) -> np.ndarray:
     return rng.integers(0, max(high, 1), shape).astype(np.int32)
 
@@ -164,6 +176,8 @@ CASES = [("mlp", lambda n: [floats(n, 7), floats(7, 13), floats(13), floats(13, 
                                  rng.integers(0, 2 ** 32, (n, 2), dtype=np.uint32),
                                  rng.random((n, 2)) < 0.5]),
          ("extreme_all", lambda n: [awkward(n + 1, 3)]),
+         ("counted", lambda n: [wide("int32", n, 5), wide("int64", 5, n), wide("uint32", n, 3),
+                                rng.random((n, 4)) < 0.3, rng.random((4, 8 * n)) < 0.7]),
          ("drawn", lambda n: [dsl.key(n), np.array(0.3, np.float32), np.array(0.6), np.array(-n, np.int32),
                               floats(n, 3)])]
 # folds whose compiled gradients are not the interpreter's bits: checked against the walk's
@@ -222,6 +236,12 @@ def test_a_step_without_host_steps_is_one_native_call():
     exe = Executable(fn)
     assert segments(exe) == ["ProductCall ProductCall"]
     assert exe.native.items[0].function is not None
+
+
+def test_integer_and_bool_reductions_are_kernels_of_the_native_call():
+    fn, _ = lowered("counted", [wide("int32", 4, 5), wide("int64", 5, 4), wide("uint32", 4, 3),
+                                rng.random((4, 4)) < 0.5, rng.random((4, 32)) < 0.5])
+    assert segments(Executable(fn)) == ["RunCall"]
 
 
 @pytest.mark.parametrize("entry, qkv", [("heads", (2, 8, 3, 4, 16)), ("heads_grad", (2, 8, 3, 4, 16)),

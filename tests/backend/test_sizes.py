@@ -72,6 +72,13 @@ def normals(rng, *shape, dtype=np.float32):
     return (rng.standard_normal(shape) * 3).astype(dtype)
 
 
+# the integer and bool reductions' kinds: (reduction, NumPy dtype, shape at size n, axis)
+EXACT_REDUCTIONS = {"isum": ("sum", "int32", lambda n: (n,), None),
+                    "imax_rows": ("max", "int64", lambda n: (3, n), 1),
+                    "uprod_columns": ("prod", "uint32", lambda n: (n, 3), 0),
+                    "bmin": ("min", "bool", lambda n: (n,), None)}
+
+
 def case(kind: str, n: int):
     """(function, inputs, check of the interpreter's results against NumPy in float64)."""
     rng = np.random.default_rng(n)
@@ -106,6 +113,19 @@ def case(kind: str, n: int):
         scale = 1 / n if red == "mean" else 1
         tol = gamma(depth(n) + (red == "mean")) * np.abs(x64).sum(axis=axis, keepdims=keep) * scale
         return fn, [x], lambda y: _close(y[0], x64.sum(axis=axis, keepdims=keep) * scale, 0, tol)
+    if kind in EXACT_REDUCTIONS:         # of integers or bools: exact in any order (wrapping)
+        red, dtype, shape_at, axis = EXACT_REDUCTIONS[kind]
+        shape = shape_at(n)
+        if dtype == "bool":
+            x = rng.random(shape) < 0.9999                  # a False or two among the Trues
+        else:
+            info = np.iinfo(dtype)
+            x = rng.integers(info.min, info.max, shape, dtype=dtype, endpoint=True)
+        fn = build([(shape, {"int32": "i32", "int64": "i64", "uint32": "u32", "bool": "bool"}[dtype])],
+                   lambda b, x: [b.emit(red, x, axis=axis)])
+        want = getattr(np, red)(x, axis=axis, **({"dtype": x.dtype} if red in ("sum", "prod") else {}))
+        return fn, [x], lambda y: [] if np.array_equal(y[0], want) and y[0].dtype == want.dtype else \
+            [f"against NumPy: {y[0]!r} vs {want!r}"]
     if kind in ("softmax", "log_softmax", "layer_norm"):
         rows, length = (2 if n <= SLOW else 1), n
         x = normals(rng, rows, length)
@@ -211,7 +231,8 @@ def run_case(key: tuple[str, int]) -> list[str]:
 
 KINDS = ["map", "tanh", "sum", "mean", "max", "sum_axis0", "sum_axis1", "sum_axis1of3",
          "mean_axis0", "max_axis1", "softmax", "log_softmax", "layer_norm", "matmul_1_1",
-         "matmul_3_5", "matmul_17_13", "take", "scatter_add", "window"]
+         "matmul_3_5", "matmul_17_13", "take", "scatter_add", "window", "isum", "imax_rows",
+         "uprod_columns", "bmin"]
 # the default run's representative sample; DSLC_SLOW=1 runs every kind at every size
 DEFAULT = {(k, n) for k in KINDS for n in (1, 4097)} | {
     ("sum", 0), ("mean", 0), ("max", 0), ("sum", 31), ("sum", 200_000), ("sum", 1_000_000),
@@ -219,7 +240,8 @@ DEFAULT = {(k, n) for k in KINDS for n in (1, 4097)} | {
     ("sum_axis0", 300_000), ("sum_axis1of3", 65_537), ("max_axis1", 300_000), ("softmax", 65_537),
     ("softmax", 200_000), ("layer_norm", 200_000), ("matmul_1_1", 65_537), ("matmul_0_3", 5),
     ("matmul_3_0", 5), ("matmul_3_5", 0), ("matmul_17_13", 65_537), ("take", 200_000), ("scatter_add", 200_000),
-    ("window", 200_000)}
+    ("window", 200_000), ("isum", 0), ("isum", 1_000_000), ("imax_rows", 300_000),
+    ("uprod_columns", 65_537), ("bmin", 200_000)}
 CASES = sorted({(k, n) for k in KINDS for n in SIZES} | DEFAULT)
 
 
