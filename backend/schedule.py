@@ -490,10 +490,11 @@ def _axes(op: Op) -> tuple[int, ...]:
 
 
 def _reducible(op: Op, reduced: tuple[str, ...]) -> bool:
-    """A reduction of one of the dtypes `reduced` whose reduced axes are adjacent, so that they
-    read as one strided axis (others run on the host)."""
+    """A reduction of one of the dtypes `reduced`, its result of the same dtype (the kernels
+    combine in it), whose reduced axes are adjacent, so that they read as one strided axis
+    (others run on the host)."""
     x = op.inputs[0]
-    if x.dtype not in reduced:
+    if x.dtype not in reduced or op.outputs[0].dtype != x.dtype:
         return False
     axes = _axes(op)
     return not axes or axes == tuple(range(axes[0], axes[-1] + 1))

@@ -17,12 +17,13 @@ import numpy as np
 
 from ir import interp
 from ir.core import Builder, Function, Op, Value
-from ir.ops.base import Role, literal_array
+from ir.ops.base import Role, literal_array, statics
 from ir.ops.construct import Constant, Filled
 from ir.ops.contract import Einsum, MatMul
 from ir.ops.control import Scan
 from ir.ops.elementwise import Add, Cast, Div, Elementwise, Mul, Neg, Sub
 from ir.ops.index import OneHot
+from ir.ops.reduce import AllTrue, AnyTrue
 from ir.ops.shape import BroadcastTo, Reshape, Transpose
 from ir.patterns import Const, Var, X, _, pat, rewrite, rules
 
@@ -390,10 +391,12 @@ def for_backends(fn: Function) -> Function:
     batched matrix products (`bhtd,bhsd->bhts`) as transposes, reshapes and one `matmul` (both
     accumulate over the contracted letters in row-major order of their first appearance, with
     fma), which the contraction kernels compile; one_hot as the comparison it is, which
-    fuses into the kernel that uses it; what a fold computes alike at every step before it
+    fuses into the kernel that uses it; any and all of a tensor that is not bool as those of
+    its cast to bool, which the kernels reduce; what a fold computes alike at every step before it
     (hoist: after differentiation, which would differentiate the hoisted product otherwise);
     and cheap values that the backward pass reads made again there (rematerialize)."""
-    plans = {Einsum(): _matmul_plan, OneHot(): _one_hot_plan}
+    plans = {Einsum(): _matmul_plan, OneHot(): _one_hot_plan, AnyTrue(): _logical_plan,
+             AllTrue(): _logical_plan}
 
     def planned(op: Op, producer: dict[Value, Op], b: Builder) -> Value | None:
         plan = plans[op.primitive](op) if op.primitive in plans else None
@@ -443,6 +446,15 @@ def _one_hot_plan(op: Op):
         return b.emit("cast", hit, dtype=out.dtype)
 
     return build
+
+
+def _logical_plan(op: Op):
+    """any(x) or all(x) of a tensor that is not bool as the same of cast(x, bool) (x != 0, NaN
+    included), which the kernels reduce by max or min."""
+    (x,) = op.inputs
+    if x.dtype == "bool":
+        return None
+    return lambda b: b.emit(op.primitive.name, b.emit("cast", x, dtype="bool"), **statics(op))
 
 
 def _matmul_plan(op: Op):

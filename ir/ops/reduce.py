@@ -225,11 +225,11 @@ class Min(Reduction):
 
 
 class Logical(Reduction):
-    """Whether elements are nonzero (NaN is), a bool tensor from one of any dtype."""
+    """Whether elements are nonzero (NaN is), a bool tensor from one of any dtype; of bools,
+    a max (any) or a min (all), which the kernels compute (of other dtypes, the backends
+    reduce the input cast to bool: ir/passes.py)."""
     result_dtype = "bool"
     differentiable = False
-    role = Role.HOST
-    host = "exact in any order, and the kernels reduce floats only: evaluated by NumPy"
 
     def has_identity(self, dtype: str) -> bool:
         return True
@@ -240,6 +240,7 @@ class AnyTrue(Logical):
     """Whether any element is nonzero; of none, False."""
     name = surface = "any"
     numpy = staticmethod(np.any)
+    combine = "max"
 
 
 @primitive
@@ -247,6 +248,7 @@ class AllTrue(Logical):
     """Whether every element is nonzero; of none, True."""
     name = surface = "all"
     numpy = staticmethod(np.all)
+    combine = "min"
 
 
 class Moment(Reduction):

@@ -113,6 +113,10 @@ def counted(x: i32[A, 5], l: i64[5, A], u: u32[A, 3], b: bool[A, 4], c: bool[4, 
           sum(u, axis=0), min(u, axis=1), max(b, axis=1), min(c, axis=0),
           x - max(x, axis=-1, keepdims=True) + sum(x, axis=-1, keepdims=True))
 
+def logical(x: f32[A, 5], i: i64[5, A], b: bool[A, 40]
+            ) -> (bool[5], bool[A], bool[], bool[1, A], bool[40], bool[]):
+  return any(x, axis=0), all(x, axis=1), any(i), all(i, axis=0, keepdims=True), any(b, axis=0), all(b)
+
 def running(xs: f32[T, N], w: f32[N]) -> (f32[N], f32[N], f32[N], f32[T, 2 * N], f32[T]):
   stacked, means = fold x in xs with total = 0.0, top = zeros([N]) - 1e9, kept = w:
     total = total + x * w
@@ -178,6 +182,7 @@ CASES = [("mlp", lambda n: [floats(n, 7), floats(7, 13), floats(13), floats(13, 
          ("extreme_all", lambda n: [awkward(n + 1, 3)]),
          ("counted", lambda n: [wide("int32", n, 5), wide("int64", 5, n), wide("uint32", n, 3),
                                 rng.random((n, 4)) < 0.3, rng.random((4, 8 * n)) < 0.7]),
+         ("logical", lambda n: [awkward(n, 5), indices(3, 5, n).astype(np.int64), rng.random((n, 40)) < 0.9]),
          ("drawn", lambda n: [dsl.key(n), np.array(0.3, np.float32), np.array(0.6), np.array(-n, np.int32),
                               floats(n, 3)])]
 # folds whose compiled gradients are not the interpreter's bits: checked against the walk's
@@ -238,9 +243,12 @@ def test_a_step_without_host_steps_is_one_native_call():
     assert exe.native.items[0].function is not None
 
 
-def test_integer_and_bool_reductions_are_kernels_of_the_native_call():
-    fn, _ = lowered("counted", [wide("int32", 4, 5), wide("int64", 5, 4), wide("uint32", 4, 3),
-                                rng.random((4, 4)) < 0.5, rng.random((4, 32)) < 0.5])
+@pytest.mark.parametrize("entry, args", [
+    ("counted", [wide("int32", 4, 5), wide("int64", 5, 4), wide("uint32", 4, 3),
+                 rng.random((4, 4)) < 0.5, rng.random((4, 32)) < 0.5]),
+    ("logical", [awkward(4, 5), indices(3, 5, 4).astype(np.int64), rng.random((4, 40)) < 0.5])])
+def test_integer_and_bool_reductions_and_any_and_all_are_kernels_of_the_native_call(entry, args):
+    fn, _ = lowered(entry, args)
     assert segments(Executable(fn)) == ["RunCall"]
 
 

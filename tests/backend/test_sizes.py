@@ -72,11 +72,15 @@ def normals(rng, *shape, dtype=np.float32):
     return (rng.standard_normal(shape) * 3).astype(dtype)
 
 
-# the integer and bool reductions' kinds: (reduction, NumPy dtype, shape at size n, axis)
+DTYPE_NAMES = {"int32": "i32", "int64": "i64", "uint32": "u32", "bool": "bool", "float32": "f32"}
+# the integer and bool reductions' kinds, and any and all: (reduction, NumPy dtype, shape at
+# size n, axis)
 EXACT_REDUCTIONS = {"isum": ("sum", "int32", lambda n: (n,), None),
                     "imax_rows": ("max", "int64", lambda n: (3, n), 1),
                     "uprod_columns": ("prod", "uint32", lambda n: (n, 3), 0),
-                    "bmin": ("min", "bool", lambda n: (n,), None)}
+                    "bmin": ("min", "bool", lambda n: (n,), None),
+                    "fany": ("any", "float32", lambda n: (n,), None),
+                    "iall_rows": ("all", "int64", lambda n: (3, n), 1)}
 
 
 def case(kind: str, n: int):
@@ -118,11 +122,16 @@ def case(kind: str, n: int):
         shape = shape_at(n)
         if dtype == "bool":
             x = rng.random(shape) < 0.9999                  # a False or two among the Trues
+        elif red == "any":                                  # zeros, signed, and one NaN
+            x = np.where(rng.random(shape) < 0.5, np.float32(-0.0), np.float32(0.0))
+            x.reshape(-1)[rng.integers(x.size)] = np.nan
+        elif red == "all":                                  # nonzeros, and one 0 in row 1
+            x = rng.integers(1, 2 ** 40, shape) * rng.choice([-1, 1], shape)
+            x[1, rng.integers(shape[1])] = 0
         else:
             info = np.iinfo(dtype)
             x = rng.integers(info.min, info.max, shape, dtype=dtype, endpoint=True)
-        fn = build([(shape, {"int32": "i32", "int64": "i64", "uint32": "u32", "bool": "bool"}[dtype])],
-                   lambda b, x: [b.emit(red, x, axis=axis)])
+        fn = build([(shape, DTYPE_NAMES[dtype])], lambda b, x: [b.emit(red, x, axis=axis)])
         want = getattr(np, red)(x, axis=axis, **({"dtype": x.dtype} if red in ("sum", "prod") else {}))
         return fn, [x], lambda y: [] if np.array_equal(y[0], want) and y[0].dtype == want.dtype else \
             [f"against NumPy: {y[0]!r} vs {want!r}"]
@@ -232,7 +241,7 @@ def run_case(key: tuple[str, int]) -> list[str]:
 KINDS = ["map", "tanh", "sum", "mean", "max", "sum_axis0", "sum_axis1", "sum_axis1of3",
          "mean_axis0", "max_axis1", "softmax", "log_softmax", "layer_norm", "matmul_1_1",
          "matmul_3_5", "matmul_17_13", "take", "scatter_add", "window", "isum", "imax_rows",
-         "uprod_columns", "bmin"]
+         "uprod_columns", "bmin", "fany", "iall_rows"]
 # the default run's representative sample; DSLC_SLOW=1 runs every kind at every size
 DEFAULT = {(k, n) for k in KINDS for n in (1, 4097)} | {
     ("sum", 0), ("mean", 0), ("max", 0), ("sum", 31), ("sum", 200_000), ("sum", 1_000_000),
@@ -241,7 +250,7 @@ DEFAULT = {(k, n) for k in KINDS for n in (1, 4097)} | {
     ("softmax", 200_000), ("layer_norm", 200_000), ("matmul_1_1", 65_537), ("matmul_0_3", 5),
     ("matmul_3_0", 5), ("matmul_3_5", 0), ("matmul_17_13", 65_537), ("take", 200_000), ("scatter_add", 200_000),
     ("window", 200_000), ("isum", 0), ("isum", 1_000_000), ("imax_rows", 300_000),
-    ("uprod_columns", 65_537), ("bmin", 200_000)}
+    ("uprod_columns", 65_537), ("bmin", 200_000), ("fany", 1_000_000), ("iall_rows", 65_537)}
 CASES = sorted({(k, n) for k in KINDS for n in SIZES} | DEFAULT)
 
 
