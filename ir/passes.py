@@ -17,13 +17,13 @@ import numpy as np
 
 from ir import interp
 from ir.core import Builder, Function, Op, Value
-from ir.ops.base import Role, literal_array, statics
+from ir.ops.base import Role, literal_array, normalize_axes, statics
 from ir.ops.construct import Constant, Filled
 from ir.ops.contract import Einsum, MatMul
 from ir.ops.control import Scan
 from ir.ops.elementwise import Add, Cast, Div, Elementwise, Mul, Neg, Sub
 from ir.ops.index import OneHot
-from ir.ops.reduce import AllTrue, AnyTrue
+from ir.ops.reduce import AllTrue, AnyTrue, Max, Mean, Min, Prod, Sum
 from ir.ops.shape import BroadcastTo, Reshape, Transpose
 from ir.patterns import Const, Var, X, _, pat, rewrite, rules
 
@@ -391,12 +391,13 @@ def for_backends(fn: Function) -> Function:
     batched matrix products (`bhtd,bhsd->bhts`) as transposes, reshapes and one `matmul` (both
     accumulate over the contracted letters in row-major order of their first appearance, with
     fma), which the contraction kernels compile; one_hot as the comparison it is, which
-    fuses into the kernel that uses it; any and all of a tensor that is not bool as those of
-    its cast to bool, which the kernels reduce; what a fold computes alike at every step before it
+    fuses into the kernel that uses it; reductions as the kernels reduce them (any and all of
+    a tensor that is not bool as those of its cast to bool; over axes that are not adjacent,
+    over one axis of a transposed copy); what a fold computes alike at every step before it
     (hoist: after differentiation, which would differentiate the hoisted product otherwise);
     and cheap values that the backward pass reads made again there (rematerialize)."""
-    plans = {Einsum(): _matmul_plan, OneHot(): _one_hot_plan, AnyTrue(): _logical_plan,
-             AllTrue(): _logical_plan}
+    plans = {Einsum(): _matmul_plan, OneHot(): _one_hot_plan,
+             **{prim(): _reduction_plan for prim in (Sum, Prod, Mean, Max, Min, AnyTrue, AllTrue)}}
 
     def planned(op: Op, producer: dict[Value, Op], b: Builder) -> Value | None:
         plan = plans[op.primitive](op) if op.primitive in plans else None
@@ -448,13 +449,31 @@ def _one_hot_plan(op: Op):
     return build
 
 
-def _logical_plan(op: Op):
-    """any(x) or all(x) of a tensor that is not bool as the same of cast(x, bool) (x != 0, NaN
-    included), which the kernels reduce by max or min."""
-    (x,) = op.inputs
-    if x.dtype == "bool":
+def _reduction_plan(op: Op):
+    """A reduction as the kernels reduce it: any or all of a tensor that is not bool as the
+    same of cast(x, bool) (x != 0, NaN included), a max or min; over axes that are not
+    adjacent, over the last axis of x transposed to put them last, in order, and flattened
+    into one, which is how the canonical order is defined (ir/numerics.py): the same bits."""
+    (x,), (out,) = op.inputs, op.outputs
+    attrs = statics(op)
+    axes = normalize_axes(attrs["axis"], len(x.shape), "x")
+    cast = isinstance(op.primitive, (AnyTrue, AllTrue)) and x.dtype != "bool"
+    spread = len(axes) > 1 and axes != tuple(range(axes[0], axes[-1] + 1))
+    if not cast and not spread:
         return None
-    return lambda b: b.emit(op.primitive.name, b.emit("cast", x, dtype="bool"), **statics(op))
+
+    def build(b: Builder) -> Value:
+        v = b.emit("cast", x, dtype="bool") if cast else x
+        if not spread:
+            return b.emit(op.primitive.name, v, **attrs)
+        kept = [i for i in range(len(x.shape)) if i not in axes]
+        v = b.emit("transpose", v, perm=tuple(kept + list(axes)))
+        v = b.emit("reshape", v, shape=tuple(x.shape[i] for i in kept) +
+                   (int(np.prod([x.shape[i] for i in axes], dtype=np.int64)),))
+        v = b.emit(op.primitive.name, v, axis=-1)
+        return b.emit("reshape", v, shape=out.shape) if v.shape != out.shape else v
+
+    return build
 
 
 def _matmul_plan(op: Op):

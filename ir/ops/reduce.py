@@ -43,8 +43,7 @@ class Reduction(Primitive):
     averages: ClassVar[bool] = False           # the combination is divided by the count (mean)
     pairwise: ClassVar[str | None] = None      # the elementwise primitive that a call with two
                                                # values, max(x, 0.0), means: maximum
-    host = ("over axes that are not adjacent, and on the GPU of integers and bools (its warp "
-            "shuffles move floats): evaluated by NumPy")
+    host = "of integers and bools on the GPU (its warp shuffles move floats): evaluated by NumPy"
 
     def infer(self, x: TensorType, axis: Axes = None, keepdims: bool = False) -> TensorType:
         x = need(x, self.accepts, lambda: f"'{self.name}' needs {self.needs} tensor, got {x}; "

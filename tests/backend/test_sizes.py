@@ -106,16 +106,18 @@ def case(kind: str, n: int):
         tol = gamma(depth(n) + (kind == "mean")) * total / (n if kind == "mean" else 1)
         return fn, [x], lambda y: _close(y[0], want, 0, tol)
     if "_axis" in kind:                  # sum_axis0: [n, 3] over 0; _axis1: [3, n] over 1;
-        red, _, where = kind.partition("_axis")                # _axis1of3: [2, n, 3] over 1
-        shape, axis = {"0": ((n, 3), 0), "1": ((3, n), 1), "1of3": ((2, n, 3), 1)}[where]
+        red, _, where = kind.partition("_axis")                # _axis1of3: [2, n, 3] over 1;
+        shape, axis = {"0": ((n, 3), 0), "1": ((3, n), 1), "1of3": ((2, n, 3), 1),   # _axis0and2:
+                       "0and2": ((n, 3, 5), (0, 2))}[where]                         # [n, 3, 5] over 0, 2
+        reduced = math.prod(shape[a] for a in np.atleast_1d(axis))
         x = normals(rng, *shape)
         keep = where == "1of3"
         fn = build([(shape, "f32")], lambda b, x: [b.emit(red, x, axis=axis, keepdims=keep)])
         x64 = x.astype(np.float64)
         if red == "max":
             return fn, [x], lambda y: _close(y[0], x64.max(axis=axis, keepdims=keep), 0, 0)
-        scale = 1 / n if red == "mean" else 1
-        tol = gamma(depth(n) + (red == "mean")) * np.abs(x64).sum(axis=axis, keepdims=keep) * scale
+        scale = 1 / reduced if red == "mean" else 1
+        tol = gamma(depth(reduced) + (red == "mean")) * np.abs(x64).sum(axis=axis, keepdims=keep) * scale
         return fn, [x], lambda y: _close(y[0], x64.sum(axis=axis, keepdims=keep) * scale, 0, tol)
     if kind in EXACT_REDUCTIONS:         # of integers or bools: exact in any order (wrapping)
         red, dtype, shape_at, axis = EXACT_REDUCTIONS[kind]
@@ -239,7 +241,7 @@ def run_case(key: tuple[str, int]) -> list[str]:
 
 
 KINDS = ["map", "tanh", "sum", "mean", "max", "sum_axis0", "sum_axis1", "sum_axis1of3",
-         "mean_axis0", "max_axis1", "softmax", "log_softmax", "layer_norm", "matmul_1_1",
+         "mean_axis0", "max_axis1", "sum_axis0and2", "mean_axis0and2", "max_axis0and2", "softmax", "log_softmax", "layer_norm", "matmul_1_1",
          "matmul_3_5", "matmul_17_13", "take", "scatter_add", "window", "isum", "imax_rows",
          "uprod_columns", "bmin", "fany", "iall_rows"]
 # the default run's representative sample; DSLC_SLOW=1 runs every kind at every size
@@ -250,7 +252,8 @@ DEFAULT = {(k, n) for k in KINDS for n in (1, 4097)} | {
     ("softmax", 200_000), ("layer_norm", 200_000), ("matmul_1_1", 65_537), ("matmul_0_3", 5),
     ("matmul_3_0", 5), ("matmul_3_5", 0), ("matmul_17_13", 65_537), ("take", 200_000), ("scatter_add", 200_000),
     ("window", 200_000), ("isum", 0), ("isum", 1_000_000), ("imax_rows", 300_000),
-    ("uprod_columns", 65_537), ("bmin", 200_000), ("fany", 1_000_000), ("iall_rows", 65_537)}
+    ("uprod_columns", 65_537), ("bmin", 200_000), ("fany", 1_000_000), ("iall_rows", 65_537),
+    ("sum_axis0and2", 65_537), ("mean_axis0and2", 200_000), ("max_axis0and2", 65_537)}
 CASES = sorted({(k, n) for k in KINDS for n in SIZES} | DEFAULT)
 
 
