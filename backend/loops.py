@@ -69,8 +69,6 @@ class Instr:
         return Instr(None, (), (), dtype, load)
 
 
-
-
 @dataclass(frozen=True)
 class Reduce:
     """The body's instruction `value` combined over the reduced axis by add, mul, max or min,

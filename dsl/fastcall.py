@@ -23,9 +23,6 @@ MAX_SIGNATURES = 64         # per entry point: static numbers that change each c
 # the containers a signature holds: sequences by their items, mappings (a record a call
 # returned, passed back in, is one) by their keys and values
 SEQUENCES, MAPPINGS = (tuple, list), (dict, Record)
-# A float (Python's or NumPy's) passed for a float tensor, as a learning rate, makes the
-# call's array of that dtype: a signature holds it by its type, so that a schedule keeps one
-# signature. Each dtype's limit is the least magnitude beyond its range (from_python's error).
 
 
 def least_beyond(dtype: type) -> np.longdouble:
@@ -36,6 +33,9 @@ def least_beyond(dtype: type) -> np.longdouble:
         return np.ldexp(np.longdouble(1), f.maxexp) - np.ldexp(np.longdouble(1), f.maxexp - f.nmant - 2)
 
 
+# A float (Python's or NumPy's) passed for a float tensor, as a learning rate, makes the
+# call's array of that dtype: a signature holds it by its type, so that a schedule keeps one
+# signature. Each dtype's limit is the least magnitude beyond its range (from_python's error).
 MADE = {np.dtype(t): least_beyond(t) for t in (np.float32, np.float64)}
 
 
@@ -43,6 +43,7 @@ def may_exceed(number_type: type, dtype: np.dtype) -> bool:
     """Whether a float of number_type can be beyond dtype's range: a Python float can for f32,
     a long double for both, an np.float32 never."""
     return np.finfo(np.float64 if number_type is float else number_type).max >= MADE[dtype]
+
 
 Check = Callable[[tuple, dict], "list | None"]
 # where a call's array comes from: leaf j of the signature, float number i made into an array
