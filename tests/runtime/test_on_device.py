@@ -1,8 +1,9 @@
 """Work that once ran on the host with a copy each way, now on the device: integer division
-and remainder, shifts, concatenation, random numbers and `fold` bodies. Each runs through the GPU
-runtime on the fake driver and on the emulated kernels (tests/runtime/test_cuda.py), gives the
-CPU backend's bits (the interpreter's, where the CPU runs it on the host) at degenerate sizes
-too, and sends no tensor to the host and back."""
+and remainder, shifts, concatenation, random numbers, reductions over axes that are not
+adjacent and `fold` bodies. Each runs through the GPU runtime on the fake driver and on the
+emulated kernels (tests/runtime/test_cuda.py), gives the CPU backend's bits (the
+interpreter's, where the CPU runs it on the host) at degenerate sizes too, and sends no tensor
+to the host and back."""
 from __future__ import annotations
 
 import sys
@@ -111,6 +112,31 @@ def test_concatenation_runs_on_the_device(request, driver, n, m):
     x, y = signed_zeros(rng, n, 4), signed_zeros(rng, m, 4)
     got = dsl.loads(CONCAT, device="cuda").value_and_grad("loss", wrt=("a", "b"))(x, y)
     assert_same(got, dsl.loads(CONCAT, device="cpu").value_and_grad("loss", wrt=("a", "b"))(x, y))
+
+
+# ---------------------------------------------------------------- reductions over spread axes
+
+SPREAD = """
+def f(x: f32[N, 3, 4, 5]) -> (f32[3, 5], f32[1, 3, 1, 1], f32[N, 4]):
+  return sum(x, axis=(0, 2)), mean(x, axis=(0, 2, 3), keepdims=True), max(x, axis=(3, 1))
+
+def norm(x: f32[N, 3, 4, 5], g: f32[1, 3, 1, 1]) -> f32:
+  m = mean(x, axis=(0, 2, 3), keepdims=True)
+  return sum((x - m) * g * x)
+"""
+
+
+@pytest.mark.parametrize("driver", ["fake", "emulated"])
+@pytest.mark.parametrize("n", SIZES)
+def test_reductions_over_axes_that_are_not_adjacent_run_on_the_device(request, driver, n):
+    """A batch norm's axes (0, 2, 3): a transposed copy and one reduction kernel, the CPU's
+    bits, and its gradient."""
+    drv = request.getfixturevalue(driver)
+    rng = np.random.default_rng(n)
+    x, g = signed_zeros(rng, n, 3, 4, 5), signed_zeros(rng, 1, 3, 1, 1)
+    on_device(drv, SPREAD, "f", [x])
+    got = dsl.loads(SPREAD, device="cuda").value_and_grad("norm", wrt=("x", "g"))(x, g)
+    assert_same(got, dsl.loads(SPREAD, device="cpu").value_and_grad("norm", wrt=("x", "g"))(x, g))
 
 
 # ---------------------------------------------------------------- random numbers
