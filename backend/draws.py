@@ -28,7 +28,7 @@ import numpy as np
 from llvmlite import ir
 
 from backend import cpu, mathlib
-from backend.llvm import I8, I32, I64, SCALAR, loop, memory_type
+from backend.llvm import I8, I32, I64, SCALAR, Emitter, loop, memory_type
 from ir import philox
 from ir.core import Op
 from ir.ops.base import Primitive, np_dtype
@@ -211,8 +211,7 @@ def _normal(b: ir.IRBuilder, key: ir.Value, j: ir.Value) -> ir.Value:
     second = b.trunc(b.and_(m, ir.Constant(I64, 1)), ir.IntType(1))
     u1 = _unit32(b, b.select(second, words[2], words[0]), plus_one=True)
     u2 = _unit32(b, b.select(second, words[3], words[1]))
-    sqrt = b.module.globals.get("llvm.sqrt.f32") or ir.Function(b.module, ir.FunctionType(f32, [f32]), "llvm.sqrt.f32")
-    r = b.call(sqrt, [b.fmul(ir.Constant(f32, -2.0), _rounded(b, mathlib.log, u1))])
+    r = Emitter(b, b.module).sqrt(b.fmul(ir.Constant(f32, -2.0), _rounded(b, mathlib.log, u1)))
     t = b.fmul(ir.Constant(f32, float(TWO_PI[np.float32])), u2)
     cos, sin = _rounded(b, mathlib.cos, t), _rounded(b, mathlib.sin, t)
     odd = b.trunc(j, ir.IntType(1))

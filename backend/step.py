@@ -373,12 +373,11 @@ class _Segment:
         levels, row = [[self.size(s) for s in level] for level in call.levels], self.size(call.row)
 
         def rows(level: int, source: ir.Value, destination: ir.Value) -> None:
+            count, from_, to = levels[level]
             if level == len(levels) - 1:
-                count, from_, to = levels[level]
                 b.call(self.pointer(COPY_ROWS, _COPY_ROWS.as_pointer()),
                        [b.inttoptr(destination, I8P), b.inttoptr(source, I8P), count, from_, to, row])
                 return
-            count, from_, to = levels[level]
             loop(b, ir.Constant(I64, 0), count, lambda r: rows(
                 level + 1, b.add(source, b.mul(r, from_)), b.add(destination, b.mul(r, to))))
 

@@ -225,6 +225,14 @@ def bits(value) -> dict:
             for k, a in flatten_python(value, "v").items()}
 
 
+def full_range(rng, dtype: str, *shape: int):
+    """Integers drawn from the whole range of a NumPy integer dtype, so that sums and products
+    of them wrap round."""
+    import numpy as np
+    info = np.iinfo(dtype)
+    return rng.integers(info.min, info.max, shape, dtype=dtype, endpoint=True)
+
+
 def on_host(value):
     """A value with each array leaf a NumPy array (a GPU runtime's downloaded: its pointers mean
     nothing outside the process that made them)."""

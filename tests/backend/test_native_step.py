@@ -14,7 +14,7 @@ import dsl
 from dsl.train import DEFAULTS, Model, batch_indices, step_key
 from backend import contract
 from backend.step import ScatterCall, TakeCall
-from conftest import isolated, lowerings, raises
+from conftest import full_range, isolated, lowerings, raises
 from runtime import cpu
 from runtime.cpu import Executable
 from runtime.step import Native
@@ -162,12 +162,6 @@ def summable(*shape: int) -> np.ndarray:
     return x
 
 
-def wide(dtype: str, *shape: int) -> np.ndarray:
-    """Integers of the dtype's whole range, so that sums and products wrap round."""
-    info = np.iinfo(dtype)
-    return rng.integers(info.min, info.max, shape, dtype=dtype, endpoint=True)
-
-
 def indices(high: int, *shape: int) -> np.ndarray:
     return rng.integers(0, max(high, 1), shape).astype(np.int32)
 
@@ -195,10 +189,11 @@ CASES = [("mlp", lambda n: [floats(n, 7), floats(7, 13), floats(13), floats(13, 
                                  rng.integers(0, 2 ** 32, (n, 2), dtype=np.uint32),
                                  rng.random((n, 2)) < 0.5]),
          ("extreme_all", lambda n: [awkward(n + 1, 3)]),
-         ("counted", lambda n: [wide("int32", n, 5), wide("int64", 5, n), wide("uint32", n, 3),
+         ("counted", lambda n: [full_range(rng, "int32", n, 5), full_range(rng, "int64", 5, n),
+                                full_range(rng, "uint32", n, 3),
                                 rng.random((n, 4)) < 0.3, rng.random((4, 8 * n)) < 0.7]),
          ("logical", lambda n: [awkward(n, 5), indices(3, 5, n).astype(np.int64), rng.random((n, 40)) < 0.9]),
-         ("spread", lambda n: [summable(n, 3, 4, 5), wide("int32", n, 3, 4, 5)]),
+         ("spread", lambda n: [summable(n, 3, 4, 5), full_range(rng, "int32", n, 3, 4, 5)]),
          ("drawn", lambda n: [dsl.key(n), np.array(0.3, np.float32), np.array(0.6), np.array(-n, np.int32),
                               floats(n, 3)])]
 # folds whose compiled gradients are not the interpreter's bits: checked against the walk's
@@ -260,10 +255,11 @@ def test_a_step_without_host_steps_is_one_native_call():
 
 
 @pytest.mark.parametrize("entry, args", [
-    ("counted", [wide("int32", 4, 5), wide("int64", 5, 4), wide("uint32", 4, 3),
+    ("counted", [full_range(rng, "int32", 4, 5), full_range(rng, "int64", 5, 4),
+                 full_range(rng, "uint32", 4, 3),
                  rng.random((4, 4)) < 0.5, rng.random((4, 32)) < 0.5]),
     ("logical", [awkward(4, 5), indices(3, 5, 4).astype(np.int64), rng.random((4, 40)) < 0.5]),
-    ("spread", [summable(4, 3, 4, 5), wide("int32", 4, 3, 4, 5)])])
+    ("spread", [summable(4, 3, 4, 5), full_range(rng, "int32", 4, 3, 4, 5)])])
 def test_integer_and_bool_reductions_any_all_and_spread_axes_are_in_the_native_call(entry, args):
     fn, _ = lowered(entry, args)
     assert segments(Executable(fn)) == ["RunCall"]

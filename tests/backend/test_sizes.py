@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import isolated, slow
+from conftest import full_range, isolated, slow
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import test_random_programs as fuzz  # noqa: E402
@@ -131,8 +131,7 @@ def case(kind: str, n: int):
             x = rng.integers(1, 2 ** 40, shape) * rng.choice([-1, 1], shape)
             x[1, rng.integers(shape[1])] = 0
         else:
-            info = np.iinfo(dtype)
-            x = rng.integers(info.min, info.max, shape, dtype=dtype, endpoint=True)
+            x = full_range(rng, dtype, *shape)
         fn = build([(shape, DTYPE_NAMES[dtype])], lambda b, x: [b.emit(red, x, axis=axis)])
         want = getattr(np, red)(x, axis=axis, **({"dtype": x.dtype} if red in ("sum", "prod") else {}))
         return fn, [x], lambda y: [] if np.array_equal(y[0], want) and y[0].dtype == want.dtype else \
