@@ -403,12 +403,16 @@ def switch_shapes(dtype: str) -> list[tuple[int, int, int]]:
 
 def switch_operands(dtype: str, m: int, k: int, n: int) -> list[tuple[np.ndarray, np.ndarray]]:
     """a @ b as the backend passes them: contiguous, A transposed or strided, B a slice of a
-    wider array (rows contiguous, read in place), transposed, or of every other column."""
+    wider array (rows contiguous, read in place), of one whose rows lie farther apart than
+    Tiles.in_place_row_bytes (packed: a head's v in attention's qkv), transposed, or of every
+    other column."""
     make = random_f32 if dtype == "f32" else short_f64
     a, b = make((m, k)), make((k, n))
     a_t, a_s = make((k, m)).T, make((m, 2 * k))[:, ::2]
     b_wide, b_t, b_s = make((k, n + 3))[:, 2:n + 2], make((n, k)).T, make((k, 2 * n))[:, ::2]
-    return [(a, b), (a_t, b), (a_s, b_wide), (a, b_t), (a_t, b_s)]
+    apart = HOST[dtype].in_place_row_bytes // SIZE[dtype] + 8
+    b_far = make((k, max(apart, n + 3)))[:, 3:n + 3]
+    return [(a, b), (a_t, b), (a_s, b_wide), (a, b_far), (a, b_t), (a_t, b_s)]
 
 
 @pytest.mark.parametrize("dtype", ["f32", "f64"])
