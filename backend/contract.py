@@ -30,11 +30,11 @@ whole tile stores plainly: a masked store is microcoded on AMD's Zen). A job of 
 row streams STREAM_ROWS of them at a time across all its columns and more read B in place with
 the tiles below; tiles of mr rows read a transposed B (x @ W.T: a tied embedding's logits) in
 blocks of width × width that they transpose in registers (so does a product of one column,
-computed as its transpose, one row). A job whose K block of B (rows contiguous) fits in half of
-L1 (Tiles.in_place_bytes: a 64³, an attention head's products), or whose B rows lie close
-(Tiles.in_place_row_bytes; on a host without AVX-512 only for a job of few rows,
-Tiles.in_place_rows: an RNN cell's products) packs nothing either: tiles of mr rows read A and B
-in place, B's rows as vectors, only a tile's last vector through a mask.
+computed as its transpose, one row). A job whose B rows lie close (Tiles.in_place_row_bytes)
+and whose K block of B (rows contiguous) fits in half of L1 (Tiles.in_place_bytes: a 64³, an
+attention head's products), or that has few rows besides (on a host without AVX-512,
+Tiles.in_place_rows: an RNN cell's products), packs nothing either: tiles of mr rows read A and
+B in place, B's rows as vectors, only a tile's last vector through a mask.
 
 Threads: C is cut into jobs (one batch entry × a block of rows × a block of columns, each
 running the whole K loop of its elements; about JOBS_PER_THREAD per thread where the shape
@@ -131,10 +131,10 @@ PARTS = 2
 class Tiles:
     """A register tile of mr rows × nv vectors of `width` lanes (A elements broadcast, packed B
     rows loaded as vectors), a packed A block of at most mc × kc (kept in L2) and a packed B
-    panel of at most kc × nc; mc is a multiple of mr and nc of nr. A job whose K block of B
-    (rows contiguous) takes at most in_place_bytes reads it in place instead of packing it,
-    and so does a job of at most in_place_rows rows whose B rows are at most
-    in_place_row_bytes apart. A job of at most in_place_a_columns columns reads A (rows
+    panel of at most kc × nc; mc is a multiple of mr and nc of nr. A job whose B rows are at
+    most in_place_row_bytes apart reads B in place instead of packing it where its K block of B
+    (rows contiguous) takes at most in_place_bytes, or where the job has at most
+    in_place_rows rows. A job of at most in_place_a_columns columns reads A (rows
     contiguous) in place, as one of a single column tile reads any A."""
     mr: int
     nv: int
