@@ -2,10 +2,11 @@
 
 Each public function takes an `llvmlite.ir.IRBuilder` and a value of type float, double,
 <N x float> or <N x double>, appends a straight-line sequence of instructions (no calls except
-`llvm.fma` and `llvm.sqrt`) and returns the result, of the same type. The one exception to
+`llvm.fma` and `llvm.sqrt`) and returns the result, of the same type. The exceptions to
 "straight-line": sin, cos and tan branch, when some lane's |x| is beyond 2^22 (float) or 2^50
-(double), to the Payne-Hanek reduction, and leave the builder at the end of a new block (a caller
-that builds a phi after them takes the incoming block from `b.block`). That sequence
+(double), to the Payne-Hanek reduction, and fmod loops until every lane's remainder is below
+|y|; they leave the builder at the end of a new block (a caller that builds a phi after them
+takes the incoming block from `b.block`). That sequence
 *is* the definition of the result: it uses only IEEE operations that every target rounds the same
 way (fadd fsub fmul fdiv, fma, sqrt, integer and bit operations, compares and selects), never
 fast-math flags, so the CPU and the GPU produce the same bits. The vector variants run the same
@@ -16,9 +17,11 @@ sequence lane by lane and give the same bits as the scalar ones.
     log1p expm1 sinh cosh erf erfc                    f(b, x) -> value like x
     pow                                               pow(b, x, y) -> value like x
     atan2                                             atan2(b, y, x) -> value like y
+    fmod                                              fmod(b, x, y) -> value like x (exact)
 
 Every NaN result is the quiet NaN with a clear sign bit (0x7fc00000, 0x7ff8000000000000), so
-NaNs too are the same bits everywhere. docs/numerics.md gives each function's algorithm, its
+NaNs too are the same bits everywhere; but fmod's, which are the C library's on x86-64 (its
+argument's NaN, else the default NaN, whose sign is set), as NumPy's `%` gives them. docs/numerics.md gives each function's algorithm, its
 measured accuracy and its special values; the polynomial coefficients were fitted by
 `python benchmarks/mathlib_ulps.py --fit` (minimax relative error, Remez exchange in mpmath, each
 coefficient rounded to the target precision in turn and the rest refitted). All polynomials are
@@ -35,7 +38,7 @@ from llvmlite import ir
 
 __all__ = ["exp", "exp2", "log", "log2", "tanh", "sigmoid", "sin", "cos", "pow", "rsqrt",
            "tan", "atan", "asin", "acos", "atan2",
-           "log1p", "expm1", "sinh", "cosh", "erf", "erfc",
+           "log1p", "expm1", "sinh", "cosh", "erf", "erfc", "fmod",
            "UNARY", "BINARY"]
 
 H = float.fromhex
@@ -1118,8 +1121,68 @@ def erfc(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
     return _canonical(y).v
 
 
+# ---------------------------------------------------------------------------------------------
+# fmod: the remainder of a / b truncated, exact. Each step subtracts q * 2^e * |b| for an
+# integer q < 2^(p-2) by one fma: the exact difference is a multiple of 2^e |b|'s ulp below
+# 2^e |b| in magnitude, so it is representable and the fma returns it unrounded.
+
+def _ilogb(f: Format, v: _V) -> _V:
+    """floor(log2 v) as an integer, for v > 0 finite (a subnormal scaled into range first)."""
+    sub = v < 2.0 ** (1 - f.bias)
+    w = _select(sub, v * 2.0 ** (f.mant + 1), v)
+    e = (_bits(w) >> f.mant) - f.bias
+    return _select(sub, e - (f.mant + 1), e)
+
+
+def _fmod_step(f: Format, r: _V, d: _V, d_exponent: _V) -> _V:
+    """r - q Y, exactly, for r >= d > 0: Y = d 2^e with e = max(0, ilogb r - ilogb d - (p - 3)),
+    so that r / Y < 2^(p-2), q that quotient rounded (one more than its floor at most), and Y
+    added back where q was one more: a value in [0, Y)."""
+    e = _ilogb(f, r) - d_exponent - (f.mant - 2)
+    e = _select(e < 0, 0, e)
+    quarter = e >> 2                # 2^e in four factors, each a normal float, each product exact
+    big = d * _pow2(quarter, d) * _pow2(quarter, d) * _pow2(quarter, d) * _pow2(e - 3 * quarter, d)
+    q, _ = _rint(r / big)
+    rest = fma(-q, big, r)
+    return _select(rest < 0.0, rest + big, rest)
+
+
+def fmod(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
+    """C's fmod: x - n y for the integer n = trunc(x / y), exact, with x's sign; NaN where x is
+    infinite or NaN, or y is 0 or NaN (the C library's, not the canonical NaN); x where
+    |x| < |y|. A loop of _fmod_step until no lane's
+    remainder is at least |y| (a step takes p - 3 bits off the exponents' gap: at most 14 for
+    float, 43 for double); the builder ends in a new block."""
+    x, f = _wrap(b, x)
+    a, d = _abs(x), _abs(_V(b, y))
+    valid = (a < float("inf")) & (d > 0.0)           # (ordered: false for a NaN)
+    d_exponent = _ilogb(f, _select(valid, d, 1.0))
+    before = b.block
+    head, body, done = (b.append_basic_block(f"fmod.{s}") for s in ("head", "body", "done"))
+    b.branch(head)
+    b.position_at_end(head)
+    r = _V(b, b.phi(a.type))
+    r.v.add_incoming(a.v, before)
+    active = valid & (r >= d)
+    b.cbranch(_any(active), body, done)
+    b.position_at_end(body)
+    r.v.add_incoming(_select(active, _fmod_step(f, r, d, d_exponent), r).v, b.block)
+    b.branch(head)
+    b.position_at_end(done)
+    return _select(valid, _xor_sign(r, _bits(x)), _fmod_nan(f, x, _V(b, y))).v
+
+
+def _fmod_nan(f: Format, x: _V, y: _V) -> _V:
+    """The C library's NaN of an invalid fmod, (x·y) / (x·y) on x86-64: x's quieted, else y's,
+    else the default NaN (its sign set): NumPy's bits, on every target."""
+    quiet = 1 << (f.mant - 1)
+    default = _from_bits(_iconst(x, f.qnan | _sign_mask(x)), x)
+    return _select(_isnan(x), _from_bits(_bits(x) | quiet, x),
+                   _select(_isnan(y), _from_bits(_bits(y) | quiet, y), default))
+
+
 UNARY = {"exp": exp, "exp2": exp2, "log": log, "log2": log2, "tanh": tanh, "sigmoid": sigmoid,
          "sin": sin, "cos": cos, "rsqrt": rsqrt,
          "tan": tan, "atan": atan, "asin": asin, "acos": acos,
          "log1p": log1p, "expm1": expm1, "sinh": sinh, "cosh": cosh, "erf": erf, "erfc": erfc}
-BINARY = {"pow": pow, "atan2": atan2}
+BINARY = {"pow": pow, "atan2": atan2, "fmod": fmod}

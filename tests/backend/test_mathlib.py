@@ -36,10 +36,10 @@ UNARY = [n for n in NAMES if n not in mathlib.BINARY]
 BOUND = {
     F32: dict(exp=1, exp2=1, log=1, log2=1, sin=1, cos=1, rsqrt=1, tanh=2, sigmoid=2, pow=2,
               tan=1, atan=1, asin=1, acos=1, atan2=1,
-              log1p=1, expm1=1, erf=1, erfc=1, sinh=2, cosh=2),
+              log1p=1, expm1=1, erf=1, erfc=1, sinh=2, cosh=2, fmod=0),
     F64: dict(exp=1, exp2=1, log=1, log2=1, sin=1, cos=1, rsqrt=1, tanh=2, sigmoid=2, pow=3,
               tan=1, atan=1, asin=1, acos=1, atan2=1,
-              log1p=1, expm1=1, erf=1, erfc=1, sinh=2, cosh=2),
+              log1p=1, expm1=1, erf=1, erfc=1, sinh=2, cosh=2, fmod=0),
 }
 SAMPLES = {F32: 2_000_000, F64: 500_000}
 INF, NAN = np.inf, np.nan
@@ -59,9 +59,11 @@ def canonical_nan(dtype):
                     np.uint32 if dtype == F32 else np.uint64).view(dtype)[0]
 
 
-def assert_same_bits(got, want, what):
-    """Bit-for-bit equality, every NaN being the canonical NaN."""
-    want = np.where(np.isnan(want), canonical_nan(got.dtype), want).astype(got.dtype)
+def assert_same_bits(got, want, what, canonical=True):
+    """Bit-for-bit equality, every NaN being the canonical NaN (or want's own, where not
+    `canonical`: compiled code against compiled code, or fmod against the C library's)."""
+    if canonical:
+        want = np.where(np.isnan(want), canonical_nan(got.dtype), want).astype(got.dtype)
     bad = np.flatnonzero(bits(got) != bits(want))
     assert bad.size == 0, f"{what}: at {bad[:5]}: got {got[bad[:5]]}, want {want[bad[:5]]}"
 
@@ -204,7 +206,7 @@ def test_a_huge_lane_among_small_ones_gives_the_scalar_bits(k, name, dtype):
     small = np.linspace(-3, 3, width).astype(dtype)
     x = np.tile(small, width)
     x[np.arange(width) * (width + 1)] = np.array(HUGE[dtype] * width, dtype)[:width]
-    assert_same_bits(k(name, x, width=width), k(name, x), f"{name} x{width}")
+    assert_same_bits(k(name, x, width=width), k(name, x), f"{name} x{width}", canonical=False)
 
 
 def test_table_holds_the_digits_of_two_over_pi():
@@ -437,7 +439,23 @@ def test_vector_variant_gives_the_scalar_bits(k, name, dtype):
     args = _mixed_inputs(name, dtype)
     scalar = k(name, *args)
     vector = k(name, *args, width=bench.WIDTH[dtype])
-    assert_same_bits(vector, scalar, f"{name} x{bench.WIDTH[dtype]}")
+    assert_same_bits(vector, scalar, f"{name} x{bench.WIDTH[dtype]}", canonical=False)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
+def test_fmod_gives_the_c_librarys_bits(k, dtype):
+    """fmod is exact: the C library's bits (NumPy's fmod), signed zeros, the widest gaps between
+    exponents and its NaNs included, from the scalar and the vector code."""
+    x, y = _mixed_inputs("fmod", dtype)
+    fi = np.finfo(dtype)
+    edges = np.array([fi.max, -fi.max, fi.smallest_subnormal, -fi.smallest_normal,
+                      np.nextafter(fi.smallest_normal, 0), 1.0, 3.0, -0.0], dtype)
+    ex, ey = np.meshgrid(edges, edges)
+    x, y = np.concatenate([x, ex.ravel()]), np.concatenate([y, ey.ravel()])
+    with np.errstate(all="ignore"):
+        want = np.fmod(x, y)
+    for width in (1, bench.WIDTH[dtype]):
+        assert_same_bits(k("fmod", x, y, width=width), want, f"fmod x{width}", canonical=False)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
@@ -446,7 +464,7 @@ def test_unoptimised_code_gives_the_same_bits(k, dtype):
     k0 = bench.host_kernels(0)
     for name in NAMES:
         args = _mixed_inputs(name, dtype, 1 << 12)
-        assert_same_bits(k0(name, *args), k(name, *args), f"{name} at O0")
+        assert_same_bits(k0(name, *args), k(name, *args), f"{name} at O0", canonical=False)
 
 
 def test_emitted_ir_uses_only_fma_and_sqrt_without_fast_math():
@@ -530,4 +548,5 @@ def test_gpu_gives_the_cpu_bits(k, ptx, tmp_path):
                 threads = n // width
                 kern = module.get_function(bench.kernel_name(name, dtype, width))
                 kern(((threads + 127) // 128,), (128,), (*dev, out, np.int64(n)))
-                assert_same_bits(cupy.asnumpy(out), want[:n], f"{name} {dtype.__name__} on GPU")
+                assert_same_bits(cupy.asnumpy(out), want[:n], f"{name} {dtype.__name__} on GPU",
+                                 canonical=False)
