@@ -102,7 +102,10 @@ class Emitter:
         return self.b.udiv(x, y) if dtype == "u32" else self.b.sdiv(x, y)
 
     def remainder(self, x: ir.Value, y: ir.Value, dtype: str) -> ir.Value:
-        """x - y * quotient(x, y): the sign of x; y as for quotient."""
+        """x - y * quotient(x, y): the sign of x; y as for quotient. Of floats, C's fmod (exact,
+        from the math library: LLVM's frem is a call to libm on the CPU, inexact on NVPTX)."""
+        if _is_float(x):
+            return self.math("fmod", x, y)
         return self.b.urem(x, y) if dtype == "u32" else self.b.srem(x, y)
 
     def neg(self, x: ir.Value) -> ir.Value:

@@ -636,20 +636,13 @@ class Div(Binary):
 
 
 class IntegerDivision(Binary):
-    """// or %: a kernel for integers; for floats, NumPy's rules (from fmod) on the host, and
-    the same operations in MLIR."""
-    compiled = INT_DTYPES
-    host = "float // and % (NumPy's rules, from fmod) are evaluated by NumPy"
+    """// or %: NumPy's rules, for integers and for floats (from an exact fmod: the math
+    library's in kernels, arith.remf in MLIR)."""
     part: ClassVar[int]                            # of the floor division: 0 quotient, 1 remainder
 
     def scalar(self, e: Any, args: list, dtypes: list[str], dtype: str, attrs: dict) -> Any:
-        return _floor_divmod(e, *args, dtype)[self.part]
-
-    def mlir(self, w: Any, op: Any) -> list[str]:
-        dtype = op.outputs[0].dtype
-        if dtype in INT_DTYPES:
-            return super().mlir(w, op)
-        return [w.map(op, lambda args: _float_floor_divmod(w.body, *args, dtype)[self.part])]
+        divmod_ = _floor_divmod if dtype in INT_DTYPES else _float_floor_divmod
+        return divmod_(e, *args, dtype)[self.part]
 
 
 @primitive

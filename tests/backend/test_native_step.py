@@ -123,6 +123,11 @@ def spread(x: f32[A, 3, 4, 5], i: i32[A, 3, 4, 5]
           sum(i, axis=(0, 2, 3)), any(x, axis=(0, 2)),
           grad(lambda y: sum(mean(y, axis=(0, 2, 3), keepdims=True) * y))(x))
 
+def divided(x: f32[A, 5], y: f32[5], d: f64[A], e: f64[A], h: f16[A, 3]
+            ) -> (f32[A, 5], f32[A, 5], f64[A], f64[A], f16[A, 3], f16[A, 3], f32[A, 5]):
+  return (x // y, x % y, d // e, d % e, h % 1.5, h // -0.75,
+          grad(lambda z: sum((z % y) * z))(x))
+
 def running(xs: f32[T, N], w: f32[N]) -> (f32[N], f32[N], f32[N], f32[T, 2 * N], f32[T]):
   stacked, means = fold x in xs with total = 0.0, top = zeros([N]) - 1e9, kept = w:
     total = total + x * w
@@ -162,6 +167,14 @@ def summable(*shape: int) -> np.ndarray:
     return x
 
 
+def dividends(n: int) -> np.ndarray:
+    """f64 of every magnitude (quotients up to 2^2000), with zeros, infinities and NaNs."""
+    x = rng.standard_normal(n) * np.exp2(rng.integers(-1070, 1020, n).astype(np.float64))
+    for start, step, value in ((0, 5, -0.0), (1, 7, 0.0), (2, 11, np.inf), (4, 13, np.nan)):
+        x[start::step] = value
+    return x
+
+
 def indices(high: int, *shape: int) -> np.ndarray:
     return rng.integers(0, max(high, 1), shape).astype(np.int32)
 
@@ -194,6 +207,8 @@ CASES = [("mlp", lambda n: [floats(n, 7), floats(7, 13), floats(13), floats(13, 
                                 rng.random((n, 4)) < 0.3, rng.random((4, 8 * n)) < 0.7]),
          ("logical", lambda n: [awkward(n, 5), indices(3, 5, n).astype(np.int64), rng.random((n, 40)) < 0.9]),
          ("spread", lambda n: [summable(n, 3, 4, 5), full_range(rng, "int32", n, 3, 4, 5)]),
+         ("divided", lambda n: [awkward(n, 5) * 1.75, awkward(5), dividends(n), dividends(n),
+                                awkward(n, 3).astype(np.float16) * np.float16(2.5)]),
          ("drawn", lambda n: [dsl.key(n), np.array(0.3, np.float32), np.array(0.6), np.array(-n, np.int32),
                               floats(n, 3)])]
 # folds whose compiled gradients are not the interpreter's bits: checked against the walk's
@@ -259,8 +274,10 @@ def test_a_step_without_host_steps_is_one_native_call():
                  full_range(rng, "uint32", 4, 3),
                  rng.random((4, 4)) < 0.5, rng.random((4, 32)) < 0.5]),
     ("logical", [awkward(4, 5), indices(3, 5, 4).astype(np.int64), rng.random((4, 40)) < 0.5]),
-    ("spread", [summable(4, 3, 4, 5), full_range(rng, "int32", 4, 3, 4, 5)])])
-def test_integer_and_bool_reductions_any_all_and_spread_axes_are_in_the_native_call(entry, args):
+    ("spread", [summable(4, 3, 4, 5), full_range(rng, "int32", 4, 3, 4, 5)]),
+    ("divided", [awkward(4, 5), awkward(5), dividends(4), dividends(4), awkward(4, 3).astype(np.float16)])])
+def test_integer_and_bool_reductions_any_all_spread_axes_and_float_division_are_in_the_native_call(
+        entry, args):
     fn, _ = lowered(entry, args)
     assert segments(Executable(fn)) == ["RunCall"]
 

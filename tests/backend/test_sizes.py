@@ -119,6 +119,17 @@ def case(kind: str, n: int):
         scale = 1 / reduced if red == "mean" else 1
         tol = gamma(depth(reduced) + (red == "mean")) * np.abs(x64).sum(axis=axis, keepdims=keep) * scale
         return fn, [x], lambda y: _close(y[0], x64.sum(axis=axis, keepdims=keep) * scale, 0, tol)
+    if kind in ("divmod", "divmod64"):   # floats' // and %: NumPy's, exactly
+        dtype = np.float32 if kind == "divmod" else np.float64
+        a = normals(rng, n, dtype=dtype) * np.exp2(rng.integers(-30, 30, n)).astype(dtype)
+        d = normals(rng, n, dtype=dtype)
+        d[::97] = 0.0                                       # and x / 0's NaN and infinities
+        name = "f32" if dtype == np.float32 else "f64"
+        fn = build([((n,), name), ((n,), name)],
+                   lambda b, x, y: [b.emit("floordiv", x, y), b.emit("mod", x, y)])
+        with np.errstate(all="ignore"):
+            want = np.floor_divide(a, d), np.mod(a, d)
+        return fn, [a, d], lambda y: _close(y[0], want[0], 0, 0) + _close(y[1], want[1], 0, 0)
     if kind in EXACT_REDUCTIONS:         # of integers or bools: exact in any order (wrapping)
         red, dtype, shape_at, axis = EXACT_REDUCTIONS[kind]
         shape = shape_at(n)
@@ -242,7 +253,7 @@ def run_case(key: tuple[str, int]) -> list[str]:
 KINDS = ["map", "tanh", "sum", "mean", "max", "sum_axis0", "sum_axis1", "sum_axis1of3",
          "mean_axis0", "max_axis1", "sum_axis0and2", "mean_axis0and2", "max_axis0and2", "softmax", "log_softmax", "layer_norm", "matmul_1_1",
          "matmul_3_5", "matmul_17_13", "take", "scatter_add", "window", "isum", "imax_rows",
-         "uprod_columns", "bmin", "fany", "iall_rows"]
+         "uprod_columns", "bmin", "fany", "iall_rows", "divmod", "divmod64"]
 # the default run's representative sample; DSLC_SLOW=1 runs every kind at every size
 DEFAULT = {(k, n) for k in KINDS for n in (1, 4097)} | {
     ("sum", 0), ("mean", 0), ("max", 0), ("sum", 31), ("sum", 200_000), ("sum", 1_000_000),
@@ -252,7 +263,8 @@ DEFAULT = {(k, n) for k in KINDS for n in (1, 4097)} | {
     ("matmul_3_0", 5), ("matmul_3_5", 0), ("matmul_17_13", 65_537), ("take", 200_000), ("scatter_add", 200_000),
     ("window", 200_000), ("isum", 0), ("isum", 1_000_000), ("imax_rows", 300_000),
     ("uprod_columns", 65_537), ("bmin", 200_000), ("fany", 1_000_000), ("iall_rows", 65_537),
-    ("sum_axis0and2", 65_537), ("mean_axis0and2", 200_000), ("max_axis0and2", 65_537)}
+    ("sum_axis0and2", 65_537), ("mean_axis0and2", 200_000), ("max_axis0and2", 65_537),
+    ("divmod", 1_000_000), ("divmod64", 200_000)}
 CASES = sorted({(k, n) for k in KINDS for n in SIZES} | DEFAULT)
 
 

@@ -64,6 +64,35 @@ def test_integer_division_and_remainder_run_on_the_device(request, driver, n):
     on_device(request.getfixturevalue(driver), DIVISION, "f", args)
 
 
+FLOAT_DIVISION = """
+def f(a: f32[N], b: f32[N], c: f64[N], d: f64[N]) -> (f32[N], f32[N], f64[N], f64[N]):
+  return a // b, a % b, c // d, c % d
+"""
+
+
+def float_extremes(dtype, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """n pairs of dividends and divisors: signed zeros, ±1, a half, the largest value and the
+    least subnormal (exponents the widest apart), infinities and NaN."""
+    info = np.finfo(dtype)
+    values = np.array([0.0, -0.0, 1.0, -1.0, 7.5, -3.0, info.max, info.smallest_subnormal,
+                       np.inf, -np.inf, np.nan], dtype)
+    a, b = (g.reshape(-1) for g in np.meshgrid(values, values, indexing="ij"))
+    return np.resize(a, n), np.resize(b, n)
+
+
+@pytest.mark.parametrize("driver", ["fake", "emulated"])
+@pytest.mark.parametrize("n", SIZES + [121])
+def test_float_division_and_remainder_run_on_the_device(request, driver, n):
+    """NumPy's floor division and remainder of floats, from the math library's exact fmod,
+    by a map kernel: NumPy's bits, NaNs included."""
+    args = [x for dtype in (np.float32, np.float64) for x in float_extremes(dtype, n)]
+    got = on_device(request.getfixturevalue(driver), FLOAT_DIVISION, "f", args)
+    with np.errstate(all="ignore"):
+        want = [f(*args[i:i + 2]) for i in (0, 2) for f in (np.floor_divide, np.mod)]
+    for g, w in zip(got, want, strict=True):
+        assert np.asarray(g).tobytes() == w.tobytes()
+
+
 # ---------------------------------------------------------------- shifts
 
 @pytest.mark.parametrize("driver", ["fake", "emulated"])
