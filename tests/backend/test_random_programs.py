@@ -136,7 +136,8 @@ def transcendental(g: Gen, x: Value) -> Value:
 def binary(g: Gen, x: Value) -> Value:
     z = g.partner(lambda v: _broadcasts(v.shape, x.shape) and v.dtype == x.dtype)
     if x.dtype in FLOATS:
-        prims = ["add", "sub", "mul", "div", "maximum", "minimum", "tanh_grad", "sigmoid_grad"]
+        prims = ["add", "sub", "mul", "div", "floordiv", "mod", "maximum", "minimum", "tanh_grad",
+                 "sigmoid_grad"]
     elif x.dtype == "bool":
         prims = ["and", "or", "xor", "eq", "ne"]
     else:
