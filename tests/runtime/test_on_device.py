@@ -67,6 +67,9 @@ def test_integer_division_and_remainder_run_on_the_device(request, driver, n):
 FLOAT_DIVISION = """
 def f(a: f32[N], b: f32[N], c: f64[N], d: f64[N]) -> (f32[N], f32[N], f64[N], f64[N]):
   return a // b, a % b, c // d, c % d
+
+def reduced(a: f32[N], b: f32[N]) -> (f32, f32[N]):
+  return sum(where(b == 0.0, 0.0, a % b)), grad(lambda x: sum((x % b) * x))(a)
 """
 
 
@@ -91,6 +94,10 @@ def test_float_division_and_remainder_run_on_the_device(request, driver, n):
         want = [f(*args[i:i + 2]) for i in (0, 2) for f in (np.floor_divide, np.mod)]
     for g, w in zip(got, want, strict=True):
         assert np.asarray(g).tobytes() == w.tobytes()
+    # in a reduction (a warp's shuffles after each thread's loop of fmod steps) and a gradient,
+    # of finite operands (a sum that meets NaNs of both signs keeps either: docs/numerics.md)
+    finite = [np.where(np.isfinite(x), x, np.float32(1.5)) for x in args[:2]]
+    on_device(request.getfixturevalue(driver), FLOAT_DIVISION, "reduced", finite)
 
 
 # ---------------------------------------------------------------- shifts
