@@ -42,6 +42,8 @@ from backend.loops import Accumulate, Instr, Load, LoopKernel, Reduce, row_scala
 from backend.views import View, identity, load_strides, load_window, view_of
 from ir.core import Function, Op, Value
 from ir.ops.base import Role, np_dtype
+from ir.passes import products_as_sums
+from ir.types import INT_DTYPES
 
 
 @dataclass(frozen=True)
@@ -126,7 +128,8 @@ def schedule(fn: Function, name: str = "k", products: tuple[str, ...] = PRODUCTS
              reduced: tuple[str, ...] = REDUCED) -> Plan:
     """Cut fn into kernels and host steps, in an order that respects its data flow; the `@`s
     of the dtypes in `products` are contraction steps, the reductions of those in `reduced`
-    kernels."""
+    kernels (and an integer `@` of those, as the sum it is: ir/passes.py's products_as_sums)."""
+    fn = products_as_sums(fn, tuple(d for d in reduced if d in INT_DTYPES))
     users: dict[Value, int] = {}
     for op in fn.ops:
         for v in op.inputs:

@@ -26,6 +26,7 @@ from ir.ops.index import OneHot
 from ir.ops.reduce import AllTrue, AnyTrue, Max, Mean, Min, Prod, Sum
 from ir.ops.shape import BroadcastTo, Reshape, Transpose
 from ir.patterns import Const, Var, X, _, pat, rewrite, rules
+from ir.types import INT_DTYPES
 
 FOLD_LIMIT = 4096            # constant results larger than this many elements stay computed
 
@@ -390,7 +391,7 @@ def for_backends(fn: Function) -> Function:
     """fn in the form the backends schedule, to the bit the same: two-operand einsums that are
     batched matrix products (`bhtd,bhsd->bhts`) as transposes, reshapes and one `matmul` (both
     accumulate over the contracted letters in row-major order of their first appearance, with
-    fma), which the contraction kernels compile; one_hot as the comparison it is, which
+    fma; integers are exact in any order), which the contraction kernels compile; one_hot as the comparison it is, which
     fuses into the kernel that uses it; reductions as the kernels reduce them (any and all of
     a tensor that is not bool as those of its cast to bool; over axes that are not adjacent,
     over one axis of a transposed copy); what a fold computes alike at every step before it
@@ -404,6 +405,29 @@ def for_backends(fn: Function) -> Function:
         return plan(b) if plan is not None else None
 
     return dce(rematerialize(hoist(_rewritten(fn, planned))))
+
+
+def products_as_sums(fn: Function, dtypes: tuple[str, ...]) -> Function:
+    """fn (and its bodies) with each `@` of these dtypes (integers: exact, and wrapping as
+    NumPy's, in any order) written as what it computes, sum(a[…, m, 1, k] · bᵀ[…, 1, n, k],
+    axis=-1): where a backend reduces them in kernels, the product fuses into the sum's loads
+    and nothing of size m·n·k is stored."""
+
+    def planned(op: Op, producer: dict[Value, Op], b: Builder) -> Value | None:
+        if not isinstance(op.primitive, MatMul) or op.outputs[0].dtype not in dtypes:
+            return None
+        (a, w), (out,) = op.inputs, op.outputs
+        # (each operand reshaped first, then transposed: views of the operands, where a
+        # reshape of a transpose would be a copy)
+        rows = b.emit("reshape", a, shape=(a.shape[:-1] or (1,)) + (1, a.shape[-1]))  # […, m, 1, k]
+        w = b.emit("reshape", w, shape=w.shape[:-2] + (1,) + (w.shape[-2:] if len(w.shape) > 1
+                                                             else w.shape + (1,)))   # […, 1, k, n]
+        rank = len(w.shape)
+        columns = b.emit("transpose", w, perm=tuple(range(rank - 2)) + (rank - 1, rank - 2))
+        total = b.emit("sum", b.emit("mul", rows, columns), axis=-1)
+        return total if total.shape == out.shape else b.emit("reshape", total, shape=out.shape)
+
+    return _rewritten(fn, planned)
 
 
 def _rewritten(fn: Function,
@@ -483,7 +507,8 @@ def _matmul_plan(op: Op):
     lhs, out = spec.split("->")
     ta, tb = lhs.split(",")
     a, b = op.inputs
-    if len(set(ta)) != len(ta) or len(set(tb)) != len(tb) or a.dtype not in ("f32", "f64", "f16"):
+    if len(set(ta)) != len(ta) or len(set(tb)) != len(tb) or a.dtype not in ("f32", "f64", "f16",
+                                                                              *INT_DTYPES):
         return None
     batch = [c for c in out if c in ta and c in tb]
     m = [c for c in out if c in ta and c not in tb]

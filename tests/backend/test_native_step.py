@@ -128,6 +128,13 @@ def divided(x: f32[A, 5], y: f32[5], d: f64[A], e: f64[A], h: f16[A, 3]
   return (x // y, x % y, d // e, d % e, h % 1.5, h // -0.75,
           grad(lambda z: sum((z % y) * z))(x))
 
+def int_products(a: i32[A, 5], b: i32[5, 3], c: i64[2, 1, A, 4], d: i64[3, 4, 2], u: u32[A],
+                 w: u32[A, 3]) -> (i32[A, 3], i64[2, 3, A, 2], u32[3], i32[A], i32[3, A]):
+  return a @ b, c @ d, u @ w, a @ b[:, 1], einsum("ij,jk->ki", a, b)
+
+def empty_int_product(e: i32[A, 0], f: i32[0, 2]) -> i32[A, 2]:
+  return e @ f
+
 def running(xs: f32[T, N], w: f32[N]) -> (f32[N], f32[N], f32[N], f32[T, 2 * N], f32[T]):
   stacked, means = fold x in xs with total = 0.0, top = zeros([N]) - 1e9, kept = w:
     total = total + x * w
@@ -209,6 +216,10 @@ CASES = [("mlp", lambda n: [floats(n, 7), floats(7, 13), floats(13), floats(13, 
          ("spread", lambda n: [summable(n, 3, 4, 5), full_range(rng, "int32", n, 3, 4, 5)]),
          ("divided", lambda n: [awkward(n, 5) * 1.75, awkward(5), dividends(n), dividends(n),
                                 awkward(n, 3).astype(np.float16) * np.float16(2.5)]),
+         ("int_products", lambda n: [full_range(rng, "int32", n, 5), full_range(rng, "int32", 5, 3),
+                                     full_range(rng, "int64", 2, 1, n, 4), full_range(rng, "int64", 3, 4, 2),
+                                     full_range(rng, "uint32", n), full_range(rng, "uint32", n, 3)]),
+         ("empty_int_product", lambda n: [full_range(rng, "int32", n, 0), full_range(rng, "int32", 0, 2)]),
          ("drawn", lambda n: [dsl.key(n), np.array(0.3, np.float32), np.array(0.6), np.array(-n, np.int32),
                               floats(n, 3)])]
 # folds whose compiled gradients are not the interpreter's bits: checked against the walk's
@@ -275,8 +286,11 @@ def test_a_step_without_host_steps_is_one_native_call():
                  rng.random((4, 4)) < 0.5, rng.random((4, 32)) < 0.5]),
     ("logical", [awkward(4, 5), indices(3, 5, 4).astype(np.int64), rng.random((4, 40)) < 0.5]),
     ("spread", [summable(4, 3, 4, 5), full_range(rng, "int32", 4, 3, 4, 5)]),
-    ("divided", [awkward(4, 5), awkward(5), dividends(4), dividends(4), awkward(4, 3).astype(np.float16)])])
-def test_integer_and_bool_reductions_any_all_spread_axes_and_float_division_are_in_the_native_call(
+    ("divided", [awkward(4, 5), awkward(5), dividends(4), dividends(4), awkward(4, 3).astype(np.float16)]),
+    ("int_products", [full_range(rng, "int32", 4, 5), full_range(rng, "int32", 5, 3),
+                      full_range(rng, "int64", 2, 1, 4, 4), full_range(rng, "int64", 3, 4, 2),
+                      full_range(rng, "uint32", 4), full_range(rng, "uint32", 4, 3)])])
+def test_integer_and_bool_reductions_float_division_and_integer_products_are_in_the_native_call(
         entry, args):
     fn, _ = lowered(entry, args)
     assert segments(Executable(fn)) == ["RunCall"]

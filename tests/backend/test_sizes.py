@@ -119,6 +119,11 @@ def case(kind: str, n: int):
         scale = 1 / reduced if red == "mean" else 1
         tol = gamma(depth(reduced) + (red == "mean")) * np.abs(x64).sum(axis=axis, keepdims=keep) * scale
         return fn, [x], lambda y: _close(y[0], x64.sum(axis=axis, keepdims=keep) * scale, 0, tol)
+    if kind == "imatmul":                # i64 [3, n] @ [n, 2]: a sum of n products, wrapping
+        a, w = full_range(rng, "int64", 3, n), full_range(rng, "int64", n, 2)
+        fn = build([((3, n), "i64"), ((n, 2), "i64")], lambda b, x, y: [b.emit("matmul", x, y)])
+        want = np.matmul(a, w)
+        return fn, [a, w], lambda y: [] if np.array_equal(y[0], want) else ["not NumPy's product"]
     if kind in ("divmod", "divmod64"):   # floats' // and %: NumPy's, exactly
         dtype = np.float32 if kind == "divmod" else np.float64
         a = normals(rng, n, dtype=dtype) * np.exp2(rng.integers(-30, 30, n)).astype(dtype)
@@ -253,7 +258,7 @@ def run_case(key: tuple[str, int]) -> list[str]:
 KINDS = ["map", "tanh", "sum", "mean", "max", "sum_axis0", "sum_axis1", "sum_axis1of3",
          "mean_axis0", "max_axis1", "sum_axis0and2", "mean_axis0and2", "max_axis0and2", "softmax", "log_softmax", "layer_norm", "matmul_1_1",
          "matmul_3_5", "matmul_17_13", "take", "scatter_add", "window", "isum", "imax_rows",
-         "uprod_columns", "bmin", "fany", "iall_rows", "divmod", "divmod64"]
+         "uprod_columns", "bmin", "fany", "iall_rows", "divmod", "divmod64", "imatmul"]
 # the default run's representative sample; DSLC_SLOW=1 runs every kind at every size
 DEFAULT = {(k, n) for k in KINDS for n in (1, 4097)} | {
     ("sum", 0), ("mean", 0), ("max", 0), ("sum", 31), ("sum", 200_000), ("sum", 1_000_000),
@@ -264,7 +269,7 @@ DEFAULT = {(k, n) for k in KINDS for n in (1, 4097)} | {
     ("window", 200_000), ("isum", 0), ("isum", 1_000_000), ("imax_rows", 300_000),
     ("uprod_columns", 65_537), ("bmin", 200_000), ("fany", 1_000_000), ("iall_rows", 65_537),
     ("sum_axis0and2", 65_537), ("mean_axis0and2", 200_000), ("max_axis0and2", 65_537),
-    ("divmod", 1_000_000), ("divmod64", 200_000)}
+    ("divmod", 1_000_000), ("divmod64", 200_000), ("imatmul", 0), ("imatmul", 1_000_000)}
 CASES = sorted({(k, n) for k in KINDS for n in SIZES} | DEFAULT)
 
 
