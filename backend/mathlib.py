@@ -6,11 +6,11 @@ Each public function takes an `llvmlite.ir.IRBuilder` and a value of type float,
 "straight-line": sin, cos and tan branch, when some lane's |x| is beyond 2^22 (float) or 2^50
 (double), to the Payne-Hanek reduction, and fmod loops until every lane's remainder is below
 |y|; they leave the builder at the end of a new block (a caller that builds a phi after them
-takes the incoming block from `b.block`). That sequence
-*is* the definition of the result: it uses only IEEE operations that every target rounds the same
-way (fadd fsub fmul fdiv, fma, sqrt, integer and bit operations, compares and selects), never
-fast-math flags, so the CPU and the GPU produce the same bits. The vector variants run the same
-sequence lane by lane and give the same bits as the scalar ones.
+takes the incoming block from `b.block`). That sequence *is* the definition of the result: it
+uses only IEEE operations that every target rounds the same way (fadd fsub fmul fdiv, fma, sqrt,
+integer and bit operations, compares and selects), never fast-math flags, so the CPU and the
+GPU produce the same bits. The vector variants run the same sequence lane by lane and give the
+same bits as the scalar ones.
 
     exp exp2 log log2 tanh sigmoid sin cos rsqrt      f(b, x) -> value like x
     tan atan asin acos                                f(b, x) -> value like x
@@ -21,8 +21,9 @@ sequence lane by lane and give the same bits as the scalar ones.
 
 Every NaN result is the quiet NaN with a clear sign bit (0x7fc00000, 0x7ff8000000000000), so
 NaNs too are the same bits everywhere; but fmod's, which are the C library's on x86-64 (its
-argument's NaN, else the default NaN, whose sign is set), as NumPy's `%` gives them. docs/numerics.md gives each function's algorithm, its
-measured accuracy and its special values; the polynomial coefficients were fitted by
+argument's NaN, else the default NaN, whose sign is set), as NumPy's `%` gives them.
+docs/numerics.md gives each function's algorithm, its measured accuracy and its special
+values; the polynomial coefficients were fitted by
 `python benchmarks/mathlib_ulps.py --fit` (minimax relative error, Remez exchange in mpmath, each
 coefficient rounded to the target precision in turn and the rest refitted). All polynomials are
 evaluated by Horner's rule with one fma per coefficient.
@@ -1150,9 +1151,9 @@ def _fmod_step(f: Format, r: _V, d: _V, d_exponent: _V) -> _V:
 def fmod(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
     """C's fmod: x - n y for the integer n = trunc(x / y), exact, with x's sign; NaN where x is
     infinite or NaN, or y is 0 or NaN (the C library's, not the canonical NaN); x where
-    |x| < |y|. A loop of _fmod_step until no lane's
-    remainder is at least |y| (a step takes p - 3 bits off the exponents' gap: at most 14 for
-    float, 43 for double); the builder ends in a new block."""
+    |x| < |y|. A loop of _fmod_step until no lane's remainder is at least |y| (a step takes
+    p - 3 bits off the exponents' gap: at most 14 for float, 43 for double); the builder ends
+    in a new block."""
     x, f = _wrap(b, x)
     a, d = _abs(x), _abs(_V(b, y))
     valid = (a < float("inf")) & (d > 0.0)           # (ordered: false for a NaN)
