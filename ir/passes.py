@@ -391,12 +391,13 @@ def for_backends(fn: Function) -> Function:
     """fn in the form the backends schedule, to the bit the same: two-operand einsums that are
     batched matrix products (`bhtd,bhsd->bhts`) as transposes, reshapes and one `matmul` (both
     accumulate over the contracted letters in row-major order of their first appearance, with
-    fma; integers are exact in any order), which the contraction kernels compile; one_hot as the comparison it is, which
-    fuses into the kernel that uses it; reductions as the kernels reduce them (any and all of
-    a tensor that is not bool as those of its cast to bool; over axes that are not adjacent,
-    over one axis of a transposed copy); what a fold computes alike at every step before it
-    (hoist: after differentiation, which would differentiate the hoisted product otherwise);
-    and cheap values that the backward pass reads made again there (rematerialize)."""
+    fma; integers are exact in any order), which the contraction kernels compile; one_hot as
+    the comparison it is, which fuses into the kernel that uses it; reductions as the kernels
+    reduce them (any and all of a tensor that is not bool as those of its cast to bool; over
+    axes that are not adjacent, over one axis of a transposed copy); what a fold computes
+    alike at every step before it (hoist: after differentiation, which would differentiate the
+    hoisted product otherwise); and cheap values that the backward pass reads made again there
+    (rematerialize)."""
     plans = {Einsum(): _matmul_plan, OneHot(): _one_hot_plan,
              **{prim(): _reduction_plan for prim in (Sum, Prod, Mean, Max, Min, AnyTrue, AllTrue)}}
 
@@ -419,9 +420,9 @@ def products_as_sums(fn: Function, dtypes: tuple[str, ...]) -> Function:
         (a, w), (out,) = op.inputs, op.outputs
         # (each operand reshaped first, then transposed: views of the operands, where a
         # reshape of a transpose would be a copy)
-        rows = b.emit("reshape", a, shape=(a.shape[:-1] or (1,)) + (1, a.shape[-1]))  # […, m, 1, k]
-        w = b.emit("reshape", w, shape=w.shape[:-2] + (1,) + (w.shape[-2:] if len(w.shape) > 1
-                                                             else w.shape + (1,)))   # […, 1, k, n]
+        rows = b.emit("reshape", a, shape=(a.shape[:-1] or (1,)) + (1, a.shape[-1]))   # …m 1 k
+        k_n = w.shape[-2:] if len(w.shape) > 1 else w.shape + (1,)
+        w = b.emit("reshape", w, shape=w.shape[:-2] + (1,) + k_n)                        # …1 k n
         rank = len(w.shape)
         columns = b.emit("transpose", w, perm=tuple(range(rank - 2)) + (rank - 1, rank - 2))
         total = b.emit("sum", b.emit("mul", rows, columns), axis=-1)

@@ -28,8 +28,9 @@ class MatMul(Primitive):
     """a @ b as NumPy does it: contracts a's last axis with b's second to last, broadcasting
     the leading (batch) axes; a 1-D operand gains an axis (a in front, b behind) that the
     result then drops."""
-    # (on the CPU an integer @ is the sum it is, a reduction kernel: ir/passes.py's products_as_sums)
-    role, host = Role.CONTRACTION, "integer products are evaluated by NumPy where no kernel sums integers"
+    # (on the CPU an integer @ is the sum it is, a reduction kernel: passes.products_as_sums)
+    role = Role.CONTRACTION
+    host = "integer products are evaluated by NumPy where no kernel sums integers"
     name = "matmul"
     params = (Param("a", Kind.TENSOR), Param("b", Kind.TENSOR))
     shares_dtype = ("a", "b")

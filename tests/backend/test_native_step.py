@@ -182,6 +182,13 @@ def dividends(n: int) -> np.ndarray:
     return x
 
 
+def int_operands(n: int) -> list[np.ndarray]:
+    """int_products' operands, of the whole range of each dtype (their sums wrap)."""
+    return [full_range(rng, "int32", n, 5), full_range(rng, "int32", 5, 3),
+            full_range(rng, "int64", 2, 1, n, 4), full_range(rng, "int64", 3, 4, 2),
+            full_range(rng, "uint32", n), full_range(rng, "uint32", n, 3)]
+
+
 def indices(high: int, *shape: int) -> np.ndarray:
     return rng.integers(0, max(high, 1), shape).astype(np.int32)
 
@@ -216,10 +223,9 @@ CASES = [("mlp", lambda n: [floats(n, 7), floats(7, 13), floats(13), floats(13, 
          ("spread", lambda n: [summable(n, 3, 4, 5), full_range(rng, "int32", n, 3, 4, 5)]),
          ("divided", lambda n: [awkward(n, 5) * 1.75, awkward(5), dividends(n), dividends(n),
                                 awkward(n, 3).astype(np.float16) * np.float16(2.5)]),
-         ("int_products", lambda n: [full_range(rng, "int32", n, 5), full_range(rng, "int32", 5, 3),
-                                     full_range(rng, "int64", 2, 1, n, 4), full_range(rng, "int64", 3, 4, 2),
-                                     full_range(rng, "uint32", n), full_range(rng, "uint32", n, 3)]),
-         ("empty_int_product", lambda n: [full_range(rng, "int32", n, 0), full_range(rng, "int32", 0, 2)]),
+         ("int_products", lambda n: int_operands(n)),
+         ("empty_int_product", lambda n: [full_range(rng, "int32", n, 0),
+                                          full_range(rng, "int32", 0, 2)]),
          ("drawn", lambda n: [dsl.key(n), np.array(0.3, np.float32), np.array(0.6), np.array(-n, np.int32),
                               floats(n, 3)])]
 # folds whose compiled gradients are not the interpreter's bits: checked against the walk's
@@ -286,10 +292,9 @@ def test_a_step_without_host_steps_is_one_native_call():
                  rng.random((4, 4)) < 0.5, rng.random((4, 32)) < 0.5]),
     ("logical", [awkward(4, 5), indices(3, 5, 4).astype(np.int64), rng.random((4, 40)) < 0.5]),
     ("spread", [summable(4, 3, 4, 5), full_range(rng, "int32", 4, 3, 4, 5)]),
-    ("divided", [awkward(4, 5), awkward(5), dividends(4), dividends(4), awkward(4, 3).astype(np.float16)]),
-    ("int_products", [full_range(rng, "int32", 4, 5), full_range(rng, "int32", 5, 3),
-                      full_range(rng, "int64", 2, 1, 4, 4), full_range(rng, "int64", 3, 4, 2),
-                      full_range(rng, "uint32", 4), full_range(rng, "uint32", 4, 3)])])
+    ("divided", [awkward(4, 5), awkward(5), dividends(4), dividends(4),
+                 awkward(4, 3).astype(np.float16)]),
+    ("int_products", int_operands(4))])
 def test_integer_and_bool_reductions_float_division_and_integer_products_are_in_the_native_call(
         entry, args):
     fn, _ = lowered(entry, args)
