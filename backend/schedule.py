@@ -121,7 +121,7 @@ PRODUCTS = ("f32", "f64")
 # the dtypes of the reductions (sums, products, maxima, minima) that the kernels compute: on
 # the CPU every one (integers and bools are exact in any order); the GPU's warp shuffles move
 # floats only (backend/gpu_plan.py)
-REDUCED = FLOATS + ("i32", "i64", "u32", "bool")
+REDUCED = FLOATS + INT_DTYPES + ("bool",)
 
 
 def schedule(fn: Function, name: str = "k", products: tuple[str, ...] = PRODUCTS,

@@ -494,7 +494,7 @@ def _reduction_plan(op: Op):
         kept = [i for i in range(len(x.shape)) if i not in axes]
         v = b.emit("transpose", v, perm=tuple(kept + list(axes)))
         v = b.emit("reshape", v, shape=tuple(x.shape[i] for i in kept) +
-                   (int(np.prod([x.shape[i] for i in axes], dtype=np.int64)),))
+                   (math.prod(x.shape[i] for i in axes),))
         v = b.emit(op.primitive.name, v, axis=-1)
         return b.emit("reshape", v, shape=out.shape) if v.shape != out.shape else v
 

@@ -157,29 +157,29 @@ def floats(*shape: int) -> np.ndarray:
     return rng.standard_normal(shape).astype(np.float32)
 
 
-def awkward(*shape: int) -> np.ndarray:
-    """Floats among few values, so that extremes tie: with signed zeros, NaNs and infinities."""
-    x = rng.integers(-2, 3, shape).astype(np.float32)
-    for start, step, value in ((0, 7, -0.0), (3, 11, np.nan), (5, 13, np.inf), (6, 17, -np.inf)):
+def sprinkled(x: np.ndarray, specials: tuple) -> np.ndarray:
+    """x with each (start, step, value) of specials written at x.flat[start::step]."""
+    for start, step, value in specials:
         x.reshape(-1)[start::step] = value
     return x
+
+
+def awkward(*shape: int) -> np.ndarray:
+    """Floats among few values, so that extremes tie: with signed zeros, NaNs and infinities."""
+    return sprinkled(rng.integers(-2, 3, shape).astype(np.float32),
+                     ((0, 7, -0.0), (3, 11, np.nan), (5, 13, np.inf), (6, 17, -np.inf)))
 
 
 def summable(*shape: int) -> np.ndarray:
     """Floats whose sums depend on their order, with signed zeros, NaNs and +inf (a sum that
     meets inf and -inf makes a NaN whose sign docs/numerics.md leaves open)."""
-    x = floats(*shape)
-    for start, step, value in ((0, 7, -0.0), (3, 23, np.nan), (5, 29, np.inf)):
-        x.reshape(-1)[start::step] = value
-    return x
+    return sprinkled(floats(*shape), ((0, 7, -0.0), (3, 23, np.nan), (5, 29, np.inf)))
 
 
 def dividends(n: int) -> np.ndarray:
     """f64 of every magnitude (quotients up to 2^2000), with zeros, infinities and NaNs."""
     x = rng.standard_normal(n) * np.exp2(rng.integers(-1070, 1020, n).astype(np.float64))
-    for start, step, value in ((0, 5, -0.0), (1, 7, 0.0), (2, 11, np.inf), (4, 13, np.nan)):
-        x[start::step] = value
-    return x
+    return sprinkled(x, ((0, 5, -0.0), (1, 7, 0.0), (2, 11, np.inf), (4, 13, np.nan)))
 
 
 def int_operands(n: int) -> list[np.ndarray]:

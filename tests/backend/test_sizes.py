@@ -34,6 +34,7 @@ import test_random_programs as fuzz  # noqa: E402
 
 from ir import interp  # noqa: E402
 from ir.core import Builder, tensor_type  # noqa: E402
+from ir.ops.base import dtype_name  # noqa: E402
 from ir.ops.shape import SliceSpec  # noqa: E402
 
 U32 = 2.0 ** -24
@@ -72,7 +73,6 @@ def normals(rng, *shape, dtype=np.float32):
     return (rng.standard_normal(shape) * 3).astype(dtype)
 
 
-DTYPE_NAMES = {"int32": "i32", "int64": "i64", "uint32": "u32", "bool": "bool", "float32": "f32"}
 # the integer and bool reductions' kinds, and any and all: (reduction, NumPy dtype, shape at
 # size n, axis)
 EXACT_REDUCTIONS = {"isum": ("sum", "int32", lambda n: (n,), None),
@@ -129,7 +129,7 @@ def case(kind: str, n: int):
         a = normals(rng, n, dtype=dtype) * np.exp2(rng.integers(-30, 30, n)).astype(dtype)
         d = normals(rng, n, dtype=dtype)
         d[::97] = 0.0                                       # and x / 0's NaN and infinities
-        name = "f32" if dtype == np.float32 else "f64"
+        name = dtype_name(np.dtype(dtype))
         fn = build([((n,), name), ((n,), name)],
                    lambda b, x, y: [b.emit("floordiv", x, y), b.emit("mod", x, y)])
         with np.errstate(all="ignore"):
@@ -148,7 +148,7 @@ def case(kind: str, n: int):
             x[1, rng.integers(shape[1])] = 0
         else:
             x = full_range(rng, dtype, *shape)
-        fn = build([(shape, DTYPE_NAMES[dtype])], lambda b, x: [b.emit(red, x, axis=axis)])
+        fn = build([(shape, dtype_name(np.dtype(dtype)))], lambda b, x: [b.emit(red, x, axis=axis)])
         want = getattr(np, red)(x, axis=axis, **({"dtype": x.dtype} if red in ("sum", "prod") else {}))
         return fn, [x], lambda y: [] if np.array_equal(y[0], want) and y[0].dtype == want.dtype else \
             [f"against NumPy: {y[0]!r} vs {want!r}"]

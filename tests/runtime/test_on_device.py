@@ -47,12 +47,17 @@ def f(a: i32[N], b: i32[N], c: i64[N], d: i64[N], e: u32[N], g: u32[N]
 """
 
 
+def pairs(values: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """n pairs of dividends and divisors: each of values with each, repeated to n."""
+    a, b = (g.reshape(-1) for g in np.meshgrid(values, values, indexing="ij"))
+    return np.resize(a, n), np.resize(b, n)
+
+
 def extremes(dtype, n: int) -> tuple[np.ndarray, np.ndarray]:
     """n pairs of dividends and divisors: each sign, 0, ±1 and the extremes of the dtype."""
     info = np.iinfo(dtype)
-    values = np.array(sorted({0, 1, 7, info.max, info.min, *(() if info.min == 0 else (-1, -7))}), dtype)
-    a, b = (g.reshape(-1) for g in np.meshgrid(values, values, indexing="ij"))
-    return np.resize(a, n), np.resize(b, n)
+    return pairs(np.array(sorted({0, 1, 7, info.max, info.min,
+                                  *(() if info.min == 0 else (-1, -7))}), dtype), n)
 
 
 @pytest.mark.parametrize("driver", ["fake", "emulated"])
@@ -77,10 +82,8 @@ def float_extremes(dtype, n: int) -> tuple[np.ndarray, np.ndarray]:
     """n pairs of dividends and divisors: signed zeros, ±1, a half, the largest value and the
     least subnormal (exponents the widest apart), infinities and NaN."""
     info = np.finfo(dtype)
-    values = np.array([0.0, -0.0, 1.0, -1.0, 7.5, -3.0, info.max, info.smallest_subnormal,
-                       np.inf, -np.inf, np.nan], dtype)
-    a, b = (g.reshape(-1) for g in np.meshgrid(values, values, indexing="ij"))
-    return np.resize(a, n), np.resize(b, n)
+    return pairs(np.array([0.0, -0.0, 1.0, -1.0, 7.5, -3.0, info.max, info.smallest_subnormal,
+                           np.inf, -np.inf, np.nan], dtype), n)
 
 
 @pytest.mark.parametrize("driver", ["fake", "emulated"])
