@@ -182,11 +182,21 @@ def schedule(fn: Function, name: str = "k", products: tuple[str, ...] = PRODUCTS
         effects.clear()
 
     def copy(v: Value) -> None:
-        """Kernels read the view v from a contiguous copy from here on, which a copy kernel makes."""
-        view = views.pop(v)[1]
+        """Kernels read the view v from a contiguous copy from here on, which a copy kernel
+        makes: of v itself, or, where a view step has made v already (for a host step or a
+        contraction), of a value of its own that v is then a view of. A value is one buffer:
+        a copy kernel writing v after its view step wrote into the view's memory (an argument
+        transposed, then sorted and reduced), or left a native step reading the copy's buffer
+        before the kernel made it."""
+        op, view = views.pop(v)
         if view.base in in_group:
             flush()
-        steps.append(_copy_kernel(next(names), v, view))
+        if v in made:
+            copied = Value(v.type)
+            steps.append(_copy_kernel(next(names), copied, view))
+            views[v] = (op, identity(copied))
+        else:
+            steps.append(_copy_kernel(next(names), v, view))
 
     def need(v: Value) -> None:
         """A host step or contraction reads v: make it if it is a view (a window by a copy

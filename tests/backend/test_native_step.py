@@ -135,6 +135,12 @@ def int_products(a: i32[A, 5], b: i32[5, 3], c: i64[2, 1, A, 4], d: i64[3, 4, 2]
 def empty_int_product(e: i32[A, 0], f: i32[0, 2]) -> i32[A, 2]:
   return e @ f
 
+def viewed_then_copied(x: f32[A, 3], a: f64[N]) -> (f32[3, A], f32, f64[3, 2, N], f64):
+  t = transpose(x)
+  b = broadcast_to(expand_dims(a * 2.0, 0), [3, N])
+  s = stack([b, b], axis=1)
+  return sort(t, axis=-1), max(t), s - max(s, axis=-1, keepdims=True), min(b, axis=(-2, 1))
+
 def running(xs: f32[T, N], w: f32[N]) -> (f32[N], f32[N], f32[N], f32[T, 2 * N], f32[T]):
   stacked, means = fold x in xs with total = 0.0, top = zeros([N]) - 1e9, kept = w:
     total = total + x * w
@@ -226,6 +232,7 @@ CASES = [("mlp", lambda n: [floats(n, 7), floats(7, 13), floats(13), floats(13, 
          ("int_products", lambda n: int_operands(n)),
          ("empty_int_product", lambda n: [full_range(rng, "int32", n, 0),
                                           full_range(rng, "int32", 0, 2)]),
+         ("viewed_then_copied", lambda n: [awkward(n, 3), awkward(n).astype(np.float64)]),
          ("drawn", lambda n: [dsl.key(n), np.array(0.3, np.float32), np.array(0.6), np.array(-n, np.int32),
                               floats(n, 3)])]
 # folds whose compiled gradients are not the interpreter's bits: checked against the walk's
@@ -252,12 +259,17 @@ def three_ways(case: tuple[int, int, int], cases: list = CASES) -> list[str]:
     cpu.MIN_RUN_WORK, cpu.MIN_CHUNK_WORK = 0, 1
     contract.MIN_MULTIPLY_ADDS_PER_THREAD = contract.IN_STEP_MULTIPLY_ADDS_PER_THREAD = 1
     fn, arrays = lowered(name, make(n))
+    given = [bytes(a.tobytes()) if isinstance(a, np.ndarray) else None for a in arrays]
     exe = Executable(fn)
-    native, walked = exe.run(arrays), exe.walk(arrays)
+    native = exe.run(arrays)
+    touched = [f"argument {i} written" for i, (a, was) in enumerate(zip(arrays, given))
+               if was is not None and a.tobytes() != was]
+    walked = exe.walk(arrays)
     wanted = reference(fn, arrays) if cases is CASES else walked
-    return [f"result {i}: {how}" for i, (a, b, c) in enumerate(zip(native, walked, wanted))
-            for how, other in (("walk", b), ("interpreter", c))
-            if a.shape != other.shape or a.dtype != other.dtype or a.tobytes() != other.tobytes()]
+    return touched + [
+        f"result {i}: {how}" for i, (a, b, c) in enumerate(zip(native, walked, wanted))
+        for how, other in (("walk", b), ("interpreter", c))
+        if a.shape != other.shape or a.dtype != other.dtype or a.tobytes() != other.tobytes()]
 
 
 def two_ways(case: tuple[int, int, int]) -> list[str]:
