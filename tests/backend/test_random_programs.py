@@ -523,11 +523,14 @@ def compare(fn: Function, arrays: list[np.ndarray], want: list[np.ndarray]) -> l
     with compiling():
         exe = Executable(fn)
     reference, problems = by_ops(fn, arrays) if inexact(fn) else (want, [])
+    given = [a.tobytes() for a in arrays]
     runs = {}
     for t in THREADS:
         os.environ["DSLC_THREADS"] = str(t)
         with compiling():
             runs[t] = exe.run(list(arrays))
+        problems += [f"threads={t}: argument {i} written" for i, (a, was) in
+                     enumerate(zip(arrays, given)) if a.tobytes() != was]
     os.environ.pop("DSLC_THREADS")
     for t, got in runs.items():
         problems += [f"threads={t}: {d}" for d in differences(got, reference)]
