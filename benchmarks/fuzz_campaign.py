@@ -58,7 +58,7 @@ def show(mode: str, seed: int) -> None:
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
-    ap.add_argument("--mode", choices=["small", "large", "wide", "grad"], default="small")
+    ap.add_argument("--mode", choices=["small", "large", "wide", "grad", "gpu"], default="small")
     ap.add_argument("--start", type=int, default=1000)
     ap.add_argument("--count", type=int, default=1000)
     ap.add_argument("--jobs", type=int, default=2)

@@ -18,13 +18,16 @@ Modes: "small" (axes of 0, 1, primes, powers of two and their neighbours; every 
 the generator reaches, all dtypes), "large" (one axis of 10^5 to 10^7 elements, at most
 64 MB of values per program), "wide" (the same without reductions of more than 10^5 elements
 into one value, so that the other kernels at those sizes are seen past a reduction's crash)
-and "grad" (smooth f64 programs: ir/ad.py's gradient on the
+"grad" (smooth f64 programs: ir/ad.py's gradient on the
 interpreter against central finite differences, and the gradient program itself through the
-same comparison as the others). Outcomes: ok, mismatch, crash, hang, error (a Python exception
+same comparison as the others) and "gpu" (programs as the small ones, on the GPU backend
+without a GPU: its runtime on the fake driver, which runs the CPU's kernels, and its own
+kernels emulated, tests/gpu/emulator.py running their IR, each against the CPU's bits, NaNs
+equal whatever their payload as docs/gpu.md allows). Outcomes: ok, mismatch, crash, hang, error (a Python exception
 in the compiler or the runtime) and invalid (the interpreter refuses the program).
 
-DSLC_FUZZ_EXAMPLES sets how many small programs (default 60; large, wide and grad get a tenth
-each, at least 4), DSLC_FUZZ_JOBS how many children at a time (default 2). For long campaigns and
+DSLC_FUZZ_EXAMPLES sets how many small programs (default 60; large, wide, grad and gpu get a
+tenth each, at least 4), DSLC_FUZZ_JOBS how many children at a time (default 2). For long campaigns and
 reproducers: benchmarks/fuzz_campaign.py.
 """
 from __future__ import annotations
@@ -33,6 +36,7 @@ import contextlib
 import math
 import os
 import random
+import sys
 import traceback
 from dataclasses import dataclass, field
 
@@ -47,7 +51,7 @@ from ir.ops.shape import SliceSpec
 PROGRAMS = int(os.environ.get("DSLC_FUZZ_EXAMPLES", "60"))
 JOBS = int(os.environ.get("DSLC_FUZZ_JOBS", "2"))
 THREADS = (1, 2, 3)
-TIMEOUT = {"small": 60.0, "large": 300.0, "wide": 300.0, "grad": 120.0}
+TIMEOUT = {"small": 60.0, "large": 300.0, "wide": 300.0, "grad": 120.0, "gpu": 120.0}
 
 SMALL = [0, 1, 1, 2, 3, 5, 7, 8, 13, 17, 31, 32, 33]
 LARGE = [100_000, 131_071, 199_999, 200_000, 262_147, 300_007, 1_000_003, 2_097_152,
@@ -430,18 +434,19 @@ def program(mode: str, seed: int) -> Program:
     their operands are skipped), the values no op reads its results, and its inputs: normals with
     zeros of both signs, infinities, NaNs and subnormals sprinkled in (grad mode: none)."""
     r = random.Random(f"{mode}-{seed}")
-    g = Gen(r, Builder(f"{mode}{seed}"), mode)
+    kind = "small" if mode == "gpu" else mode           # (gpu: its own seeds, small's kind)
+    g = Gen(r, Builder(f"{mode}{seed}"), kind)
     long = r.choice(LARGE) if r.random() < 0.5 else int(10 ** r.uniform(5, 7))
-    dtypes = {"grad": ["f64"], "small": ["f32", "f32", "f64", "i32", "bool"]}.get(mode, ["f32", "f32", "f64"])
+    dtypes = {"grad": ["f64"], "small": ["f32", "f32", "f64", "i32", "bool"]}.get(kind, ["f32", "f32", "f64"])
     for _ in range(r.randint(1, 3)):
-        shape = _shape(r, mode, long)
+        shape = _shape(r, kind, long)
         dtype = r.choice(dtypes)
         if mode in ("large", "wide"):
             while math.prod(shape) * np.dtype(np_dtype(dtype)).itemsize > BUDGET // 4:
                 shape = tuple(max(1, n // 2) if n >= 100_000 else n for n in shape)
         g.pool.append(g.param(dtype, shape))
-    ops = {"small": SMALL_OPS, "large": LARGE_OPS, "wide": LARGE_OPS, "grad": [smooth]}[mode]
-    steps = {"small": (2, 14), "large": (1, 5), "wide": (1, 6), "grad": (2, 8)}[mode]
+    ops = {"small": SMALL_OPS, "large": LARGE_OPS, "wide": LARGE_OPS, "grad": [smooth]}[kind]
+    steps = {"small": (2, 14), "large": (1, 5), "wide": (1, 6), "grad": (2, 8)}[kind]
     first, used = len(g.pool), sum(nbytes(p) for p in g.b.params)
     for _ in range(r.randint(*steps)):
         mark, params = len(g.b.ops), len(g.b.params)
@@ -503,7 +508,7 @@ def check(key: tuple[str, int]) -> dict:
     except Exception as e:                          # noqa: BLE001 — the program is not valid
         return {"outcome": "invalid", "detail": f"{type(e).__name__}: {e}"}
     try:
-        problems = compare(p.fn, p.arrays, want)
+        problems = on_gpu(p.fn, p.arrays) if p.mode == "gpu" else compare(p.fn, p.arrays, want)
         if p.mode == "grad":
             problems += gradient(p)
     except CompilerError as e:
@@ -535,6 +540,30 @@ def compare(fn: Function, arrays: list[np.ndarray], want: list[np.ndarray]) -> l
     for t, got in runs.items():
         problems += [f"threads={t}: {d}" for d in differences(got, reference)]
     problems += [f"threads={t} vs 1: {d}" for t in THREADS[1:] for d in differences(runs[t], runs[1])]
+    return problems
+
+
+def on_gpu(fn: Function, arrays: list[np.ndarray]) -> list[str]:
+    """What differs from the CPU backend's bits (one thread) on the GPU backend: on the fake
+    driver (its plan, memory, copies and host steps, around the CPU's kernels) and with its
+    own kernels emulated; and any argument either one writes."""
+    import runtime.cuda as cuda
+    from runtime.cpu import Executable
+    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path[:0] = [os.path.join(tests, "runtime"), os.path.join(tests, "gpu")]
+    from test_cuda import EmulatedDriver, FakeDriver
+    os.environ["DSLC_THREADS"] = "1"
+    with compiling():
+        want = Executable(fn).run(list(arrays))
+    given = [a.tobytes() for a in arrays]
+    problems = []
+    for name, drv in (("fake driver", FakeDriver()), ("emulated kernels", EmulatedDriver())):
+        cuda.driver, cuda.compile_ptx = (lambda: drv), drv.compile_ptx
+        with compiling():
+            got = [np.asarray(x) for x in cuda.Executable(fn, drv=drv).run(list(arrays))]
+        problems += [f"{name}: {d}" for d in differences(got, want)]
+        problems += [f"{name}: argument {i} written" for i, (a, was) in
+                     enumerate(zip(arrays, given)) if a.tobytes() != was]
     return problems
 
 
@@ -724,7 +753,7 @@ def reproducer(key: tuple[str, int]) -> str:
     p = program(*key)
     # (.bend only for small programs: to_bend spells a window as takes whose position lists
     # it builds in quadratic time, hours for an axis of 10^6)
-    bend = p.mode in ("small", "grad") and all(printable(op.primitive.name) for op in p.fn.ops)
+    bend = p.mode in ("small", "grad", "gpu") and all(printable(op.primitive.name) for op in p.fn.ops)
     text = to_bend(p.fn, "f") if bend else to_text(p.fn)
     shapes = ", ".join(f"{a.dtype}{list(a.shape)}" for a in p.arrays)
     return f"# program{key}: inputs {shapes}; threads {THREADS}\n{text}"
@@ -752,6 +781,10 @@ def test_wide_random_programs_give_the_definitions_bits_on_every_thread_count():
 
 def test_random_gradients_match_finite_differences_and_the_cpu_gives_their_bits():
     _assert_all_ok("grad", max(4, PROGRAMS // 10))
+
+
+def test_random_programs_give_the_cpus_bits_on_the_gpu_runtime_and_its_kernels():
+    _assert_all_ok("gpu", max(4, PROGRAMS // 10))
 
 
 def test_a_crash_and_a_hang_are_outcomes_not_the_end_of_the_run():
