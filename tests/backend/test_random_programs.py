@@ -345,6 +345,25 @@ def scatter_add(g: Gen, x: Value) -> Value:
     return g.b.emit("scatter_add", x, idx, updates, axis=axis)
 
 
+def order(g: Gen, x: Value) -> Value:
+    """A sort, an argsort, a top-k (its values or its indices) or x read in the order of
+    another's argsort, along one axis, ascending or descending: host steps on a value that is
+    often a view (the NaNs, zeros of both signs and ties of the inputs sort by one order)."""
+    if not x.shape:
+        raise ValueError("nothing to order")
+    axis, r = g.r.randrange(-len(x.shape), len(x.shape)), g.r
+    prim = r.choice(["sort", "argsort", "topk", "take_along_axis"])
+    if prim == "topk":
+        k = r.randint(0, x.shape[axis])
+        values, indices = g.b.emit("topk", x, k=k, axis=axis, largest=r.random() < 0.7)
+        return r.choice([values, indices])
+    if prim == "take_along_axis":
+        z = g.partner(lambda v: v.shape == x.shape)
+        return g.b.emit(prim, x, g.b.emit("argsort", z, axis=axis, descending=r.random() < 0.5),
+                        axis=axis)
+    return g.b.emit(prim, x, axis=axis, descending=r.random() < 0.5)
+
+
 def one_hot(g: Gen, x: Value) -> Value:
     return g.b.emit("one_hot", g.indices(x.shape[:1] or (3,), 7), n=5,
                     dtype=x.dtype if x.dtype in FLOATS else "f32")
@@ -353,7 +372,7 @@ def one_hot(g: Gen, x: Value) -> Value:
 SMALL_OPS = [cast, unary, unary, transcendental, transcendental, binary, binary, binary, select,
              reduce, reduce, reduce, softmax, layer_norm, normalize, transpose, reshape, index,
              index, window, expand, rearrange, rearrange, matmul, matmul, einsum, take, scatter_add,
-             one_hot, scan]
+             one_hot, scan, order]
 LARGE_OPS = [unary, transcendental, binary, select, reduce, reduce, reduce, reduce, softmax,
              layer_norm, normalize, transpose, reshape, index, window, matmul, product, product,
              take, scatter_add, scan]
