@@ -45,6 +45,7 @@ import numpy as np
 from conftest import isolated
 from ir import interp
 from ir.core import Builder, Function, Value, tensor_type
+from ir.types import KeyType
 from ir.ops.base import OpError, np_dtype
 from ir.ops.shape import SliceSpec
 
@@ -80,6 +81,11 @@ class Gen:
     def param(self, dtype: str, shape: tuple[int, ...], kind: str = "data", bound: int = 0) -> Value:
         self.inputs.append((kind, shape, dtype, bound))
         return self.b.param(tensor_type(dtype, shape))
+
+    def key(self) -> Value:
+        """A key parameter (two random words)."""
+        self.inputs.append(("key", (2,), "u32", 0))
+        return self.b.param(KeyType())
 
     def indices(self, shape: tuple[int, ...], n: int) -> Value:
         """An i32 parameter of indices into an axis of length n (negative ones too)."""
@@ -364,6 +370,23 @@ def order(g: Gen, x: Value) -> Value:
     return g.b.emit(prim, x, axis=axis, descending=r.random() < 0.5)
 
 
+def draw(g: Gen, x: Value) -> Value:
+    """Random numbers of x's shape from a key parameter (folded with an integer scalar of the
+    pool, at times): uniform on an interval, normal (f32 or f64) or bernoulli."""
+    k, r = g.key(), g.r
+    counters = [v for v in g.pool if v.dtype == "i32" and not v.shape]
+    if counters and r.random() < 0.5:
+        k = g.b.emit("fold_in", k, r.choice(counters))
+    prim = r.choice(["uniform", "normal", "bernoulli"])
+    if prim == "uniform":
+        low = r.choice([0.0, -1.0, -3.5])
+        return g.b.emit(prim, k, shape=x.shape, low=low, high=low + r.choice([1.0, 2.5]),
+                        dtype=r.choice(FLOATS))
+    if prim == "normal":
+        return g.b.emit(prim, k, shape=x.shape, dtype=r.choice(FLOATS))
+    return g.b.emit(prim, k, g.b.constant(r.choice([0.0, 0.3, 1.0]), "f32"), shape=x.shape)
+
+
 def one_hot(g: Gen, x: Value) -> Value:
     return g.b.emit("one_hot", g.indices(x.shape[:1] or (3,), 7), n=5,
                     dtype=x.dtype if x.dtype in FLOATS else "f32")
@@ -372,7 +395,7 @@ def one_hot(g: Gen, x: Value) -> Value:
 SMALL_OPS = [cast, unary, unary, transcendental, transcendental, binary, binary, binary, select,
              reduce, reduce, reduce, softmax, layer_norm, normalize, transpose, reshape, index,
              index, window, expand, rearrange, rearrange, matmul, matmul, einsum, take, scatter_add,
-             one_hot, scan, order]
+             one_hot, scan, order, draw]
 LARGE_OPS = [unary, transcendental, binary, select, reduce, reduce, reduce, reduce, softmax,
              layer_norm, normalize, transpose, reshape, index, window, matmul, product, product,
              take, scatter_add, scan]
@@ -507,6 +530,8 @@ def _loss(g: Gen, values: list[Value]) -> Value:
 def _input(rng: np.random.Generator, mode: str, kind: str, shape, dtype: str, bound: int) -> np.ndarray:
     if kind == "indices":
         return rng.integers(-bound, bound, shape).astype(np.int32)
+    if kind == "key":
+        return rng.integers(0, 2 ** 32, shape, dtype=np.uint64).astype(np.uint32)
     if dtype == "bool":
         return rng.random(shape) < 0.5
     if dtype == "i32":
