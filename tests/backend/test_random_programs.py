@@ -453,8 +453,8 @@ def nbytes(v: Value) -> int:
 
 
 def _shape(r: random.Random, mode: str, long: int) -> tuple[int, ...]:
-    if mode == "small":
-        return tuple(r.choice(SMALL) for _ in range(r.randint(1, 3)))
+    if mode in ("small", "gpu"):            # (gpu: two axes at most, as the emulator is slow)
+        return tuple(r.choice(SMALL) for _ in range(r.randint(1, 3 if mode == "small" else 2)))
     if mode == "grad":
         return tuple(r.choice([1, 2, 3, 4]) for _ in range(r.randint(1, 3)))
     rest = [r.choice([1, 2, 3]) for _ in range(r.randint(0, 2))]
@@ -481,7 +481,7 @@ def program(mode: str, seed: int) -> Program:
     long = r.choice(LARGE) if r.random() < 0.5 else int(10 ** r.uniform(5, 7))
     dtypes = {"grad": ["f64"], "small": ["f32", "f32", "f64", "i32", "bool"]}.get(kind, ["f32", "f32", "f64"])
     for _ in range(r.randint(1, 3)):
-        shape = _shape(r, kind, long)
+        shape = _shape(r, mode, long)
         dtype = r.choice(dtypes)
         if mode in ("large", "wide"):
             while math.prod(shape) * np.dtype(np_dtype(dtype)).itemsize > BUDGET // 4:
