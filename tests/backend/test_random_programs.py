@@ -17,18 +17,19 @@ Every program runs on 1, 2 and 3 threads (DSLC_THREADS) and must give the same b
 Modes: "small" (axes of 0, 1, primes, powers of two and their neighbours; every primitive family
 the generator reaches, all dtypes), "large" (one axis of 10^5 to 10^7 elements, at most
 64 MB of values per program), "wide" (the same without reductions of more than 10^5 elements
-into one value, so that the other kernels at those sizes are seen past a reduction's crash)
-"grad" (smooth f64 programs: ir/ad.py's gradient on the
-interpreter against central finite differences, and the gradient program itself through the
-same comparison as the others) and "gpu" (programs as the small ones, on the GPU backend
-without a GPU: its runtime on the fake driver, which runs the CPU's kernels, and its own
-kernels emulated, tests/gpu/emulator.py running their IR, each against the CPU's bits, NaNs
-equal whatever their payload as docs/gpu.md allows). Outcomes: ok, mismatch, crash, hang, error (a Python exception
-in the compiler or the runtime) and invalid (the interpreter refuses the program).
+into one value, so that the other kernels at those sizes are seen past a reduction's crash),
+"grad" (smooth f64 programs: ir/ad.py's gradient on the interpreter against central finite
+differences, and the gradient program itself through the same comparison as the others) and
+"gpu" (programs as the small ones, of two axes at most, on the GPU backend without a GPU: its
+runtime on the fake driver, which runs the CPU's kernels, and its own kernels emulated,
+tests/gpu/emulator.py running their IR; each against the CPU's bits, NaNs equal whatever their
+payload, as docs/gpu.md allows). No run may write its arguments. Outcomes: ok, mismatch,
+crash, hang, error (a Python exception in the compiler or the runtime) and invalid (the
+interpreter refuses the program).
 
 DSLC_FUZZ_EXAMPLES sets how many small programs (default 60; large, wide, grad and gpu get a
-tenth each, at least 4), DSLC_FUZZ_JOBS how many children at a time (default 2). For long campaigns and
-reproducers: benchmarks/fuzz_campaign.py.
+tenth each, at least 4), DSLC_FUZZ_JOBS how many children at a time (default 2). For long
+campaigns and reproducers: benchmarks/fuzz_campaign.py.
 """
 from __future__ import annotations
 
@@ -45,9 +46,9 @@ import numpy as np
 from conftest import isolated
 from ir import interp
 from ir.core import Builder, Function, Value, tensor_type
-from ir.types import KeyType
 from ir.ops.base import OpError, np_dtype
 from ir.ops.shape import SliceSpec
+from ir.types import KeyType
 
 PROGRAMS = int(os.environ.get("DSLC_FUZZ_EXAMPLES", "60"))
 JOBS = int(os.environ.get("DSLC_FUZZ_JOBS", "2"))
