@@ -735,10 +735,11 @@ def ulps(prim: str, inputs: list[np.ndarray], got: np.ndarray) -> tuple[np.ndarr
     """|got − exact| in ulps of the exact result rounded to got's type, where that is finite;
     and how many elements are not finite in one and finite or different in the other."""
     wide = np.float64 if got.dtype == np.float32 else np.longdouble
-    # whole arrays: by a scalar exponent NumPy's power is sqrt (x ** 0.5), not C99's pow
-    xs = [np.array(np.broadcast_to(a, got.shape), dtype=wide) for a in inputs]
+    # whole arrays of one axis at least: by a scalar exponent (a 0-d one too) NumPy's power is
+    # sqrt (x ** 0.5: NaN at -inf), not C99's pow (+inf), as ir/ops/elementwise.py's _power says
+    xs = [np.array(np.broadcast_to(a, got.shape), dtype=wide, ndmin=1) for a in inputs]
     exact = (1 / (1 + np.exp(-xs[0])) if prim == "sigmoid" else getattr(np, {"pow": "power"}.get(prim, prim))(*xs))
-    exact = np.broadcast_to(exact, got.shape)
+    exact = exact.reshape(got.shape)
     rounded = exact.astype(got.dtype)
     finite = np.isfinite(rounded)
     ulp = np.spacing(np.abs(rounded[finite])).astype(wide)
