@@ -259,7 +259,7 @@ def three_ways(case: tuple[int, int, int], cases: list = CASES) -> list[str]:
     cpu.MIN_RUN_WORK, cpu.MIN_CHUNK_WORK = 0, 1
     contract.MIN_MULTIPLY_ADDS_PER_THREAD = contract.IN_STEP_MULTIPLY_ADDS_PER_THREAD = 1
     fn, arrays = lowered(name, make(n))
-    given = [bytes(a.tobytes()) if isinstance(a, np.ndarray) else None for a in arrays]
+    given = [a.tobytes() if isinstance(a, np.ndarray) else None for a in arrays]
     exe = Executable(fn)
     native = exe.run(arrays)
     touched = [f"argument {i} written" for i, (a, was) in enumerate(zip(arrays, given))
