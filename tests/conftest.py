@@ -233,6 +233,18 @@ def full_range(rng, dtype: str, *shape: int):
     return rng.integers(info.min, info.max, shape, dtype=dtype, endpoint=True)
 
 
+def contents(arrays: list) -> list:
+    """Each NumPy array's bytes (None for anything else), to tell later which a call wrote."""
+    import numpy as np
+    return [a.tobytes() if isinstance(a, np.ndarray) else None for a in arrays]
+
+
+def written(arrays: list, before: list) -> list[str]:
+    """"argument i written" for each array whose bytes are no longer contents()'s."""
+    return [f"argument {i} written" for i, (a, was) in enumerate(zip(arrays, before))
+            if was is not None and a.tobytes() != was]
+
+
 def on_host(value):
     """A value with each array leaf a NumPy array (a GPU runtime's downloaded: its pointers mean
     nothing outside the process that made them)."""

@@ -14,7 +14,7 @@ import dsl
 from dsl.train import DEFAULTS, Model, batch_indices, step_key
 from backend import contract
 from backend.step import ScatterCall, TakeCall
-from conftest import full_range, isolated, lowerings, raises
+from conftest import contents, full_range, isolated, lowerings, raises, written
 from runtime import cpu
 from runtime.cpu import Executable
 from runtime.step import Native
@@ -259,11 +259,10 @@ def three_ways(case: tuple[int, int, int], cases: list = CASES) -> list[str]:
     cpu.MIN_RUN_WORK, cpu.MIN_CHUNK_WORK = 0, 1
     contract.MIN_MULTIPLY_ADDS_PER_THREAD = contract.IN_STEP_MULTIPLY_ADDS_PER_THREAD = 1
     fn, arrays = lowered(name, make(n))
-    given = [a.tobytes() if isinstance(a, np.ndarray) else None for a in arrays]
+    given = contents(arrays)
     exe = Executable(fn)
     native = exe.run(arrays)
-    touched = [f"argument {i} written" for i, (a, was) in enumerate(zip(arrays, given))
-               if was is not None and a.tobytes() != was]
+    touched = written(arrays, given)
     walked = exe.walk(arrays)
     wanted = reference(fn, arrays) if cases is CASES else walked
     return touched + [
